@@ -1,0 +1,34 @@
+// The collectives a forward pass needs, behind one interface. Algorithms (the runtime's forward pass) do
+// not know which transport runs them: a single process, MPI, or NCCL.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <vector>
+
+namespace shardline::comm {
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;  // rank inside this communicator
+  virtual int size() const = 0;
+
+  // In-place elementwise sum over all members.
+  virtual void all_reduce_sum(float* data, std::size_t count) = 0;
+  // Gathers counts[r] floats from every member r into recv, in rank order (counts may differ: uneven
+  // vocab slices). send holds counts[rank()] floats.
+  virtual void all_gather_v(const float* send, float* recv, const std::vector<int>& counts) = 0;
+  virtual void broadcast(void* data, std::size_t bytes, int root) = 0;
+  // Point-to-point by rank inside this communicator.
+  virtual void send(const void* data, std::size_t bytes, int dst, int tag) = 0;
+  virtual void recv(void* data, std::size_t bytes, int src, int tag) = 0;
+  virtual void barrier() = 0;
+};
+
+// A communicator of one member: collectives are copies or no-ops. Used by single-rank runs and by
+// any group of size one (tp=1), so the forward pass has no special cases.
+std::unique_ptr<Communicator> make_solo_communicator();
+
+}  // namespace shardline::comm

@@ -1,0 +1,36 @@
+#include <cmath>
+
+#include <omp.h>
+
+#include "kernels/cpu/ops.h"
+
+namespace shardline::kernels::cpu {
+
+void attention(float* out, const float* q, const float* k_cache, const float* v_cache, float* scratch,
+               int n_ctx, int n_heads, int n_kv_heads, int head_size, int kv_stride) {
+  const int group = n_heads / n_kv_heads;  // query heads sharing one kv head (GQA)
+  const float inv_sqrt = 1.0f / std::sqrt(static_cast<float>(head_size));
+  const int n_threads = num_threads();
+#pragma omp parallel for num_threads(n_threads) if (n_threads > 1 && n_heads > 1 && n_ctx > 64)
+  for (int h = 0; h < n_heads; ++h) {
+    const float* qh = q + static_cast<std::size_t>(h) * head_size;
+    float* att = scratch + static_cast<std::size_t>(h) * n_ctx;
+    const int kv_offset = (h / group) * head_size;
+    for (int t = 0; t < n_ctx; ++t) {
+      const float* kt = k_cache + static_cast<std::size_t>(t) * kv_stride + kv_offset;
+      float score = 0.0f;
+      for (int i = 0; i < head_size; ++i) score += qh[i] * kt[i];
+      att[t] = score * inv_sqrt;
+    }
+    softmax(att, n_ctx);
+    float* oh = out + static_cast<std::size_t>(h) * head_size;
+    for (int i = 0; i < head_size; ++i) oh[i] = 0.0f;
+    for (int t = 0; t < n_ctx; ++t) {
+      const float* vt = v_cache + static_cast<std::size_t>(t) * kv_stride + kv_offset;
+      const float a = att[t];
+      for (int i = 0; i < head_size; ++i) oh[i] += a * vt[i];
+    }
+  }
+}
+
+}  // namespace shardline::kernels::cpu

@@ -1,0 +1,45 @@
+// CPU kernels: one signature per op, plain float pointers with shape comments. Kernels never throw and
+// never allocate; callers own every buffer. Multi-threaded with OpenMP inside the rank (set_num_threads);
+// the inner loops are compiled for several ISAs (AVX-512, AVX2+FMA, portable) and picked at run time.
+#pragma once
+
+#include <cstddef>
+
+namespace shardline::kernels::cpu {
+
+// Threads used by every kernel of this process (the rank's --threads). Returns the previous value.
+int set_num_threads(int n_threads);
+int num_threads();
+
+// y = x · Wᵀ for n rows of x at once (n = 1 is decode's GEMV, n > 1 is prefill's GEMM).
+//   y: (n, d)   x: (n, k)   w: (d, k) row-major, rows = output features, as llama2.c stores them.
+void matmul(float* y, const float* x, const float* w, int n, int k, int d);
+
+// RMSNorm of n rows: out[r] = x[r] / sqrt(mean(x[r]²) + eps) * weight. out may alias x.
+//   out, x: (n, dim)   weight: (dim)
+void rmsnorm(float* out, const float* x, const float* weight, int n, int dim, float eps);
+
+// Rotary embedding on adjacent pairs within each head, for one token at position pos.
+//   vec: (n_heads, head_size); theta_base = 10000 for Llama.
+void rope(float* vec, int n_heads, int head_size, int pos, float theta_base);
+
+// In-place numerically stable softmax over size values.
+void softmax(float* x, int size);
+
+// SwiGLU gate: h1 = silu(h1) * h3, elementwise over size values.
+void swiglu(float* h1, const float* h3, int size);
+
+// y += x, elementwise over size values.
+void add_inplace(float* y, const float* x, int size);
+
+// Causal grouped-query attention for one query token over n_ctx cached positions.
+//   out: (n_heads, head_size)    q: (n_heads, head_size)
+//   k_cache, v_cache: (n_ctx, kv_stride); head h reads kv head h / (n_heads / n_kv_heads) at column
+//   offset (kv head index) * head_size.    scratch: (n_heads, n_ctx)
+void attention(float* out, const float* q, const float* k_cache, const float* v_cache, float* scratch,
+               int n_ctx, int n_heads, int n_kv_heads, int head_size, int kv_stride);
+
+// Index of the largest value (first on ties), as llama2.c's argmax.
+int argmax(const float* x, int size);
+
+}  // namespace shardline::kernels::cpu

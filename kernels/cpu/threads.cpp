@@ -1,0 +1,20 @@
+#include <omp.h>
+
+#include "kernels/cpu/ops.h"
+
+namespace shardline::kernels::cpu {
+
+namespace {
+int g_num_threads = 1;
+}
+
+int set_num_threads(int n_threads) {
+  int previous = g_num_threads;
+  g_num_threads = n_threads < 1 ? 1 : n_threads;
+  omp_set_num_threads(g_num_threads);
+  return previous;
+}
+
+int num_threads() { return g_num_threads; }
+
+}  // namespace shardline::kernels::cpu

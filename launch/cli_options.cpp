@@ -1,0 +1,41 @@
+#include "launch/cli_options.h"
+
+#include <sched.h>
+
+#include <iostream>
+
+#include <fmt/format.h>
+
+#include "common/error.h"
+
+namespace shardline::launch {
+
+bool parse_command_line(const std::string& command, const std::string& usage, const po::options_description& options,
+                        const std::vector<std::string>& args, po::variables_map& vm) {
+  po::options_description all(options);
+  all.add_options()("help,h", "show this help and exit");
+  try {
+    po::store(po::command_line_parser(args).options(all).run(), vm);
+    if (vm.count("help")) {
+      std::cout << usage << "\n\n" << all << "\n";
+      return false;
+    }
+    po::notify(vm);
+  } catch (const po::unknown_option& e) {
+    throw ConfigError(fmt::format("shardline {}: unknown flag '{}' (see 'shardline {} --help')", command,
+                                  e.get_option_name(), command));
+  } catch (const po::error& e) {
+    throw ConfigError(fmt::format("shardline {}: {} (see 'shardline {} --help')", command, e.what(), command));
+  }
+  return true;
+}
+
+int available_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return 1;
+  const int n = CPU_COUNT(&set);
+  return n > 0 ? n : 1;
+}
+
+}  // namespace shardline::launch

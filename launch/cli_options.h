@@ -1,0 +1,23 @@
+// Shared command-line plumbing: every subcommand parses with Boost.Program_options through here, so
+// unknown flags, missing values and --help behave the same everywhere.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <boost/program_options.hpp>
+
+namespace shardline::launch {
+
+namespace po = boost::program_options;
+
+// Parses args (argv after the subcommand) against options. Throws ConfigError naming the subcommand and
+// the flag for unknown flags, bad values and positional arguments. Returns false when --help was asked
+// (help already printed to stdout).
+bool parse_command_line(const std::string& command, const std::string& usage, const po::options_description& options,
+                        const std::vector<std::string>& args, po::variables_map& vm);
+
+// Cores this process may run on (its affinity mask), for default thread counts.
+int available_cores();
+
+}  // namespace shardline::launch

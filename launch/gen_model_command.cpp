@@ -1,0 +1,86 @@
+#include "launch/gen_model_command.h"
+
+#include <cstdio>
+
+#include <fmt/format.h>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "common/units.h"
+#include "launch/cli_options.h"
+#include "partition/model_presets.h"
+#include "runtime/checkpoint.h"
+#include "runtime/model_generator.h"
+
+namespace shardline::launch {
+
+int gen_model_command(const std::vector<std::string>& args) {
+  partition::ModelShape shape;
+  std::string preset, out, tokenizer_out;
+  std::uint64_t seed = 42;
+  bool unshared = false;
+  po::options_description options("gen-model options");
+  options.add_options()
+      ("preset", po::value(&preset), fmt::format("start from a named shape ({}); explicit flags override it",
+                                                 partition::model_preset_names()).c_str())
+      ("dim", po::value<int>(), "residual width")
+      ("hidden", po::value<int>(), "MLP width")
+      ("layers", po::value<int>(), "transformer layers")
+      ("heads", po::value<int>(), "query heads")
+      ("kv-heads", po::value<int>(), "key/value heads (GQA when fewer than --heads; default = --heads)")
+      ("vocab", po::value<int>(), "vocabulary size (>= 259: specials + 256 byte tokens)")
+      ("seq", po::value<int>(), "maximum context length")
+      ("unshared-classifier", po::bool_switch(&unshared), "write a separate classifier matrix")
+      ("seed", po::value(&seed)->default_value(42), "random seed (same seed and shape = same file)")
+      ("out", po::value(&out)->required(), "checkpoint path to write, e.g. model.bin")
+      ("tokenizer-out", po::value(&tokenizer_out), "tokenizer path (default: <out>.tokenizer.bin)");
+  po::variables_map vm;
+  const std::string usage =
+      "Usage: shardline gen-model (--preset NAME | --dim D --hidden H --layers L --heads N --vocab V --seq S) "
+      "--out FILE\n\nWrites a llama2.c checkpoint with random weights and a matching synthetic tokenizer.";
+  if (!parse_command_line("gen-model", usage, options, args, vm)) return 0;
+
+  if (!preset.empty()) shape = partition::find_model_preset(preset).shape;
+  auto take = [&](const char* flag, int& field) {
+    if (vm.count(flag)) {
+      field = vm[flag].as<int>();
+    } else if (preset.empty()) {
+      throw ConfigError(fmt::format("shardline gen-model: --{} is required without --preset", flag));
+    }
+  };
+  take("dim", shape.dim);
+  take("hidden", shape.hidden_dim);
+  take("layers", shape.n_layers);
+  take("heads", shape.n_heads);
+  take("vocab", shape.vocab_size);
+  take("seq", shape.seq_len);
+  if (vm.count("kv-heads")) {
+    shape.n_kv_heads = vm["kv-heads"].as<int>();
+  } else if (preset.empty() || vm.count("heads")) {
+    shape.n_kv_heads = shape.n_heads;
+  }
+  if (unshared) shape.shared_classifier = false;
+  if (auto problem = shape.find_problem()) throw ConfigError(fmt::format("shardline gen-model: {}", *problem));
+  if (shape.vocab_size < 259) {
+    throw ConfigError(fmt::format("shardline gen-model: --vocab {} is too small: the tokenizer needs 3 special "
+                                  "and 256 byte tokens (use --vocab 259 or more)",
+                                  shape.vocab_size));
+  }
+  if (tokenizer_out.empty()) tokenizer_out = runtime::default_tokenizer_path_for(out);
+
+  const std::uint64_t total = runtime::checkpoint_layout(shape).total_bytes;
+  log::info("writing {} ({}, {} params, {})", out, shape.describe(), shape.n_params(), format_bytes(total));
+  int last_percent = -1;
+  const bool show_progress = total > 256 * kMiB;
+  runtime::generate_model(shape, seed, {out, tokenizer_out}, [&](std::uint64_t done, std::uint64_t all) {
+    const int percent = static_cast<int>(100 * done / all);
+    if (show_progress && percent / 10 != last_percent / 10) {
+      log::info("  {}% of {}", percent, format_bytes(all));
+      last_percent = percent;
+    }
+  });
+  log::info("wrote {} and {}", out, tokenizer_out);
+  return 0;
+}
+
+}  // namespace shardline::launch

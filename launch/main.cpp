@@ -1,0 +1,75 @@
+// shardline: serve a transformer LLM across MPI ranks. This file only dispatches subcommands and turns
+// every expected failure into one clear line and a meaningful exit code (see common/error.h).
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "launch/gen_model_command.h"
+#include "launch/mpi_session.h"
+#include "launch/run_command.h"
+
+namespace {
+
+constexpr const char* kUsage = R"(shardline: tensor- and pipeline-parallel LLM inference over MPI
+
+Usage: shardline <command> [options]      (shardline <command> --help for its options)
+
+Commands:
+  run         generate text (plain process, or under mpirun / srun)
+  gen-model   write a random-weight llama2.c checkpoint and tokenizer of any shape
+
+Exit codes: 0 ok, 1 unexpected error, 2 bad flags or layout, 3 corrupt input file,
+            4 missing resource (file, memory, GPU), 5 communication failure (peer died, timeout).
+)";
+
+int dispatch(const std::string& command, const std::vector<std::string>& args,
+             std::unique_ptr<shardline::launch::MpiSession>& mpi) {
+  using namespace shardline::launch;
+  if (command == "run") {
+    mpi = std::make_unique<MpiSession>();
+    if (mpi->active() && mpi->world_size() > 1) {
+      shardline::log::set_place(fmt::format("[r{}]", mpi->world_rank()), mpi->world_rank() == 0);
+    }
+    return run_command(args, *mpi);
+  }
+  if (command == "gen-model") return gen_model_command(args);
+  throw shardline::ConfigError(fmt::format("unknown command '{}' (see 'shardline --help')", command));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
+    std::fputs(kUsage, args.empty() ? stderr : stdout);
+    return args.empty() ? static_cast<int>(shardline::ExitCode::kConfig) : 0;
+  }
+  if (args[0] == "--version") {
+    std::puts("shardline 0.1.0");
+    return 0;
+  }
+  const std::string command = args[0];
+  args.erase(args.begin());
+  std::unique_ptr<shardline::launch::MpiSession> mpi;
+  int code = 0;
+  try {
+    code = dispatch(command, args, mpi);
+  } catch (const shardline::Error& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "%s error: %s\n", shardline::detail::rank_tag().c_str(), e.what());
+    code = static_cast<int>(e.code());
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "%s error: unexpected: %s\n", shardline::detail::rank_tag().c_str(), e.what());
+    code = static_cast<int>(shardline::ExitCode::kRuntime);
+  }
+  if (code != 0 && mpi) mpi->abort_job(code);
+  return code;
+}

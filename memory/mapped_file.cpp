@@ -1,0 +1,94 @@
+#include "memory/mapped_file.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "common/error.h"
+
+namespace shardline::memory {
+
+MappedRegion& MappedRegion::operator=(MappedRegion&& other) noexcept {
+  if (this != &other) {
+    if (base_) munmap(base_, map_bytes_);
+    base_ = std::exchange(other.base_, nullptr);
+    map_bytes_ = std::exchange(other.map_bytes_, 0);
+    data_ = std::exchange(other.data_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+  }
+  return *this;
+}
+
+MappedRegion::~MappedRegion() {
+  if (base_) munmap(base_, map_bytes_);
+}
+
+MappedFile::MappedFile(const std::string& path) : path_(path) {
+  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd_ < 0) {
+    throw ResourceError(fmt::format("cannot open '{}': {}", path, std::strerror(errno)));
+  }
+  struct stat st {};
+  if (fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd_);
+    fd_ = -1;
+    throw ResourceError(fmt::format("'{}' is not a regular file", path));
+  }
+  size_bytes_ = static_cast<std::uint64_t>(st.st_size);
+}
+
+MappedFile::MappedFile(MappedFile&& other) noexcept { *this = std::move(other); }
+
+MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    path_ = std::move(other.path_);
+    fd_ = std::exchange(other.fd_, -1);
+    size_bytes_ = std::exchange(other.size_bytes_, 0);
+  }
+  return *this;
+}
+
+MappedFile::~MappedFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+MappedRegion MappedFile::map(std::uint64_t offset, std::uint64_t bytes, const MapOptions& options) const {
+  if (offset > size_bytes_ || bytes > size_bytes_ - offset) {
+    throw FormatError(fmt::format("'{}' is truncated: needs bytes [{}, {}) but has {}", path_, offset,
+                                  offset + bytes, size_bytes_));
+  }
+  if (bytes == 0) return {};
+  static const std::uint64_t page = static_cast<std::uint64_t>(sysconf(_SC_PAGESIZE));
+  const std::uint64_t aligned = offset / page * page;
+  const std::size_t map_bytes = static_cast<std::size_t>(offset - aligned + bytes);
+  const int flags = MAP_PRIVATE | (options.populate ? MAP_POPULATE : 0);
+  void* base = mmap(nullptr, map_bytes, PROT_READ, flags, fd_, static_cast<off_t>(aligned));
+  if (base == MAP_FAILED) {
+    throw ResourceError(fmt::format("mmap of {} bytes of '{}' failed: {}", map_bytes, path_, std::strerror(errno)));
+  }
+  return MappedRegion(base, map_bytes, static_cast<const std::byte*>(base) + (offset - aligned),
+                      static_cast<std::size_t>(bytes));
+}
+
+void MappedFile::read(std::uint64_t offset, void* dst, std::size_t bytes) const {
+  if (offset > size_bytes_ || bytes > size_bytes_ - offset) {
+    throw FormatError(fmt::format("'{}' is truncated: needs {} bytes at offset {} but has {} bytes in all",
+                                  path_, bytes, offset, size_bytes_));
+  }
+  std::size_t done = 0;
+  while (done < bytes) {
+    ssize_t got = ::pread(fd_, static_cast<char*>(dst) + done, bytes - done, static_cast<off_t>(offset + done));
+    if (got <= 0) throw ResourceError(fmt::format("reading '{}' failed: {}", path_, std::strerror(errno)));
+    done += static_cast<std::size_t>(got);
+  }
+}
+
+}  // namespace shardline::memory

@@ -1,0 +1,79 @@
+#include "runtime/checkpoint.h"
+
+#include <fmt/format.h>
+
+#include "common/error.h"
+#include "common/units.h"
+#include "memory/mapped_file.h"
+
+namespace shardline::runtime {
+
+CheckpointLayout checkpoint_layout(const partition::ModelShape& s) {
+  const std::uint64_t f = sizeof(float);
+  const std::uint64_t L = s.n_layers, d = s.dim, h = s.hidden_dim, kv = s.kv_dim(), v = s.vocab_size;
+  CheckpointLayout c;
+  std::uint64_t at = kCheckpointHeaderBytes;
+  auto take = [&](std::uint64_t n_floats) {
+    std::uint64_t offset = at;
+    at += n_floats * f;
+    return offset;
+  };
+  c.token_embedding = take(v * d);
+  c.rms_att = take(L * d);
+  c.wq = take(L * d * d);
+  c.wk = take(L * kv * d);
+  c.wv = take(L * kv * d);
+  c.wo = take(L * d * d);
+  c.rms_ffn = take(L * d);
+  c.w1 = take(L * h * d);
+  c.w2 = take(L * d * h);
+  c.w3 = take(L * h * d);
+  c.rms_final = take(d);
+  c.rope_tables = take(2 * static_cast<std::uint64_t>(s.seq_len) * (s.head_size() / 2));
+  c.classifier = s.shared_classifier ? c.token_embedding : take(v * d);
+  c.total_bytes = at;
+  return c;
+}
+
+partition::ModelShape read_checkpoint_shape(const std::string& path) {
+  memory::MappedFile file(path);
+  if (file.size_bytes() < kCheckpointHeaderBytes) {
+    throw FormatError(fmt::format("'{}' is not a llama2.c checkpoint: {} bytes, shorter than the 28-byte header",
+                                  path, file.size_bytes()));
+  }
+  std::int32_t header[7];
+  file.read(0, header, sizeof(header));
+  partition::ModelShape shape;
+  shape.dim = header[0];
+  shape.hidden_dim = header[1];
+  shape.n_layers = header[2];
+  shape.n_heads = header[3];
+  shape.n_kv_heads = header[4];
+  shape.shared_classifier = header[5] > 0;
+  shape.vocab_size = header[5] < 0 ? -header[5] : header[5];
+  shape.seq_len = header[6];
+  if (auto problem = shape.find_problem()) {
+    throw FormatError(fmt::format("'{}' has a nonsense llama2.c header: {}", path, *problem));
+  }
+  const CheckpointLayout layout = checkpoint_layout(shape);
+  if (file.size_bytes() != layout.total_bytes) {
+    const bool short_file = file.size_bytes() < layout.total_bytes;
+    throw FormatError(fmt::format(
+        "'{}' is {}: the header ({}) implies {} bytes but the file has {} bytes; re-copy or re-export it", path,
+        short_file ? "truncated" : "longer than its header says", shape.describe(), layout.total_bytes,
+        file.size_bytes()));
+  }
+  return shape;
+}
+
+void encode_checkpoint_header(const partition::ModelShape& s, std::int32_t out[7]) {
+  out[0] = s.dim;
+  out[1] = s.hidden_dim;
+  out[2] = s.n_layers;
+  out[3] = s.n_heads;
+  out[4] = s.n_kv_heads;
+  out[5] = s.shared_classifier ? s.vocab_size : -s.vocab_size;
+  out[6] = s.seq_len;
+}
+
+}  // namespace shardline::runtime

@@ -1,0 +1,167 @@
+#include "runtime/model_generator.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "partition/model_presets.h"
+#include "runtime/checkpoint.h"
+#include "runtime/tokenizer.h"
+
+namespace shardline::runtime {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// splitmix64: a fast, well-mixed stream; one per tensor so the output does not depend on write order.
+struct SplitMix64 {
+  std::uint64_t state;
+  std::uint64_t next() {
+    std::uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  // Uniform in [-1, 1).
+  float uniform() { return static_cast<float>(next() >> 40) * (2.0f / 16777216.0f) - 1.0f; }
+};
+
+class CheckpointWriter {
+ public:
+  CheckpointWriter(const std::string& path, std::uint64_t total_bytes, const ProgressCallback& progress)
+      : path_(path), total_bytes_(total_bytes), progress_(progress) {
+    file_ = std::fopen(path.c_str(), "wb");
+    if (!file_) throw ResourceError(fmt::format("cannot create '{}': {}", path, std::strerror(errno)));
+  }
+  ~CheckpointWriter() {
+    if (file_) std::fclose(file_);
+  }
+  void bytes(const void* data, std::size_t n) {
+    if (std::fwrite(data, 1, n, file_) != n) {
+      throw ResourceError(fmt::format("writing '{}' failed (disk full?): {}", path_, std::strerror(errno)));
+    }
+    written_ += n;
+    if (progress_) progress_(written_, total_bytes_);
+  }
+  // n floats uniform with standard deviation `stddev` (uniform on [-a, a] has std a / sqrt(3)).
+  void random(std::uint64_t n, float stddev, std::uint64_t stream) {
+    SplitMix64 rng{stream * 0xD1B54A32D192ED03ull};
+    const float a = stddev * std::sqrt(3.0f);
+    std::vector<float> buffer(1 << 20);
+    while (n > 0) {
+      const std::size_t m = n < buffer.size() ? n : buffer.size();
+      for (std::size_t i = 0; i < m; ++i) buffer[i] = a * rng.uniform();
+      bytes(buffer.data(), m * sizeof(float));
+      n -= m;
+    }
+  }
+  void constant(std::uint64_t n, float value) {
+    std::vector<float> buffer(n < (1u << 20) ? n : (1u << 20), value);
+    while (n > 0) {
+      const std::size_t m = n < buffer.size() ? n : buffer.size();
+      bytes(buffer.data(), m * sizeof(float));
+      n -= m;
+    }
+  }
+  void close() {
+    if (std::fclose(file_) != 0) throw ResourceError(fmt::format("closing '{}' failed", path_));
+    file_ = nullptr;
+  }
+
+ private:
+  std::string path_;
+  std::FILE* file_ = nullptr;
+  std::uint64_t total_bytes_;
+  std::uint64_t written_ = 0;
+  ProgressCallback progress_;
+};
+
+std::string temp_name(const std::string& path) {
+  return fmt::format("{}.tmp.{}.{}", path, ::getpid(), reinterpret_cast<std::uintptr_t>(&path) & 0xffff);
+}
+
+}  // namespace
+
+void generate_model(const partition::ModelShape& s, std::uint64_t seed, const GeneratedModelPaths& paths,
+                    const ProgressCallback& progress) {
+  if (auto problem = s.find_problem()) throw ConfigError(fmt::format("cannot generate this model: {}", *problem));
+  const CheckpointLayout layout = checkpoint_layout(s);
+  const std::string tmp = temp_name(paths.model);
+  {
+    CheckpointWriter out(tmp, layout.total_bytes, progress);
+    std::int32_t header[7];
+    encode_checkpoint_header(s, header);
+    out.bytes(header, sizeof(header));
+    const std::uint64_t L = s.n_layers, d = s.dim, h = s.hidden_dim, kv = s.kv_dim(), v = s.vocab_size;
+    const float in_dim = 1.0f / std::sqrt(static_cast<float>(d));
+    const float in_hidden = 1.0f / std::sqrt(static_cast<float>(h));
+    // Layers must move the residual stream well away from the token's own embedding; with unit gains a
+    // tied classifier mostly predicts the input token again and greedy output repeats one token.
+    constexpr float kResidualGain = 3.0f;
+    std::uint64_t stream = seed * 1000;
+    out.random(v * d, 1.0f, ++stream);            // token_embedding
+    out.constant(L * d, 1.0f);                    // rms_att
+    out.random(L * d * d, in_dim, ++stream);      // wq
+    out.random(L * kv * d, in_dim, ++stream);     // wk
+    out.random(L * kv * d, in_dim, ++stream);     // wv
+    out.random(L * d * d, kResidualGain * in_dim, ++stream);     // wo
+    out.constant(L * d, 1.0f);                    // rms_ffn
+    out.random(L * h * d, in_dim, ++stream);      // w1
+    out.random(L * d * h, kResidualGain * in_hidden, ++stream);  // w2
+    out.random(L * h * d, in_dim, ++stream);      // w3
+    out.constant(d, 1.0f);                        // rms_final
+    out.constant(2 * static_cast<std::uint64_t>(s.seq_len) * (s.head_size() / 2), 0.0f);  // unused RoPE tables
+    // A classifier gain of 4 spreads the logits so greedy decoding has clear winners.
+    if (!s.shared_classifier) out.random(v * d, 4.0f * in_dim, ++stream);
+    out.close();
+  }
+  make_synthetic_tokenizer(s.vocab_size).save(temp_name(paths.tokenizer));
+  std::filesystem::rename(temp_name(paths.tokenizer), paths.tokenizer);
+  std::filesystem::rename(tmp, paths.model);
+}
+
+std::string default_tokenizer_path_for(const std::string& model_path) {
+  std::string stem = model_path;
+  if (stem.size() > 4 && stem.ends_with(".bin")) stem.resize(stem.size() - 4);
+  return stem + ".tokenizer.bin";
+}
+
+GeneratedModelPaths ensure_default_model() {
+  fs::path dir;
+  if (const char* env = std::getenv("SHARDLINE_CACHE_DIR"); env && *env) {
+    dir = env;
+  } else if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg) {
+    dir = fs::path(xdg) / "shardline";
+  } else if (const char* home = std::getenv("HOME"); home && *home) {
+    dir = fs::path(home) / ".cache" / "shardline";
+  } else {
+    dir = fs::temp_directory_path() / "shardline";
+  }
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw ResourceError(fmt::format("cannot create the cache folder '{}': {}", dir.string(), ec.message()));
+  // The 15m shape with its own classifier: a tied random classifier mostly predicts the input token again,
+  // and a default that prints one token over and over looks broken.
+  partition::ModelShape shape = partition::find_model_preset("15m").shape;
+  shape.shared_classifier = false;
+  GeneratedModelPaths paths{(dir / "default-15m-unshared-seed42.bin").string(), ""};
+  paths.tokenizer = default_tokenizer_path_for(paths.model);
+  if (!fs::exists(paths.model) || !fs::exists(paths.tokenizer)) {
+    log::info("generating the built-in default model ({}, random weights) into {}", shape.describe(), paths.model);
+    generate_model(shape, 42, paths);
+  }
+  return paths;
+}
+
+}  // namespace shardline::runtime

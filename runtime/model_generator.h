@@ -1,0 +1,34 @@
+// Random-weight llama2.c checkpoints of any shape, with a matching synthetic tokenizer: for tests,
+// benchmarks and the built-in default model. Deterministic for a given (shape, seed).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "partition/model_shape.h"
+
+namespace shardline::runtime {
+
+struct GeneratedModelPaths {
+  std::string model;
+  std::string tokenizer;
+};
+
+// Called with (bytes written, total bytes) as the checkpoint is written.
+using ProgressCallback = std::function<void(std::uint64_t, std::uint64_t)>;
+
+// Writes the checkpoint to model_path and the tokenizer to tokenizer_path, each through a temporary file
+// renamed into place, so a reader never sees half a file and concurrent writers cannot corrupt it.
+// Weights: uniform with std gain/sqrt(fan_in) (unit-scale activations, clear logit margins); norms 1.
+void generate_model(const partition::ModelShape& shape, std::uint64_t seed, const GeneratedModelPaths& paths,
+                    const ProgressCallback& progress = {});
+
+// "<out minus .bin>.tokenizer.bin": where gen-model puts the tokenizer when not told.
+std::string default_tokenizer_path_for(const std::string& model_path);
+
+// The built-in default model (the 15m preset shape with an unshared classifier, seed 42), generated once into the cache folder
+// ($SHARDLINE_CACHE_DIR, else $XDG_CACHE_HOME/shardline, else ~/.cache/shardline) and reused.
+GeneratedModelPaths ensure_default_model();
+
+}  // namespace shardline::runtime

@@ -1,0 +1,71 @@
+#include "runtime/sampler.h"
+
+#include <algorithm>
+
+#include "common/error.h"
+#include "kernels/cpu/ops.h"
+
+namespace shardline::runtime {
+
+Sampler::Sampler(int vocab_size, const SamplerOptions& options)
+    : vocab_size_(vocab_size), options_(options), rng_state_(options.seed) {
+  SL_CHECK(vocab_size > 0);
+  // xorshift never leaves the all-zero state; llama2.c users pass non-zero seeds, we make sure of it.
+  if (rng_state_ == 0) rng_state_ = 0x9E3779B97F4A7C15ull;
+  candidates_.reserve(vocab_size);
+}
+
+float Sampler::random_f32() {
+  // xorshift64*, exactly as llama2.c's random_u32 / random_f32.
+  rng_state_ ^= rng_state_ >> 12;
+  rng_state_ ^= rng_state_ << 25;
+  rng_state_ ^= rng_state_ >> 27;
+  const auto u32 = static_cast<std::uint32_t>((rng_state_ * 0x2545F4914F6CDD1Dull) >> 32);
+  return static_cast<float>(u32 >> 8) / 16777216.0f;
+}
+
+int Sampler::sample(float* logits) {
+  if (options_.temperature == 0.0f || vocab_size_ == 1) return kernels::cpu::argmax(logits, vocab_size_);
+  for (int i = 0; i < vocab_size_; ++i) logits[i] /= options_.temperature;
+  kernels::cpu::softmax(logits, vocab_size_);
+  const float coin = random_f32();
+  if (options_.top_p <= 0.0f || options_.top_p >= 1.0f) {
+    float cdf = 0.0f;
+    for (int i = 0; i < vocab_size_; ++i) {
+      cdf += logits[i];
+      if (coin < cdf) return i;
+    }
+    return vocab_size_ - 1;  // rounding: the cdf may end just below 1
+  }
+  return sample_top_p(logits, coin);
+}
+
+int Sampler::sample_top_p(const float* probs, float coin) {
+  // Tokens below (1 - top_p) / (n - 1) cannot be in the nucleus, so they are dropped before sorting.
+  candidates_.clear();
+  const float cutoff = (1.0f - options_.top_p) / static_cast<float>(vocab_size_ - 1);
+  for (int i = 0; i < vocab_size_; ++i) {
+    if (probs[i] >= cutoff) candidates_.emplace_back(probs[i], i);
+  }
+  std::sort(candidates_.begin(), candidates_.end(), [](const auto& a, const auto& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  });
+  float cumulative = 0.0f;
+  std::size_t last = candidates_.size() - 1;
+  for (std::size_t i = 0; i < candidates_.size(); ++i) {
+    cumulative += candidates_[i].first;
+    if (cumulative > options_.top_p) {
+      last = i;
+      break;
+    }
+  }
+  const float r = coin * cumulative;
+  float cdf = 0.0f;
+  for (std::size_t i = 0; i <= last; ++i) {
+    cdf += candidates_[i].first;
+    if (r < cdf) return candidates_[i].second;
+  }
+  return candidates_[last].second;
+}
+
+}  // namespace shardline::runtime

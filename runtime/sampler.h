@@ -1,0 +1,33 @@
+// Token sampling as llama2.c does it, so a seeded run is reproducible against the reference:
+// temperature 0 = greedy argmax; otherwise softmax(logits / T), then top-p (nucleus) when 0 < top_p < 1,
+// else sampling from the whole distribution; xorshift64* RNG seeded by --seed.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace shardline::runtime {
+
+struct SamplerOptions {
+  float temperature = 0.0f;  // 0 = greedy
+  float top_p = 0.9f;        // nucleus threshold; <= 0 or >= 1 disables it
+  std::uint64_t seed = 42;
+};
+
+class Sampler {
+ public:
+  Sampler(int vocab_size, const SamplerOptions& options);
+  // Picks the next token. Modifies logits in place (scaled and normalised when temperature > 0).
+  int sample(float* logits);
+
+ private:
+  float random_f32();
+  int sample_top_p(const float* probs, float coin);
+
+  int vocab_size_;
+  SamplerOptions options_;
+  std::uint64_t rng_state_;
+  std::vector<std::pair<float, int>> candidates_;  // (prob, token) scratch for top-p
+};
+
+}  // namespace shardline::runtime

@@ -1,0 +1,64 @@
+// One rank's weights: zero-copy read-only mappings of the row slices it owns, and rank-local copies of the
+// column slices (wo, w2 under TP), which are strided in the file. Nothing else of the checkpoint is mapped,
+// so resident memory scales with the shard.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "memory/mapped_file.h"
+#include "partition/model_shape.h"
+#include "partition/shard.h"
+
+namespace shardline::runtime {
+
+// Shapes use the rank-local sizes: q_dim = local heads * head_size, kv_dim = local kv heads * head_size,
+// hidden = local hidden features.
+struct LayerWeights {
+  const float* rms_att = nullptr;  // (dim)
+  const float* wq = nullptr;       // (q_dim, dim)
+  const float* wk = nullptr;       // (kv_dim, dim)
+  const float* wv = nullptr;       // (kv_dim, dim)
+  const float* wo = nullptr;       // (dim, q_dim)
+  const float* rms_ffn = nullptr;  // (dim)
+  const float* w1 = nullptr;       // (hidden, dim)
+  const float* w2 = nullptr;       // (dim, hidden)
+  const float* w3 = nullptr;       // (hidden, dim)
+};
+
+class ShardWeights {
+ public:
+  // Validates the file against `shape` first (size, header); throws FormatError / ResourceError.
+  ShardWeights(const std::string& path, const partition::ModelShape& shape, const partition::RankShard& shard);
+
+  const partition::ModelShape& shape() const { return shape_; }
+  const partition::RankShard& shard() const { return shard_; }
+
+  const float* token_embedding() const { return token_embedding_; }  // (vocab, dim); first stage only
+  const LayerWeights& layer(int local_index) const { return layers_[local_index]; }
+  int n_local_layers() const { return static_cast<int>(layers_.size()); }
+  const float* rms_final() const { return rms_final_; }    // (dim); last stage only
+  const float* classifier() const { return classifier_; }  // (vocab slice, dim); last stage only
+
+  std::uint64_t mapped_bytes() const { return mapped_bytes_; }
+  std::uint64_t repacked_bytes() const { return repacked_bytes_; }
+
+ private:
+  const float* map_floats(std::uint64_t offset_bytes, std::uint64_t n_floats, bool populate);
+  const float* repack_columns(std::uint64_t matrix_offset_bytes, int rows, int cols, partition::Range columns);
+
+  partition::ModelShape shape_;
+  partition::RankShard shard_;
+  memory::MappedFile file_;
+  std::vector<memory::MappedRegion> regions_;
+  std::vector<std::vector<float>> repacked_;
+  std::vector<LayerWeights> layers_;
+  const float* token_embedding_ = nullptr;
+  const float* rms_final_ = nullptr;
+  const float* classifier_ = nullptr;
+  std::uint64_t mapped_bytes_ = 0;
+  std::uint64_t repacked_bytes_ = 0;
+};
+
+}  // namespace shardline::runtime

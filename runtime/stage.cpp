@@ -1,0 +1,111 @@
+#include "runtime/stage.h"
+
+#include <cstring>
+
+#include "common/error.h"
+#include "kernels/cpu/ops.h"
+
+namespace shardline::runtime {
+
+namespace cpu = kernels::cpu;
+
+Stage::Stage(const ShardWeights& weights, comm::Communicator& tp_comm, const StageOptions& options)
+    : weights_(weights), tp_comm_(tp_comm), options_(options) {
+  const auto& s = weights.shape();
+  const auto& shard = weights.shard();
+  q_dim_ = shard.heads.size() * s.head_size();
+  kv_dim_ = shard.kv_heads.size() * s.head_size();
+  hidden_ = shard.hidden.size();
+  const std::size_t chunk = static_cast<std::size_t>(options.max_chunk_tokens);
+  xb_.resize(chunk * s.dim);
+  q_.resize(chunk * q_dim_);
+  k_.resize(chunk * kv_dim_);
+  v_.resize(chunk * kv_dim_);
+  att_.resize(chunk * q_dim_);
+  scores_.resize(static_cast<std::size_t>(shard.heads.size()) * s.seq_len);
+  hb_.resize(chunk * hidden_);
+  hb2_.resize(chunk * hidden_);
+  out_.resize(chunk * s.dim);
+  if (shard.has_classifier) {
+    local_logits_.resize(shard.vocab.size());
+    for (int t = 0; t < tp_comm.size(); ++t) {
+      vocab_counts_.push_back(partition::split_evenly(s.vocab_size, tp_comm.size(), t).size());
+    }
+  }
+}
+
+KvCache Stage::make_kv_cache() const {
+  return KvCache(weights_.n_local_layers(), shape().seq_len, kv_dim_);
+}
+
+void Stage::embed(const int* tokens, int n, float* x) const {
+  SL_CHECK(weights_.token_embedding() != nullptr);
+  const int dim = shape().dim;
+  for (int t = 0; t < n; ++t) {
+    SL_CHECK(tokens[t] >= 0 && tokens[t] < shape().vocab_size);
+    std::memcpy(x + static_cast<std::size_t>(t) * dim,
+                weights_.token_embedding() + static_cast<std::size_t>(tokens[t]) * dim, sizeof(float) * dim);
+  }
+}
+
+void Stage::forward(float* x, int n, int pos, KvCache& cache) {
+  SL_CHECK(n >= 1 && n <= options_.max_chunk_tokens);
+  SL_CHECK(pos >= 0 && pos + n <= shape().seq_len);
+  for (int l = 0; l < weights_.n_local_layers(); ++l) {
+    const LayerWeights& w = weights_.layer(l);
+    attention_block(w, x, n, pos, cache, l);
+    mlp_block(w, x, n);
+  }
+}
+
+void Stage::attention_block(const LayerWeights& w, float* x, int n, int pos, KvCache& cache, int local_layer) {
+  const auto& s = shape();
+  const int hs = s.head_size();
+  const int n_local_heads = q_dim_ / hs;
+  const int n_local_kv = kv_dim_ / hs;
+  cpu::rmsnorm(xb_.data(), x, w.rms_att, n, s.dim, options_.rms_eps);
+  cpu::matmul(q_.data(), xb_.data(), w.wq, n, s.dim, q_dim_);
+  cpu::matmul(k_.data(), xb_.data(), w.wk, n, s.dim, kv_dim_);
+  cpu::matmul(v_.data(), xb_.data(), w.wv, n, s.dim, kv_dim_);
+  float* keys = cache.keys(local_layer);      // (seq_len, kv_dim)
+  float* values = cache.values(local_layer);  // (seq_len, kv_dim)
+  for (int t = 0; t < n; ++t) {
+    float* qt = q_.data() + static_cast<std::size_t>(t) * q_dim_;
+    float* kt = k_.data() + static_cast<std::size_t>(t) * kv_dim_;
+    cpu::rope(qt, n_local_heads, hs, pos + t, options_.rope_theta);
+    cpu::rope(kt, n_local_kv, hs, pos + t, options_.rope_theta);
+    std::memcpy(keys + static_cast<std::size_t>(pos + t) * kv_dim_, kt, sizeof(float) * kv_dim_);
+    std::memcpy(values + static_cast<std::size_t>(pos + t) * kv_dim_,
+                v_.data() + static_cast<std::size_t>(t) * kv_dim_, sizeof(float) * kv_dim_);
+  }
+  for (int t = 0; t < n; ++t) {
+    // Causal: token pos+t sees positions 0 .. pos+t.
+    cpu::attention(att_.data() + static_cast<std::size_t>(t) * q_dim_, q_.data() + static_cast<std::size_t>(t) * q_dim_,
+                   keys, values, scores_.data(), pos + t + 1, n_local_heads, n_local_kv, hs, kv_dim_);
+  }
+  cpu::matmul(out_.data(), att_.data(), w.wo, n, q_dim_, s.dim);
+  tp_comm_.all_reduce_sum(out_.data(), static_cast<std::size_t>(n) * s.dim);  // sum over heads of the group
+  cpu::add_inplace(x, out_.data(), n * s.dim);
+}
+
+void Stage::mlp_block(const LayerWeights& w, float* x, int n) {
+  const auto& s = shape();
+  cpu::rmsnorm(xb_.data(), x, w.rms_ffn, n, s.dim, options_.rms_eps);
+  cpu::matmul(hb_.data(), xb_.data(), w.w1, n, s.dim, hidden_);
+  cpu::matmul(hb2_.data(), xb_.data(), w.w3, n, s.dim, hidden_);
+  cpu::swiglu(hb_.data(), hb2_.data(), n * hidden_);
+  cpu::matmul(out_.data(), hb_.data(), w.w2, n, hidden_, s.dim);
+  tp_comm_.all_reduce_sum(out_.data(), static_cast<std::size_t>(n) * s.dim);  // sum over hidden slices
+  cpu::add_inplace(x, out_.data(), n * s.dim);
+}
+
+void Stage::logits(const float* x, float* logits) {
+  SL_CHECK(weights_.classifier() != nullptr);
+  const auto& s = shape();
+  cpu::rmsnorm(xb_.data(), x, weights_.rms_final(), 1, s.dim, options_.rms_eps);
+  cpu::matmul(local_logits_.data(), xb_.data(), weights_.classifier(), 1, s.dim,
+              static_cast<int>(local_logits_.size()));
+  tp_comm_.all_gather_v(local_logits_.data(), logits, vocab_counts_);
+}
+
+}  // namespace shardline::runtime

@@ -1,0 +1,87 @@
+// The llama2.c BPE tokenizer (run.c's encode/decode), so prompts tokenize to exactly the ids upstream feeds
+// its model and the goldens in shared/models can be compared id for id.
+//
+// tokenizer.bin layout (little endian, what llama2.c's tokenizer.py writes):
+//   int32 max_token_length
+//   vocab_size times: float32 score, int32 len, len bytes (no NUL)
+// The token count is not stored: it is the model's vocab_size. Fixed ids: 0 = <unk>, 1 = BOS ("\n<s>\n"),
+// 2 = EOS ("\n</s>\n"), 3 + b = the byte-fallback token "<0xBB>" for byte b.
+//
+// Example with the Llama 2 vocabulary: encode("Once upon a time", bos=true, eos=false) = {1, 9038, 2501, 263,
+// 931}: BOS, " Once", " upon", " a", " time" (the dummy prefix " " became the leading space of " Once").
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+namespace shardline::runtime {
+
+inline constexpr int kUnkId = 0;
+inline constexpr int kBosId = 1;
+inline constexpr int kEosId = 2;
+inline constexpr int kByteFallbackId = 3;  // byte b is token kByteFallbackId + b
+inline constexpr int kMinVocabSize = kByteFallbackId + 256;
+
+class Tokenizer {
+ public:
+  // Reads a llama2.c tokenizer.bin holding exactly vocab_size tokens. Throws ResourceError when the file
+  // cannot be opened, FormatError (naming the path) when it is truncated, has the wrong number of tokens,
+  // negative lengths, or byte-fallback tokens where "<0x00>".."<0xFF>" should be.
+  Tokenizer(const std::string& path, int vocab_size);
+  // From in-memory pieces (synthetic vocabularies, tests). Same validation, FormatError on failure.
+  Tokenizer(std::vector<std::string> pieces, std::vector<float> scores);
+
+  int vocab_size() const { return static_cast<int>(pieces_.size()); }
+
+  // run.c encode(): [BOS] + dummy prefix " " (if text is non-empty) + one token per UTF-8 codepoint (its
+  // bytes as byte-fallback tokens when the codepoint is not a piece), then repeatedly merge the adjacent pair
+  // whose concatenation is a piece with the highest score, leftmost on ties; + [EOS].
+  // Same result as run.c's O(n^2) rescans, in O(n log n) (a heap of candidate pairs).
+  std::vector<int> encode(std::string_view text, bool bos, bool eos) const;
+
+  // run.c decode(): the piece of `token`, minus its leading space right after BOS; "<0xBB>" becomes the raw
+  // byte BB. The view stays valid as long as this Tokenizer (byte views point into static storage).
+  std::string_view decode(int prev_token, int token) const;
+
+  // run.c safe_printf(): false for a single-byte piece that is neither printable ASCII nor whitespace (a
+  // lone UTF-8 fragment or control byte would garble a terminal). Multi-byte pieces and "" are printable.
+  static bool is_printable_piece(std::string_view piece);
+
+  const std::string& piece(int id) const;
+  float score(int id) const;
+  // Lowest id whose piece is exactly `text`, or -1.
+  int lookup(std::string_view text) const;
+
+  // Writes the tokenizer.bin format above. Throws ResourceError when the file cannot be written.
+  void save(const std::string& path) const;
+
+ private:
+  // Transparent hashing so encode can look up a std::string_view without building a std::string.
+  struct PieceHash {
+    using is_transparent = void;
+    std::size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+  };
+
+  // Checks the fixed ids (byte tokens) and fills index_; `source` names the file in error messages.
+  void build_index(const std::string& source);
+
+  std::vector<std::string> pieces_;  // (vocab_size)
+  std::vector<float> scores_;        // (vocab_size)
+  // Owns copies of the pieces (not views into pieces_) so the default copy and move stay correct.
+  std::unordered_map<std::string, int, PieceHash, std::equal_to<>> index_;
+};
+
+// A deterministic vocabulary of exactly vocab_size tokens for synthetic models. Throws ConfigError when
+// vocab_size < kMinVocabSize (259). Layout:
+//   0..258  <unk>, BOS, EOS, "<0x00>".."<0xFF>"        (score 0, as in the Llama 2 file)
+//   then    the 95 printable ASCII characters, " a".." z", and for lengths 2, 3, 4...: every string over
+//           the alphabet "etaoinshrdlu" followed by the same with a leading space ("th", " th", ...)
+// Scores fall by 1 per piece from -1, so shorter and earlier pieces merge first; every longer piece is its
+// own prefix plus one character, so merges can reach it.
+Tokenizer make_synthetic_tokenizer(int vocab_size);
+
+}  // namespace shardline::runtime

@@ -1,0 +1,452 @@
+// Each CPU kernel against a naive double-precision reference written here, compared with a normalised
+// error as ggml's test-backend-ops does. Sizes are chosen to hit the kernels' edge paths: k not a multiple
+// of the 16-wide inner loop, d = 1, n both a multiple of 4 and not (matmul's 4-row and 1-row paths), and
+// shapes big enough that the OpenMP regions really run with 2 threads (their `if` clauses skip small work).
+#include "kernels/cpu/ops.h"
+
+#include <cmath>
+#include <cstddef>
+#include <limits>
+#include <numbers>
+#include <random>
+#include <span>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+namespace shardline::kernels::cpu {
+namespace {
+
+// Tolerance on NMSE = Σ(got - want)² / Σ want² for a float kernel against a double reference.
+// float's unit roundoff is u ≈ 6e-8. A sum of k random-signed products accumulated in float has a relative
+// error that grows like sqrt(k)·u, so its NMSE is about k·u² ≈ 7e-12 for the largest k used here (2048).
+// 1e-10 leaves more than 10x headroom for that, while any real mistake (a dropped tail element, a wrong kv
+// head, a row read with the wrong stride) costs at least one term in k, i.e. NMSE ≥ ~1/k ≈ 5e-4 - six
+// orders of magnitude above the bound.
+constexpr double kMaxNmse = 1e-10;
+
+double nmse(std::span<const float> got, std::span<const double> want) {
+  double err = 0.0;
+  double norm = 0.0;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    const double diff = static_cast<double>(got[i]) - want[i];
+    err += diff * diff;
+    norm += want[i] * want[i];
+  }
+  // An all-zero reference (rope or attention of zeros) would divide by zero; fall back to the plain MSE.
+  return norm > 0.0 ? err / norm : err;
+}
+
+// EXPECT_TRUE(nmse_below(...)) prints the measured error on failure, not only "false".
+::testing::AssertionResult nmse_below(std::span<const float> got, std::span<const double> want,
+                                      double max_nmse = kMaxNmse) {
+  if (got.size() != want.size()) {
+    return ::testing::AssertionFailure() << "size " << got.size() << " != reference size " << want.size();
+  }
+  for (float v : got) {
+    if (!std::isfinite(v)) return ::testing::AssertionFailure() << "non-finite value " << v << " in result";
+  }
+  const double e = nmse(got, want);
+  if (e < max_nmse) return ::testing::AssertionSuccess() << "nmse " << e;
+  return ::testing::AssertionFailure() << "nmse " << e << " >= " << max_nmse;
+}
+
+std::vector<float> random_floats(std::mt19937& rng, std::size_t count, float lo = -1.0f, float hi = 1.0f) {
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> out(count);
+  for (float& v : out) v = dist(rng);
+  return out;
+}
+
+// set_num_threads is process-wide; restore it so one test's thread count never leaks into the next.
+class ScopedThreads {
+ public:
+  explicit ScopedThreads(int n_threads) : previous_(set_num_threads(n_threads)) {}
+  ~ScopedThreads() { set_num_threads(previous_); }
+  ScopedThreads(const ScopedThreads&) = delete;
+  ScopedThreads& operator=(const ScopedThreads&) = delete;
+
+ private:
+  int previous_;
+};
+
+constexpr int kThreadCounts[] = {1, 2};
+
+// ---------------------------------------------------------------------------------------------------------
+// Naive double-precision references. Inputs are the float values the kernel sees, widened.
+
+// y: (n, d)   x: (n, k)   w: (d, k)
+std::vector<double> ref_matmul(const std::vector<float>& x, const std::vector<float>& w, int n, int k, int d) {
+  std::vector<double> y(static_cast<std::size_t>(n) * d);
+  for (int r = 0; r < n; ++r) {
+    for (int i = 0; i < d; ++i) {
+      double sum = 0.0;
+      for (int j = 0; j < k; ++j) {
+        sum += static_cast<double>(x[static_cast<std::size_t>(r) * k + j]) * w[static_cast<std::size_t>(i) * k + j];
+      }
+      y[static_cast<std::size_t>(r) * d + i] = sum;
+    }
+  }
+  return y;
+}
+
+// out, x: (n, dim)   weight: (dim)
+std::vector<double> ref_rmsnorm(const std::vector<float>& x, const std::vector<float>& weight, int n, int dim,
+                                double eps) {
+  std::vector<double> out(x.size());
+  for (int r = 0; r < n; ++r) {
+    const float* xr = x.data() + static_cast<std::size_t>(r) * dim;
+    double ss = 0.0;
+    for (int j = 0; j < dim; ++j) ss += static_cast<double>(xr[j]) * xr[j];
+    const double scale = 1.0 / std::sqrt(ss / dim + eps);
+    for (int j = 0; j < dim; ++j) out[static_cast<std::size_t>(r) * dim + j] = xr[j] * scale * weight[j];
+  }
+  return out;
+}
+
+// vec: (n_heads, head_size). Pair (i, i+1), i even, rotates by pos · theta^(-i / head_size).
+std::vector<double> ref_rope(const std::vector<float>& vec, int n_heads, int head_size, int pos, double theta) {
+  std::vector<double> out(vec.size());
+  for (int h = 0; h < n_heads; ++h) {
+    const std::size_t base = static_cast<std::size_t>(h) * head_size;
+    for (int i = 0; i < head_size; i += 2) {
+      const double freq = 1.0 / std::pow(theta, static_cast<double>(i) / head_size);
+      const double angle = pos * freq;
+      const double v0 = vec[base + i];
+      const double v1 = vec[base + i + 1];
+      out[base + i] = v0 * std::cos(angle) - v1 * std::sin(angle);
+      out[base + i + 1] = v0 * std::sin(angle) + v1 * std::cos(angle);
+    }
+  }
+  return out;
+}
+
+std::vector<double> ref_softmax(std::span<const float> x) {
+  double max_val = -std::numeric_limits<double>::infinity();
+  for (float v : x) max_val = std::max(max_val, static_cast<double>(v));
+  std::vector<double> out(x.size());
+  double sum = 0.0;
+  for (std::size_t i = 0; i < x.size(); ++i) sum += out[i] = std::exp(x[i] - max_val);
+  for (double& v : out) v /= sum;
+  return out;
+}
+
+// out: (n_heads, head_size)   q: (n_heads, head_size)   k_cache, v_cache: (n_ctx, kv_stride)
+std::vector<double> ref_attention(const std::vector<float>& q, const std::vector<float>& k_cache,
+                                  const std::vector<float>& v_cache, int n_ctx, int n_heads, int n_kv_heads,
+                                  int head_size, int kv_stride) {
+  std::vector<double> out(static_cast<std::size_t>(n_heads) * head_size, 0.0);
+  for (int h = 0; h < n_heads; ++h) {
+    const int kv_head = h / (n_heads / n_kv_heads);
+    const std::size_t q_off = static_cast<std::size_t>(h) * head_size;
+    std::vector<double> scores(n_ctx);
+    double max_score = -std::numeric_limits<double>::infinity();
+    for (int t = 0; t < n_ctx; ++t) {
+      const std::size_t k_off = static_cast<std::size_t>(t) * kv_stride + static_cast<std::size_t>(kv_head) * head_size;
+      double dot = 0.0;
+      for (int i = 0; i < head_size; ++i) dot += static_cast<double>(q[q_off + i]) * k_cache[k_off + i];
+      scores[t] = dot / std::sqrt(static_cast<double>(head_size));
+      max_score = std::max(max_score, scores[t]);
+    }
+    double sum = 0.0;
+    for (double& s : scores) sum += s = std::exp(s - max_score);
+    for (int t = 0; t < n_ctx; ++t) {
+      const std::size_t v_off = static_cast<std::size_t>(t) * kv_stride + static_cast<std::size_t>(kv_head) * head_size;
+      for (int i = 0; i < head_size; ++i) out[q_off + i] += scores[t] / sum * v_cache[v_off + i];
+    }
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// threads
+
+TEST(CpuThreads, SetReturnsPreviousAndClampsToOne) {
+  ScopedThreads restore(1);
+  EXPECT_EQ(num_threads(), 1);
+  EXPECT_EQ(set_num_threads(2), 1);
+  EXPECT_EQ(num_threads(), 2);
+  EXPECT_EQ(set_num_threads(0), 2);
+  EXPECT_EQ(num_threads(), 1);
+  set_num_threads(-3);
+  EXPECT_EQ(num_threads(), 1);
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// matmul
+
+struct MatmulShape {
+  int n, k, d;
+};
+
+// n = 1, 3 run only the 1-row path; 4 only the 4-row path; 5 and 7 both (4 + 1, 4 + 3). k covers below,
+// at, just past and well past the 16-wide inner loop. The last shapes exceed the 32768 multiply-adds below
+// which matmul stays single-threaded, and 1 x 40000 x 1 gives the second thread an empty band.
+constexpr MatmulShape kMatmulShapes[] = {
+    {1, 1, 1},      {1, 15, 3},     {3, 16, 1},     {4, 17, 5},     {5, 33, 7},     {7, 100, 9},
+    {1, 259, 131},  {3, 259, 131},  {4, 259, 131},  {5, 259, 131},  {7, 259, 131},  {1, 768, 768},
+    {4, 2048, 37},  {7, 2048, 37},  {1, 40000, 1},  {5, 40000, 1},
+};
+
+TEST(CpuMatmul, MatchesReferenceAcrossShapesAndThreads) {
+  std::mt19937 rng(1234);
+  for (const MatmulShape& s : kMatmulShapes) {
+    const std::vector<float> x = random_floats(rng, static_cast<std::size_t>(s.n) * s.k);
+    const std::vector<float> w = random_floats(rng, static_cast<std::size_t>(s.d) * s.k);
+    const std::vector<double> want = ref_matmul(x, w, s.n, s.k, s.d);
+    for (int n_threads : kThreadCounts) {
+      SCOPED_TRACE(::testing::Message() << "n=" << s.n << " k=" << s.k << " d=" << s.d << " threads=" << n_threads);
+      ScopedThreads threads(n_threads);
+      // One guard element past the end of y: the kernel must write exactly n * d values.
+      const float kGuard = -12345.0f;
+      std::vector<float> y(want.size() + 1, kGuard);
+      matmul(y.data(), x.data(), w.data(), s.n, s.k, s.d);
+      EXPECT_EQ(y.back(), kGuard) << "matmul wrote past y[n * d]";
+      EXPECT_TRUE(nmse_below(std::span(y).first(want.size()), want));
+    }
+  }
+}
+
+TEST(CpuMatmul, RowsAreIndependentOfBatching) {
+  // Prefill (n = 5: one 4-row pass + one 1-row pass) must agree with five GEMVs to float rounding; the 4-row
+  // path uses its own accumulators, so this is a tolerance check rather than bitwise equality.
+  std::mt19937 rng(99);
+  const int n = 5, k = 203, d = 61;
+  const std::vector<float> x = random_floats(rng, static_cast<std::size_t>(n) * k);
+  const std::vector<float> w = random_floats(rng, static_cast<std::size_t>(d) * k);
+  std::vector<float> batched(static_cast<std::size_t>(n) * d);
+  matmul(batched.data(), x.data(), w.data(), n, k, d);
+  for (int r = 0; r < n; ++r) {
+    SCOPED_TRACE(::testing::Message() << "row " << r);
+    std::vector<float> single(d);
+    matmul(single.data(), x.data() + static_cast<std::size_t>(r) * k, w.data(), 1, k, d);
+    const std::vector<double> single_d(single.begin(), single.end());
+    EXPECT_TRUE(nmse_below(std::span(batched).subspan(static_cast<std::size_t>(r) * d, d), single_d));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// rmsnorm
+
+TEST(CpuRmsnorm, MatchesReference) {
+  std::mt19937 rng(7);
+  const float eps = 1e-5f;
+  for (int dim : {1, 7, 17, 768}) {
+    for (int n : {1, 3}) {
+      SCOPED_TRACE(::testing::Message() << "n=" << n << " dim=" << dim);
+      const std::vector<float> x = random_floats(rng, static_cast<std::size_t>(n) * dim, -3.0f, 3.0f);
+      const std::vector<float> weight = random_floats(rng, dim, 0.5f, 1.5f);
+      std::vector<float> out(x.size());
+      rmsnorm(out.data(), x.data(), weight.data(), n, dim, eps);
+      EXPECT_TRUE(nmse_below(out, ref_rmsnorm(x, weight, n, dim, eps)));
+    }
+  }
+}
+
+TEST(CpuRmsnorm, OutMayAliasX) {
+  std::mt19937 rng(8);
+  const int n = 3, dim = 37;
+  const float eps = 1e-5f;
+  const std::vector<float> x = random_floats(rng, static_cast<std::size_t>(n) * dim);
+  const std::vector<float> weight = random_floats(rng, dim, 0.5f, 1.5f);
+  std::vector<float> separate(x.size());
+  rmsnorm(separate.data(), x.data(), weight.data(), n, dim, eps);
+  std::vector<float> in_place = x;
+  rmsnorm(in_place.data(), in_place.data(), weight.data(), n, dim, eps);
+  EXPECT_EQ(in_place, separate);
+  EXPECT_TRUE(nmse_below(in_place, ref_rmsnorm(x, weight, n, dim, eps)));
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// rope
+
+TEST(CpuRope, PositionZeroIsIdentity) {
+  std::mt19937 rng(11);
+  const int n_heads = 4, head_size = 64;
+  const std::vector<float> vec = random_floats(rng, static_cast<std::size_t>(n_heads) * head_size);
+  std::vector<float> rotated = vec;
+  rope(rotated.data(), n_heads, head_size, /*pos=*/0, 10000.0f);
+  EXPECT_EQ(rotated, vec);  // cos 0 = 1 and sin 0 = 0 exactly, so not even rounding may change a value
+}
+
+TEST(CpuRope, MatchesFormulaAtLaterPositions) {
+  // The kernel computes the angle pos · freq in float, so its absolute error grows like pos · u: NMSE
+  // ≈ (pos · u)², about 1e-12 at pos 17 and 1e-9 at pos 511. Positions up to 100 keep the common bound;
+  // pos 511 and 2047 (a long context) get the bound their angle rounding allows, which still catches a
+  // wrong frequency or pairing (those cost NMSE of order 1).
+  std::mt19937 rng(12);
+  const struct {
+    int pos;
+    double max_nmse;
+  } cases[] = {{1, kMaxNmse}, {2, kMaxNmse}, {17, kMaxNmse}, {100, kMaxNmse}, {511, 1e-8}, {2047, 1e-7}};
+  for (int head_size : {2, 6, 64}) {
+    for (const auto& c : cases) {
+      SCOPED_TRACE(::testing::Message() << "head_size=" << head_size << " pos=" << c.pos);
+      const int n_heads = 3;
+      const std::vector<float> vec = random_floats(rng, static_cast<std::size_t>(n_heads) * head_size);
+      std::vector<float> rotated = vec;
+      rope(rotated.data(), n_heads, head_size, c.pos, 10000.0f);
+      EXPECT_TRUE(nmse_below(rotated, ref_rope(vec, n_heads, head_size, c.pos, 10000.0), c.max_nmse));
+    }
+  }
+}
+
+TEST(CpuRope, FirstPairRotatesByPosRadians) {
+  // freq for i = 0 is theta^0 = 1: the first pair of every head turns by exactly pos radians.
+  std::vector<float> vec = {1.0f, 0.0f, 0.0f, 0.0f, /*head 1*/ 0.0f, 1.0f, 0.0f, 0.0f};
+  rope(vec.data(), /*n_heads=*/2, /*head_size=*/4, /*pos=*/1, 10000.0f);
+  EXPECT_NEAR(vec[0], std::cos(1.0), 1e-6);
+  EXPECT_NEAR(vec[1], std::sin(1.0), 1e-6);
+  EXPECT_NEAR(vec[4], -std::sin(1.0), 1e-6);
+  EXPECT_NEAR(vec[5], std::cos(1.0), 1e-6);
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// softmax
+
+TEST(CpuSoftmax, MatchesReferenceAndSumsToOne) {
+  std::mt19937 rng(21);
+  for (int size : {1, 2, 5, 17, 1000}) {
+    SCOPED_TRACE(::testing::Message() << "size=" << size);
+    const std::vector<float> x = random_floats(rng, size, -8.0f, 8.0f);
+    std::vector<float> p = x;
+    softmax(p.data(), size);
+    EXPECT_TRUE(nmse_below(p, ref_softmax(x)));
+    double sum = 0.0;
+    for (float v : p) sum += v;
+    EXPECT_NEAR(sum, 1.0, 1e-5);  // a float sum of 1000 terms, each rounded once
+  }
+}
+
+TEST(CpuSoftmax, StableForLargeInputs) {
+  // exp(1000) overflows float (and double); only the max-subtracted form gives finite results.
+  const double e = std::numbers::e;
+  std::vector<float> p = {1000.0f, 1001.0f};
+  softmax(p.data(), 2);
+  EXPECT_TRUE(nmse_below(p, std::vector<double>{1.0 / (1.0 + e), e / (1.0 + e)}));
+
+  p = {-1000.0f, -1001.0f};
+  softmax(p.data(), 2);
+  EXPECT_TRUE(nmse_below(p, std::vector<double>{e / (1.0 + e), 1.0 / (1.0 + e)}));
+
+  p = {3e38f, 3e38f, 3e38f, 3e38f};
+  softmax(p.data(), 4);
+  EXPECT_TRUE(nmse_below(p, std::vector<double>(4, 0.25)));
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// swiglu, add_inplace
+
+TEST(CpuSwiglu, MatchesReference) {
+  std::mt19937 rng(31);
+  for (int size : {1, 7, 1000}) {
+    SCOPED_TRACE(::testing::Message() << "size=" << size);
+    std::vector<float> h1 = random_floats(rng, size, -10.0f, 10.0f);
+    const std::vector<float> h3 = random_floats(rng, size, -2.0f, 2.0f);
+    std::vector<double> want(size);
+    for (int i = 0; i < size; ++i) {
+      const double v = h1[i];
+      want[i] = v / (1.0 + std::exp(-v)) * h3[i];
+    }
+    swiglu(h1.data(), h3.data(), size);
+    EXPECT_TRUE(nmse_below(h1, want));
+  }
+}
+
+TEST(CpuSwiglu, LargeNegativeGateIsZeroNotNan) {
+  // exp(100) overflows float to inf; silu must still come out as (-)0, not inf * 0 = NaN.
+  std::vector<float> h1 = {-100.0f, 100.0f};
+  const std::vector<float> h3 = {1.0f, 1.0f};
+  swiglu(h1.data(), h3.data(), 2);
+  EXPECT_EQ(h1[0], 0.0f);
+  EXPECT_EQ(h1[1], 100.0f);
+}
+
+TEST(CpuAddInplace, EqualsCorrectlyRoundedSum) {
+  // The sum of two floats is exact in double, so float addition must give exactly its rounding.
+  std::mt19937 rng(41);
+  for (int size : {1, 7, 1000}) {
+    std::vector<float> y = random_floats(rng, size);
+    const std::vector<float> x = random_floats(rng, size);
+    std::vector<float> want(size);
+    for (int i = 0; i < size; ++i) want[i] = static_cast<float>(static_cast<double>(y[i]) + x[i]);
+    add_inplace(y.data(), x.data(), size);
+    EXPECT_EQ(y, want) << "size=" << size;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// attention
+
+TEST(CpuAttention, MatchesReferenceForGqaGroupings) {
+  std::mt19937 rng(51);
+  const int n_heads = 8;
+  for (int n_kv_heads : {2, 4, 8}) {
+    for (int head_size : {5, 16, 64}) {
+      // n_ctx > 64 runs the heads in parallel when threads > 1.
+      for (int n_ctx : {1, 7, 100, 257}) {
+        // Padding columns past n_kv_heads * head_size are NaN: reading them would poison the result.
+        for (int kv_pad : {0, 13}) {
+          const int kv_dim = n_kv_heads * head_size;
+          const int kv_stride = kv_dim + kv_pad;
+          std::vector<float> q = random_floats(rng, static_cast<std::size_t>(n_heads) * head_size, -2.0f, 2.0f);
+          std::vector<float> k_cache = random_floats(rng, static_cast<std::size_t>(n_ctx) * kv_stride, -2.0f, 2.0f);
+          std::vector<float> v_cache = random_floats(rng, static_cast<std::size_t>(n_ctx) * kv_stride);
+          for (int t = 0; t < n_ctx; ++t) {
+            for (int c = kv_dim; c < kv_stride; ++c) {
+              k_cache[static_cast<std::size_t>(t) * kv_stride + c] = std::numeric_limits<float>::quiet_NaN();
+              v_cache[static_cast<std::size_t>(t) * kv_stride + c] = std::numeric_limits<float>::quiet_NaN();
+            }
+          }
+          const std::vector<double> want =
+              ref_attention(q, k_cache, v_cache, n_ctx, n_heads, n_kv_heads, head_size, kv_stride);
+          for (int n_threads : kThreadCounts) {
+            SCOPED_TRACE(::testing::Message() << "n_kv_heads=" << n_kv_heads << " head_size=" << head_size
+                                              << " n_ctx=" << n_ctx << " kv_stride=" << kv_stride
+                                              << " threads=" << n_threads);
+            ScopedThreads threads(n_threads);
+            std::vector<float> out(want.size());
+            std::vector<float> scratch(static_cast<std::size_t>(n_heads) * n_ctx);
+            attention(out.data(), q.data(), k_cache.data(), v_cache.data(), scratch.data(), n_ctx, n_heads,
+                      n_kv_heads, head_size, kv_stride);
+            EXPECT_TRUE(nmse_below(out, want));
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(CpuAttention, SinglePositionCopiesItsValueRow) {
+  // With one cached position the softmax weight is exactly 1, so each head returns its kv head's v row.
+  const int n_heads = 4, n_kv_heads = 2, head_size = 3, kv_stride = 8;
+  const std::vector<float> q(n_heads * head_size, 0.5f);
+  const std::vector<float> k_cache(kv_stride, 1.0f);
+  const std::vector<float> v_cache = {1, 2, 3, 4, 5, 6, -1, -1};
+  std::vector<float> out(n_heads * head_size);
+  std::vector<float> scratch(n_heads);
+  attention(out.data(), q.data(), k_cache.data(), v_cache.data(), scratch.data(), 1, n_heads, n_kv_heads,
+            head_size, kv_stride);
+  EXPECT_EQ(out, (std::vector<float>{1, 2, 3, 1, 2, 3, 4, 5, 6, 4, 5, 6}));
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// argmax
+
+TEST(CpuArgmax, PicksLargestFirstOnTies) {
+  EXPECT_EQ(argmax(std::vector<float>{0.5f}.data(), 1), 0);
+  EXPECT_EQ(argmax(std::vector<float>{1.0f, 3.0f, 3.0f, 2.0f}.data(), 4), 1);
+  EXPECT_EQ(argmax(std::vector<float>{2.0f, 2.0f, 2.0f}.data(), 3), 0);
+  EXPECT_EQ(argmax(std::vector<float>{-5.0f, -1.0f, -3.0f}.data(), 3), 1);
+  EXPECT_EQ(argmax(std::vector<float>{-std::numeric_limits<float>::infinity(), -1e30f, 7.0f}.data(), 3), 2);
+
+  std::mt19937 rng(61);
+  std::vector<float> logits = random_floats(rng, 32000);
+  logits[31999] = 2.0f;  // last index, beyond every random value
+  EXPECT_EQ(argmax(logits.data(), 32000), 31999);
+  logits[123] = 2.0f;  // an equal value earlier wins
+  EXPECT_EQ(argmax(logits.data(), 32000), 123);
+}
+
+}  // namespace
+}  // namespace shardline::kernels::cpu

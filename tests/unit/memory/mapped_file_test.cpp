@@ -1,0 +1,60 @@
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "common/error.h"
+#include "memory/mapped_file.h"
+
+namespace shardline::memory {
+namespace {
+
+std::string write_temp(const std::vector<float>& values) {
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("mapped_file_test_" + std::to_string(::getpid()) + ".bin")).string();
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
+  return path;
+}
+
+TEST(MappedFile, MapsUnalignedRangesZeroCopy) {
+  std::vector<float> values(5000);
+  for (std::size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i);
+  const std::string path = write_temp(values);
+  MappedFile file(path);
+  EXPECT_EQ(file.size_bytes(), values.size() * sizeof(float));
+  // Offset 1234 floats is not page aligned: the region must still start at exactly that value.
+  MappedRegion region = file.map(1234 * sizeof(float), 100 * sizeof(float));
+  ASSERT_EQ(region.size_bytes(), 100 * sizeof(float));
+  for (int i = 0; i < 100; ++i) EXPECT_EQ(region.as<float>()[i], 1234.0f + i);
+  MappedRegion moved = std::move(region);
+  EXPECT_EQ(moved.as<float>()[0], 1234.0f);
+  EXPECT_EQ(region.data(), nullptr);
+  float head[2];
+  file.read(4, head, sizeof(head));
+  EXPECT_EQ(head[0], 1.0f);
+  EXPECT_EQ(head[1], 2.0f);
+  std::filesystem::remove(path);
+}
+
+TEST(MappedFile, ErrorsNameThePath) {
+  try {
+    MappedFile missing("/nonexistent/model.bin");
+    FAIL();
+  } catch (const ResourceError& e) {
+    EXPECT_NE(std::string(e.what()).find("/nonexistent/model.bin"), std::string::npos);
+  }
+  const std::string path = write_temp(std::vector<float>(10));
+  MappedFile file(path);
+  EXPECT_THROW(file.map(8 * sizeof(float), 3 * sizeof(float)), FormatError);
+  float buf[4];
+  EXPECT_THROW(file.read(36, buf, sizeof(buf)), FormatError);
+  std::filesystem::remove(path);
+}
+
+}  // namespace
+}  // namespace shardline::memory

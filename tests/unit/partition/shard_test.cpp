@@ -1,0 +1,109 @@
+#include <gtest/gtest.h>
+
+#include "common/error.h"
+#include "partition/shard.h"
+
+namespace shardline::partition {
+namespace {
+
+ModelShape shape(int dim, int hidden, int layers, int heads, int kv, int vocab) {
+  ModelShape s;
+  s.dim = dim;
+  s.hidden_dim = hidden;
+  s.n_layers = layers;
+  s.n_heads = heads;
+  s.n_kv_heads = kv;
+  s.vocab_size = vocab;
+  s.seq_len = 64;
+  return s;
+}
+
+TEST(SplitEvenly, CoversEverythingOnceAndDiffersByAtMostOne) {
+  for (int n = 0; n <= 40; ++n) {
+    for (int parts = 1; parts <= 8; ++parts) {
+      int next = 0;
+      for (int i = 0; i < parts; ++i) {
+        const Range r = split_evenly(n, parts, i);
+        EXPECT_EQ(r.begin, next);
+        EXPECT_TRUE(r.size() == n / parts || r.size() == n / parts + 1);
+        next = r.end;
+      }
+      EXPECT_EQ(next, n);
+    }
+  }
+  // The example: 260 hidden features over 3 ranks.
+  EXPECT_EQ(split_evenly(260, 3, 0), (Range{0, 87}));
+  EXPECT_EQ(split_evenly(260, 3, 1), (Range{87, 174}));
+  EXPECT_EQ(split_evenly(260, 3, 2), (Range{174, 260}));
+}
+
+TEST(StageLayerRanges, EvenUnevenAndExplicit) {
+  const auto s = shape(64, 172, 7, 8, 4, 300);
+  const auto even = stage_layer_ranges(s, 3);
+  ASSERT_EQ(even.size(), 3u);
+  EXPECT_EQ(even[0], (Range{0, 3}));
+  EXPECT_EQ(even[1], (Range{3, 5}));
+  EXPECT_EQ(even[2], (Range{5, 7}));
+  const auto planned = stage_layer_ranges(s, 2, {2, 5});
+  EXPECT_EQ(planned[1], (Range{2, 7}));
+  EXPECT_THROW(stage_layer_ranges(s, 2, {3, 3}), ConfigError);
+  EXPECT_THROW(stage_layer_ranges(s, 2, {7, 0}), ConfigError);
+  EXPECT_THROW(stage_layer_ranges(s, 3, {3, 4}), ConfigError);
+}
+
+TEST(LayoutProblem, NamesTheReason) {
+  const auto s = shape(64, 172, 3, 8, 4, 32000);
+  EXPECT_FALSE(find_layout_problem(s, 1, 1));
+  EXPECT_FALSE(find_layout_problem(s, 4, 3));
+  auto problem = find_layout_problem(s, 3, 1);
+  ASSERT_TRUE(problem);
+  EXPECT_NE(problem->find("tp=3 does not divide n_kv_heads=4"), std::string::npos) << *problem;
+  problem = find_layout_problem(s, 1, 4);
+  ASSERT_TRUE(problem);
+  EXPECT_NE(problem->find("pp=4 exceeds n_layers=3"), std::string::npos) << *problem;
+  EXPECT_TRUE(find_layout_problem(s, 8, 1));  // 8 does not divide 4 kv heads
+}
+
+// Over every rank of every valid grid, the TP slices tile heads, kv heads, hidden and vocab exactly,
+// and query heads stay with their kv head (GQA groups are never split).
+TEST(ShardFor, SlicesTileTheModelForEveryValidGrid) {
+  const auto s = shape(128, 260, 7, 8, 4, 1001);
+  for (int world = 1; world <= 8; ++world) {
+    for (int tp = 1; tp <= world; ++tp) {
+      if (world % tp != 0) continue;
+      const int pp = world / tp;
+      if (find_layout_problem(s, tp, pp)) continue;
+      const auto stages = stage_layer_ranges(s, pp);
+      for (int stage = 0; stage < pp; ++stage) {
+        int heads = 0, kv = 0, hidden = 0, vocab = 0;
+        for (int t = 0; t < tp; ++t) {
+          const Mesh mesh(world, stage * tp + t, tp, pp);
+          const RankShard shard = shard_for(s, mesh, stages);
+          EXPECT_EQ(shard.layers, stages[stage]);
+          EXPECT_EQ(shard.heads.begin, heads);
+          EXPECT_EQ(shard.kv_heads.begin, kv);
+          EXPECT_EQ(shard.hidden.begin, hidden);
+          EXPECT_EQ(shard.heads.begin / (s.n_heads / s.n_kv_heads), shard.kv_heads.begin);
+          EXPECT_EQ(shard.has_embedding, stage == 0);
+          EXPECT_EQ(shard.has_classifier, stage == pp - 1);
+          heads = shard.heads.end;
+          kv = shard.kv_heads.end;
+          hidden = shard.hidden.end;
+          if (shard.has_classifier) {
+            EXPECT_EQ(shard.vocab.begin, vocab);
+            vocab = shard.vocab.end;
+          } else {
+            EXPECT_TRUE(shard.vocab.empty());
+          }
+        }
+        EXPECT_EQ(heads, s.n_heads);
+        EXPECT_EQ(kv, s.n_kv_heads);
+        EXPECT_EQ(hidden, s.hidden_dim);
+        EXPECT_EQ(vocab, stage == pp - 1 ? s.vocab_size : 0);
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace shardline::partition

@@ -1,0 +1,115 @@
+#include <unistd.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "common/error.h"
+#include "partition/model_presets.h"
+#include "runtime/checkpoint.h"
+#include "runtime/model_generator.h"
+
+namespace shardline::runtime {
+namespace {
+
+namespace fs = std::filesystem;
+
+class CheckpointTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("checkpoint_test_" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+    shape_.dim = 32;
+    shape_.hidden_dim = 70;
+    shape_.n_layers = 2;
+    shape_.n_heads = 4;
+    shape_.n_kv_heads = 2;
+    shape_.vocab_size = 300;
+    shape_.seq_len = 16;
+    shape_.shared_classifier = false;
+    model_ = (dir_ / "m.bin").string();
+    generate_model(shape_, 7, {model_, (dir_ / "m.tokenizer.bin").string()});
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string write_variant(const std::string& name, std::int64_t size_delta, const std::int32_t* header = nullptr) {
+    std::ifstream in(model_, std::ios::binary);
+    std::vector<char> bytes((std::istreambuf_iterator<char>(in)), {});
+    if (size_delta < 0) bytes.resize(bytes.size() + size_delta);
+    if (size_delta > 0) bytes.insert(bytes.end(), size_delta, '\0');
+    if (header) std::copy_n(reinterpret_cast<const char*>(header), 28, bytes.begin());
+    const std::string path = (dir_ / name).string();
+    std::ofstream(path, std::ios::binary).write(bytes.data(), bytes.size());
+    return path;
+  }
+
+  std::string error_of(const std::string& path) {
+    try {
+      read_checkpoint_shape(path);
+    } catch (const FormatError& e) {
+      return e.what();
+    }
+    return "";
+  }
+
+  fs::path dir_;
+  partition::ModelShape shape_;
+  std::string model_;
+};
+
+TEST_F(CheckpointTest, GeneratedModelRoundTripsItsShape) {
+  EXPECT_EQ(read_checkpoint_shape(model_), shape_);
+  EXPECT_EQ(fs::file_size(model_), checkpoint_layout(shape_).total_bytes);
+}
+
+TEST_F(CheckpointTest, LayoutMatchesTheDocumentedOrder) {
+  const CheckpointLayout at = checkpoint_layout(shape_);
+  EXPECT_EQ(at.token_embedding, 28u);
+  EXPECT_EQ(at.rms_att, 28u + 4u * 300 * 32);
+  EXPECT_EQ(at.wk - at.wq, 4u * 2 * 32 * 32);
+  EXPECT_EQ(at.wv - at.wk, 4u * 2 * 16 * 32);  // kv_dim = 2 heads * 8
+  EXPECT_EQ(at.rope_tables - at.rms_final, 4u * 32);
+  EXPECT_EQ(at.classifier - at.rope_tables, 4u * 2 * 16 * 4);  // 2 tables (seq 16, head_size/2 = 4)
+  shape_.shared_classifier = true;
+  EXPECT_EQ(checkpoint_layout(shape_).classifier, checkpoint_layout(shape_).token_embedding);
+}
+
+TEST_F(CheckpointTest, TruncatedFileIsAFormatErrorNamingBothSizes) {
+  const std::string message = error_of(write_variant("short.bin", -4));
+  EXPECT_NE(message.find("truncated"), std::string::npos) << message;
+  EXPECT_NE(message.find(std::to_string(checkpoint_layout(shape_).total_bytes)), std::string::npos) << message;
+  EXPECT_NE(error_of(write_variant("long.bin", 12)).find("longer than its header"), std::string::npos);
+  EXPECT_NE(error_of(write_variant("tiny.bin", -static_cast<std::int64_t>(fs::file_size(model_)) + 10))
+                .find("shorter than the 28-byte header"),
+            std::string::npos);
+}
+
+TEST_F(CheckpointTest, NonsenseHeadersAreFormatErrors) {
+  const std::int32_t zero_dim[7] = {0, 70, 2, 4, 2, 300, 16};
+  const std::int32_t negative_layers[7] = {32, 70, -2, 4, 2, 300, 16};
+  const std::int32_t heads_not_dividing_dim[7] = {32, 70, 2, 5, 5, 300, 16};
+  const std::int32_t kv_not_dividing_heads[7] = {32, 70, 2, 4, 3, 300, 16};
+  EXPECT_NE(error_of(write_variant("a.bin", 0, zero_dim)).find("positive"), std::string::npos);
+  EXPECT_NE(error_of(write_variant("b.bin", 0, negative_layers)).find("positive"), std::string::npos);
+  EXPECT_NE(error_of(write_variant("c.bin", 0, heads_not_dividing_dim)).find("n_heads=5 does not divide dim=32"),
+            std::string::npos);
+  EXPECT_NE(error_of(write_variant("d.bin", 0, kv_not_dividing_heads)).find("n_kv_heads=3 does not divide"),
+            std::string::npos);
+}
+
+TEST_F(CheckpointTest, MissingFileIsAResourceError) {
+  EXPECT_THROW(read_checkpoint_shape((dir_ / "nope.bin").string()), ResourceError);
+}
+
+TEST_F(CheckpointTest, GenerationIsDeterministic) {
+  const std::string again = (dir_ / "again.bin").string();
+  generate_model(shape_, 7, {again, (dir_ / "again.tok").string()});
+  std::ifstream a(model_, std::ios::binary), b(again, std::ios::binary);
+  EXPECT_TRUE(std::equal(std::istreambuf_iterator<char>(a), {}, std::istreambuf_iterator<char>(b)));
+}
+
+}  // namespace
+}  // namespace shardline::runtime

@@ -1,0 +1,59 @@
+#include <cmath>
+#include <map>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "runtime/sampler.h"
+
+namespace shardline::runtime {
+namespace {
+
+TEST(Sampler, GreedyPicksTheFirstMaximum) {
+  Sampler sampler(5, {.temperature = 0.0f});
+  std::vector<float> logits = {0.1f, 3.0f, -1.0f, 3.0f, 2.0f};
+  EXPECT_EQ(sampler.sample(logits.data()), 1);
+}
+
+TEST(Sampler, SameSeedSameSequenceDifferentSeedDifferent) {
+  auto draw = [](std::uint64_t seed) {
+    Sampler sampler(50, {.temperature = 1.0f, .top_p = 0.0f, .seed = seed});
+    std::vector<int> picks;
+    for (int i = 0; i < 40; ++i) {
+      std::vector<float> logits(50, 0.0f);
+      picks.push_back(sampler.sample(logits.data()));
+    }
+    return picks;
+  };
+  EXPECT_EQ(draw(1234), draw(1234));
+  EXPECT_NE(draw(1234), draw(4321));
+}
+
+TEST(Sampler, FollowsTheDistribution) {
+  // logits log(0.7), log(0.2), log(0.1): 20000 draws land within a few standard errors (< 0.01).
+  Sampler sampler(3, {.temperature = 1.0f, .top_p = 0.0f, .seed = 7});
+  std::map<int, int> counts;
+  const int n = 20000;
+  for (int i = 0; i < n; ++i) {
+    std::vector<float> logits = {std::log(0.7f), std::log(0.2f), std::log(0.1f)};
+    counts[sampler.sample(logits.data())]++;
+  }
+  EXPECT_NEAR(counts[0] / double(n), 0.7, 0.015);
+  EXPECT_NEAR(counts[1] / double(n), 0.2, 0.015);
+  EXPECT_NEAR(counts[2] / double(n), 0.1, 0.015);
+}
+
+TEST(Sampler, TopPNeverPicksOutsideTheNucleus) {
+  // Probabilities 0.5, 0.3, 0.15, 0.05: with top_p 0.75 the nucleus is {0, 1} (0.5 + 0.3 > 0.75).
+  Sampler sampler(4, {.temperature = 1.0f, .top_p = 0.75f, .seed = 99});
+  std::map<int, int> counts;
+  for (int i = 0; i < 5000; ++i) {
+    std::vector<float> logits = {std::log(0.5f), std::log(0.3f), std::log(0.15f), std::log(0.05f)};
+    counts[sampler.sample(logits.data())]++;
+  }
+  EXPECT_EQ(counts[2] + counts[3], 0);
+  EXPECT_NEAR(counts[0] / 5000.0, 0.5 / 0.8, 0.03);
+}
+
+}  // namespace
+}  // namespace shardline::runtime
