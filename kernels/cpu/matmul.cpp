@@ -38,7 +38,8 @@ void dot_rows_x4(float* y, const float* x, const float* w, int k, int d, int d_b
     float a0[16] = {}, a1[16] = {}, a2[16] = {}, a3[16] = {};
     int j = 0;
     for (; j + 16 <= k; j += 16) {
-#pragma GCC unroll 16
+// omp simd, not a full unroll: unrolling the lane loop makes GCC vectorise across j and shuffle.
+#pragma omp simd
       for (int l = 0; l < 16; ++l) {
         float wv = row[j + l];
         a0[l] += wv * x0[j + l];

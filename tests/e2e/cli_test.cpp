@@ -1,0 +1,203 @@
+// The `shardline` CLI as a user runs it: goldens through --json, the plain text output, mpirun -np 1,
+// the built-in default model, and one clear error line with a meaningful exit code for each bad input.
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "runtime/model_generator.h"
+#include "tests/support/models.h"
+#include "tests/support/process.h"
+
+namespace shardline::test {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kMpirun = "mpirun --oversubscribe -np ";
+
+std::string shardline() { return shardline_binary(); }
+
+class Cli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("cli_test_" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
+    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+    setenv("SHARDLINE_CACHE_DIR", (dir_ / "cache").c_str(), 1);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+
+  // A run that must fail: the exit code, exactly one line on stderr, that line says "error:" and contains
+  // `expect`, and nothing crashed on the way.
+  void expect_clean_failure(const std::string& args, int exit_code, const std::string& expect) {
+    const ProcessResult r = run_process(shardline() + " " + args, 60);
+    EXPECT_EQ(r.exit_code, exit_code) << args << "\nstderr: " << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << args << "\nstderr: " << r.err;
+    EXPECT_NE(r.err.find("error:"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find(expect), std::string::npos) << "expected '" << expect << "' in: " << r.err;
+    EXPECT_EQ(r.err.find("terminate called"), std::string::npos) << r.err;
+  }
+
+  std::string copy_prefix(const std::string& from, std::uintmax_t bytes, const std::string& name) {
+    std::ifstream in(from, std::ios::binary);
+    std::vector<char> data(bytes);
+    in.read(data.data(), static_cast<std::streamsize>(bytes));
+    std::ofstream(path(name), std::ios::binary).write(data.data(), static_cast<std::streamsize>(bytes));
+    return path(name);
+  }
+
+  fs::path dir_;
+};
+
+nlohmann::json parse_single_json(const std::string& out) {
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
+  return nlohmann::json::parse(out);
+}
+
+TEST_F(Cli, JsonOutputReproducesEveryGolden) {
+  SHARDLINE_REQUIRE_MODEL_FILE(model_file("goldens.jsonl"));
+  for (const auto& golden : load_goldens()) {
+    SHARDLINE_REQUIRE_MODEL_FILE(model_file(golden.model));
+    const ProcessResult r =
+        run_process(shardline() + " run --json --threads 1 --model " + model_file(golden.model) + " --tokenizer " +
+                    model_file("tokenizer.bin") + " --steps " + std::to_string(golden.steps) + " --prompt " +
+                    shell_quote(golden.prompt));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const auto j = parse_single_json(r.out);
+    EXPECT_EQ(j["prompt"], golden.prompt);
+    EXPECT_EQ(j["prompt_ids"].get<std::vector<int>>(), golden.prompt_ids) << golden.model << " " << golden.prompt;
+    EXPECT_EQ(j["ids"].get<std::vector<int>>(), golden.ids) << golden.model << " " << golden.prompt;
+  }
+}
+
+TEST_F(Cli, PlainRunPrintsExactlyTheReferenceText) {
+  // The acceptance line: mini-gqa, prompt "A", 64 steps prints the golden run_c_text.
+  SHARDLINE_REQUIRE_MODEL_FILE(model_file("mini-gqa.bin"));
+  std::string expected;
+  for (const auto& g : load_goldens()) {
+    if (g.model == "mini-gqa.bin" && g.prompt == "A") expected = g.run_c_text;
+  }
+  ASSERT_FALSE(expected.empty());
+  const ProcessResult r = run_process(shardline() + " run --model " + model_file("mini-gqa.bin") + " --tokenizer " +
+                                      model_file("tokenizer.bin") + " --prompt A --steps 64");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, expected + "\n");
+  EXPECT_NE(r.err.find("decode 64 tok"), std::string::npos) << r.err;  // statistics go to stderr
+}
+
+TEST_F(Cli, MpirunOneRankMatchesThePlainProcess) {
+  SHARDLINE_REQUIRE_MODEL_FILE(model_file("tiny-32k.bin"));
+  const std::string args = " run --json --threads 1 --model " + model_file("tiny-32k.bin") + " --tokenizer " +
+                           model_file("tokenizer.bin") + " --prompt 'Once upon a time' --steps 32";
+  const ProcessResult plain = run_process(shardline() + args);
+  const ProcessResult mpi = run_process(kMpirun + "1 " + shardline() + args);
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  ASSERT_EQ(mpi.exit_code, 0) << mpi.err;
+  EXPECT_EQ(plain.out, mpi.out);
+  EXPECT_EQ(parse_single_json(mpi.out)["ids"].size(), 32u);
+}
+
+TEST_F(Cli, DefaultModelSaysItIsRandomAndIsCached) {
+  const ProcessResult first = run_process(shardline() + " run --steps 8 --threads 1");
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  EXPECT_NE(first.err.find("RANDOM WEIGHTS"), std::string::npos) << first.err;
+  EXPECT_NE(first.err.find("generating the built-in default model"), std::string::npos) << first.err;
+  EXPECT_TRUE(first.out.starts_with("Once upon a time")) << first.out;
+  const ProcessResult second = run_process(shardline() + " run --steps 8 --threads 1");
+  ASSERT_EQ(second.exit_code, 0) << second.err;
+  EXPECT_EQ(second.err.find("generating"), std::string::npos) << "the cached model was not reused";
+  EXPECT_EQ(first.out, second.out);
+}
+
+TEST_F(Cli, GeneratedModelOfAnyShapeRuns) {
+  const std::string model = path("gqa.bin");
+  const ProcessResult gen = run_process(shardline() + " gen-model --dim 96 --hidden 260 --layers 5 --heads 6 "
+                                        "--kv-heads 3 --vocab 512 --seq 128 --seed 3 --out " + model);
+  ASSERT_EQ(gen.exit_code, 0) << gen.err;
+  EXPECT_TRUE(fs::exists(runtime::default_tokenizer_path_for(model)));
+  const ProcessResult run = run_process(shardline() + " run --json --model " + model + " --steps 20 --prompt hello");
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_EQ(parse_single_json(run.out)["ids"].size(), 20u);
+}
+
+TEST_F(Cli, MissingModelFile) {
+  expect_clean_failure("run --model " + path("nope.bin") + " --tokenizer " + path("nope.tok"), 4, "nope.bin");
+}
+
+TEST_F(Cli, TruncatedCheckpoint) {
+  SHARDLINE_REQUIRE_MODEL_FILE(model_file("tiny-32k.bin"));
+  const std::string model = copy_prefix(model_file("tiny-32k.bin"), fs::file_size(model_file("tiny-32k.bin")) - 1000, "t.bin");
+  expect_clean_failure("run --model " + model + " --tokenizer " + model_file("tokenizer.bin"), 3, "truncated");
+}
+
+TEST_F(Cli, NonsenseHeader) {
+  const std::int32_t header[7] = {64, 172, 3, 7, 7, 32000, 256};  // 7 heads do not divide dim 64
+  std::ofstream(path("h.bin"), std::ios::binary).write(reinterpret_cast<const char*>(header), sizeof(header));
+  expect_clean_failure("run --model " + path("h.bin") + " --tokenizer " + path("h.bin"), 3, "n_heads=7 does not divide dim=64");
+  const std::int32_t zeros[7] = {0, 0, 0, 0, 0, 0, 0};
+  std::ofstream(path("z.bin"), std::ios::binary).write(reinterpret_cast<const char*>(zeros), sizeof(zeros));
+  expect_clean_failure("run --model " + path("z.bin") + " --tokenizer " + path("z.bin"), 3, "positive");
+}
+
+TEST_F(Cli, TokenizerOfAnotherVocabulary) {
+  const std::string model = path("v300.bin");
+  ASSERT_EQ(run_process(shardline() + " gen-model --dim 32 --hidden 64 --layers 1 --heads 2 --vocab 300 --seq 32 --out " +
+                        model).exit_code, 0);
+  SHARDLINE_REQUIRE_MODEL_FILE(model_file("tokenizer.bin"));
+  expect_clean_failure("run --model " + model + " --tokenizer " + model_file("tokenizer.bin"), 3,
+                       "tokenizer has 32000 tokens but the model expects 300");
+}
+
+TEST_F(Cli, PromptLongerThanTheContext) {
+  const std::string model = path("short.bin");
+  ASSERT_EQ(run_process(shardline() + " gen-model --dim 32 --hidden 64 --layers 1 --heads 2 --vocab 300 --seq 16 --out " +
+                        model).exit_code, 0);
+  expect_clean_failure("run --model " + model + " --prompt " + shell_quote(std::string(200, 'x') + " y z w") +
+                       " --steps 1", 2, "seq_len) is 16");
+}
+
+TEST_F(Cli, StepsBeyondTheContext) {
+  SHARDLINE_REQUIRE_MODEL_FILE(model_file("tiny-32k.bin"));
+  expect_clean_failure("run --model " + model_file("tiny-32k.bin") + " --tokenizer " + model_file("tokenizer.bin") +
+                       " --prompt A --steps 300", 2, "--steps 300");
+}
+
+TEST_F(Cli, UnknownFlagsAndCommands) {
+  expect_clean_failure("run --frobnicate 3", 2, "unknown flag '--frobnicate'");
+  expect_clean_failure("gen-model --out x.bin --sizzle", 2, "unknown flag '--sizzle'");
+  expect_clean_failure("fly", 2, "unknown command 'fly'");
+  expect_clean_failure("run --steps many", 2, "steps");
+  expect_clean_failure("gen-model --dim 30 --hidden 64 --layers 1 --heads 4 --vocab 300 --seq 8 --out " + path("x.bin"),
+                       2, "n_heads=4 does not divide dim=30");
+  expect_clean_failure("gen-model --dim 32 --hidden 64 --layers 1 --heads 4 --vocab 100 --seq 8 --out " + path("x.bin"),
+                       2, "--vocab 100 is too small");
+}
+
+TEST_F(Cli, BadInputUnderMpirunEndsTheJobWithTheMessage) {
+  const ProcessResult r = run_process(kMpirun + "1 " + shardline() + " run --model " + path("nope.bin"), 60);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("nope.bin"), std::string::npos) << r.err;
+}
+
+TEST_F(Cli, HelpDescribesEveryCommand) {
+  const ProcessResult top = run_process(shardline() + " --help");
+  EXPECT_EQ(top.exit_code, 0);
+  for (const char* word : {"run", "gen-model", "Exit codes"}) EXPECT_NE(top.out.find(word), std::string::npos) << word;
+  const ProcessResult run = run_process(shardline() + " run --help");
+  EXPECT_EQ(run.exit_code, 0);
+  for (const char* flag : {"--model", "--tokenizer", "--prompt", "--steps", "--temperature", "--top-p", "--seed",
+                           "--threads", "--json"}) {
+    EXPECT_NE(run.out.find(flag), std::string::npos) << flag;
+  }
+}
+
+}  // namespace
+}  // namespace shardline::test
