@@ -8,6 +8,13 @@
 
 namespace shardline::comm {
 
+// A send in flight; wait() returns once the buffer may be reused.
+class PendingSend {
+ public:
+  virtual ~PendingSend() = default;
+  virtual void wait() = 0;
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -24,6 +31,8 @@ class Communicator {
   // Point-to-point by rank inside this communicator.
   virtual void send(const void* data, std::size_t bytes, int dst, int tag) = 0;
   virtual void recv(void* data, std::size_t bytes, int src, int tag) = 0;
+  // Starts a send and returns at once; data must stay valid until the PendingSend's wait() returns.
+  virtual std::unique_ptr<PendingSend> isend(const void* data, std::size_t bytes, int dst, int tag) = 0;
   virtual void barrier() = 0;
 };
 

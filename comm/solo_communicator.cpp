@@ -21,6 +21,10 @@ class SoloCommunicator final : public Communicator {
     SL_CHECK_MSG(false, "send on a single-member communicator");
   }
   void recv(void*, std::size_t, int, int) override { SL_CHECK_MSG(false, "recv on a single-member communicator"); }
+  std::unique_ptr<PendingSend> isend(const void*, std::size_t, int, int) override {
+    SL_CHECK_MSG(false, "isend on a single-member communicator");
+    return nullptr;
+  }
   void barrier() override {}
 };
 

@@ -53,6 +53,15 @@ void write(Level level, fmt::format_string<Args...> format, Args&&... args) {
   std::fputs(line.c_str(), stderr);
 }
 
+// Printed by every rank that calls it, whatever the level (per-rank reports asked for with --verbose).
+template <typename... Args>
+void note(fmt::format_string<Args...> format, Args&&... args) {
+  std::string line = fmt::format("{} ", detail::rank_tag());
+  line += fmt::format(format, std::forward<Args>(args)...);
+  line += '\n';
+  std::fputs(line.c_str(), stderr);
+}
+
 template <typename... Args>
 void debug(fmt::format_string<Args...> f, Args&&... a) { write(Level::kDebug, f, std::forward<Args>(a)...); }
 template <typename... Args>

@@ -11,13 +11,13 @@
 namespace shardline::launch {
 
 bool parse_command_line(const std::string& command, const std::string& usage, const po::options_description& options,
-                        const std::vector<std::string>& args, po::variables_map& vm) {
+                        const std::vector<std::string>& args, po::variables_map& vm, bool print_help) {
   po::options_description all(options);
   all.add_options()("help,h", "show this help and exit");
   try {
     po::store(po::command_line_parser(args).options(all).run(), vm);
     if (vm.count("help")) {
-      std::cout << usage << "\n\n" << all << "\n";
+      if (print_help) std::cout << usage << "\n\n" << all << "\n";
       return false;
     }
     po::notify(vm);
@@ -28,6 +28,24 @@ bool parse_command_line(const std::string& command, const std::string& usage, co
     throw ConfigError(fmt::format("shardline {}: {} (see 'shardline {} --help')", command, e.what(), command));
   }
   return true;
+}
+
+std::vector<int> parse_int_list(const std::string& flag, const std::string& text) {
+  std::vector<int> values;
+  std::size_t at = 0;
+  while (at <= text.size()) {
+    const std::size_t comma = std::min(text.find(',', at), text.size());
+    const std::string item = text.substr(at, comma - at);
+    try {
+      std::size_t used = 0;
+      values.push_back(std::stoi(item, &used));
+      if (used != item.size()) throw std::invalid_argument(item);
+    } catch (const std::exception&) {
+      throw ConfigError(fmt::format("{} expects comma-separated integers like 3,2,2; got '{}'", flag, text));
+    }
+    at = comma + 1;
+  }
+  return values;
 }
 
 int available_cores() {

@@ -13,9 +13,12 @@ namespace po = boost::program_options;
 
 // Parses args (argv after the subcommand) against options. Throws ConfigError naming the subcommand and
 // the flag for unknown flags, bad values and positional arguments. Returns false when --help was asked
-// (help already printed to stdout).
+// (help printed to stdout when print_help; under mpirun only one rank prints it).
 bool parse_command_line(const std::string& command, const std::string& usage, const po::options_description& options,
-                        const std::vector<std::string>& args, po::variables_map& vm);
+                        const std::vector<std::string>& args, po::variables_map& vm, bool print_help = true);
+
+// "3,2,2" -> {3, 2, 2}; ConfigError naming the flag otherwise.
+std::vector<int> parse_int_list(const std::string& flag, const std::string& text);
 
 // Cores this process may run on (its affinity mask), for default thread counts.
 int available_cores();

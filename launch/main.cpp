@@ -59,17 +59,21 @@ int main(int argc, char** argv) {
   args.erase(args.begin());
   std::unique_ptr<shardline::launch::MpiSession> mpi;
   int code = 0;
+  bool failed_outside_command = false;
   try {
     code = dispatch(command, args, mpi);
   } catch (const shardline::Error& e) {
+    failed_outside_command = true;
     std::fflush(stdout);
     std::fprintf(stderr, "%s error: %s\n", shardline::detail::rank_tag().c_str(), e.what());
     code = static_cast<int>(e.code());
   } catch (const std::exception& e) {
+    failed_outside_command = true;
     std::fflush(stdout);
     std::fprintf(stderr, "%s error: unexpected: %s\n", shardline::detail::rank_tag().c_str(), e.what());
     code = static_cast<int>(shardline::ExitCode::kRuntime);
   }
-  if (code != 0 && mpi) mpi->abort_job(code);
+  // Failures that escaped a command (after start-up agreement) end the whole job, so no peer waits.
+  if (code != 0 && mpi && failed_outside_command) mpi->abort_job(code);
   return code;
 }

@@ -48,6 +48,16 @@ MpiSession::~MpiSession() {
   }
 }
 
+MpiSession::Agreement MpiSession::agree(int local_exit_code) const {
+  if (!active_ || world_size_ == 1) return {local_exit_code, local_exit_code != 0 ? world_rank_ : -1};
+  int values[2] = {local_exit_code, local_exit_code != 0 ? -world_rank_ : -world_size_};  // max of -rank = min rank
+  int reduced[2] = {0, 0};
+  if (MPI_Allreduce(values, reduced, 2, MPI_INT, MPI_MAX, MPI_COMM_WORLD) != MPI_SUCCESS) {
+    throw CommError("MPI_Allreduce failed while the ranks compared their start-up checks");
+  }
+  return {reduced[0], reduced[0] != 0 ? -reduced[1] : -1};
+}
+
 void MpiSession::abort_job(int exit_code) const {
   std::fflush(stdout);
   std::fflush(stderr);

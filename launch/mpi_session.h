@@ -19,6 +19,14 @@ class MpiSession {
   // "mpirun", "srun", or "plain process": for --verbose and messages.
   const std::string& launcher() const { return launcher_; }
 
+  // Every rank reports its own outcome of a phase (0 = ok, else an exit code); all ranks learn the worst
+  // code and the lowest rank that failed, so exactly one rank prints the reason and all exit together.
+  struct Agreement {
+    int exit_code = 0;
+    int first_failed_rank = -1;
+  };
+  Agreement agree(int local_exit_code) const;
+
   // Ends the whole job with this exit code (MPI_Abort when active), so no peer waits forever.
   [[noreturn]] void abort_job(int exit_code) const;
 

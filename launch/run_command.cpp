@@ -1,18 +1,25 @@
 #include "launch/run_command.h"
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <optional>
+#include <thread>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "comm/communicator.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "common/units.h"
 #include "launch/cli_options.h"
 #include "partition/mesh.h"
+#include "partition/shard.h"
+#include "runtime/checkpoint.h"
+#include "runtime/comm_groups.h"
 #include "runtime/engine.h"
 #include "runtime/model_generator.h"
 
@@ -22,8 +29,11 @@ namespace {
 
 struct RunConfig {
   runtime::EngineOptions engine;
-  runtime::GenerationRequest request;
-  bool steps_given = false;
+  std::vector<runtime::GenerationRequest> requests;
+  int tp = 0;  // 0 = not given
+  int pp = 0;
+  double comm_timeout_s = 120.0;
+  std::string dump_logits;
   bool json = false;
   bool verbose = false;
   bool print_config = false;
@@ -41,37 +51,90 @@ std::string find_tokenizer_for(const std::string& model_path) {
                                 model_path, generated, beside.string()));
 }
 
-RunConfig parse_run_config(const std::vector<std::string>& args, const MpiSession& mpi, bool& proceed) {
+std::vector<std::string> read_prompts_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw ResourceError(fmt::format("cannot open --prompts-file '{}'", path));
+  std::vector<std::string> prompts;
+  std::string line;
+  while (std::getline(in, line)) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (!line.empty()) prompts.push_back(line);
+  }
+  if (prompts.empty()) throw ConfigError(fmt::format("--prompts-file '{}' holds no prompt (one per line)", path));
+  return prompts;
+}
+
+// Returns nullopt when --help was printed.
+std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, const MpiSession& mpi) {
   RunConfig c;
-  std::string log_level = "info";
+  std::string log_level = "info", prompt, prompts_file, layer_split;
+  int steps = 256, batch = 1;
+  runtime::SamplerOptions sampler;
   po::options_description options("run options");
   options.add_options()
       ("model,m", po::value(&c.engine.model_path), "llama2.c checkpoint (default: a built-in random-weight model)")
       ("tokenizer,z", po::value(&c.engine.tokenizer_path), "tokenizer.bin (default: found beside the model)")
-      ("prompt,i", po::value(&c.request.prompt)->default_value("Once upon a time"), "prompt text")
-      ("steps,n", po::value(&c.request.steps)->default_value(256), "tokens to generate after the prompt")
-      ("temperature,t", po::value(&c.request.sampler.temperature)->default_value(0.0f, "0"),
-       "sampling temperature; 0 = greedy")
-      ("top-p,p", po::value(&c.request.sampler.top_p)->default_value(0.9f, "0.9"),
+      ("prompt,i", po::value(&prompt)->default_value("Once upon a time"), "prompt text")
+      ("prompts-file", po::value(&prompts_file), "several sequences at once: one prompt per line (replaces --prompt)")
+      ("batch", po::value(&batch)->default_value(1), "run each prompt this many times (sequence i samples with seed+i)")
+      ("steps,n", po::value(&steps)->default_value(256), "tokens to generate after the prompt")
+      ("temperature,t", po::value(&sampler.temperature)->default_value(0.0f, "0"), "sampling temperature; 0 = greedy")
+      ("top-p,p", po::value(&sampler.top_p)->default_value(0.9f, "0.9"),
        "nucleus sampling threshold in (0,1); other values disable it")
-      ("seed,s", po::value(&c.request.sampler.seed)->default_value(42), "random seed for sampling")
-      ("threads", po::value<int>(), "kernel threads of this rank (default: the cores it may use)")
-      ("chunk-tokens", po::value(&c.engine.chunk_tokens)->default_value(64), "prefill chunk size in tokens")
+      ("seed,s", po::value(&sampler.seed)->default_value(42), "random seed for sampling")
+      ("tp", po::value(&c.tp), "tensor-parallel ranks per stage (must divide n_kv_heads)")
+      ("pp", po::value(&c.pp), "pipeline stages (tp x pp must equal the number of ranks)")
+      ("layers-per-stage", po::value(&layer_split), "explicit layer split, e.g. 3,2,2 (default: even)")
+      ("micro-batches", po::value(&c.engine.micro_batches)->default_value(0, "min(sequences, pp)"),
+       "sequences are spread over this many micro-batches in flight")
+      ("chunk-tokens", po::value(&c.engine.chunk_tokens)->default_value(64), "prefill chunk size in tokens (split granularity)")
+      ("threads", po::value<int>(), "kernel threads of this rank (default: its cores / ranks on the host)")
+      ("comm-timeout", po::value(&c.comm_timeout_s)->default_value(120.0, "120"),
+       "seconds a rank waits for a peer before failing the job")
       ("json", po::bool_switch(&c.json), "print one JSON object per sequence instead of text")
-      ("verbose,v", po::bool_switch(&c.verbose), "more statistics and placement details")
+      ("dump-logits", po::value(&c.dump_logits), "write every step's float32 logits (sequences in order) to FILE")
+      ("verbose,v", po::bool_switch(&c.verbose), "per-rank placement, memory and stage statistics")
       ("print-config", po::bool_switch(&c.print_config), "print the resolved configuration and exit")
       ("log-level", po::value(&log_level)->default_value("info"), "debug|info|warn|error|off");
   po::variables_map vm;
   const std::string usage =
-      "Usage: shardline run [--model M.bin --tokenizer T.bin] [--prompt TEXT] [--steps N] [options]\n"
-      "       mpirun -np 1 shardline run ...\n\n"
-      "Generates text. Prints the prompt and the generation to stdout, statistics to stderr.";
-  proceed = parse_command_line("run", usage, options, args, vm);
-  if (!proceed) return c;
-  log::set_level(c.verbose && log_level == "info" ? log::Level::kDebug : log::parse_level(log_level));
-  c.steps_given = !vm["steps"].defaulted();
-  c.engine.threads = vm.count("threads") ? vm["threads"].as<int>() : available_cores();
-  if (c.engine.threads < 1) throw ConfigError("--threads must be >= 1");
+      "Usage: shardline run [--model M.bin --tokenizer T.bin] [--prompt TEXT | --prompts-file F] [--steps N] [options]\n"
+      "       mpirun -np P shardline run --tp T --pp S ...     (P = T x S ranks, one shard each)\n\n"
+      "Generates text. The output rank (last stage, tp 0) prints the prompt and the generation to stdout,\n"
+      "statistics to stderr.";
+  if (!parse_command_line("run", usage, options, args, vm, mpi.world_rank() == 0)) return std::nullopt;
+  log::set_level(log::parse_level(log_level));
+  if (c.verbose && log_level == "info") log::set_level(log::Level::kDebug);
+  if (vm.count("threads")) {
+    c.engine.threads = vm["threads"].as<int>();
+    if (c.engine.threads < 1) throw ConfigError("--threads must be >= 1");
+  } else {
+    // A rank bound to a subset of the host's cores uses that subset; unbound ranks on one host share its
+    // cores (Open MPI tells how many ranks this host runs).
+    const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    const int local_ranks = local ? std::max(1, std::atoi(local)) : 1;
+    const int cores = available_cores();
+    const bool bound = cores < static_cast<int>(std::thread::hardware_concurrency());
+    c.engine.threads = bound ? cores : std::max(1, cores / local_ranks);
+  }
+  if (!layer_split.empty()) c.engine.layers_per_stage = parse_int_list("--layers-per-stage", layer_split);
+  if (batch < 1) throw ConfigError("--batch must be >= 1");
+  if (vm.count("tp") && c.tp < 1) throw ConfigError("--tp must be >= 1");
+  if (vm.count("pp") && c.pp < 1) throw ConfigError("--pp must be >= 1");
+  if (c.comm_timeout_s <= 0) throw ConfigError("--comm-timeout must be positive");
+  if (c.engine.micro_batches < 0) throw ConfigError("--micro-batches must be >= 1");
+  const std::vector<std::string> prompts =
+      prompts_file.empty() ? std::vector<std::string>{prompt} : read_prompts_file(prompts_file);
+  const bool steps_given = !vm["steps"].defaulted();
+  // The default step count is a convenience; keep it short like a demo. An explicit --steps is checked.
+  if (!steps_given) steps = 128;
+  for (const auto& text : prompts) {
+    for (int b = 0; b < batch; ++b) {
+      runtime::SamplerOptions s = sampler;
+      s.seed = sampler.seed + c.requests.size();
+      c.requests.push_back({text, steps, s});
+    }
+  }
   if (c.engine.model_path.empty()) {
     if (!c.engine.tokenizer_path.empty()) {
       throw ConfigError("--tokenizer without --model: the built-in model has its own tokenizer; pass --model too");
@@ -81,6 +144,57 @@ RunConfig parse_run_config(const std::vector<std::string>& args, const MpiSessio
     c.engine.tokenizer_path = find_tokenizer_for(c.engine.model_path);
   }
   return c;
+}
+
+// tp x pp from the flags and the world size; without flags: all ranks in TP if the model allows, else PP.
+partition::Mesh choose_mesh(const RunConfig& c, const partition::ModelShape& shape, const MpiSession& mpi) {
+  const int world = mpi.world_size();
+  int tp = c.tp, pp = c.pp;
+  if (tp == 0 && pp == 0) {
+    tp = world;
+    pp = 1;
+    if (partition::find_layout_problem(shape, tp, pp)) std::swap(tp, pp);
+  } else if (tp == 0) {
+    tp = world % pp == 0 ? world / pp : 0;
+  } else if (pp == 0) {
+    pp = world % tp == 0 ? world / tp : 0;
+  }
+  if (tp < 1 || pp < 1 || tp * pp != world) {
+    throw ConfigError(fmt::format("tp={} x pp={} does not match the {} rank{} of this job; launch with mpirun -np "
+                                  "<tp x pp> or change --tp/--pp",
+                                  c.tp ? std::to_string(c.tp) : "?", c.pp ? std::to_string(c.pp) : "?", world,
+                                  world == 1 ? "" : "s"));
+  }
+  if (auto problem = partition::find_layout_problem(shape, tp, pp)) {
+    throw ConfigError(fmt::format("layout tp={} pp={} cannot serve this model ({}): {}", tp, pp, shape.describe(),
+                                  *problem));
+  }
+  partition::stage_layer_ranges(shape, pp, c.engine.layers_per_stage);  // validates an explicit split
+  return partition::Mesh(world, mpi.world_rank(), tp, pp);
+}
+
+// Runs a start-up phase on every rank and makes the ranks agree on its outcome: exactly one rank (the
+// lowest that failed) prints the reason, and every rank returns the same exit code, so nobody is left
+// waiting in a collective. Returns 0 when every rank succeeded.
+template <typename Phase>
+int agreed_phase(const MpiSession& mpi, Phase&& phase) {
+  int local = 0;
+  std::string message;
+  try {
+    phase();
+  } catch (const Error& e) {
+    local = static_cast<int>(e.code());
+    message = e.what();
+  } catch (const std::exception& e) {
+    local = static_cast<int>(ExitCode::kRuntime);
+    message = fmt::format("unexpected: {}", e.what());
+  }
+  const MpiSession::Agreement agreement = mpi.agree(local);
+  if (agreement.exit_code != 0 && agreement.first_failed_rank == mpi.world_rank()) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "%s error: %s\n", detail::rank_tag().c_str(), message.c_str());
+  }
+  return agreement.exit_code;
 }
 
 void print_json(const runtime::GenerationResult& r) {
@@ -94,68 +208,146 @@ void print_json(const runtime::GenerationResult& r) {
   std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << std::endl;
 }
 
-void print_stats(const runtime::Engine& engine, const runtime::GenerationResult& r, int threads) {
-  const auto& s = r.stats;
-  const int decode_forwards = s.generated_tokens > 1 ? s.generated_tokens - 1 : 0;
+void print_stats(const runtime::Engine& engine, const std::vector<runtime::GenerationResult>& results, int threads) {
+  int prompt_tokens = 0, generated = 0;
+  double ttft_s = 0, end_s = 0;
+  for (const auto& r : results) {
+    prompt_tokens += r.stats.prompt_tokens;
+    generated += r.stats.generated_tokens;
+    ttft_s = std::max(ttft_s, r.stats.prefill_s);
+    end_s = std::max(end_s, r.stats.prefill_s + r.stats.decode_s);
+  }
+  const auto& mesh = engine.mesh();
+  // Decode rate counts the tokens produced after each sequence's first one, over the time after the
+  // last first token: the steady state of the batch.
+  const int decode_tokens = generated - static_cast<int>(results.size());
+  const double decode_s = end_s - ttft_s;
   log::info("load {:.3f} s | prefill {} tok in {:.3f} s ({:.1f} tok/s) | decode {} tok in {:.3f} s ({:.1f} tok/s) "
-            "| {} thread{}",
-            engine.load_s(), s.prompt_tokens, s.prefill_s, s.prefill_s > 0 ? s.prompt_tokens / s.prefill_s : 0.0,
-            s.generated_tokens, s.decode_s, s.decode_s > 0 ? decode_forwards / s.decode_s : 0.0, threads,
-            threads == 1 ? "" : "s");
+            "| {} sequence{} | tp={} pp={} | {} thread{}/rank",
+            engine.load_s(), prompt_tokens, ttft_s, ttft_s > 0 ? prompt_tokens / ttft_s : 0.0, generated, decode_s,
+            decode_s > 0 && decode_tokens > 0 ? decode_tokens / decode_s : 0.0, results.size(),
+            results.size() == 1 ? "" : "s", mesh.tp_size(), mesh.pp_size(), threads, threads == 1 ? "" : "s");
+}
+
+long peak_rss_bytes() {
+  std::ifstream status("/proc/self/status");
+  std::string key;
+  while (status >> key) {
+    if (key == "VmHWM:") {
+      long kib = 0;
+      status >> kib;
+      return kib * 1024;
+    }
+    status.ignore(1 << 20, '\n');
+  }
+  return 0;
+}
+
+void write_logits(const std::string& path, const std::vector<std::vector<float>>& per_sequence) {
+  std::ofstream out(path, std::ios::binary);
+  if (!out) throw ResourceError(fmt::format("cannot write --dump-logits file '{}'", path));
+  for (const auto& logits : per_sequence) {
+    out.write(reinterpret_cast<const char*>(logits.data()), static_cast<std::streamsize>(logits.size() * sizeof(float)));
+  }
 }
 
 }  // namespace
 
 int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
-  bool proceed = true;
-  RunConfig config = parse_run_config(args, mpi, proceed);
-  if (!proceed) return 0;
-  if (mpi.world_size() > 1) {
-    throw ConfigError(fmt::format("this job has {} ranks but a single-rank layout; launch with -np 1",
-                                  mpi.world_size()));
-  }
-  const partition::Mesh mesh = partition::Mesh::single();
-  if (config.default_model) {
-    const auto paths = runtime::ensure_default_model();
-    config.engine.model_path = paths.model;
-    config.engine.tokenizer_path = paths.tokenizer;
-    log::warn("no --model given: using the built-in default model, which has RANDOM WEIGHTS (its text is "
-              "gibberish); pass --model to run a real checkpoint");
-  }
-  if (!config.steps_given) {
-    // The default step count is a convenience; keep it inside the context like llama2.c does.
-    config.request.steps = std::max(1, std::min(config.request.steps, 128));
-  }
-  if (config.print_config) {
-    std::cout << fmt::format("model: {}\ntokenizer: {}\nprompt: {}\nsteps: {}\ntemperature: {}\ntop_p: {}\nseed: {}\n"
-                             "threads: {}\nchunk_tokens: {}\nlauncher: {}\nworld_size: {}\ntp: 1\npp: 1\n",
-                             config.engine.model_path, config.engine.tokenizer_path, config.request.prompt,
-                             config.request.steps, config.request.sampler.temperature,
-                             config.request.sampler.top_p, config.request.sampler.seed, config.engine.threads,
-                             config.engine.chunk_tokens, mpi.launcher(), mpi.world_size());
+  // Phase 1, identical on every rank: flags, model header, tokenizer, layout. Nothing is mapped yet.
+  std::optional<RunConfig> config;
+  std::optional<partition::Mesh> mesh;
+  bool help = false;
+  int code = agreed_phase(mpi, [&] {
+    config = parse_run_config(args, mpi);
+    if (!config) {
+      help = true;
+      return;
+    }
+    if (config->default_model) {
+      const auto paths = runtime::ensure_default_model();
+      config->engine.model_path = paths.model;
+      config->engine.tokenizer_path = paths.tokenizer;
+      log::warn("no --model given: using the built-in default model, which has RANDOM WEIGHTS (its text is "
+                "gibberish); pass --model to run a real checkpoint");
+    }
+    const partition::ModelShape shape = runtime::read_checkpoint_shape(config->engine.model_path);
+    mesh = choose_mesh(*config, shape, mpi);
+    if (config->engine.micro_batches == 0) {
+      config->engine.micro_batches = std::max(1, std::min<int>(config->requests.size(), mesh->pp_size()));
+    }
+  });
+  if (code != 0 || help) return code;
+  const int output_rank = mesh->rank_of(mesh->pp_size() - 1, 0);
+  log::set_place(mesh->tag(), mesh->rank() == output_rank);
+
+  if (config->print_config) {
+    if (mesh->rank() == output_rank) {
+      std::cout << fmt::format(
+          "model: {}\ntokenizer: {}\nsequences: {}\nsteps: {}\ntemperature: {}\ntop_p: {}\nseed: {}\nthreads: {}\n"
+          "chunk_tokens: {}\nmicro_batches: {}\nlauncher: {}\nworld_size: {}\ntp: {}\npp: {}\ncomm_timeout_s: {}\n",
+          config->engine.model_path, config->engine.tokenizer_path, config->requests.size(),
+          config->requests[0].steps, config->requests[0].sampler.temperature, config->requests[0].sampler.top_p,
+          config->requests[0].sampler.seed, config->engine.threads, config->engine.chunk_tokens,
+          config->engine.micro_batches, mpi.launcher(), mpi.world_size(), mesh->tp_size(), mesh->pp_size(),
+          config->comm_timeout_s);
+    }
     return 0;
   }
 
-  auto tp_comm = comm::make_solo_communicator();
-  runtime::Engine engine(config.engine, mesh, *tp_comm);
-  log::debug("model {} ({}), mapped {}, launched as {}", config.engine.model_path, engine.shape().describe(),
-             format_bytes(engine.weights().mapped_bytes()), mpi.launcher());
+  // Phase 2: communicators (collective), then each rank maps its own shard and checks the requests.
+  runtime::CommGroups groups = runtime::make_comm_groups(*mesh, {mpi.active(), config->comm_timeout_s});
+  std::unique_ptr<runtime::Engine> engine;
+  code = agreed_phase(mpi, [&] {
+    engine = std::make_unique<runtime::Engine>(config->engine, *mesh, *groups.world, *groups.tp);
+    for (const auto& request : config->requests) engine->encode_checked(request);
+  });
+  if (code != 0) return code;
+  log::debug("launched as {}; model {} ({}); this rank maps {} and holds {} repacked", mpi.launcher(),
+             config->engine.model_path, engine->shape().describe(), format_bytes(engine->weights().mapped_bytes()),
+             format_bytes(engine->weights().repacked_bytes()));
 
+  // Phase 3: generation. A failure from here on aborts the whole job (main() does that).
+  const bool output = engine->is_output_rank();
   runtime::PieceCallback stream;
-  if (!config.json) {
+  if (output && !config->json) {
     stream = [](std::string_view piece) {
       std::fwrite(piece.data(), 1, piece.size(), stdout);
       std::fflush(stdout);
     };
   }
-  const runtime::GenerationResult result = engine.generate(config.request, stream);
-  if (config.json) {
-    print_json(result);
-  } else {
-    std::fputs("\n", stdout);
-    std::fflush(stdout);
+  std::vector<std::vector<float>> dumped(config->requests.size());
+  runtime::LogitsCallback on_logits;
+  if (!config->dump_logits.empty()) {
+    on_logits = [&](int sequence, int, const float* logits) {
+      dumped[sequence].insert(dumped[sequence].end(), logits, logits + engine->shape().vocab_size);
+    };
   }
-  print_stats(engine, result, config.engine.threads);
+  const auto results = engine->generate(config->requests, stream, on_logits);
+  if (output) {
+    if (config->json) {
+      for (const auto& r : results) print_json(r);
+    } else if (results.size() == 1) {
+      std::fputs("\n", stdout);  // the text itself was streamed
+    } else {
+      for (const auto& r : results) std::cout << r.text << "\n";
+    }
+    std::fflush(stdout);
+    if (!config->dump_logits.empty()) write_logits(config->dump_logits, dumped);
+    print_stats(*engine, results, config->engine.threads);
+  }
+  if (config->verbose) {
+    char host[256] = {};
+    gethostname(host, sizeof(host) - 1);
+    const auto& st = engine->pipeline_stats();
+    const auto& shard = engine->weights().shard();
+    log::note("host {} | layers [{}, {}) heads [{}, {}) hidden [{}, {}) | mapped {} repacked {} | peak RSS {} | "
+              "{} items, {} rows, busy {:.3f} of {:.3f} s ({:.0f}%)",
+              host, shard.layers.begin, shard.layers.end, shard.heads.begin, shard.heads.end, shard.hidden.begin,
+              shard.hidden.end, format_bytes(engine->weights().mapped_bytes()),
+              format_bytes(engine->weights().repacked_bytes()), format_bytes(peak_rss_bytes()), st.items, st.rows,
+              st.busy_s, st.total_s, st.total_s > 0 ? 100.0 * st.busy_s / st.total_s : 0.0);
+  }
   return 0;
 }
 

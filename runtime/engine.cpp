@@ -24,21 +24,26 @@ partition::ModelShape checked_shape(const EngineOptions& options, const partitio
 
 }  // namespace
 
-Engine::Engine(const EngineOptions& options, const partition::Mesh& mesh, comm::Communicator& tp_comm)
-    : options_(options),
+Engine::Engine(const EngineOptions& options, const partition::Mesh& mesh, comm::Communicator& world,
+               comm::Communicator& tp_comm)
+    : created_s_(now_s()),
+      options_(options),
       mesh_(mesh),
+      world_(world),
       shape_(checked_shape(options, mesh)),
       tokenizer_(options.tokenizer_path, shape_.vocab_size) {
-  const double start_s = now_s();
   if (options.chunk_tokens < 1) throw ConfigError("--chunk-tokens must be >= 1");
+  if (options.micro_batches < 1) throw ConfigError("--micro-batches must be >= 1");
   kernels::cpu::set_num_threads(options.threads);
-  const auto stages = partition::stage_layer_ranges(shape_, mesh.pp_size());
+  const auto stages = partition::stage_layer_ranges(shape_, mesh.pp_size(), options.layers_per_stage);
   const partition::RankShard shard = partition::shard_for(shape_, mesh, stages);
   weights_ = std::make_unique<ShardWeights>(options.model_path, shape_, shard);
   StageOptions stage_options;
-  stage_options.max_chunk_tokens = std::min(options.chunk_tokens, shape_.seq_len);
+  stage_options.max_rows = std::min(options.chunk_tokens, shape_.seq_len);
   stage_ = std::make_unique<Stage>(*weights_, tp_comm, stage_options);
-  load_s_ = now_s() - start_s;
+  pipeline_ = std::make_unique<Pipeline>(*stage_, mesh, world,
+                                         PipelineOptions{options.micro_batches, stage_options.max_rows});
+  load_s_ = now_s() - created_s_;
 }
 
 std::vector<int> Engine::encode_checked(const GenerationRequest& request) const {
@@ -59,58 +64,62 @@ std::vector<int> Engine::encode_checked(const GenerationRequest& request) const 
   return ids;
 }
 
-GenerationResult Engine::generate(const GenerationRequest& request, const PieceCallback& on_piece) {
-  SL_CHECK_MSG(mesh_.pp_size() == 1, "multi-stage generation goes through the pipeline");
-  GenerationResult result;
-  result.prompt = request.prompt;
-  result.prompt_ids = encode_checked(request);
-  const std::vector<int>& prompt = result.prompt_ids;
-  const int n_prompt = static_cast<int>(prompt.size());
-  const int dim = shape_.dim;
-  const int chunk = stage_->max_chunk_tokens();
+std::vector<GenerationResult> Engine::generate(const std::vector<GenerationRequest>& requests,
+                                               const PieceCallback& on_piece, const LogitsCallback& on_logits) {
+  const int n = static_cast<int>(requests.size());
+  std::vector<GenerationResult> results(n);
+  std::vector<SequenceSpec> specs(n);
+  for (int i = 0; i < n; ++i) {
+    results[i].prompt = requests[i].prompt;
+    results[i].prompt_ids = encode_checked(requests[i]);
+    specs[i] = {results[i].prompt_ids, requests[i].steps, requests[i].sampler};
+  }
+  const int rows = Pipeline::max_rows_for(PipelineOptions{options_.micro_batches, options_.chunk_tokens}, n);
+  if (rows > stage_->max_rows()) stage_->reserve_rows(rows);
 
-  auto emit = [&](int prev, int token, bool generated) {
-    std::string_view piece = tokenizer_.decode(prev, token);
+  const bool output = is_output_rank();
+  const bool stream = output && on_piece && n == 1;
+  std::vector<int> prev(n);
+  auto emit = [&](int i, int token, bool generated) {
+    std::string_view piece = tokenizer_.decode(prev[i], token);
+    prev[i] = token;
     if (!Tokenizer::is_printable_piece(piece)) return;
-    result.text += piece;
-    if (generated) result.generated_text += piece;
-    if (on_piece) on_piece(piece);
+    results[i].text += piece;
+    if (generated) results[i].generated_text += piece;
+    if (stream) on_piece(piece);
   };
-  for (int i = 1; i < n_prompt; ++i) emit(prompt[i - 1], prompt[i], false);
-
-  KvCache cache = stage_->make_kv_cache();
-  std::vector<float> x(static_cast<std::size_t>(chunk) * dim);  // (chunk, dim)
-  std::vector<float> logits(shape_.vocab_size);                  // (vocab)
-  Sampler sampler(shape_.vocab_size, request.sampler);
-
-  // Prefill in chunks; only the last row's logits matter.
-  const double prefill_start_s = now_s();
-  for (int pos = 0; pos < n_prompt; pos += chunk) {
-    const int n = std::min(chunk, n_prompt - pos);
-    stage_->embed(prompt.data() + pos, n, x.data());
-    stage_->forward(x.data(), n, pos, cache);
-    if (pos + n == n_prompt) stage_->logits(x.data() + static_cast<std::size_t>(n - 1) * dim, logits.data());
+  if (output) {
+    for (int i = 0; i < n; ++i) {
+      const auto& ids = results[i].prompt_ids;
+      prev[i] = ids[0];
+      for (std::size_t t = 1; t < ids.size(); ++t) emit(i, ids[t], false);
+    }
   }
-  result.stats.prefill_s = now_s() - prefill_start_s;
-
-  const double decode_start_s = now_s();
-  int prev = prompt.back();
-  for (int step = 0; step < request.steps; ++step) {
-    const int next = sampler.sample(logits.data());
-    if (next == kBosId) break;  // llama2.c: BOS delimits sequences
-    result.ids.push_back(next);
-    emit(prev, next, true);
-    prev = next;
-    if (step + 1 == request.steps) break;
-    const int pos = n_prompt + step;
-    stage_->embed(&next, 1, x.data());
-    stage_->forward(x.data(), 1, pos, cache);
-    stage_->logits(x.data(), logits.data());
+  std::vector<int> steps_done(n, 0);
+  TokenCallback on_token;
+  if (output) {
+    on_token = [&](int i, int token, const float* logits) {
+      if (on_logits) on_logits(i, steps_done[i], logits);
+      ++steps_done[i];
+      emit(i, token, true);
+    };
   }
-  result.stats.decode_s = now_s() - decode_start_s;
-  result.stats.prompt_tokens = n_prompt;
-  result.stats.generated_tokens = static_cast<int>(result.ids.size());
-  return result;
+  std::vector<SequenceOutput> outputs = pipeline_->run(specs, on_token);
+  if (!output) return {};
+  for (int i = 0; i < n; ++i) {
+    results[i].ids = outputs[i].ids;
+    auto& s = results[i].stats;
+    s.prompt_tokens = static_cast<int>(results[i].prompt_ids.size());
+    s.generated_tokens = static_cast<int>(outputs[i].ids.size());
+    s.prefill_s = outputs[i].first_token_s;
+    s.decode_s = outputs[i].done_s - outputs[i].first_token_s;
+  }
+  return results;
+}
+
+GenerationResult Engine::generate(const GenerationRequest& request, const PieceCallback& on_piece) {
+  auto results = generate(std::vector<GenerationRequest>{request}, on_piece);
+  return results.empty() ? GenerationResult{} : results[0];
 }
 
 }  // namespace shardline::runtime

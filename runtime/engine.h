@@ -1,4 +1,5 @@
-// The engine: loads this rank's shard and the tokenizer, and generates text for requests.
+// The engine: loads this rank's shard and the tokenizer, and generates text for requests through the
+// pipeline. Every rank of the job builds one and calls generate() with the same requests.
 #pragma once
 
 #include <functional>
@@ -8,6 +9,7 @@
 
 #include "comm/communicator.h"
 #include "partition/mesh.h"
+#include "runtime/pipeline.h"
 #include "runtime/sampler.h"
 #include "runtime/shard_weights.h"
 #include "runtime/stage.h"
@@ -20,6 +22,8 @@ struct EngineOptions {
   std::string tokenizer_path;
   int threads = 1;            // kernel threads of this rank
   int chunk_tokens = 64;      // prefill chunk (split granularity)
+  int micro_batches = 1;      // sequences are spread over this many micro-batches in flight
+  std::vector<int> layers_per_stage;  // explicit layer split; empty = even
 };
 
 struct GenerationRequest {
@@ -31,8 +35,8 @@ struct GenerationRequest {
 struct GenerationStats {
   int prompt_tokens = 0;
   int generated_tokens = 0;
-  double prefill_s = 0.0;
-  double decode_s = 0.0;      // time of the generated tokens after the first
+  double prefill_s = 0.0;     // start of the batch to this sequence's first token (TTFT)
+  double decode_s = 0.0;      // first token to last token
 };
 
 struct GenerationResult {
@@ -44,31 +48,47 @@ struct GenerationResult {
   GenerationStats stats;
 };
 
-// Called with each printable piece as soon as it is known (streaming output).
+// Called on the output rank with each printable piece as soon as it is known (single-sequence streaming).
 using PieceCallback = std::function<void(std::string_view)>;
+// Called on the output rank with each step's logits: (sequence, step, logits[vocab]).
+using LogitsCallback = std::function<void(int sequence, int step, const float* logits)>;
 
 class Engine {
  public:
-  // Loads and validates everything before any work: a bad file throws here, on every rank alike.
-  Engine(const EngineOptions& options, const partition::Mesh& mesh, comm::Communicator& tp_comm);
+  // Loads and validates everything before any work: a bad file or layout throws here, on every rank alike.
+  // world: all ranks (stages talk through it); tp_comm: this rank's TP group. Both outlive the Engine.
+  Engine(const EngineOptions& options, const partition::Mesh& mesh, comm::Communicator& world,
+         comm::Communicator& tp_comm);
 
   const partition::ModelShape& shape() const { return shape_; }
   const Tokenizer& tokenizer() const { return tokenizer_; }
   const ShardWeights& weights() const { return *weights_; }
+  const partition::Mesh& mesh() const { return mesh_; }
   double load_s() const { return load_s_; }
+  const PipelineStats& pipeline_stats() const { return pipeline_->stats(); }
+
+  // The rank that samples and prints: tp_rank 0 of the last stage.
+  bool is_output_rank() const { return mesh_.is_last_stage() && mesh_.tp_rank() == 0; }
 
   // Encodes and checks a request against the model (prompt and steps fit seq_len); ConfigError if not.
   std::vector<int> encode_checked(const GenerationRequest& request) const;
 
+  // Generates every request (all in flight together). Results on the output rank, empty elsewhere.
+  std::vector<GenerationResult> generate(const std::vector<GenerationRequest>& requests,
+                                         const PieceCallback& on_piece = {}, const LogitsCallback& on_logits = {});
+  // One request; the result is meaningful on the output rank only.
   GenerationResult generate(const GenerationRequest& request, const PieceCallback& on_piece = {});
 
  private:
+  double created_s_;  // first member: load_s() covers everything the constructor does
   EngineOptions options_;
   partition::Mesh mesh_;
+  comm::Communicator& world_;
   partition::ModelShape shape_;
   Tokenizer tokenizer_;
   std::unique_ptr<ShardWeights> weights_;
   std::unique_ptr<Stage> stage_;
+  std::unique_ptr<Pipeline> pipeline_;
   double load_s_ = 0.0;
 };
 

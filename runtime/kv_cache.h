@@ -9,6 +9,7 @@ namespace shardline::runtime {
 
 class KvCache {
  public:
+  KvCache() = default;
   KvCache(int n_layers, int seq_len, int kv_dim)
       : n_layers_(n_layers), seq_len_(seq_len), kv_dim_(kv_dim),
         k_(static_cast<std::size_t>(n_layers) * seq_len * kv_dim),
@@ -22,9 +23,9 @@ class KvCache {
 
  private:
   std::size_t offset(int layer) const { return static_cast<std::size_t>(layer) * seq_len_ * kv_dim_; }
-  int n_layers_;
-  int seq_len_;
-  int kv_dim_;
+  int n_layers_ = 0;
+  int seq_len_ = 0;
+  int kv_dim_ = 0;
   std::vector<float> k_;  // (n_layers, seq_len, kv_dim)
   std::vector<float> v_;  // (n_layers, seq_len, kv_dim)
 };

@@ -16,16 +16,8 @@ Stage::Stage(const ShardWeights& weights, comm::Communicator& tp_comm, const Sta
   q_dim_ = shard.heads.size() * s.head_size();
   kv_dim_ = shard.kv_heads.size() * s.head_size();
   hidden_ = shard.hidden.size();
-  const std::size_t chunk = static_cast<std::size_t>(options.max_chunk_tokens);
-  xb_.resize(chunk * s.dim);
-  q_.resize(chunk * q_dim_);
-  k_.resize(chunk * kv_dim_);
-  v_.resize(chunk * kv_dim_);
-  att_.resize(chunk * q_dim_);
   scores_.resize(static_cast<std::size_t>(shard.heads.size()) * s.seq_len);
-  hb_.resize(chunk * hidden_);
-  hb2_.resize(chunk * hidden_);
-  out_.resize(chunk * s.dim);
+  reserve_rows(options.max_rows);
   if (shard.has_classifier) {
     local_logits_.resize(shard.vocab.size());
     for (int t = 0; t < tp_comm.size(); ++t) {
@@ -34,8 +26,25 @@ Stage::Stage(const ShardWeights& weights, comm::Communicator& tp_comm, const Sta
   }
 }
 
-KvCache Stage::make_kv_cache() const {
-  return KvCache(weights_.n_local_layers(), shape().seq_len, kv_dim_);
+void Stage::reserve_rows(int max_rows) {
+  SL_CHECK(max_rows >= 1);
+  options_.max_rows = max_rows;
+  const std::size_t rows = static_cast<std::size_t>(max_rows);
+  const int dim = shape().dim;
+  rows_.resize(rows);
+  xb_.resize(rows * dim);
+  q_.resize(rows * q_dim_);
+  k_.resize(rows * kv_dim_);
+  v_.resize(rows * kv_dim_);
+  att_.resize(rows * q_dim_);
+  hb_.resize(rows * hidden_);
+  hb2_.resize(rows * hidden_);
+  out_.resize(rows * dim);
+}
+
+KvCache Stage::make_kv_cache(int n_positions) const {
+  SL_CHECK(n_positions >= 0 && n_positions <= shape().seq_len);
+  return KvCache(weights_.n_local_layers(), n_positions > 0 ? n_positions : shape().seq_len, kv_dim_);
 }
 
 void Stage::embed(const int* tokens, int n, float* x) const {
@@ -49,16 +58,22 @@ void Stage::embed(const int* tokens, int n, float* x) const {
 }
 
 void Stage::forward(float* x, int n, int pos, KvCache& cache) {
-  SL_CHECK(n >= 1 && n <= options_.max_chunk_tokens);
-  SL_CHECK(pos >= 0 && pos + n <= shape().seq_len);
+  SL_CHECK(n >= 1 && n <= options_.max_rows);
+  for (int t = 0; t < n; ++t) rows_[t] = {&cache, pos + t};
+  forward(x, rows_.data(), n);
+}
+
+void Stage::forward(float* x, const Row* rows, int n) {
+  SL_CHECK(n >= 1 && n <= options_.max_rows);
+  for (int t = 0; t < n; ++t) SL_CHECK(rows[t].pos >= 0 && rows[t].pos < rows[t].cache->seq_len());
   for (int l = 0; l < weights_.n_local_layers(); ++l) {
     const LayerWeights& w = weights_.layer(l);
-    attention_block(w, x, n, pos, cache, l);
+    attention_block(w, x, rows, n, l);
     mlp_block(w, x, n);
   }
 }
 
-void Stage::attention_block(const LayerWeights& w, float* x, int n, int pos, KvCache& cache, int local_layer) {
+void Stage::attention_block(const LayerWeights& w, float* x, const Row* rows, int n, int local_layer) {
   const auto& s = shape();
   const int hs = s.head_size();
   const int n_local_heads = q_dim_ / hs;
@@ -67,21 +82,22 @@ void Stage::attention_block(const LayerWeights& w, float* x, int n, int pos, KvC
   cpu::matmul(q_.data(), xb_.data(), w.wq, n, s.dim, q_dim_);
   cpu::matmul(k_.data(), xb_.data(), w.wk, n, s.dim, kv_dim_);
   cpu::matmul(v_.data(), xb_.data(), w.wv, n, s.dim, kv_dim_);
-  float* keys = cache.keys(local_layer);      // (seq_len, kv_dim)
-  float* values = cache.values(local_layer);  // (seq_len, kv_dim)
+  // Every row's key and value go into its cache first, so rows of one prefill chunk see each other.
   for (int t = 0; t < n; ++t) {
+    const int pos = rows[t].pos;
     float* qt = q_.data() + static_cast<std::size_t>(t) * q_dim_;
     float* kt = k_.data() + static_cast<std::size_t>(t) * kv_dim_;
-    cpu::rope(qt, n_local_heads, hs, pos + t, options_.rope_theta);
-    cpu::rope(kt, n_local_kv, hs, pos + t, options_.rope_theta);
-    std::memcpy(keys + static_cast<std::size_t>(pos + t) * kv_dim_, kt, sizeof(float) * kv_dim_);
-    std::memcpy(values + static_cast<std::size_t>(pos + t) * kv_dim_,
+    cpu::rope(qt, n_local_heads, hs, pos, options_.rope_theta);
+    cpu::rope(kt, n_local_kv, hs, pos, options_.rope_theta);
+    std::memcpy(rows[t].cache->keys(local_layer) + static_cast<std::size_t>(pos) * kv_dim_, kt, sizeof(float) * kv_dim_);
+    std::memcpy(rows[t].cache->values(local_layer) + static_cast<std::size_t>(pos) * kv_dim_,
                 v_.data() + static_cast<std::size_t>(t) * kv_dim_, sizeof(float) * kv_dim_);
   }
   for (int t = 0; t < n; ++t) {
-    // Causal: token pos+t sees positions 0 .. pos+t.
+    // Causal: the token at pos sees positions 0 .. pos of its own sequence.
     cpu::attention(att_.data() + static_cast<std::size_t>(t) * q_dim_, q_.data() + static_cast<std::size_t>(t) * q_dim_,
-                   keys, values, scores_.data(), pos + t + 1, n_local_heads, n_local_kv, hs, kv_dim_);
+                   rows[t].cache->keys(local_layer), rows[t].cache->values(local_layer), scores_.data(),
+                   rows[t].pos + 1, n_local_heads, n_local_kv, hs, kv_dim_);
   }
   cpu::matmul(out_.data(), att_.data(), w.wo, n, q_dim_, s.dim);
   tp_comm_.all_reduce_sum(out_.data(), static_cast<std::size_t>(n) * s.dim);  // sum over heads of the group

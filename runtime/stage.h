@@ -14,8 +14,16 @@
 
 namespace shardline::runtime {
 
+// One row of a forward call: a token of some sequence at some position. A call may mix rows of several
+// sequences (a micro-batch: one decode token each, or prefill chunks); rows of one sequence come in
+// increasing position order.
+struct Row {
+  KvCache* cache = nullptr;  // the row's sequence's cache on this stage
+  int pos = 0;               // the row's position in its sequence
+};
+
 struct StageOptions {
-  int max_chunk_tokens = 64;  // most tokens one forward call takes (prefill chunk); sizes scratch buffers
+  int max_rows = 64;  // most rows one forward call takes; sizes the scratch buffers
   float rms_eps = 1e-5f;
   float rope_theta = 10000.0f;
 };
@@ -25,24 +33,29 @@ class Stage {
   // tp_comm: this rank's TP group (solo for tp=1). Both must outlive the Stage.
   Stage(const ShardWeights& weights, comm::Communicator& tp_comm, const StageOptions& options = {});
 
-  // A KV cache sized for this stage's layers and kv heads.
-  KvCache make_kv_cache() const;
+  // A KV cache for this stage's layers and kv heads, holding positions [0, n_positions) (default seq_len).
+  KvCache make_kv_cache(int n_positions = 0) const;
 
   // First stage: x[t] = embedding[tokens[t]].   x: (n, dim)
   void embed(const int* tokens, int n, float* x) const;
 
-  // Runs n consecutive tokens (positions pos .. pos+n-1) of one sequence through this stage's layers,
-  // reading and extending its KV cache. x: (n, dim), updated in place. n <= max_chunk_tokens.
+  // Runs n rows through this stage's layers, reading and extending each row's KV cache.
+  // x: (n, dim), updated in place. n <= max_rows.
+  void forward(float* x, const Row* rows, int n);
+  // The common case: n consecutive tokens (positions pos .. pos+n-1) of one sequence.
   void forward(float* x, int n, int pos, KvCache& cache);
 
   // Last stage: logits of one activation row, gathered over the TP group.   x: (dim)  logits: (vocab)
   void logits(const float* x, float* logits);
 
   const partition::ModelShape& shape() const { return weights_.shape(); }
-  int max_chunk_tokens() const { return options_.max_chunk_tokens; }
+  int max_rows() const { return options_.max_rows; }
+  // Grows the scratch buffers to take max_rows rows per forward call.
+  void reserve_rows(int max_rows);
+  const ShardWeights& weights() const { return weights_; }
 
  private:
-  void attention_block(const LayerWeights& w, float* x, int n, int pos, KvCache& cache, int local_layer);
+  void attention_block(const LayerWeights& w, float* x, const Row* rows, int n, int local_layer);
   void mlp_block(const LayerWeights& w, float* x, int n);
 
   const ShardWeights& weights_;
@@ -53,16 +66,17 @@ class Stage {
   int hidden_;      // local hidden features
   std::vector<int> vocab_counts_;  // classifier rows per TP rank, for the logits gather
 
-  // Scratch, sized once for max_chunk_tokens rows: no allocation per token.
-  std::vector<float> xb_;      // (chunk, dim)
-  std::vector<float> q_;       // (chunk, q_dim)
-  std::vector<float> k_;       // (chunk, kv_dim)
-  std::vector<float> v_;       // (chunk, kv_dim)
-  std::vector<float> att_;     // (chunk, q_dim)
+  // Scratch, sized once for max_rows rows: no allocation per token.
+  std::vector<float> xb_;      // (max_rows, dim)
+  std::vector<float> q_;       // (max_rows, q_dim)
+  std::vector<float> k_;       // (max_rows, kv_dim)
+  std::vector<float> v_;       // (max_rows, kv_dim)
+  std::vector<float> att_;     // (max_rows, q_dim)
   std::vector<float> scores_;  // (local heads, seq_len)
-  std::vector<float> hb_;      // (chunk, hidden)
-  std::vector<float> hb2_;     // (chunk, hidden)
-  std::vector<float> out_;     // (chunk, dim)
+  std::vector<float> hb_;      // (max_rows, hidden)
+  std::vector<float> hb2_;     // (max_rows, hidden)
+  std::vector<float> out_;     // (max_rows, dim)
+  std::vector<Row> rows_;      // (max_rows) for the single-sequence forward
   std::vector<float> local_logits_;  // (vocab slice)
 };
 

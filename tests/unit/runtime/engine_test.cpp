@@ -13,6 +13,7 @@ namespace {
 struct EngineCase {
   int threads;
   int chunk_tokens;
+  int micro_batches = 1;
 };
 
 class EngineGoldens : public ::testing::TestWithParam<EngineCase> {};
@@ -26,8 +27,8 @@ TEST_P(EngineGoldens, ReproducesEveryGoldenExactly) {
   for (const std::string model : {"tiny-32k.bin", "mini-gqa.bin"}) {
     SHARDLINE_REQUIRE_MODEL_FILE(test::model_file(model));
     EngineOptions options{test::model_file(model), test::model_file("tokenizer.bin"), GetParam().threads,
-                          GetParam().chunk_tokens};
-    Engine engine(options, partition::Mesh::single(), *comm);
+                          GetParam().chunk_tokens, GetParam().micro_batches};
+    Engine engine(options, partition::Mesh::single(), *comm, *comm);
     for (const auto& golden : goldens) {
       if (golden.model != model) continue;
       GenerationRequest request{golden.prompt, golden.steps, {}};
@@ -39,11 +40,40 @@ TEST_P(EngineGoldens, ReproducesEveryGoldenExactly) {
   }
 }
 
+// All goldens of a model as one batch: rows of different sequences share forward calls (micro-batches of
+// several sequences, prefill chunks next to decode tokens), and every sequence still gets its own golden.
+TEST_P(EngineGoldens, BatchedSequencesEachReproduceTheirGolden) {
+  const std::string goldens_path = test::model_file("goldens.jsonl");
+  SHARDLINE_REQUIRE_MODEL_FILE(goldens_path);
+  auto comm = comm::make_solo_communicator();
+  for (const std::string model : {"tiny-32k.bin", "mini-gqa.bin"}) {
+    SHARDLINE_REQUIRE_MODEL_FILE(test::model_file(model));
+    EngineOptions options{test::model_file(model), test::model_file("tokenizer.bin"), GetParam().threads,
+                          GetParam().chunk_tokens, GetParam().micro_batches};
+    Engine engine(options, partition::Mesh::single(), *comm, *comm);
+    std::vector<GenerationRequest> requests;
+    std::vector<test::Golden> expected;
+    for (const auto& golden : test::load_goldens()) {
+      if (golden.model != model) continue;
+      requests.push_back({golden.prompt, golden.steps, {}});
+      expected.push_back(golden);
+    }
+    const auto results = engine.generate(requests);
+    ASSERT_EQ(results.size(), expected.size());
+    for (std::size_t i = 0; i < results.size(); ++i) {
+      EXPECT_EQ(results[i].ids, expected[i].ids) << model << " / " << expected[i].prompt;
+      EXPECT_EQ(results[i].text, expected[i].run_c_text) << model << " / " << expected[i].prompt;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(ThreadsAndChunks, EngineGoldens,
-                         ::testing::Values(EngineCase{1, 64}, EngineCase{2, 64}, EngineCase{1, 1}, EngineCase{2, 3}),
+                         ::testing::Values(EngineCase{1, 64}, EngineCase{2, 64}, EngineCase{1, 1}, EngineCase{2, 3},
+                                           EngineCase{1, 5, 3}),
                          [](const auto& info) {
                            return "threads" + std::to_string(info.param.threads) + "_chunk" +
-                                  std::to_string(info.param.chunk_tokens);
+                                  std::to_string(info.param.chunk_tokens) + "_m" +
+                                  std::to_string(info.param.micro_batches);
                          });
 
 }  // namespace

@@ -1,0 +1,287 @@
+#include "runtime/pipeline.h"
+
+#include <algorithm>
+#include <deque>
+#include <memory>
+
+#include <fmt/format.h>
+
+#include "common/error.h"
+#include "common/units.h"
+#include "runtime/tokenizer.h"
+
+namespace shardline::runtime {
+
+namespace {
+constexpr int kTagHeader = 101;
+constexpr int kTagActivations = 102;
+constexpr int kTagReply = 103;
+constexpr int kKindStop = 0;
+constexpr int kKindWork = 1;
+}  // namespace
+
+struct Pipeline::Item {
+  std::vector<int> seq;           // per row: sequence index
+  std::vector<int> pos;           // per row: position
+  std::vector<int> wants_logits;  // per row: 1 when this row's logits are sampled
+  std::vector<int> token;         // per row: input token (stage 0 only)
+  int n_rows() const { return static_cast<int>(seq.size()); }
+  void clear() {
+    seq.clear();
+    pos.clear();
+    wants_logits.clear();
+    token.clear();
+  }
+  // Header wire format, fixed size for max_rows: kind, n_rows, seq[max_rows], pos[...], wants[...].
+  void encode(int kind, int max_rows, std::vector<int>& out) const {
+    out.assign(2 + 3 * static_cast<std::size_t>(max_rows), 0);
+    out[0] = kind;
+    out[1] = n_rows();
+    std::copy(seq.begin(), seq.end(), out.begin() + 2);
+    std::copy(pos.begin(), pos.end(), out.begin() + 2 + max_rows);
+    std::copy(wants_logits.begin(), wants_logits.end(), out.begin() + 2 + 2 * max_rows);
+  }
+  int decode(const std::vector<int>& in, int max_rows) {
+    const int n = in[1];
+    SL_CHECK(n >= 0 && n <= max_rows);
+    seq.assign(in.begin() + 2, in.begin() + 2 + n);
+    pos.assign(in.begin() + 2 + max_rows, in.begin() + 2 + max_rows + n);
+    wants_logits.assign(in.begin() + 2 + 2 * max_rows, in.begin() + 2 + 2 * max_rows + n);
+    return in[0];
+  }
+};
+
+struct Pipeline::SeqState {
+  const SequenceSpec* spec = nullptr;
+  KvCache cache;
+  int fed = 0;             // tokens fed to the model (prompt, then generated)
+  int generated = 0;       // tokens sampled and kept
+  int last_token = -1;
+  bool awaiting = false;   // a token of this sequence is being sampled downstream
+  bool done = false;
+  std::unique_ptr<Sampler> sampler;  // last stage only
+  int n_prompt() const { return static_cast<int>(spec->prompt_ids.size()); }
+};
+
+Pipeline::Pipeline(Stage& stage, const partition::Mesh& mesh, comm::Communicator& world, const PipelineOptions& options)
+    : stage_(stage), mesh_(mesh), world_(world), options_(options) {
+  if (options.micro_batches < 1) throw ConfigError("--micro-batches must be >= 1");
+  if (options.chunk_tokens < 1) throw ConfigError("--chunk-tokens must be >= 1");
+}
+
+int Pipeline::max_rows_for(const PipelineOptions& options, int n_sequences) {
+  const int m = std::max(1, std::min(options.micro_batches, n_sequences));
+  const int per_group = (n_sequences + m - 1) / m;
+  return std::max(1, per_group * options.chunk_tokens);
+}
+
+std::vector<SequenceOutput> Pipeline::run(const std::vector<SequenceSpec>& sequences, const TokenCallback& on_token) {
+  start_s_ = now_s();
+  stats_ = {};
+  next_group_ = 0;
+  const int n = static_cast<int>(sequences.size());
+  max_rows_ = max_rows_for(options_, n);
+  SL_CHECK_MSG(max_rows_ <= stage_.max_rows(), "stage sized for {} rows, schedule needs {}", stage_.max_rows(), max_rows_);
+  std::vector<SeqState> seqs(n);
+  for (int i = 0; i < n; ++i) {
+    const SequenceSpec& spec = sequences[i];
+    SL_CHECK(!spec.prompt_ids.empty() && spec.steps >= 1);
+    seqs[i].spec = &spec;
+    // Positions used: the prompt, then every generated token but the last.
+    const int positions = static_cast<int>(spec.prompt_ids.size()) + spec.steps - 1;
+    seqs[i].cache = stage_.make_kv_cache(positions);
+    if (mesh_.is_last_stage()) seqs[i].sampler = std::make_unique<Sampler>(stage_.shape().vocab_size, spec.sampler);
+  }
+  logits_.resize(stage_.shape().vocab_size);
+  std::vector<SequenceOutput> outputs(mesh_.is_last_stage() ? n : 0);
+  if (mesh_.is_first_stage()) {
+    run_first_stage(seqs, outputs, on_token);
+  } else {
+    run_later_stage(seqs, outputs, on_token);
+  }
+  stats_.total_s = now_s() - start_s_;
+  return outputs;
+}
+
+bool Pipeline::build_item(std::vector<SeqState>& seqs, Item& item) {
+  item.clear();
+  const int n = static_cast<int>(seqs.size());
+  const int m = std::max(1, std::min(options_.micro_batches, n));
+  for (int tried = 0; tried < m; ++tried) {
+    const int group = (next_group_ + tried) % m;
+    for (int i = group; i < n; i += m) {
+      SeqState& s = seqs[i];
+      if (s.done || s.awaiting) continue;
+      if (s.fed < s.n_prompt()) {
+        const int take = std::min(options_.chunk_tokens, s.n_prompt() - s.fed);
+        for (int t = 0; t < take; ++t) {
+          item.seq.push_back(i);
+          item.pos.push_back(s.fed + t);
+          item.token.push_back(s.spec->prompt_ids[s.fed + t]);
+          item.wants_logits.push_back(s.fed + t + 1 == s.n_prompt() ? 1 : 0);
+        }
+        s.fed += take;
+        s.awaiting = s.fed == s.n_prompt();
+      } else {
+        item.seq.push_back(i);
+        item.pos.push_back(s.fed);
+        item.token.push_back(s.last_token);
+        item.wants_logits.push_back(1);
+        s.fed += 1;
+        s.awaiting = true;
+      }
+    }
+    if (item.n_rows() > 0) {
+      next_group_ = (group + 1) % m;
+      return true;
+    }
+  }
+  return false;
+}
+
+void Pipeline::forward_item(const Item& item, std::vector<SeqState>& seqs, float* x) {
+  const double start_s = now_s();
+  std::vector<Row> rows(item.n_rows());
+  for (int r = 0; r < item.n_rows(); ++r) rows[r] = {&seqs[item.seq[r]].cache, item.pos[r]};
+  if (mesh_.is_first_stage()) stage_.embed(item.token.data(), item.n_rows(), x);
+  stage_.forward(x, rows.data(), item.n_rows());
+  stats_.items += 1;
+  stats_.rows += item.n_rows();
+  stats_.busy_s += now_s() - start_s;
+}
+
+void Pipeline::sample_item(const Item& item, std::vector<SeqState>& seqs, const float* x,
+                           std::vector<SequenceOutput>& outputs, const TokenCallback& on_token,
+                           std::vector<int>& tokens) {
+  const double start_s = now_s();
+  const int dim = stage_.shape().dim;
+  tokens.clear();
+  for (int r = 0; r < item.n_rows(); ++r) {
+    if (!item.wants_logits[r]) continue;
+    SeqState& s = seqs[item.seq[r]];
+    stage_.logits(x + static_cast<std::size_t>(r) * dim, logits_.data());
+    probabilities_ = logits_;  // the sampler scales in place; callbacks get the raw logits
+    const int token = s.sampler->sample(probabilities_.data());
+    tokens.push_back(token);
+    SequenceOutput& out = outputs[item.seq[r]];
+    if (out.ids.empty()) out.first_token_s = now_s() - start_s_;
+    if (token != kBosId) {
+      out.ids.push_back(token);
+      if (on_token) on_token(item.seq[r], token, logits_.data());
+    }
+    if (token == kBosId || static_cast<int>(out.ids.size()) == s.spec->steps) out.done_s = now_s() - start_s_;
+  }
+  stats_.busy_s += now_s() - start_s;
+}
+
+void Pipeline::apply_tokens(const Item& item, const std::vector<int>& tokens, std::vector<SeqState>& seqs) {
+  std::size_t next = 0;
+  for (int r = 0; r < item.n_rows(); ++r) {
+    if (!item.wants_logits[r]) continue;
+    SL_CHECK(next < tokens.size());
+    SeqState& s = seqs[item.seq[r]];
+    const int token = tokens[next++];
+    s.awaiting = false;
+    if (token == kBosId) {  // llama2.c: BOS delimits sequences
+      s.done = true;
+      continue;
+    }
+    s.generated += 1;
+    s.last_token = token;
+    if (s.generated == s.spec->steps) s.done = true;
+  }
+  SL_CHECK(next == tokens.size());
+}
+
+void Pipeline::run_first_stage(std::vector<SeqState>& seqs, std::vector<SequenceOutput>& outputs,
+                               const TokenCallback& on_token) {
+  const int dim = stage_.shape().dim;
+  Item item;
+  std::vector<int> tokens;
+  if (mesh_.is_last_stage()) {  // pp = 1: forward, sample, apply, in order
+    std::vector<float> x(static_cast<std::size_t>(max_rows_) * dim);  // (max_rows, dim)
+    while (build_item(seqs, item)) {
+      forward_item(item, seqs, x.data());
+      sample_item(item, seqs, x.data(), outputs, on_token, tokens);
+      apply_tokens(item, tokens, seqs);
+    }
+    return;
+  }
+
+  // Up to `window` items in flight, each in its own slot (header, activations, sends in flight). Replies
+  // come back in issue order, and a slot is reused only after its item's reply, so its sends are done.
+  const int window = options_.micro_batches + mesh_.pp_size();
+  struct Slot {
+    Item item;
+    std::vector<int> header;
+    std::vector<float> x;  // (max_rows, dim)
+    std::unique_ptr<comm::PendingSend> header_send, x_send;
+  };
+  std::vector<Slot> slots(window);
+  for (auto& slot : slots) slot.x.resize(static_cast<std::size_t>(max_rows_) * dim);
+  std::deque<int> in_flight;  // slot indices, oldest first
+  std::vector<int> reply(1 + static_cast<std::size_t>(max_rows_));
+  const int next = mesh_.next_stage_rank();
+  const int last = mesh_.rank_of(mesh_.pp_size() - 1, mesh_.tp_rank());
+  long issued = 0;
+  for (;;) {
+    while (static_cast<int>(in_flight.size()) < window) {
+      Slot& slot = slots[issued % window];
+      if (!build_item(seqs, slot.item)) break;
+      if (slot.header_send) slot.header_send->wait();
+      if (slot.x_send) slot.x_send->wait();
+      forward_item(slot.item, seqs, slot.x.data());
+      slot.item.encode(kKindWork, max_rows_, slot.header);
+      slot.header_send = world_.isend(slot.header.data(), slot.header.size() * sizeof(int), next, kTagHeader);
+      slot.x_send = world_.isend(slot.x.data(), static_cast<std::size_t>(slot.item.n_rows()) * dim * sizeof(float), next,
+                                 kTagActivations);
+      in_flight.push_back(static_cast<int>(issued % window));
+      ++issued;
+    }
+    if (in_flight.empty()) break;  // nothing to issue and nothing pending: every sequence is done
+    world_.recv(reply.data(), reply.size() * sizeof(int), last, kTagReply);
+    tokens.assign(reply.begin() + 1, reply.begin() + 1 + reply[0]);
+    apply_tokens(slots[in_flight.front()].item, tokens, seqs);
+    in_flight.pop_front();
+  }
+  std::vector<int> stop;
+  Item().encode(kKindStop, max_rows_, stop);
+  world_.send(stop.data(), stop.size() * sizeof(int), next, kTagHeader);
+  for (auto& slot : slots) {
+    if (slot.header_send) slot.header_send->wait();
+    if (slot.x_send) slot.x_send->wait();
+  }
+}
+
+void Pipeline::run_later_stage(std::vector<SeqState>& seqs, std::vector<SequenceOutput>& outputs,
+                               const TokenCallback& on_token) {
+  const int dim = stage_.shape().dim;
+  const int prev = mesh_.prev_stage_rank();
+  const int next = mesh_.next_stage_rank();
+  const int first = mesh_.rank_of(0, mesh_.tp_rank());
+  std::vector<int> header(2 + 3 * static_cast<std::size_t>(max_rows_));
+  std::vector<float> x(static_cast<std::size_t>(max_rows_) * dim);  // (max_rows, dim)
+  std::vector<int> tokens;
+  std::vector<int> reply(1 + static_cast<std::size_t>(max_rows_));
+  Item item;
+  for (;;) {
+    world_.recv(header.data(), header.size() * sizeof(int), prev, kTagHeader);
+    if (item.decode(header, max_rows_) == kKindStop) {
+      if (next >= 0) world_.send(header.data(), header.size() * sizeof(int), next, kTagHeader);
+      return;
+    }
+    world_.recv(x.data(), static_cast<std::size_t>(item.n_rows()) * dim * sizeof(float), prev, kTagActivations);
+    forward_item(item, seqs, x.data());
+    if (next >= 0) {
+      world_.send(header.data(), header.size() * sizeof(int), next, kTagHeader);
+      world_.send(x.data(), static_cast<std::size_t>(item.n_rows()) * dim * sizeof(float), next, kTagActivations);
+      continue;
+    }
+    sample_item(item, seqs, x.data(), outputs, on_token, tokens);
+    reply[0] = static_cast<int>(tokens.size());
+    std::copy(tokens.begin(), tokens.end(), reply.begin() + 1);
+    world_.send(reply.data(), reply.size() * sizeof(int), first, kTagReply);
+  }
+}
+
+}  // namespace shardline::runtime

@@ -1,0 +1,95 @@
+// The pipeline schedule: sequences in micro-batches flowing through the stages.
+//
+// Stage 0 (every TP rank of it alike) owns the schedule. It cuts each sequence's prompt into chunks of
+// chunk_tokens, groups the sequences into m micro-batches (sequence i in micro-batch i % m), and keeps
+// up to `window` work items in flight: while stage s works on item i, stage s+1 works on item i-1.
+// A sequence waits only for its own sampled token; prefill chunks never wait, so one long prompt also
+// overlaps across stages.
+//
+// Messages, all point to point between ranks of equal tp_rank:
+//   stage s -> s+1:        header (kind, rows: sequence, position, wants-logits) + activations (rows, dim)
+//   last stage -> stage 0: reply (the tokens sampled for the item's wants-logits rows)
+// Stage 0 sends activations without blocking and only reuses a buffer whose item has been answered, and
+// replies are received only by stage 0, so the ring of stages cannot deadlock.
+// The last stage samples (every TP rank of it identically, from the same gathered logits).
+#pragma once
+
+#include <functional>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "partition/mesh.h"
+#include "runtime/sampler.h"
+#include "runtime/stage.h"
+
+namespace shardline::runtime {
+
+struct SequenceSpec {
+  std::vector<int> prompt_ids;  // BOS first; at least one token
+  int steps = 1;                // tokens to generate (fewer if BOS is sampled)
+  SamplerOptions sampler;
+};
+
+struct PipelineOptions {
+  int micro_batches = 1;   // m
+  int chunk_tokens = 64;   // prefill split granularity
+};
+
+// What one sequence produced; filled on the last stage only.
+struct SequenceOutput {
+  std::vector<int> ids;
+  double first_token_s = 0.0;  // since the start of run()
+  double done_s = 0.0;
+};
+
+// Per-rank statistics for --verbose.
+struct PipelineStats {
+  int items = 0;
+  long rows = 0;
+  double busy_s = 0.0;   // in this stage's forward pass (collectives inside it included)
+  double total_s = 0.0;
+};
+
+// Called on the last stage for each sampled token: (sequence, token). The logits are those the token was
+// sampled from (before temperature), for --dump-logits.
+using TokenCallback = std::function<void(int sequence, int token, const float* logits)>;
+
+class Pipeline {
+ public:
+  // world: the world communicator (point-to-point between stages uses world ranks from mesh).
+  Pipeline(Stage& stage, const partition::Mesh& mesh, comm::Communicator& world, const PipelineOptions& options);
+
+  // The most rows one forward call can take for these options and this many sequences.
+  static int max_rows_for(const PipelineOptions& options, int n_sequences);
+
+  // Runs every sequence to completion; every rank of the job calls it with the same specs. Returns the
+  // outputs on the last stage, an empty vector elsewhere.
+  std::vector<SequenceOutput> run(const std::vector<SequenceSpec>& sequences, const TokenCallback& on_token = {});
+
+  const PipelineStats& stats() const { return stats_; }
+
+ private:
+  struct Item;
+  struct SeqState;
+  void run_first_stage(std::vector<SeqState>& seqs, std::vector<SequenceOutput>& outputs, const TokenCallback& on_token);
+  void run_later_stage(std::vector<SeqState>& seqs, std::vector<SequenceOutput>& outputs, const TokenCallback& on_token);
+  bool build_item(std::vector<SeqState>& seqs, Item& item);
+  void forward_item(const Item& item, std::vector<SeqState>& seqs, float* x);
+  // Last stage: samples every wants-logits row of the item; fills tokens (one per such row).
+  void sample_item(const Item& item, std::vector<SeqState>& seqs, const float* x, std::vector<SequenceOutput>& outputs,
+                   const TokenCallback& on_token, std::vector<int>& tokens);
+  void apply_tokens(const Item& item, const std::vector<int>& tokens, std::vector<SeqState>& seqs);
+
+  Stage& stage_;
+  partition::Mesh mesh_;
+  comm::Communicator& world_;
+  PipelineOptions options_;
+  PipelineStats stats_;
+  int max_rows_ = 0;
+  int next_group_ = 0;
+  double start_s_ = 0.0;
+  std::vector<float> logits_;         // (vocab)
+  std::vector<float> probabilities_;  // (vocab)
+};
+
+}  // namespace shardline::runtime
