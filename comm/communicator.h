@@ -27,6 +27,8 @@ class Communicator {
   // Gathers counts[r] floats from every member r into recv, in rank order (counts may differ: uneven
   // vocab slices). send holds counts[rank()] floats.
   virtual void all_gather_v(const float* send, float* recv, const std::vector<int>& counts) = 0;
+  // Gathers bytes_each bytes from every member into recv (size() * bytes_each), in rank order.
+  virtual void all_gather_bytes(const void* send, std::size_t bytes_each, void* recv) = 0;
   virtual void broadcast(void* data, std::size_t bytes, int root) = 0;
   // Point-to-point by rank inside this communicator.
   virtual void send(const void* data, std::size_t bytes, int dst, int tag) = 0;

@@ -71,6 +71,14 @@ class MpiCommunicator final : public Communicator {
     wait(request, "all-gather", -1);
   }
 
+  void all_gather_bytes(const void* send, std::size_t bytes_each, void* recv) override {
+    MPI_Request request;
+    check_mpi(MPI_Iallgather(send, checked_count(bytes_each), MPI_BYTE, recv, checked_count(bytes_each), MPI_BYTE,
+                             comm_, &request),
+              "all-gather");
+    wait(request, "all-gather", -1);
+  }
+
   void broadcast(void* data, std::size_t bytes, int root) override {
     MPI_Request request;
     check_mpi(MPI_Ibcast(data, checked_count(bytes), MPI_BYTE, root, comm_, &request), "broadcast");

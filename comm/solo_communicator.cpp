@@ -16,6 +16,9 @@ class SoloCommunicator final : public Communicator {
     SL_CHECK(counts.size() == 1);
     if (send != recv) std::memcpy(recv, send, sizeof(float) * static_cast<std::size_t>(counts[0]));
   }
+  void all_gather_bytes(const void* send, std::size_t bytes_each, void* recv) override {
+    if (send != recv) std::memcpy(recv, send, bytes_each);
+  }
   void broadcast(void*, std::size_t, int root) override { SL_CHECK(root == 0); }
   void send(const void*, std::size_t, int, int) override {
     SL_CHECK_MSG(false, "send on a single-member communicator");

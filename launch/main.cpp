@@ -13,6 +13,8 @@
 #include "common/log.h"
 #include "launch/gen_model_command.h"
 #include "launch/mpi_session.h"
+#include "launch/plan_command.h"
+#include "launch/probe_command.h"
 #include "launch/run_command.h"
 
 namespace {
@@ -24,6 +26,8 @@ Usage: shardline <command> [options]      (shardline <command> --help for its op
 Commands:
   run         generate text (plain process, or under mpirun / srun)
   gen-model   write a random-weight llama2.c checkpoint and tokenizer of any shape
+  plan        lay a model out on a cluster and predict its cost (no MPI job, no weights)
+  probe       measure links (under mpirun) and this host; write a cluster profile for plan
 
 Exit codes: 0 ok, 1 unexpected error, 2 bad flags or layout, 3 corrupt input file,
             4 missing resource (file, memory, GPU), 5 communication failure (peer died, timeout).
@@ -40,6 +44,11 @@ int dispatch(const std::string& command, const std::vector<std::string>& args,
     return run_command(args, *mpi);
   }
   if (command == "gen-model") return gen_model_command(args);
+  if (command == "plan") return plan_command(args);
+  if (command == "probe") {
+    mpi = std::make_unique<MpiSession>();
+    return probe_command(args, *mpi);
+  }
   throw shardline::ConfigError(fmt::format("unknown command '{}' (see 'shardline --help')", command));
 }
 

@@ -18,10 +18,13 @@
 #include "launch/cli_options.h"
 #include "partition/mesh.h"
 #include "partition/shard.h"
+#include "comm/mpi_communicator.h"
+#include "runtime/auto_plan.h"
 #include "runtime/checkpoint.h"
 #include "runtime/comm_groups.h"
 #include "runtime/engine.h"
 #include "runtime/model_generator.h"
+#include "runtime/tokenizer.h"
 
 namespace shardline::launch {
 
@@ -33,6 +36,7 @@ struct RunConfig {
   int tp = 0;  // 0 = not given
   int pp = 0;
   double comm_timeout_s = 120.0;
+  std::string plan = "auto";
   std::string dump_logits;
   bool json = false;
   bool verbose = false;
@@ -85,9 +89,13 @@ std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, 
       ("tp", po::value(&c.tp), "tensor-parallel ranks per stage (must divide n_kv_heads)")
       ("pp", po::value(&c.pp), "pipeline stages (tp x pp must equal the number of ranks)")
       ("layers-per-stage", po::value(&layer_split), "explicit layer split, e.g. 3,2,2 (default: even)")
-      ("micro-batches", po::value(&c.engine.micro_batches)->default_value(0, "min(sequences, pp)"),
+      ("plan", po::value(&c.plan)->default_value("auto"),
+       "auto: the planner picks what --tp/--pp/--layers-per-stage/--micro-batches/--chunk-tokens leave open, from a "
+       "quick probe of this job; none: tp = all ranks (else pp), even split, fixed chunks")
+      ("micro-batches", po::value(&c.engine.micro_batches)->default_value(0, "planned"),
        "sequences are spread over this many micro-batches in flight")
-      ("chunk-tokens", po::value(&c.engine.chunk_tokens)->default_value(64), "prefill chunk size in tokens (split granularity)")
+      ("chunk-tokens", po::value(&c.engine.chunk_tokens)->default_value(0, "planned per prompt"),
+       "prefill chunk size in tokens (split granularity)")
       ("threads", po::value<int>(), "kernel threads of this rank (default: its cores / ranks on the host)")
       ("comm-timeout", po::value(&c.comm_timeout_s)->default_value(120.0, "120"),
        "seconds a rank waits for a peer before failing the job")
@@ -123,6 +131,8 @@ std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, 
   if (vm.count("pp") && c.pp < 1) throw ConfigError("--pp must be >= 1");
   if (c.comm_timeout_s <= 0) throw ConfigError("--comm-timeout must be positive");
   if (c.engine.micro_batches < 0) throw ConfigError("--micro-batches must be >= 1");
+  if (c.engine.chunk_tokens < 0) throw ConfigError("--chunk-tokens must be >= 1");
+  if (c.plan != "auto" && c.plan != "none") throw ConfigError(fmt::format("--plan '{}' is not auto or none", c.plan));
   const std::vector<std::string> prompts =
       prompts_file.empty() ? std::vector<std::string>{prompt} : read_prompts_file(prompts_file);
   const bool steps_given = !vm["steps"].defaulted();
@@ -254,9 +264,11 @@ void write_logits(const std::string& path, const std::vector<std::vector<float>>
 }  // namespace
 
 int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
-  // Phase 1, identical on every rank: flags, model header, tokenizer, layout. Nothing is mapped yet.
+  // Phase 1, identical on every rank: flags, model header, tokenizer, prompts. Nothing is mapped yet.
   std::optional<RunConfig> config;
+  std::optional<partition::ModelShape> shape;
   std::optional<partition::Mesh> mesh;
+  int longest_prompt = 1;
   bool help = false;
   int code = agreed_phase(mpi, [&] {
     config = parse_run_config(args, mpi);
@@ -271,26 +283,64 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
       log::warn("no --model given: using the built-in default model, which has RANDOM WEIGHTS (its text is "
                 "gibberish); pass --model to run a real checkpoint");
     }
-    const partition::ModelShape shape = runtime::read_checkpoint_shape(config->engine.model_path);
-    mesh = choose_mesh(*config, shape, mpi);
-    if (config->engine.micro_batches == 0) {
-      config->engine.micro_batches = std::max(1, std::min<int>(config->requests.size(), mesh->pp_size()));
+    shape = runtime::read_checkpoint_shape(config->engine.model_path);
+    const runtime::Tokenizer tokenizer(config->engine.tokenizer_path, shape->vocab_size);
+    for (const auto& request : config->requests) {
+      longest_prompt = std::max<int>(longest_prompt, tokenizer.encode(request.prompt, true, false).size());
     }
+    // Flags that fix the layout are checked here, before anyone measures anything.
+    const bool planned = config->plan == "auto" && mpi.world_size() > 1;
+    if (!planned || config->tp > 0 || config->pp > 0) mesh = choose_mesh(*config, *shape, mpi);
   });
   if (code != 0 || help) return code;
+
+  // Phase 1b (collective): the planner fills in whatever the flags left open (with one stage there is
+  // nothing to overlap, so a fixed layout needs no plan).
+  std::optional<runtime::AutoPlan> plan;
+  const bool open_choices = !mesh || (mesh->pp_size() > 1 && (config->engine.layers_per_stage.empty() ||
+                                                              config->engine.micro_batches == 0 ||
+                                                              config->engine.chunk_tokens == 0));
+  if (config->plan == "auto" && mpi.world_size() > 1 && open_choices) {
+    if (mesh) {
+      config->tp = mesh->tp_size();
+      config->pp = mesh->pp_size();
+    }
+    code = agreed_phase(mpi, [&] {
+      auto world = comm::make_mpi_world({config->comm_timeout_s});
+      runtime::AutoPlanRequest request{*shape, static_cast<int>(config->requests.size()),
+                                       longest_prompt + config->requests[0].steps, longest_prompt, config->tp,
+                                       config->pp, config->engine.micro_batches};
+      plan = runtime::plan_job(*world, request);
+      RunConfig planned = *config;
+      planned.tp = plan->tp;
+      planned.pp = plan->pp;
+      mesh = choose_mesh(planned, *shape, mpi);
+    });
+    if (code != 0) return code;
+    if (config->engine.layers_per_stage.empty()) config->engine.layers_per_stage = plan->layers_per_stage;
+    if (config->engine.micro_batches == 0) config->engine.micro_batches = plan->micro_batches;
+    config->engine.chunk_policy = plan->chunk_policy;
+  }
+  if (config->engine.micro_batches == 0) {
+    config->engine.micro_batches = std::max(1, std::min<int>(config->requests.size(), mesh->pp_size()));
+  }
+  if (config->plan == "none" && config->engine.chunk_tokens == 0) config->engine.chunk_tokens = 64;
   const int output_rank = mesh->rank_of(mesh->pp_size() - 1, 0);
   log::set_place(mesh->tag(), mesh->rank() == output_rank);
+  if (plan) log::info("plan auto: {}", runtime::describe(*plan));
 
   if (config->print_config) {
     if (mesh->rank() == output_rank) {
       std::cout << fmt::format(
           "model: {}\ntokenizer: {}\nsequences: {}\nsteps: {}\ntemperature: {}\ntop_p: {}\nseed: {}\nthreads: {}\n"
-          "chunk_tokens: {}\nmicro_batches: {}\nlauncher: {}\nworld_size: {}\ntp: {}\npp: {}\ncomm_timeout_s: {}\n",
+          "chunk_tokens: {}\nmicro_batches: {}\nlauncher: {}\nworld_size: {}\ntp: {}\npp: {}\ncomm_timeout_s: {}\n"
+          "plan: {}\n",
           config->engine.model_path, config->engine.tokenizer_path, config->requests.size(),
           config->requests[0].steps, config->requests[0].sampler.temperature, config->requests[0].sampler.top_p,
-          config->requests[0].sampler.seed, config->engine.threads, config->engine.chunk_tokens,
+          config->requests[0].sampler.seed, config->engine.threads,
+          config->engine.chunk_tokens > 0 ? std::to_string(config->engine.chunk_tokens) : "planned per prompt",
           config->engine.micro_batches, mpi.launcher(), mpi.world_size(), mesh->tp_size(), mesh->pp_size(),
-          config->comm_timeout_s);
+          config->comm_timeout_s, plan ? runtime::describe(*plan) : config->plan);
     }
     return 0;
   }

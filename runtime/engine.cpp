@@ -32,17 +32,16 @@ Engine::Engine(const EngineOptions& options, const partition::Mesh& mesh, comm::
       world_(world),
       shape_(checked_shape(options, mesh)),
       tokenizer_(options.tokenizer_path, shape_.vocab_size) {
-  if (options.chunk_tokens < 1) throw ConfigError("--chunk-tokens must be >= 1");
+  if (options.chunk_tokens < 0) throw ConfigError("--chunk-tokens must be >= 1");
   if (options.micro_batches < 1) throw ConfigError("--micro-batches must be >= 1");
   kernels::cpu::set_num_threads(options.threads);
   const auto stages = partition::stage_layer_ranges(shape_, mesh.pp_size(), options.layers_per_stage);
   const partition::RankShard shard = partition::shard_for(shape_, mesh, stages);
   weights_ = std::make_unique<ShardWeights>(options.model_path, shape_, shard);
   StageOptions stage_options;
-  stage_options.max_rows = std::min(options.chunk_tokens, shape_.seq_len);
+  stage_options.max_rows = 1;  // grown per batch of requests in generate()
   stage_ = std::make_unique<Stage>(*weights_, tp_comm, stage_options);
-  pipeline_ = std::make_unique<Pipeline>(*stage_, mesh, world,
-                                         PipelineOptions{options.micro_batches, stage_options.max_rows});
+  pipeline_ = std::make_unique<Pipeline>(*stage_, mesh, world, PipelineOptions{options.micro_batches});
   load_s_ = now_s() - created_s_;
 }
 
@@ -72,9 +71,12 @@ std::vector<GenerationResult> Engine::generate(const std::vector<GenerationReque
   for (int i = 0; i < n; ++i) {
     results[i].prompt = requests[i].prompt;
     results[i].prompt_ids = encode_checked(requests[i]);
-    specs[i] = {results[i].prompt_ids, requests[i].steps, requests[i].sampler};
+    const int n_prompt = static_cast<int>(results[i].prompt_ids.size());
+    results[i].chunk_tokens = options_.chunk_tokens > 0 ? std::min(options_.chunk_tokens, n_prompt)
+                                                         : options_.chunk_policy.chunk_for(n_prompt);
+    specs[i] = {results[i].prompt_ids, requests[i].steps, requests[i].sampler, results[i].chunk_tokens};
   }
-  const int rows = Pipeline::max_rows_for(PipelineOptions{options_.micro_batches, options_.chunk_tokens}, n);
+  const int rows = Pipeline::max_rows_for(PipelineOptions{options_.micro_batches}, specs);
   if (rows > stage_->max_rows()) stage_->reserve_rows(rows);
 
   const bool output = is_output_rank();

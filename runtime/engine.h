@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "partition/chunk_policy.h"
 #include "partition/mesh.h"
 #include "runtime/pipeline.h"
 #include "runtime/sampler.h"
@@ -21,7 +22,8 @@ struct EngineOptions {
   std::string model_path;
   std::string tokenizer_path;
   int threads = 1;            // kernel threads of this rank
-  int chunk_tokens = 64;      // prefill chunk (split granularity)
+  int chunk_tokens = 0;       // fixed prefill chunk (split granularity); 0 = chunk_policy per prompt
+  partition::ChunkPolicy chunk_policy;  // the planner's per-request rule (one stage: no split)
   int micro_batches = 1;      // sequences are spread over this many micro-batches in flight
   std::vector<int> layers_per_stage;  // explicit layer split; empty = even
 };
@@ -43,6 +45,7 @@ struct GenerationResult {
   std::string prompt;
   std::vector<int> prompt_ids;  // BOS first
   std::vector<int> ids;         // generated tokens only
+  int chunk_tokens = 0;         // the prefill chunk this request was split into
   std::string text;             // what plain mode prints: prompt then generated text, llama2.c rules
   std::string generated_text;   // the generated part alone
   GenerationStats stats;

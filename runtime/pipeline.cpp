@@ -66,13 +66,19 @@ struct Pipeline::SeqState {
 Pipeline::Pipeline(Stage& stage, const partition::Mesh& mesh, comm::Communicator& world, const PipelineOptions& options)
     : stage_(stage), mesh_(mesh), world_(world), options_(options) {
   if (options.micro_batches < 1) throw ConfigError("--micro-batches must be >= 1");
-  if (options.chunk_tokens < 1) throw ConfigError("--chunk-tokens must be >= 1");
 }
 
-int Pipeline::max_rows_for(const PipelineOptions& options, int n_sequences) {
-  const int m = std::max(1, std::min(options.micro_batches, n_sequences));
-  const int per_group = (n_sequences + m - 1) / m;
-  return std::max(1, per_group * options.chunk_tokens);
+int Pipeline::max_rows_for(const PipelineOptions& options, const std::vector<SequenceSpec>& sequences) {
+  // A forward call takes one chunk of every sequence of a micro-batch (sequence i is in micro-batch i % m).
+  const int n = static_cast<int>(sequences.size());
+  const int m = std::max(1, std::min(options.micro_batches, n));
+  int most = 1;
+  for (int group = 0; group < m; ++group) {
+    int rows = 0;
+    for (int i = group; i < n; i += m) rows += std::max(1, sequences[i].chunk_tokens);
+    most = std::max(most, rows);
+  }
+  return most;
 }
 
 std::vector<SequenceOutput> Pipeline::run(const std::vector<SequenceSpec>& sequences, const TokenCallback& on_token) {
@@ -80,12 +86,12 @@ std::vector<SequenceOutput> Pipeline::run(const std::vector<SequenceSpec>& seque
   stats_ = {};
   next_group_ = 0;
   const int n = static_cast<int>(sequences.size());
-  max_rows_ = max_rows_for(options_, n);
+  max_rows_ = max_rows_for(options_, sequences);
   SL_CHECK_MSG(max_rows_ <= stage_.max_rows(), "stage sized for {} rows, schedule needs {}", stage_.max_rows(), max_rows_);
   std::vector<SeqState> seqs(n);
   for (int i = 0; i < n; ++i) {
     const SequenceSpec& spec = sequences[i];
-    SL_CHECK(!spec.prompt_ids.empty() && spec.steps >= 1);
+    SL_CHECK(!spec.prompt_ids.empty() && spec.steps >= 1 && spec.chunk_tokens >= 1);
     seqs[i].spec = &spec;
     // Positions used: the prompt, then every generated token but the last.
     const int positions = static_cast<int>(spec.prompt_ids.size()) + spec.steps - 1;
@@ -113,7 +119,7 @@ bool Pipeline::build_item(std::vector<SeqState>& seqs, Item& item) {
       SeqState& s = seqs[i];
       if (s.done || s.awaiting) continue;
       if (s.fed < s.n_prompt()) {
-        const int take = std::min(options_.chunk_tokens, s.n_prompt() - s.fed);
+        const int take = std::min(s.spec->chunk_tokens, s.n_prompt() - s.fed);
         for (int t = 0; t < take; ++t) {
           item.seq.push_back(i);
           item.pos.push_back(s.fed + t);

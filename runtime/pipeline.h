@@ -28,11 +28,11 @@ struct SequenceSpec {
   std::vector<int> prompt_ids;  // BOS first; at least one token
   int steps = 1;                // tokens to generate (fewer if BOS is sampled)
   SamplerOptions sampler;
+  int chunk_tokens = 64;        // prefill split granularity for this sequence (chosen per prompt length)
 };
 
 struct PipelineOptions {
   int micro_batches = 1;   // m
-  int chunk_tokens = 64;   // prefill split granularity
 };
 
 // What one sequence produced; filled on the last stage only.
@@ -59,8 +59,8 @@ class Pipeline {
   // world: the world communicator (point-to-point between stages uses world ranks from mesh).
   Pipeline(Stage& stage, const partition::Mesh& mesh, comm::Communicator& world, const PipelineOptions& options);
 
-  // The most rows one forward call can take for these options and this many sequences.
-  static int max_rows_for(const PipelineOptions& options, int n_sequences);
+  // The most rows one forward call can take for these options and sequences.
+  static int max_rows_for(const PipelineOptions& options, const std::vector<SequenceSpec>& sequences);
 
   // Runs every sequence to completion; every rank of the job calls it with the same specs. Returns the
   // outputs on the last stage, an empty vector elsewhere.

@@ -27,7 +27,7 @@ TEST_P(EngineGoldens, ReproducesEveryGoldenExactly) {
   for (const std::string model : {"tiny-32k.bin", "mini-gqa.bin"}) {
     SHARDLINE_REQUIRE_MODEL_FILE(test::model_file(model));
     EngineOptions options{test::model_file(model), test::model_file("tokenizer.bin"), GetParam().threads,
-                          GetParam().chunk_tokens, GetParam().micro_batches};
+                          GetParam().chunk_tokens, {}, GetParam().micro_batches};
     Engine engine(options, partition::Mesh::single(), *comm, *comm);
     for (const auto& golden : goldens) {
       if (golden.model != model) continue;
@@ -49,7 +49,7 @@ TEST_P(EngineGoldens, BatchedSequencesEachReproduceTheirGolden) {
   for (const std::string model : {"tiny-32k.bin", "mini-gqa.bin"}) {
     SHARDLINE_REQUIRE_MODEL_FILE(test::model_file(model));
     EngineOptions options{test::model_file(model), test::model_file("tokenizer.bin"), GetParam().threads,
-                          GetParam().chunk_tokens, GetParam().micro_batches};
+                          GetParam().chunk_tokens, {}, GetParam().micro_batches};
     Engine engine(options, partition::Mesh::single(), *comm, *comm);
     std::vector<GenerationRequest> requests;
     std::vector<test::Golden> expected;
@@ -69,7 +69,7 @@ TEST_P(EngineGoldens, BatchedSequencesEachReproduceTheirGolden) {
 
 INSTANTIATE_TEST_SUITE_P(ThreadsAndChunks, EngineGoldens,
                          ::testing::Values(EngineCase{1, 64}, EngineCase{2, 64}, EngineCase{1, 1}, EngineCase{2, 3},
-                                           EngineCase{1, 5, 3}),
+                                           EngineCase{1, 5, 3}, EngineCase{1, 0, 2}),
                          [](const auto& info) {
                            return "threads" + std::to_string(info.param.threads) + "_chunk" +
                                   std::to_string(info.param.chunk_tokens) + "_m" +

@@ -1,0 +1,207 @@
+#include "launch/plan_command.h"
+
+#include <cmath>
+#include <iostream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "common/units.h"
+#include "launch/cli_options.h"
+#include "partition/model_presets.h"
+#include "partition/planner.h"
+#include "runtime/checkpoint.h"
+#include "runtime/machine_probe.h"
+
+namespace shardline::launch {
+
+namespace {
+
+using partition::PlanEstimate;
+
+std::string join(const std::vector<int>& values) {
+  std::string out;
+  for (std::size_t i = 0; i < values.size(); ++i) out += (i ? "," : "") + std::to_string(values[i]);
+  return out;
+}
+
+std::string seconds(double s) {
+  if (s >= 1.0) return fmt::format("{:.2f} s", s);
+  if (s >= 1e-3) return fmt::format("{:.1f} ms", s * 1e3);
+  return fmt::format("{:.0f} us", s * 1e6);
+}
+
+nlohmann::json plan_to_json(const PlanEstimate& p) {
+  nlohmann::json stages = nlohmann::json::array();
+  for (const auto& s : p.stages) {
+    stages.push_back({{"layers", {s.layers.begin, s.layers.end}},
+                      {"decode_item_s", s.decode_item_s},
+                      {"utilization", s.utilization},
+                      {"rank_memory_bytes", s.rank_memory_bytes},
+                      {"weight_bytes", s.weight_bytes},
+                      {"kv_bytes", s.kv_bytes},
+                      {"rank_bandwidth_bytes_per_s", s.bandwidth_bytes_per_s},
+                      {"tp_link", partition::link_class_name(s.tp_link)}});
+  }
+  return {{"tp", p.layout.tp},
+          {"pp", p.layout.pp},
+          {"ranks", p.layout.world()},
+          {"layers_per_stage", p.layout.layers_per_stage},
+          {"micro_batches", p.layout.micro_batches},
+          {"chunk_tokens", p.chunk_tokens},
+          {"design_split_tokens", std::isfinite(p.design_split_tokens) ? nlohmann::json(p.design_split_tokens) : nlohmann::json(nullptr)},
+          {"feasible", p.feasible},
+          {"infeasible_reason", p.infeasible_reason},
+          {"bytes_short", p.bytes_short},
+          {"ttft_s", p.ttft_s},
+          {"token_latency_s", p.token_latency_s},
+          {"throughput_tok_s", p.throughput_tok_s},
+          {"request_latency_s", p.request_latency_s},
+          {"bubble", p.bubble},
+          {"decode_efficiency", p.decode_efficiency},
+          {"fractions", {{"compute", p.compute_fraction()}, {"memory", p.memory_fraction()}, {"comm", p.comm_fraction()}}},
+          {"rank_memory_available_bytes", p.rank_memory_available_bytes},
+          {"stages", stages}};
+}
+
+void print_table(const std::vector<PlanEstimate>& plans) {
+  std::cout << fmt::format("{:>2}  {:>3} {:>3} {:>3}  {:<14} {:>9} {:>9} {:>10} {:>10} {:>6} {:>6} {:>6} {:>6} {:>6} {:>7}\n",
+                           "#", "tp", "pp", "m", "layers/stage", "TTFT", "tok/s", "token lat", "mem/rank", "bubble",
+                           "comp%", "mem%", "comm%", "chunk", "s*");
+  int i = 0;
+  for (const auto& p : plans) {
+    double memory = 0;
+    for (const auto& s : p.stages) memory = std::max(memory, s.rank_memory_bytes);
+    std::cout << fmt::format(
+        "{:>2}  {:>3} {:>3} {:>3}  {:<14} {:>9} {:>9.1f} {:>10} {:>10} {:>6.2f} {:>5.0f}% {:>5.0f}% {:>5.0f}% {:>6} {:>7}{}\n",
+        ++i, p.layout.tp, p.layout.pp, p.layout.micro_batches, join(p.layout.layers_per_stage), seconds(p.ttft_s),
+        p.throughput_tok_s, seconds(p.token_latency_s), format_bytes(memory), p.bubble, 100 * p.compute_fraction(),
+        100 * p.memory_fraction(), 100 * p.comm_fraction(), p.chunk_tokens,
+        std::isfinite(p.design_split_tokens) ? fmt::format("{:.0f}", p.design_split_tokens) : "-",
+        p.feasible ? "" : "  DOES NOT FIT");
+  }
+}
+
+}  // namespace
+
+int plan_command(const std::vector<std::string>& args) {
+  std::string model, preset, cluster_file, probe_file, objective = "latency", dtype = "fp32", tp_list, pp_list, m_list;
+  int batch = 1, context = 0, prompt_tokens = 0, top = 5, ranks = 0;
+  bool json = false;
+  po::options_description options("plan options");
+  options.add_options()
+      ("model", po::value(&model), "llama2.c checkpoint: only its header is read")
+      ("preset", po::value(&preset), fmt::format("model shape by name: {}", partition::model_preset_names()).c_str())
+      ("cluster", po::value(&cluster_file), "cluster description JSON (examples in hostfiles/)")
+      ("probe-file", po::value(&probe_file), "cluster profile written by `shardline probe`")
+      ("objective", po::value(&objective)->default_value("latency"), "latency (one request) | throughput (batch B)")
+      ("batch", po::value(&batch)->default_value(1), "sequences decoded together")
+      ("context", po::value(&context)->default_value(0, "min(seq_len, 2048)"), "positions per sequence (prompt + generated)")
+      ("prompt-tokens", po::value(&prompt_tokens)->default_value(0, "context/2"), "prompt length, for TTFT and the chunk size")
+      ("dtype", po::value(&dtype)->default_value("fp32"), "weight dtype: fp32 | bf16 | int8")
+      ("np", po::value(&ranks)->default_value(0, "any"), "plan for exactly this many ranks")
+      ("tp", po::value(&tp_list), "only these tp values, e.g. 2 or 1,2,4")
+      ("pp", po::value(&pp_list), "only these pp values")
+      ("micro-batches", po::value(&m_list), "only these micro-batch counts")
+      ("top", po::value(&top)->default_value(5), "how many plans to show")
+      ("json", po::bool_switch(&json), "print the plans as JSON");
+  po::variables_map vm;
+  const std::string usage =
+      "Usage: shardline plan (--model M.bin | --preset NAME) [--cluster FILE | --probe-file FILE]\n"
+      "                      [--objective latency|throughput] [--batch B] [--context C] [--top K] [--json]\n\n"
+      "Lays the model out on the cluster and predicts TTFT, tokens/s and memory per rank for the best\n"
+      "layouts. Needs no MPI job and no weights. Without --cluster, this machine is measured (about 1 s).";
+  if (!parse_command_line("plan", usage, options, args, vm)) return 0;
+
+  partition::Workload w;
+  if (model.empty() == preset.empty()) throw ConfigError("shardline plan: give exactly one of --model or --preset");
+  w.shape = preset.empty() ? runtime::read_checkpoint_shape(model) : partition::find_model_preset(preset).shape;
+  if (dtype == "fp32") {
+    w.weight_bytes_per_param = 4.0;
+    w.kv_bytes_per_value = 4.0;
+  } else if (dtype == "bf16") {
+    w.weight_bytes_per_param = 2.0;
+    w.kv_bytes_per_value = 2.0;
+  } else if (dtype == "int8") {
+    w.weight_bytes_per_param = 34.0 / 32.0;  // int8 values + one fp16 scale per group of 32
+    w.kv_bytes_per_value = 2.0;
+  } else {
+    throw ConfigError(fmt::format("shardline plan: --dtype '{}' is not fp32, bf16 or int8", dtype));
+  }
+  if (objective == "latency") {
+    w.objective = partition::Objective::kLatency;
+  } else if (objective == "throughput") {
+    w.objective = partition::Objective::kThroughput;
+  } else {
+    throw ConfigError(fmt::format("shardline plan: --objective '{}' is not latency or throughput", objective));
+  }
+  if (batch < 1) throw ConfigError("shardline plan: --batch must be >= 1");
+  w.batch = batch;
+  w.context = context > 0 ? context : std::min(w.shape.seq_len, 2048);
+  if (w.context > w.shape.seq_len) {
+    throw ConfigError(fmt::format("shardline plan: --context {} exceeds the model's seq_len {}", w.context, w.shape.seq_len));
+  }
+  if (prompt_tokens < 0 || prompt_tokens >= w.context) {
+    throw ConfigError(fmt::format("shardline plan: --prompt-tokens must be in [1, context) = [1, {})", w.context));
+  }
+  w.prompt_tokens = prompt_tokens;
+
+  if (!cluster_file.empty() && !probe_file.empty()) throw ConfigError("shardline plan: give --cluster or --probe-file, not both");
+  partition::ClusterSpec cluster;
+  if (!cluster_file.empty() || !probe_file.empty()) {
+    cluster = partition::load_cluster_file(cluster_file.empty() ? probe_file : cluster_file);
+  } else {
+    log::info("no --cluster: measuring this machine (use `mpirun ... shardline probe` for measured links)");
+    cluster = runtime::probe_this_machine({});
+  }
+  partition::PlanSearch search;
+  search.world = ranks;
+  search.top = top;
+  if (!tp_list.empty()) search.tp_only = parse_int_list("--tp", tp_list);
+  if (!pp_list.empty()) search.pp_only = parse_int_list("--pp", pp_list);
+  if (!m_list.empty()) search.micro_batches_only = parse_int_list("--micro-batches", m_list);
+  if (ranks > cluster.total_slots()) {
+    throw ConfigError(fmt::format("shardline plan: --np {} but the cluster '{}' has {} rank slots", ranks, cluster.name,
+                                  cluster.total_slots()));
+  }
+  const auto plans = partition::search_plans(cluster, w, search);
+  if (plans.empty()) {
+    throw ConfigError(fmt::format("no valid layout of {} fits {} ranks (tp must divide n_kv_heads={}, pp <= n_layers={})",
+                                  w.shape.describe(), search.world > 0 ? search.world : cluster.total_slots(),
+                                  w.shape.n_kv_heads, w.shape.n_layers));
+  }
+  const double weights = static_cast<double>(w.shape.n_params()) * w.weight_bytes_per_param;
+  if (json) {
+    nlohmann::json out = {{"model", {{"shape", w.shape.describe()}, {"params", w.shape.n_params()}, {"weight_bytes", weights}}},
+                          {"cluster", partition::cluster_to_json(cluster)},
+                          {"workload",
+                           {{"objective", partition::objective_name(w.objective)},
+                            {"batch", w.batch},
+                            {"context", w.context},
+                            {"prompt_tokens", w.prompt()},
+                            {"dtype", dtype}}},
+                          {"plans", nlohmann::json::array()}};
+    for (const auto& p : plans) out["plans"].push_back(plan_to_json(p));
+    std::cout << out.dump(2) << "\n";
+  } else {
+    std::cout << fmt::format("{} ({:.2f}B params, {} {}) on '{}': {} node(s) x {} domain(s) x {} slot(s), {} per rank "
+                             "slot\nobjective {}: batch {}, context {}, prompt {} tokens\n\n",
+                             preset.empty() ? model : preset, w.shape.n_params() / 1e9, format_bytes(weights), dtype,
+                             cluster.name, cluster.nodes, cluster.domains_per_node, cluster.ranks_per_domain,
+                             format_bytes(cluster.domain.memory_bytes / cluster.ranks_per_domain),
+                             partition::objective_name(w.objective), w.batch, w.context, w.prompt());
+    print_table(plans);
+    std::cout << "\nm = micro-batches; tok/s = decode tokens/s over the batch; token lat = one decode step; bubble = "
+                 "(p-1)/(m+p-1);\ncomp/mem/comm = where decode time goes; chunk = prefill chunk; s* = the design's "
+                 "sqrt(W log2 p / (a p)).\n";
+  }
+  if (!plans.front().feasible) {
+    throw ResourceError(fmt::format("no layout fits: the closest, tp={} pp={}, {}", plans.front().layout.tp,
+                                    plans.front().layout.pp, plans.front().infeasible_reason));
+  }
+  return 0;
+}
+
+}  // namespace shardline::launch

@@ -1,0 +1,98 @@
+#include "launch/probe_command.h"
+
+#include <fstream>
+#include <iostream>
+#include <thread>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "comm/communicator.h"
+#include "comm/link_probe.h"
+#include "comm/mpi_communicator.h"
+#include "common/error.h"
+#include "common/log.h"
+#include "launch/cli_options.h"
+#include "partition/cluster.h"
+#include "runtime/machine_probe.h"
+
+namespace shardline::launch {
+
+namespace {
+
+nlohmann::json fit_json(const comm::LinkFit& f) {
+  return {{"measured", f.measured}, {"alpha_s", f.alpha_s}, {"beta_s_per_byte", f.beta_s_per_byte},
+          {"bandwidth_bytes_per_s", f.beta_s_per_byte > 0 ? 1.0 / f.beta_s_per_byte : 0.0}};
+}
+
+void print_link(const char* name, const comm::LinkFit& f, const partition::LinkCost& used) {
+  std::cout << fmt::format("  {:<28} {:>10.2f} us {:>10.2f} GB/s   {}\n", name, used.alpha_s * 1e6,
+                           used.bandwidth_bytes_per_s() / 1e9, f.measured ? "measured" : "not measured (default)");
+}
+
+}  // namespace
+
+int probe_command(const std::vector<std::string>& args, const MpiSession& mpi) {
+  std::string out = "shardline-probe.json";
+  bool quick = false;
+  po::options_description options("probe options");
+  options.add_options()
+      ("out,o", po::value(&out)->default_value(out), "where to write the cluster profile (JSON, for `plan --probe-file`)")
+      ("quick", po::bool_switch(&quick), "fewer repetitions (about a second)");
+  po::variables_map vm;
+  const std::string usage =
+      "Usage: mpirun -np N [--hostfile H] shardline probe [--out FILE]\n\n"
+      "Measures point-to-point latency and bandwidth between ranks on one host and across hosts, the\n"
+      "all-reduce over all ranks, and this host's weight-streaming bandwidth and GEMM rate; writes a\n"
+      "cluster profile for `shardline plan --probe-file`. Without mpirun only the host is measured.";
+  if (!parse_command_line("probe", usage, options, args, vm, mpi.world_rank() == 0)) return 0;
+
+  std::unique_ptr<comm::Communicator> world =
+      mpi.active() ? comm::make_mpi_world({120.0}) : comm::make_solo_communicator();
+  const comm::LinkProbeResult links = comm::probe_links(*world, {quick});
+  partition::ClusterSpec cluster;
+  if (world->rank() == 0) {
+    // The host's compute is measured by rank 0 alone while the others wait, so it gets the whole host.
+    cluster = runtime::probe_this_machine({quick, 0});
+  }
+  world->barrier();
+  if (world->rank() != 0) return 0;
+
+  int on_host = 0;
+  for (const auto& h : links.hosts) on_host += h == links.hosts[0] ? 1 : 0;
+  cluster.name = fmt::format("probe:{}", links.hosts[0]) + (links.n_hosts > 1 ? fmt::format("+{}", links.n_hosts - 1) : "");
+  cluster.nodes = links.n_hosts;
+  cluster.domains_per_node = 1;  // NUMA domains are not told apart by this probe (see docs/planner.md)
+  cluster.ranks_per_domain = std::max(on_host, cluster.domain.cores);
+  cluster.domain.cores = std::max<int>(cluster.domain.cores, std::thread::hardware_concurrency());
+  if (links.same_host.measured) {
+    cluster.same_domain = {links.same_host.alpha_s, links.same_host.beta_s_per_byte};
+    cluster.cross_domain = cluster.same_domain;
+  }
+  if (links.cross_host.measured) cluster.cross_node = {links.cross_host.alpha_s, links.cross_host.beta_s_per_byte};
+
+  nlohmann::json j = partition::cluster_to_json(cluster);
+  j["measurements"] = {{"ranks", world->size()},
+                       {"hosts", links.hosts},
+                       {"point_to_point", {{"same_host", fit_json(links.same_host)}, {"cross_host", fit_json(links.cross_host)}}},
+                       {"allreduce_ring_per_hop", fit_json(links.allreduce)}};
+  std::ofstream file(out);
+  if (!file) throw ResourceError(fmt::format("cannot write '{}'", out));
+  file << j.dump(2) << "\n";
+
+  std::cout << fmt::format("probe: {} rank(s) on {} host(s); wrote {}\n", world->size(), links.n_hosts, out);
+  std::cout << fmt::format("  {:<28} {:>13} {:>15}\n", "link class", "latency", "bandwidth");
+  print_link("same host (point-to-point)", links.same_host, cluster.same_domain);
+  print_link("cross host (point-to-point)", links.cross_host, cluster.cross_node);
+  print_link("all-reduce, per ring hop", links.allreduce,
+             partition::LinkCost{links.allreduce.alpha_s, links.allreduce.beta_s_per_byte});
+  const auto& d = cluster.domain;
+  std::cout << fmt::format(
+      "  host: {} cores, {:.1f} GiB available, GEMV {:.1f} GB/s (1 core) {:.1f} GB/s (all), cache {:.0f} MiB at "
+      "{:.1f} GB/s, GEMM {:.1f} GFLOP/s (1 core), kernel call {:.1f} us\n",
+      d.cores, d.memory_bytes / (1 << 30), d.core_bandwidth_bytes_per_s / 1e9, d.domain_bandwidth_bytes_per_s / 1e9,
+      d.cache_bytes / (1 << 20), d.cache_bandwidth_bytes_per_s / 1e9, d.core_flops / 1e9, d.op_overhead_s * 1e6);
+  return 0;
+}
+
+}  // namespace shardline::launch

@@ -1,0 +1,134 @@
+#include "partition/cluster.h"
+
+#include <fstream>
+
+#include <fmt/format.h>
+
+#include "common/error.h"
+
+namespace shardline::partition {
+
+const char* link_class_name(LinkClass link) {
+  switch (link) {
+    case LinkClass::kSameDomain: return "same_domain";
+    case LinkClass::kCrossDomain: return "cross_domain";
+    case LinkClass::kCrossNode: return "cross_node";
+  }
+  return "?";
+}
+
+LinkClass ClusterSpec::link_between(int rank_a, int rank_b) const {
+  if (domain_of(rank_a) == domain_of(rank_b)) return LinkClass::kSameDomain;
+  if (node_of(rank_a) == node_of(rank_b)) return LinkClass::kCrossDomain;
+  return LinkClass::kCrossNode;
+}
+
+const LinkCost& ClusterSpec::link(LinkClass link) const {
+  switch (link) {
+    case LinkClass::kSameDomain: return same_domain;
+    case LinkClass::kCrossDomain: return cross_domain;
+    case LinkClass::kCrossNode: return cross_node;
+  }
+  return cross_node;
+}
+
+namespace {
+
+double positive(const nlohmann::json& j, const char* key, const std::string& where, bool allow_zero = false) {
+  if (!j.contains(key)) throw ConfigError(fmt::format("cluster file: {} lacks \"{}\"", where, key));
+  if (!j[key].is_number()) throw ConfigError(fmt::format("cluster file: {}.{} must be a number", where, key));
+  const double value = j[key].get<double>();
+  if (value < 0 || (!allow_zero && value == 0)) {
+    throw ConfigError(fmt::format("cluster file: {}.{} must be {}, got {}", where, key,
+                                  allow_zero ? ">= 0" : "> 0", value));
+  }
+  return value;
+}
+
+LinkCost link_from_json(const nlohmann::json& links, const char* name) {
+  if (!links.contains(name)) throw ConfigError(fmt::format("cluster file: links lacks \"{}\"", name));
+  const auto& j = links[name];
+  const std::string where = fmt::format("links.{}", name);
+  LinkCost link;
+  link.alpha_s = positive(j, "alpha_s", where, true);
+  // Bandwidth is friendlier to write than β; either may be given.
+  if (j.contains("bandwidth_gbps")) {
+    link.beta_s_per_byte = 1.0 / (positive(j, "bandwidth_gbps", where) * 1e9 / 8.0);
+  } else if (j.contains("bandwidth_bytes_per_s")) {
+    link.beta_s_per_byte = 1.0 / positive(j, "bandwidth_bytes_per_s", where);
+  } else {
+    link.beta_s_per_byte = positive(j, "beta_s_per_byte", where);
+  }
+  return link;
+}
+
+nlohmann::json link_to_json(const LinkCost& link) {
+  return {{"alpha_s", link.alpha_s}, {"beta_s_per_byte", link.beta_s_per_byte},
+          {"bandwidth_bytes_per_s", link.bandwidth_bytes_per_s()}};
+}
+
+}  // namespace
+
+ClusterSpec cluster_from_json(const nlohmann::json& j) {
+  if (!j.is_object()) throw ConfigError("cluster file: the top level must be a JSON object");
+  ClusterSpec c;
+  c.name = j.value("name", "cluster");
+  c.nodes = static_cast<int>(positive(j, "nodes", "cluster"));
+  c.domains_per_node = static_cast<int>(positive(j, "domains_per_node", "cluster"));
+  c.ranks_per_domain = j.contains("ranks_per_domain") ? static_cast<int>(positive(j, "ranks_per_domain", "cluster")) : 1;
+  if (!j.contains("domain")) throw ConfigError("cluster file: lacks \"domain\"");
+  const auto& d = j["domain"];
+  c.domain.cores = static_cast<int>(positive(d, "cores", "domain"));
+  c.domain.memory_bytes = positive(d, "memory_bytes", "domain");
+  c.domain.core_bandwidth_bytes_per_s = positive(d, "core_bandwidth_bytes_per_s", "domain");
+  c.domain.domain_bandwidth_bytes_per_s = positive(d, "domain_bandwidth_bytes_per_s", "domain");
+  c.domain.core_flops = positive(d, "core_flops", "domain");
+  if (d.contains("cache_bytes")) c.domain.cache_bytes = positive(d, "cache_bytes", "domain", true);
+  if (d.contains("cache_bandwidth_bytes_per_s")) {
+    c.domain.cache_bandwidth_bytes_per_s = positive(d, "cache_bandwidth_bytes_per_s", "domain", true);
+  }
+  if (d.contains("op_overhead_s")) c.domain.op_overhead_s = positive(d, "op_overhead_s", "domain", true);
+  if (!j.contains("links")) throw ConfigError("cluster file: lacks \"links\"");
+  c.same_domain = link_from_json(j["links"], "same_domain");
+  c.cross_domain = link_from_json(j["links"], "cross_domain");
+  c.cross_node = link_from_json(j["links"], "cross_node");
+  return c;
+}
+
+nlohmann::json cluster_to_json(const ClusterSpec& c) {
+  return {{"name", c.name},
+          {"nodes", c.nodes},
+          {"domains_per_node", c.domains_per_node},
+          {"ranks_per_domain", c.ranks_per_domain},
+          {"domain",
+           {{"cores", c.domain.cores},
+            {"memory_bytes", c.domain.memory_bytes},
+            {"core_bandwidth_bytes_per_s", c.domain.core_bandwidth_bytes_per_s},
+            {"domain_bandwidth_bytes_per_s", c.domain.domain_bandwidth_bytes_per_s},
+            {"core_flops", c.domain.core_flops},
+            {"cache_bytes", c.domain.cache_bytes},
+            {"cache_bandwidth_bytes_per_s", c.domain.cache_bandwidth_bytes_per_s},
+            {"op_overhead_s", c.domain.op_overhead_s}}},
+          {"links",
+           {{"same_domain", link_to_json(c.same_domain)},
+            {"cross_domain", link_to_json(c.cross_domain)},
+            {"cross_node", link_to_json(c.cross_node)}}}};
+}
+
+ClusterSpec load_cluster_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw ResourceError(fmt::format("cannot open cluster file '{}'", path));
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw FormatError(fmt::format("cluster file '{}' is not valid JSON: {}", path, e.what()));
+  }
+  try {
+    return cluster_from_json(j);
+  } catch (const ConfigError& e) {
+    throw ConfigError(fmt::format("{} ({})", e.what(), path));
+  }
+}
+
+}  // namespace shardline::partition

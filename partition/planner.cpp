@@ -1,0 +1,60 @@
+#include "partition/planner.h"
+
+#include <algorithm>
+
+namespace shardline::partition {
+
+namespace {
+
+bool allowed(const std::vector<int>& only, int value) {
+  return only.empty() || std::find(only.begin(), only.end(), value) != only.end();
+}
+
+std::vector<int> micro_batch_candidates(const Workload& w, const PlanSearch& search, int pp) {
+  if (!search.micro_batches_only.empty()) return search.micro_batches_only;
+  std::vector<int> ms = {1};
+  if (w.objective == Objective::kThroughput) {
+    for (int m = 2; m <= w.batch; m *= 2) ms.push_back(m);
+    if (w.batch > 1 && ms.back() != w.batch) ms.push_back(w.batch);
+  } else if (w.batch > 1) {
+    for (int m = 2; m <= std::min(w.batch, pp); m *= 2) ms.push_back(m);
+  }
+  return ms;
+}
+
+bool better(const PlanEstimate& a, const PlanEstimate& b, Objective objective) {
+  if (a.feasible != b.feasible) return a.feasible;
+  if (!a.feasible) return a.bytes_short < b.bytes_short;
+  const double ka = objective == Objective::kLatency ? a.request_latency_s : -a.throughput_tok_s;
+  const double kb = objective == Objective::kLatency ? b.request_latency_s : -b.throughput_tok_s;
+  // Within 0.5% the simpler plan (fewer ranks, then fewer stages) wins: the model is not that precise.
+  if (std::abs(ka - kb) > 0.005 * std::max(std::abs(ka), std::abs(kb))) return ka < kb;
+  if (a.layout.world() != b.layout.world()) return a.layout.world() < b.layout.world();
+  if (a.layout.pp != b.layout.pp) return a.layout.pp < b.layout.pp;
+  return a.layout.micro_batches < b.layout.micro_batches;
+}
+
+}  // namespace
+
+std::vector<PlanEstimate> search_plans(const ClusterSpec& cluster, const Workload& w, const PlanSearch& search) {
+  std::vector<PlanEstimate> plans;
+  const int slots = search.world > 0 ? search.world : cluster.total_slots();
+  for (int tp = 1; tp <= std::min(slots, w.shape.n_kv_heads); ++tp) {
+    if (!allowed(search.tp_only, tp)) continue;
+    for (int pp = 1; pp * tp <= slots && pp <= w.shape.n_layers; ++pp) {
+      if (!allowed(search.pp_only, pp)) continue;
+      if (search.world > 0 && tp * pp != search.world) continue;
+      if (find_layout_problem(w.shape, tp, pp)) continue;
+      if (tp * pp > cluster.total_slots()) continue;
+      for (int m : micro_batch_candidates(w, search, pp)) {
+        plans.push_back(estimate_plan(cluster, w, Layout{tp, pp, {}, m, 0}));
+      }
+    }
+  }
+  std::stable_sort(plans.begin(), plans.end(),
+                   [&](const PlanEstimate& a, const PlanEstimate& b) { return better(a, b, w.objective); });
+  if (search.top > 0 && static_cast<int>(plans.size()) > search.top) plans.resize(search.top);
+  return plans;
+}
+
+}  // namespace shardline::partition
