@@ -88,7 +88,7 @@ void print_table(const std::vector<PlanEstimate>& plans) {
 
 int plan_command(const std::vector<std::string>& args) {
   std::string model, preset, cluster_file, probe_file, objective = "latency", dtype = "fp32", tp_list, pp_list, m_list;
-  int batch = 1, context = 0, prompt_tokens = 0, top = 5, ranks = 0;
+  int batch = 1, context = 0, prompt_tokens = 0, top = 5, ranks = 0, ranks_per_domain = 0;
   bool json = false;
   po::options_description options("plan options");
   options.add_options()
@@ -102,6 +102,8 @@ int plan_command(const std::vector<std::string>& args) {
       ("prompt-tokens", po::value(&prompt_tokens)->default_value(0, "context/2"), "prompt length, for TTFT and the chunk size")
       ("dtype", po::value(&dtype)->default_value("fp32"), "weight dtype: fp32 | bf16 | int8")
       ("np", po::value(&ranks)->default_value(0, "any"), "plan for exactly this many ranks")
+      ("ranks-per-domain", po::value(&ranks_per_domain)->default_value(0, "from the cluster"),
+       "rank slots per domain (e.g. to plan an oversubscribed run)")
       ("tp", po::value(&tp_list), "only these tp values, e.g. 2 or 1,2,4")
       ("pp", po::value(&pp_list), "only these pp values")
       ("micro-batches", po::value(&m_list), "only these micro-batch counts")
@@ -156,6 +158,8 @@ int plan_command(const std::vector<std::string>& args) {
     log::info("no --cluster: measuring this machine (use `mpirun ... shardline probe` for measured links)");
     cluster = runtime::probe_this_machine({});
   }
+  if (ranks_per_domain < 0) throw ConfigError("shardline plan: --ranks-per-domain must be >= 1");
+  if (ranks_per_domain > 0) cluster.ranks_per_domain = ranks_per_domain;
   partition::PlanSearch search;
   search.world = ranks;
   search.top = top;

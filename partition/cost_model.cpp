@@ -28,6 +28,15 @@ double design_split_granularity(double work_s, double alpha_s, int p) {
   return std::sqrt(work_s * std::log2(static_cast<double>(p)) / (alpha_s * p));
 }
 
+double split_time_s(double work_s, double alpha_s, int p, double s) {
+  return work_s / (s * p) + alpha_s * s * std::log2(static_cast<double>(p));
+}
+
+double split_time_argmin(double work_s, double alpha_s, int p) {
+  if (p <= 1 || alpha_s <= 0) return std::numeric_limits<double>::infinity();
+  return std::sqrt(work_s / (alpha_s * p * std::log2(static_cast<double>(p))));
+}
+
 const char* objective_name(Objective objective) {
   return objective == Objective::kLatency ? "latency" : "throughput";
 }

@@ -21,9 +21,15 @@ double ring_allreduce_s(int p, double bytes, const LinkCost& link);
 double ring_allgather_s(int p, double bytes, const LinkCost& link);
 // Idle fraction of a pipeline of p stages running m micro-batches through once: (p-1)/(m+p-1).
 double pipeline_bubble(int p, int m);
-// The design's split granularity: T(s) = W/(s·p) + α·s·log2 p is smallest at s* = sqrt(W·log2 p / (α·p)).
+// The design's split granularity, as the design states it: s* = sqrt(W·log2 p / (α·p)).
 // W: the work to split (seconds), α: cost per split (seconds), p: ranks. Infinite (no split) for p = 1.
+// Note: the design derives it from T(s) = W/(s·p) + α·s·log2 p, whose minimiser is in fact
+// sqrt(W / (α·p·log2 p)) (split_time_argmin); the two agree only at p = 2. Both are reported; the chunk
+// size `run` uses comes from the refined per-chunk model (chunk_policy.h), not from either.
 double design_split_granularity(double work_s, double alpha_s, int p);
+// T(s) = W/(s·p) + α·s·log2 p, and the s that minimises it.
+double split_time_s(double work_s, double alpha_s, int p, double s);
+double split_time_argmin(double work_s, double alpha_s, int p);
 
 // ---- Inputs --------------------------------------------------------------------------------------------
 

@@ -1,0 +1,115 @@
+// `shardline plan` and `shardline probe` as a user runs them: no MPI job and no weights for plan, real
+// mpirun for probe, the JSON shape both write, and clear errors for what cannot work.
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "tests/support/models.h"
+#include "tests/support/process.h"
+
+namespace shardline::test {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string cluster_file(const std::string& name) { return std::string(SHARDLINE_SOURCE_DIR) + "/hostfiles/" + name; }
+
+class PlanCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("plan_cli_test_" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
+    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  fs::path dir_;
+};
+
+TEST_F(PlanCli, JsonHasEveryFieldTheIssueAsksFor) {
+  const ProcessResult r = run_process(shardline_binary() + " plan --preset 110m --cluster " +
+                                      cluster_file("cluster-2socket-100gbe.json") +
+                                      " --objective throughput --batch 8 --context 1024 --top 3 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["plans"].size(), 3u);
+  for (const char* key : {"tp", "pp", "layers_per_stage", "micro_batches", "chunk_tokens", "design_split_tokens",
+                          "ttft_s", "throughput_tok_s", "token_latency_s", "bubble", "fractions", "stages", "feasible"}) {
+    EXPECT_TRUE(j["plans"][0].contains(key)) << key;
+  }
+  const auto& best = j["plans"][0];
+  int layers = 0;
+  for (int n : best["layers_per_stage"]) layers += n;
+  EXPECT_EQ(layers, 12);
+  const auto& f = best["fractions"];
+  EXPECT_NEAR(f["compute"].get<double>() + f["memory"].get<double>() + f["comm"].get<double>(), 1.0, 1e-9);
+  EXPECT_GE(j["plans"][0]["throughput_tok_s"].get<double>(), j["plans"][1]["throughput_tok_s"].get<double>());
+  EXPECT_EQ(j["workload"]["objective"], "throughput");
+}
+
+TEST_F(PlanCli, ReadsTheShapeFromACheckpointHeaderOnly) {
+  SHARDLINE_REQUIRE_MODEL_FILE(model_file("mini-gqa.bin"));
+  const ProcessResult r = run_process(shardline_binary() + " plan --model " + model_file("mini-gqa.bin") +
+                                      " --cluster " + cluster_file("cluster-this-vm.json") + " --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  for (const auto& plan : j["plans"]) EXPECT_EQ(2 % plan["tp"].get<int>(), 0) << "tp must divide 2 kv heads";
+}
+
+TEST_F(PlanCli, TableIsReadable) {
+  const ProcessResult r = run_process(shardline_binary() + " plan --preset llama2-70b --dtype bf16 --cluster " +
+                                      cluster_file("cluster-4node-8gpu-nvlink-ib.json"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const char* column : {"tp", "pp", "layers/stage", "TTFT", "tok/s", "mem/rank", "bubble", "comm%", "s*"}) {
+    EXPECT_NE(r.out.find(column), std::string::npos) << column;
+  }
+}
+
+TEST_F(PlanCli, ModelThatFitsNowhereExitsNonZeroNamingTheShortfall) {
+  const ProcessResult r = run_process(shardline_binary() + " plan --preset llama2-70b --cluster " +
+                                      cluster_file("cluster-this-vm.json"));
+  EXPECT_EQ(r.exit_code, 4) << r.err;
+  EXPECT_NE(r.err.find("no layout fits"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("short"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("stage"), std::string::npos) << r.err;
+}
+
+TEST_F(PlanCli, BadInputsAreClearErrors) {
+  const std::string bad = (dir_ / "bad.json").string();
+  std::ofstream(bad) << R"({"nodes": 2, "domains_per_node": 1, "domain": {"cores": 4}, "links": {}})";
+  ProcessResult r = run_process(shardline_binary() + " plan --preset 110m --cluster " + bad);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("memory_bytes"), std::string::npos) << r.err;
+  std::ofstream(bad) << "{ not json";
+  r = run_process(shardline_binary() + " plan --preset 110m --cluster " + bad);
+  EXPECT_EQ(r.exit_code, 3) << r.err;
+  r = run_process(shardline_binary() + " plan --preset gpt-9 --cluster " + cluster_file("cluster-this-vm.json"));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("known: 15m"), std::string::npos) << r.err;
+  r = run_process(shardline_binary() + " plan --preset 110m --np 99 --cluster " + cluster_file("cluster-this-vm.json"));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("--np 99"), std::string::npos) << r.err;
+}
+
+TEST_F(PlanCli, ProbeUnderMpirunWritesAProfileThatPlanReads) {
+  const std::string out = (dir_ / "probe.json").string();
+  const ProcessResult probe =
+      run_process("mpirun --oversubscribe --bind-to none -np 2 " + shardline_binary() + " probe --quick --out " + out, 120);
+  ASSERT_EQ(probe.exit_code, 0) << probe.err;
+  EXPECT_NE(probe.out.find("same host (point-to-point)"), std::string::npos) << probe.out;
+  std::ifstream in(out);
+  const auto j = nlohmann::json::parse(in);
+  EXPECT_TRUE(j["measurements"]["point_to_point"]["same_host"]["measured"].get<bool>());
+  EXPECT_FALSE(j["measurements"]["point_to_point"]["cross_host"]["measured"].get<bool>());  // one host here
+  EXPECT_GT(j["domain"]["core_bandwidth_bytes_per_s"].get<double>(), 1e8);
+  EXPECT_GT(j["links"]["same_domain"]["bandwidth_bytes_per_s"].get<double>(), 1e7);
+  const ProcessResult plan = run_process(shardline_binary() + " plan --preset 110m --np 2 --probe-file " + out);
+  EXPECT_EQ(plan.exit_code, 0) << plan.err;
+}
+
+}  // namespace
+}  // namespace shardline::test

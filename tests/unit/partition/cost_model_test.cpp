@@ -1,0 +1,183 @@
+#include <cmath>
+
+#include <gtest/gtest.h>
+
+#include "common/error.h"
+#include "partition/chunk_policy.h"
+#include "partition/cost_model.h"
+#include "partition/model_presets.h"
+
+namespace shardline::partition {
+namespace {
+
+ClusterSpec uniform_cluster(int nodes, int domains, double cross_node_alpha_s, double cross_node_gbps) {
+  ClusterSpec c;
+  c.name = "test";
+  c.nodes = nodes;
+  c.domains_per_node = domains;
+  c.ranks_per_domain = 1;
+  c.domain.cores = 16;
+  c.domain.memory_bytes = 64e9;
+  c.domain.core_bandwidth_bytes_per_s = 10e9;
+  c.domain.domain_bandwidth_bytes_per_s = 100e9;
+  c.domain.core_flops = 50e9;
+  c.same_domain = {0.5e-6, 1.0 / 20e9};
+  c.cross_domain = {1e-6, 1.0 / 40e9};
+  c.cross_node = {cross_node_alpha_s, 1.0 / (cross_node_gbps * 1e9 / 8)};
+  return c;
+}
+
+Workload workload(const std::string& preset, Objective objective, int batch, int context) {
+  Workload w;
+  w.shape = find_model_preset(preset).shape;
+  w.objective = objective;
+  w.batch = batch;
+  w.context = context;
+  return w;
+}
+
+TEST(Formulas, RingAllReduce) {
+  const LinkCost link{2e-6, 1e-9};  // 2 us, 1 GB/s
+  EXPECT_EQ(ring_allreduce_s(1, 1e6, link), 0.0);
+  // p = 4, n = 1 MB: 2*3*2us + 2*3/4 * 1e6 * 1e-9 = 12 us + 1.5 ms.
+  EXPECT_NEAR(ring_allreduce_s(4, 1e6, link), 12e-6 + 1.5e-3, 1e-12);
+  EXPECT_NEAR(ring_allreduce_s(2, 0, link), 4e-6, 1e-15);
+  // All-gather moves half the bytes of an all-reduce: (p-1)α + (p-1)/p n β.
+  EXPECT_NEAR(ring_allgather_s(4, 1e6, link), 6e-6 + 0.75e-3, 1e-12);
+}
+
+TEST(Formulas, PipelineBubble) {
+  EXPECT_DOUBLE_EQ(pipeline_bubble(1, 1), 0.0);
+  EXPECT_DOUBLE_EQ(pipeline_bubble(4, 1), 0.75);
+  EXPECT_DOUBLE_EQ(pipeline_bubble(4, 12), 3.0 / 15.0);
+  EXPECT_LT(pipeline_bubble(4, 64), pipeline_bubble(4, 8));
+}
+
+TEST(Formulas, DesignSplitGranularity) {
+  // s* = sqrt(W log2 p / (α p)): W = 1 s, α = 1 ms, p = 4 -> sqrt(2 / 4e-3) = sqrt(500).
+  EXPECT_NEAR(design_split_granularity(1.0, 1e-3, 4), std::sqrt(500.0), 1e-9);
+  EXPECT_TRUE(std::isinf(design_split_granularity(1.0, 1e-3, 1)));
+  // The minimiser of the design's T(s) = W/(s p) + α s log2 p is sqrt(W / (α p log2 p)): neighbours are
+  // no better. It equals the design's stated s* only at p = 2 (see cost_model.h).
+  const double s = split_time_argmin(1.0, 1e-3, 4);
+  EXPECT_NEAR(s, std::sqrt(1.0 / (1e-3 * 4 * 2)), 1e-9);
+  EXPECT_LE(split_time_s(1.0, 1e-3, 4, s), split_time_s(1.0, 1e-3, 4, s * 0.9));
+  EXPECT_LE(split_time_s(1.0, 1e-3, 4, s), split_time_s(1.0, 1e-3, 4, s * 1.1));
+  EXPECT_NEAR(split_time_argmin(2.0, 1e-3, 2), design_split_granularity(2.0, 1e-3, 2), 1e-9);
+}
+
+TEST(ChunkPolicyTest, ShortPromptsAreNotSplitLongOnesAreCutAtTheOptimum) {
+  const ChunkPolicy one_stage{4e-3, 1e-3, 1, 512};
+  EXPECT_EQ(one_stage.chunk_for(100), 100);
+  EXPECT_EQ(one_stage.chunk_for(2000), 512);
+  const ChunkPolicy two_stages{4e-3, 1e-3, 2, 512};
+  EXPECT_EQ(two_stages.chunk_for(100), 20);  // sqrt(100 * 4 / (1 * 1))
+  EXPECT_EQ(two_stages.chunk_for(3), 3);     // sqrt(12) > 3: not split at all
+  EXPECT_EQ(two_stages.chunk_for(1), 1);
+  // (L/s + p - 1)(A + b s) is no smaller one step either side of the chosen s.
+  auto ttft = [](double L, double s) { return (L / s + 1) * (4e-3 + 1e-3 * s); };
+  EXPECT_LE(ttft(400, two_stages.chunk_for(400)), ttft(400, two_stages.chunk_for(400) - 1));
+  EXPECT_LE(ttft(400, two_stages.chunk_for(400)), ttft(400, two_stages.chunk_for(400) + 1));
+}
+
+TEST(Cluster, RanksFillSlotsInOrder) {
+  ClusterSpec c = uniform_cluster(2, 2, 10e-6, 100);
+  c.ranks_per_domain = 2;  // 8 slots
+  EXPECT_EQ(c.total_slots(), 8);
+  EXPECT_EQ(c.link_between(0, 1), LinkClass::kSameDomain);
+  EXPECT_EQ(c.link_between(1, 2), LinkClass::kCrossDomain);
+  EXPECT_EQ(c.link_between(3, 4), LinkClass::kCrossNode);
+}
+
+TEST(Cluster, JsonRoundTripAndFieldErrors) {
+  const ClusterSpec c = uniform_cluster(4, 2, 15e-6, 100);
+  const ClusterSpec back = cluster_from_json(cluster_to_json(c));
+  EXPECT_EQ(back.nodes, 4);
+  EXPECT_DOUBLE_EQ(back.cross_node.beta_s_per_byte, c.cross_node.beta_s_per_byte);
+  EXPECT_DOUBLE_EQ(back.domain.core_flops, c.domain.core_flops);
+  nlohmann::json j = cluster_to_json(c);
+  j["links"]["cross_node"] = {{"alpha_s", 1e-5}, {"bandwidth_gbps", 100}};
+  EXPECT_NEAR(cluster_from_json(j).cross_node.bandwidth_bytes_per_s(), 12.5e9, 1);
+  j["domain"].erase("core_flops");
+  try {
+    cluster_from_json(j);
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("core_flops"), std::string::npos) << e.what();
+  }
+  j = cluster_to_json(c);
+  j["nodes"] = -1;
+  EXPECT_THROW(cluster_from_json(j), ConfigError);
+}
+
+TEST(CostModel, TensorParallelismDividesTheWeightsPerRank) {
+  const auto c = uniform_cluster(1, 8, 10e-6, 100);
+  const auto w = workload("llama2-7b", Objective::kLatency, 1, 1024);
+  const auto one = estimate_plan(c, w, Layout{1, 1, {}, 1, 0});
+  const auto four = estimate_plan(c, w, Layout{4, 1, {}, 1, 0});
+  const double layers_one = one.stages[0].weight_bytes - w.shape.vocab_size * w.shape.dim * 4.0 * 2;
+  const double layers_four = four.stages[0].weight_bytes - w.shape.vocab_size * w.shape.dim * 4.0 * (1 + 0.25);
+  EXPECT_NEAR(layers_four / layers_one, 0.25, 0.01);
+  // Decode is memory-bound on CPU: four ranks stream a quarter each, so a token takes well under half as long.
+  EXPECT_LT(four.token_latency_s, 0.5 * one.token_latency_s);
+  EXPECT_GT(one.memory_fraction(), 0.8);
+  EXPECT_GT(four.comm_fraction(), one.comm_fraction());
+}
+
+TEST(CostModel, InfeasiblePlanNamesTheStageAndTheBytesShort) {
+  ClusterSpec c = uniform_cluster(1, 2, 10e-6, 100);
+  c.domain.memory_bytes = 16e9;  // llama2-7b fp32 is 27 GB
+  const auto w = workload("llama2-7b", Objective::kLatency, 1, 1024);
+  const auto one = estimate_plan(c, w, Layout{1, 1, {}, 1, 0});
+  EXPECT_FALSE(one.feasible);
+  EXPECT_GT(one.bytes_short, 10e9);
+  EXPECT_NE(one.infeasible_reason.find("stage 0 (ranks 0-0)"), std::string::npos) << one.infeasible_reason;
+  EXPECT_NE(one.infeasible_reason.find("short"), std::string::npos) << one.infeasible_reason;
+  EXPECT_TRUE(estimate_plan(c, w, Layout{2, 1, {}, 1, 0}).feasible);
+}
+
+TEST(CostModel, KvCacheGrowsWithBatchAndContext) {
+  const auto c = uniform_cluster(1, 1, 10e-6, 100);
+  const auto small = estimate_plan(c, workload("110m", Objective::kThroughput, 1, 256), Layout{});
+  const auto big = estimate_plan(c, workload("110m", Objective::kThroughput, 8, 1024), Layout{});
+  // (n_layers=12) x 2 (k, v) x kv_dim 768 x 4 bytes x positions x sequences
+  EXPECT_DOUBLE_EQ(small.stages[0].kv_bytes, 12.0 * 2 * 768 * 4 * 256);
+  EXPECT_DOUBLE_EQ(big.stages[0].kv_bytes, 12.0 * 2 * 768 * 4 * 1024 * 8);
+}
+
+TEST(CostModel, BalancedSplitGivesTheClassifierStageFewerLayers) {
+  // 110m: the classifier (32000 x 768) costs about 3.5 layers, so the last of 4 stages gets fewer layers.
+  const auto c = uniform_cluster(1, 4, 10e-6, 100);
+  const auto w = workload("110m", Objective::kLatency, 1, 512);
+  const auto split = balanced_layer_split(c, w, 1, 4);
+  ASSERT_EQ(split.size(), 4u);
+  EXPECT_EQ(split[0] + split[1] + split[2] + split[3], 12);
+  EXPECT_LT(split[3], split[0]);
+  const auto balanced = estimate_plan(c, w, Layout{1, 4, {}, 1, 0});
+  const auto even = estimate_plan(c, w, Layout{1, 4, {3, 3, 3, 3}, 1, 0});
+  double worst_balanced = 0, worst_even = 0;
+  for (const auto& s : balanced.stages) worst_balanced = std::max(worst_balanced, s.decode_item_s);
+  for (const auto& s : even.stages) worst_even = std::max(worst_even, s.decode_item_s);
+  EXPECT_LT(worst_balanced, worst_even);
+}
+
+TEST(CostModel, MicroBatchesFillThePipeline) {
+  const auto c = uniform_cluster(1, 4, 10e-6, 100);
+  const auto w = workload("110m", Objective::kThroughput, 16, 512);
+  const auto m1 = estimate_plan(c, w, Layout{1, 4, {}, 1, 0});
+  const auto m4 = estimate_plan(c, w, Layout{1, 4, {}, 4, 0});
+  EXPECT_DOUBLE_EQ(m1.bubble, 0.75);
+  EXPECT_DOUBLE_EQ(m4.bubble, 3.0 / 7.0);
+  EXPECT_GT(m4.throughput_tok_s, 1.5 * m1.throughput_tok_s);
+  EXPECT_GT(m4.decode_efficiency, m1.decode_efficiency);
+}
+
+TEST(CostModel, RejectsLayoutsTheModelOrClusterCannotTake) {
+  const auto c = uniform_cluster(1, 4, 10e-6, 100);
+  const auto w = workload("1.1b", Objective::kLatency, 1, 512);  // 4 kv heads
+  EXPECT_THROW(estimate_plan(c, w, Layout{3, 1, {}, 1, 0}), ConfigError);
+  EXPECT_THROW(estimate_plan(c, w, Layout{4, 2, {}, 1, 0}), ConfigError);  // 8 ranks, 4 slots
+}
+
+}  // namespace
+}  // namespace shardline::partition

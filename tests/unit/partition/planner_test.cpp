@@ -1,0 +1,84 @@
+#include <gtest/gtest.h>
+
+#include "partition/model_presets.h"
+#include "partition/planner.h"
+
+namespace shardline::partition {
+namespace {
+
+// 4 hosts x 4 NUMA domains: fast links inside a host, slow Ethernet between hosts.
+ClusterSpec four_by_four(double cross_node_alpha_s, double cross_node_bytes_per_s) {
+  ClusterSpec c;
+  c.nodes = 4;
+  c.domains_per_node = 4;
+  c.domain.cores = 16;
+  c.domain.memory_bytes = 24e9;
+  c.domain.core_bandwidth_bytes_per_s = 10e9;
+  c.domain.domain_bandwidth_bytes_per_s = 80e9;
+  c.domain.core_flops = 50e9;
+  c.same_domain = {0.5e-6, 1.0 / 20e9};
+  c.cross_domain = {1e-6, 1.0 / 40e9};
+  c.cross_node = {cross_node_alpha_s, 1.0 / cross_node_bytes_per_s};
+  return c;
+}
+
+Workload throughput_of(const std::string& preset, int batch) {
+  Workload w;
+  w.shape = find_model_preset(preset).shape;
+  w.objective = Objective::kThroughput;
+  w.batch = batch;
+  w.context = 2048;
+  return w;
+}
+
+TEST(Planner, FastInsideSlowBetweenPutsTpInsideAndPpAcross) {
+  // llama2-13b fp32 (52 GB + KV) does not fit one host's 4 x 24 GB, so the plan must span hosts.
+  const auto c = four_by_four(200e-6, 0.125e9);  // 1 GbE between hosts
+  const auto plans = search_plans(c, throughput_of("llama2-13b", 16), {.world = 16, .top = 3});
+  ASSERT_FALSE(plans.empty());
+  const auto& best = plans.front();
+  EXPECT_TRUE(best.feasible) << best.infeasible_reason;
+  EXPECT_LE(best.layout.tp, 4) << "TP groups must stay inside a host";
+  EXPECT_GE(best.layout.pp, 4) << "stages go across hosts";
+  for (const auto& stage : best.stages) EXPECT_NE(stage.tp_link, LinkClass::kCrossNode);
+}
+
+TEST(Planner, FastLinksEverywhereAllowTpAcrossHostsForLatency) {
+  // Same cluster but with links between hosts as good as inside: latency prefers the widest TP.
+  const auto c = four_by_four(1e-6, 40e9);
+  Workload w = throughput_of("llama2-13b", 1);
+  w.objective = Objective::kLatency;
+  const auto plans = search_plans(c, w, {.world = 0, .top = 1});
+  ASSERT_FALSE(plans.empty());
+  EXPECT_EQ(plans.front().layout.tp, 10);  // 40 kv heads: the widest tp within 16 slots is 10
+  EXPECT_EQ(plans.front().layout.pp, 1);
+}
+
+TEST(Planner, ThroughputUsesEnoughMicroBatchesToFillThePipeline) {
+  const auto c = four_by_four(50e-6, 1.25e9);
+  const auto plans = search_plans(c, throughput_of("llama2-13b", 32), {.world = 16, .top = 1});
+  ASSERT_FALSE(plans.empty());
+  EXPECT_GE(plans.front().layout.micro_batches, plans.front().layout.pp);
+}
+
+TEST(Planner, InfeasibleEverywhereStillRanksByBytesShort) {
+  auto c = four_by_four(50e-6, 1.25e9);
+  c.nodes = 1;
+  c.domain.memory_bytes = 8e9;
+  const auto plans = search_plans(c, throughput_of("llama2-70b", 1), {.world = 0, .top = 3});
+  ASSERT_FALSE(plans.empty());
+  EXPECT_FALSE(plans.front().feasible);
+  for (std::size_t i = 1; i < plans.size(); ++i) EXPECT_LE(plans[0].bytes_short, plans[i].bytes_short);
+}
+
+TEST(Planner, ExactWorldOnlyReturnsLayoutsOfThatSize) {
+  const auto c = four_by_four(50e-6, 1.25e9);
+  for (const auto& p : search_plans(c, throughput_of("110m", 4), {.world = 6, .top = 0})) {
+    EXPECT_EQ(p.layout.world(), 6);
+  }
+  EXPECT_TRUE(search_plans(c, throughput_of("1.1b", 4), {.world = 7, .top = 0}).empty() ||
+              search_plans(c, throughput_of("1.1b", 4), {.world = 7, .top = 0}).front().layout.pp == 7);
+}
+
+}  // namespace
+}  // namespace shardline::partition
