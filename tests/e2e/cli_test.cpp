@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/model_generator.h"
+#include "tests/support/cli_fixture.h"
 #include "tests/support/models.h"
 #include "tests/support/process.h"
 
@@ -22,18 +23,12 @@ const std::string kMpirun = "mpirun --oversubscribe -np ";
 
 std::string shardline() { return shardline_binary(); }
 
-class Cli : public ::testing::Test {
+class Cli : public CliTest {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("cli_test_" + std::to_string(::getpid()));
-    fs::create_directories(dir_);
-    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
-    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+    CliTest::SetUp();
     setenv("SHARDLINE_CACHE_DIR", (dir_ / "cache").c_str(), 1);
   }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
 
   // A run that must fail: the exit code, exactly one line on stderr, that line says "error:" and contains
   // `expect`, and nothing crashed on the way.
@@ -53,8 +48,6 @@ class Cli : public ::testing::Test {
     std::ofstream(path(name), std::ios::binary).write(data.data(), static_cast<std::streamsize>(bytes));
     return path(name);
   }
-
-  fs::path dir_;
 };
 
 nlohmann::json parse_single_json(const std::string& out) {

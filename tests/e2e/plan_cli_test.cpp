@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "tests/support/cli_fixture.h"
 #include "tests/support/models.h"
 #include "tests/support/process.h"
 
@@ -18,17 +19,7 @@ namespace fs = std::filesystem;
 
 std::string cluster_file(const std::string& name) { return std::string(SHARDLINE_SOURCE_DIR) + "/hostfiles/" + name; }
 
-class PlanCli : public ::testing::Test {
- protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("plan_cli_test_" + std::to_string(::getpid()));
-    fs::create_directories(dir_);
-    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
-    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  fs::path dir_;
-};
+class PlanCli : public CliTest {};
 
 TEST_F(PlanCli, JsonHasEveryFieldTheIssueAsksFor) {
   const ProcessResult r = run_process(shardline_binary() + " plan --preset 110m --cluster " +

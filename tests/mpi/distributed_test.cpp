@@ -17,6 +17,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "tests/support/cli_fixture.h"
 #include "tests/support/models.h"
 #include "tests/support/process.h"
 
@@ -31,17 +32,8 @@ struct Layout {
   int pp;
 };
 
-class Distributed : public ::testing::Test {
+class Distributed : public CliTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("distributed_test_" + std::to_string(::getpid()));
-    fs::create_directories(dir_);
-    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
-    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
-
   // The golden prompts of one model, as a prompts file, and their expected ids in order.
   std::vector<Golden> goldens_of(const std::string& model) {
     std::vector<Golden> out;
@@ -81,8 +73,6 @@ class Distributed : public ::testing::Test {
                                         << goldens[i].prompt << "'";
     }
   }
-
-  fs::path dir_;
 };
 
 // --- Goldens on every valid layout of up to 8 ranks --------------------------------------------------

@@ -16,23 +16,28 @@ struct EngineCase {
   int micro_batches = 1;
 };
 
-class EngineGoldens : public ::testing::TestWithParam<EngineCase> {};
+class EngineGoldens : public ::testing::TestWithParam<EngineCase> {
+ protected:
+  std::unique_ptr<Engine> make_engine(const std::string& model) {
+    EngineOptions options{test::model_file(model), test::model_file("tokenizer.bin"), GetParam().threads,
+                          GetParam().chunk_tokens, {}, GetParam().micro_batches};
+    return std::make_unique<Engine>(options, partition::Mesh::single(), *comm_, *comm_);
+  }
+  std::unique_ptr<comm::Communicator> comm_ = comm::make_solo_communicator();
+};
 
 TEST_P(EngineGoldens, ReproducesEveryGoldenExactly) {
   const std::string goldens_path = test::model_file("goldens.jsonl");
   SHARDLINE_REQUIRE_MODEL_FILE(goldens_path);
   const auto goldens = test::load_goldens();
   ASSERT_EQ(goldens.size(), 8u);
-  auto comm = comm::make_solo_communicator();
   for (const std::string model : {"tiny-32k.bin", "mini-gqa.bin"}) {
     SHARDLINE_REQUIRE_MODEL_FILE(test::model_file(model));
-    EngineOptions options{test::model_file(model), test::model_file("tokenizer.bin"), GetParam().threads,
-                          GetParam().chunk_tokens, {}, GetParam().micro_batches};
-    Engine engine(options, partition::Mesh::single(), *comm, *comm);
+    const auto engine = make_engine(model);
     for (const auto& golden : goldens) {
       if (golden.model != model) continue;
       GenerationRequest request{golden.prompt, golden.steps, {}};
-      const GenerationResult result = engine.generate(request);
+      const GenerationResult result = engine->generate(request);
       EXPECT_EQ(result.prompt_ids, golden.prompt_ids) << model << " / " << golden.prompt;
       EXPECT_EQ(result.ids, golden.ids) << model << " / " << golden.prompt;
       EXPECT_EQ(result.text, golden.run_c_text) << model << " / " << golden.prompt;
@@ -45,12 +50,9 @@ TEST_P(EngineGoldens, ReproducesEveryGoldenExactly) {
 TEST_P(EngineGoldens, BatchedSequencesEachReproduceTheirGolden) {
   const std::string goldens_path = test::model_file("goldens.jsonl");
   SHARDLINE_REQUIRE_MODEL_FILE(goldens_path);
-  auto comm = comm::make_solo_communicator();
   for (const std::string model : {"tiny-32k.bin", "mini-gqa.bin"}) {
     SHARDLINE_REQUIRE_MODEL_FILE(test::model_file(model));
-    EngineOptions options{test::model_file(model), test::model_file("tokenizer.bin"), GetParam().threads,
-                          GetParam().chunk_tokens, {}, GetParam().micro_batches};
-    Engine engine(options, partition::Mesh::single(), *comm, *comm);
+    const auto engine = make_engine(model);
     std::vector<GenerationRequest> requests;
     std::vector<test::Golden> expected;
     for (const auto& golden : test::load_goldens()) {
@@ -58,7 +60,7 @@ TEST_P(EngineGoldens, BatchedSequencesEachReproduceTheirGolden) {
       requests.push_back({golden.prompt, golden.steps, {}});
       expected.push_back(golden);
     }
-    const auto results = engine.generate(requests);
+    const auto results = engine->generate(requests);
     ASSERT_EQ(results.size(), expected.size());
     for (std::size_t i = 0; i < results.size(); ++i) {
       EXPECT_EQ(results[i].ids, expected[i].ids) << model << " / " << expected[i].prompt;
