@@ -12,6 +12,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "launch/gen_model_command.h"
+#include "launch/launch_check_command.h"
 #include "launch/mpi_session.h"
 #include "launch/run_command.h"
 
@@ -24,6 +25,7 @@ Usage: shardline <command> [options]      (shardline <command> --help for its op
 Commands:
   run         generate text (plain process, or under mpirun / srun)
   gen-model   write a random-weight llama2.c checkpoint and tokenizer of any shape
+  launch-check  before mpirun/srun: does the hostfile, rankfile or Slurm allocation fit tp x pp?
 
 Exit codes: 0 ok, 1 unexpected error, 2 bad flags or layout, 3 corrupt input file,
             4 missing resource (file, memory, GPU), 5 communication failure (peer died, timeout).
@@ -40,6 +42,7 @@ int dispatch(const std::string& command, const std::vector<std::string>& args,
     return run_command(args, *mpi);
   }
   if (command == "gen-model") return gen_model_command(args);
+  if (command == "launch-check") return launch_check_command(args);
   throw shardline::ConfigError(fmt::format("unknown command '{}' (see 'shardline --help')", command));
 }
 
