@@ -105,6 +105,13 @@ case "$ACTION" in
       exit 1
     fi
     ;;
-  down) hosts_down ;;
+  down)
+    hosts_down
+    # The acceptance test of `down`: no namespace or interface of these hosts may outlive it.
+    if ip netns list | grep -qwE "$NS_A|$NS_B" || ip link show "$IF_A" >/dev/null 2>&1; then
+      log "left behind: $(ip netns list | grep -wE "$NS_A|$NS_B" | tr '\n' ' ')"
+      exit 1
+    fi
+    ;;
   *) usage ;;
 esac

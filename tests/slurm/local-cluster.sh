@@ -87,10 +87,27 @@ wait_for_idle_node() {
   return 1
 }
 
-# True when process $1 was started with DIR in its command line: one of this cluster's processes (all of
-# them name DIR: munged --key-file DIR/..., slurmctld -f DIR/slurm.conf, job steps ...), never another's.
+# True when process $1 belongs to this cluster: it was started with DIR in its command line (munged
+# --key-file DIR/..., slurmctld -f DIR/slurm.conf) or runs inside DIR (slurmstepd renames itself to
+# "slurmstepd: [7.0]" but works in DIR/log; job tasks work in DIR/jobs/...). Never another cluster's.
 is_ours() {
-  { tr '\0' ' ' <"/proc/$1/cmdline"; } 2>/dev/null | grep -qF -- "$DIR"
+  { tr '\0' ' ' <"/proc/$1/cmdline"; } 2>/dev/null | grep -qF -- "$DIR" && return 0
+  case "$(readlink "/proc/$1/cwd" 2>/dev/null)/" in "$DIR"/*) return 0 ;; esac
+  return 1
+}
+
+# A step daemon reports the end of its step to slurmctld; one that cannot (controller already gone)
+# retries for minutes. So let the steps of jobs that just ended finish first (at most 10 s).
+wait_for_step_daemons() {
+  local busy proc
+  for _ in $(seq 50); do
+    busy=0
+    for proc in /proc/[0-9]*; do
+      [ "$(cat "$proc/comm" 2>/dev/null)" = slurmstepd ] && is_ours "${proc#/proc/}" && busy=1 && break
+    done
+    [ "$busy" -eq 0 ] && return 0
+    sleep 0.2
+  done
 }
 
 # TERM to the daemons (all at once: each takes a second or two to shut down), KILL after 10 s.
@@ -123,6 +140,7 @@ kill_processes_of_dir() {
 }
 
 cluster_down() {
+  wait_for_step_daemons
   stop_daemons
   kill_processes_of_dir
   # Keep the logs for a failed test's post-mortem; drop the state so a next `up` starts clean.
@@ -167,7 +185,18 @@ case "$ACTION" in
       exit 1
     fi
     ;;
-  down) cluster_down ;;
+  down)
+    cluster_down
+    # The acceptance test of `down`: nothing of this cluster may outlive it.
+    sleep 0.2
+    for proc in /proc/[0-9]*; do
+      pid=${proc#/proc/}
+      if [ "$pid" != "$$" ] && is_ours "$pid" && [ "$(cut -d' ' -f3 "$proc/stat" 2>/dev/null)" != Z ]; then
+        log "left behind: pid $pid ($(tr '\0' ' ' <"$proc/cmdline" 2>/dev/null))"
+        exit 1
+      fi
+    done
+    ;;
   env) echo "export SLURM_CONF=$DIR/slurm.conf" ;;
   *) usage ;;
 esac
