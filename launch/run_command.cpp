@@ -160,8 +160,8 @@ partition::Mesh choose_mesh(const RunConfig& c, const partition::ModelShape& sha
     pp = world % tp == 0 ? world / tp : 0;
   }
   if (tp < 1 || pp < 1 || tp * pp != world) {
-    throw ConfigError(fmt::format("tp={} x pp={} does not match the {} rank{} of this job; launch with mpirun -np "
-                                  "<tp x pp> or change --tp/--pp",
+    throw ConfigError(fmt::format("tp={} x pp={} does not match the {} rank{} of this job; launch tp x pp ranks "
+                                  "(mpirun -np, srun --ntasks) or change --tp/--pp",
                                   c.tp ? std::to_string(c.tp) : "?", c.pp ? std::to_string(c.pp) : "?", world,
                                   world == 1 ? "" : "s"));
   }
