@@ -308,8 +308,9 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
              format_bytes(engine->weights().repacked_bytes()));
 
   if (config->verbose) {
-    log::note("launched by {} | MPI node {}, local rank {} of {}", describe(mpi.launch_env()), mpi.node_name(),
-              mpi.local_rank(), mpi.local_size());
+    // What the launcher's variables say, then where MPI itself places this rank (the authority).
+    log::note("launched {} {} | {} {}, local rank {} of {}", mpi.active() ? "by" : "as a", describe(mpi.launch_env()),
+              mpi.active() ? "MPI node" : "host", mpi.node_name(), mpi.local_rank(), mpi.local_size());
   }
 
   // Phase 3: generation. A failure from here on aborts the whole job (main() does that).
