@@ -12,6 +12,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "launch/gen_model_command.h"
+#include "launch/launch_check_command.h"
 #include "launch/mpi_session.h"
 #include "launch/plan_command.h"
 #include "launch/probe_command.h"
@@ -24,10 +25,11 @@ constexpr const char* kUsage = R"(shardline: tensor- and pipeline-parallel LLM i
 Usage: shardline <command> [options]      (shardline <command> --help for its options)
 
 Commands:
-  run         generate text (plain process, or under mpirun / srun)
-  gen-model   write a random-weight llama2.c checkpoint and tokenizer of any shape
-  plan        lay a model out on a cluster and predict its cost (no MPI job, no weights)
-  probe       measure links (under mpirun) and this host; write a cluster profile for plan
+  run           generate text (plain process, or under mpirun / srun)
+  gen-model     write a random-weight llama2.c checkpoint and tokenizer of any shape
+  plan          lay a model out on a cluster and predict its cost (no MPI job, no weights)
+  probe         measure links (under mpirun) and this host; write a cluster profile for plan
+  launch-check  before mpirun/srun: does the hostfile, rankfile or Slurm allocation fit tp x pp?
 
 Exit codes: 0 ok, 1 unexpected error, 2 bad flags or layout, 3 corrupt input file,
             4 missing resource (file, memory, GPU), 5 communication failure (peer died, timeout).
@@ -49,6 +51,7 @@ int dispatch(const std::string& command, const std::vector<std::string>& args,
     mpi = std::make_unique<MpiSession>();
     return probe_command(args, *mpi);
   }
+  if (command == "launch-check") return launch_check_command(args);
   throw shardline::ConfigError(fmt::format("unknown command '{}' (see 'shardline --help')", command));
 }
 

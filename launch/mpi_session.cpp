@@ -1,9 +1,12 @@
 #include "launch/mpi_session.h"
 
 #include <mpi.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
+
+#include <fmt/format.h>
 
 #include "common/error.h"
 
@@ -13,22 +16,24 @@ namespace {
 
 void mpi_abort(int code) { MPI_Abort(MPI_COMM_WORLD, code); }
 
-bool has_env(const char* name) {
-  const char* value = std::getenv(name);
-  return value != nullptr && *value != '\0';
+std::string host_name() {
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  return host;
 }
 
 }  // namespace
 
-MpiSession::MpiSession() {
-  // Open MPI's mpirun sets OMPI_COMM_WORLD_*; srun --mpi=pmix and other PMIx launchers set PMIX_RANK.
-  if (has_env("OMPI_COMM_WORLD_SIZE")) {
-    launcher_ = "mpirun";
-  } else if (has_env("PMIX_RANK")) {
-    launcher_ = has_env("SLURM_JOB_ID") ? "srun" : "pmix";
-  } else {
-    return;
+MpiSession::MpiSession() : launch_env_(detect_launch_env()), node_name_(host_name()) {
+  if (launch_env_.srun_without_pmix()) {
+    // Every task would be its own one-rank job; one task says so, the others leave with the same code.
+    if (launch_env_.slurm->proc_id > 0) std::exit(static_cast<int>(ExitCode::kConfig));
+    throw ConfigError(fmt::format("srun started {} tasks without PMIx, so they cannot find each other: launch "
+                                  "with 'srun --mpi=pmix' (Debian's Open MPI speaks PMIx only, not pmi2)",
+                                  launch_env_.slurm->n_tasks));
   }
+  if (!launch_env_.wired_by_launcher()) return;
+  launcher_ = launcher_name(launch_env_.launcher);
   int provided = 0;
   if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
     throw CommError("MPI_Init_thread failed");
@@ -39,6 +44,16 @@ MpiSession::MpiSession() {
   // Errors come back as codes and become exceptions (then a job-wide abort), not MPI's own abort.
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   set_abort_hook(&mpi_abort);
+  // Node identity from MPI, not from the launcher's variables: it holds for every launcher.
+  char name[MPI_MAX_PROCESSOR_NAME] = {};
+  int length = 0;
+  if (MPI_Get_processor_name(name, &length) == MPI_SUCCESS) node_name_.assign(name, length);
+  MPI_Comm node = MPI_COMM_NULL;
+  if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world_rank_, MPI_INFO_NULL, &node) == MPI_SUCCESS) {
+    MPI_Comm_rank(node, &local_rank_);
+    MPI_Comm_size(node, &local_size_);
+    MPI_Comm_free(&node);
+  }
 }
 
 MpiSession::~MpiSession() {

@@ -4,11 +4,15 @@
 
 #include <string>
 
+#include "launch/launch_env.h"
+
 namespace shardline::launch {
 
 class MpiSession {
  public:
-  MpiSession();  // initialises MPI if launched by mpirun/srun; installs MPI_Abort as the abort hook
+  // Initialises MPI if launched by mpirun/srun; installs MPI_Abort as the abort hook. Throws ConfigError
+  // for srun steps of several tasks without PMIx (they would run as unrelated one-rank jobs).
+  MpiSession();
   ~MpiSession();
   MpiSession(const MpiSession&) = delete;
   MpiSession& operator=(const MpiSession&) = delete;
@@ -18,6 +22,13 @@ class MpiSession {
   int world_rank() const { return world_rank_; }
   // "mpirun", "srun", or "plain process": for --verbose and messages.
   const std::string& launcher() const { return launcher_; }
+  // What the launcher's variables say (hints; the values below come from MPI itself).
+  const LaunchEnv& launch_env() const { return launch_env_; }
+  // This rank's node as MPI names it, and its place among the ranks sharing that node's memory
+  // (MPI_COMM_TYPE_SHARED). A plain process: the host name, 0 of 1.
+  const std::string& node_name() const { return node_name_; }
+  int local_rank() const { return local_rank_; }
+  int local_size() const { return local_size_; }
 
   // Every rank reports its own outcome of a phase (0 = ok, else an exit code); all ranks learn the worst
   // code and the lowest rank that failed, so exactly one rank prints the reason and all exit together.
@@ -35,6 +46,10 @@ class MpiSession {
   int world_size_ = 1;
   int world_rank_ = 0;
   std::string launcher_ = "plain process";
+  LaunchEnv launch_env_;
+  std::string node_name_;
+  int local_rank_ = 0;
+  int local_size_ = 1;
 };
 
 }  // namespace shardline::launch

@@ -16,6 +16,7 @@
 #include "common/log.h"
 #include "common/units.h"
 #include "launch/cli_options.h"
+#include "launch/launch_env.h"
 #include "partition/mesh.h"
 #include "partition/shard.h"
 #include "comm/mpi_communicator.h"
@@ -118,9 +119,8 @@ std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, 
     if (c.engine.threads < 1) throw ConfigError("--threads must be >= 1");
   } else {
     // A rank bound to a subset of the host's cores uses that subset; unbound ranks on one host share its
-    // cores (Open MPI tells how many ranks this host runs).
-    const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
-    const int local_ranks = local ? std::max(1, std::atoi(local)) : 1;
+    // cores (MPI tells how many ranks share this node, whatever the launcher).
+    const int local_ranks = std::max(1, mpi.local_size());
     const int cores = available_cores();
     const bool bound = cores < static_cast<int>(std::thread::hardware_concurrency());
     c.engine.threads = bound ? cores : std::max(1, cores / local_ranks);
@@ -170,8 +170,8 @@ partition::Mesh choose_mesh(const RunConfig& c, const partition::ModelShape& sha
     pp = world % tp == 0 ? world / tp : 0;
   }
   if (tp < 1 || pp < 1 || tp * pp != world) {
-    throw ConfigError(fmt::format("tp={} x pp={} does not match the {} rank{} of this job; launch with mpirun -np "
-                                  "<tp x pp> or change --tp/--pp",
+    throw ConfigError(fmt::format("tp={} x pp={} does not match the {} rank{} of this job; launch tp x pp ranks "
+                                  "(mpirun -np, srun --ntasks) or change --tp/--pp",
                                   c.tp ? std::to_string(c.tp) : "?", c.pp ? std::to_string(c.pp) : "?", world,
                                   world == 1 ? "" : "s"));
   }
@@ -356,6 +356,12 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
   log::debug("launched as {}; model {} ({}); this rank maps {} and holds {} repacked", mpi.launcher(),
              config->engine.model_path, engine->shape().describe(), format_bytes(engine->weights().mapped_bytes()),
              format_bytes(engine->weights().repacked_bytes()));
+
+  if (config->verbose) {
+    // What the launcher's variables say, then where MPI itself places this rank (the authority).
+    log::note("launched {} {} | {} {}, local rank {} of {}", mpi.active() ? "by" : "as a", describe(mpi.launch_env()),
+              mpi.active() ? "MPI node" : "host", mpi.node_name(), mpi.local_rank(), mpi.local_size());
+  }
 
   // Phase 3: generation. A failure from here on aborts the whole job (main() does that).
   const bool output = engine->is_output_rank();

@@ -15,6 +15,8 @@ packages=(
   libbenchmark-dev                      # kernel micro-benchmarks
   nlohmann-json3-dev libfmt-dev         # JSON output, formatting
   coreutils procps                      # timeout, ps (used by tests)
+  munge slurmctld slurmd slurm-client   # real Slurm for the `slurm` tests (they start their own daemons)
+  iproute2 util-linux                   # ip netns / unshare: two hosts for the `multihost` tests
 )
 missing=()
 for p in "${packages[@]}"; do
@@ -23,6 +25,13 @@ done
 if [ ${#missing[@]} -gt 0 ]; then
   echo "install-deps: installing ${missing[*]}"
   $SUDO apt-get update -qq
+  # munge and Slurm run only when a test starts them with its own configuration: keep their packages from
+  # starting system-wide daemons during the install (where no policy says so already).
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' | $SUDO tee /usr/sbin/policy-rc.d >/dev/null
+    $SUDO chmod +x /usr/sbin/policy-rc.d
+    trap '$SUDO rm -f /usr/sbin/policy-rc.d' EXIT
+  fi
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 else
   echo "install-deps: all packages present"

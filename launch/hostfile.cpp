@@ -1,0 +1,194 @@
+#include "launch/hostfile.h"
+
+#include <algorithm>
+#include <cctype>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "common/error.h"
+
+namespace shardline::launch {
+
+namespace {
+
+constexpr const char* kHostfileLine = "hostfile lines are 'HOST [slots=N] [max_slots=N]'";
+constexpr const char* kRankfileLine = "rankfile lines are 'rank N=HOST slot=SPEC', e.g. 'rank 0=node01 slot=0:0-7'";
+
+// A line without its comment, split on blanks.
+std::vector<std::string> tokens_of(std::string line) {
+  if (const std::size_t hash = line.find('#'); hash != std::string::npos) line.erase(hash);
+  std::vector<std::string> tokens;
+  std::istringstream in(line);
+  for (std::string t; in >> t;) tokens.push_back(t);
+  return tokens;
+}
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    lines.push_back(line);
+  }
+  return lines;
+}
+
+// Names and addresses Open MPI can route to: letters, digits, '.', '-', '_', and ':' for IPv6.
+bool valid_host(const std::string& host) {
+  if (host.empty()) return false;
+  return std::all_of(host.begin(), host.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_' || c == ':';
+  });
+}
+
+std::string where(const std::string& path, int line) { return fmt::format("{}:{}", path, line); }
+
+int positive_count(const std::string& path, int line, const std::string& key, const std::string& value) {
+  const bool digits = !value.empty() && value.size() <= 6 && value.find_first_not_of("0123456789") == std::string::npos;
+  const int n = digits ? std::stoi(value) : 0;
+  if (n < 1) {
+    throw ConfigError(fmt::format("{}: {}='{}' must be a positive whole number of ranks ({})", where(path, line), key,
+                                  value, kHostfileLine));
+  }
+  return n;
+}
+
+std::string read_text(const std::string& path, const char* what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw ResourceError(fmt::format("cannot read {} '{}': check the path", what, path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+std::optional<int> Hostfile::total_slots() const {
+  int total = 0;
+  for (const auto& h : hosts) {
+    if (!h.slots) return std::nullopt;
+    total += *h.slots;
+  }
+  return total;
+}
+
+const HostEntry* Hostfile::find(const std::string& host) const {
+  for (const auto& h : hosts) {
+    if (h.host == host) return &h;
+  }
+  return nullptr;
+}
+
+Hostfile parse_hostfile(const std::string& text, const std::string& path) {
+  Hostfile file{path, {}};
+  std::map<std::string, int> listings;  // host -> lines naming it
+  const auto lines = lines_of(text);
+  for (std::size_t i = 0; i < lines.size(); ++i) {
+    const int number = static_cast<int>(i) + 1;
+    const auto tokens = tokens_of(lines[i]);
+    if (tokens.empty()) continue;
+    std::string host = tokens[0];
+    if (const std::size_t at = host.find('@'); at != std::string::npos) host = host.substr(at + 1);
+    if (host.find(',') != std::string::npos) {
+      throw ConfigError(fmt::format("{}: '{}' names several hosts; {} (one host per line)", where(path, number),
+                                    tokens[0], kHostfileLine));
+    }
+    if (host.find('=') != std::string::npos || !valid_host(host)) {
+      throw ConfigError(fmt::format("{}: '{}' is not a host name or address; {}", where(path, number), tokens[0],
+                                    kHostfileLine));
+    }
+    HostEntry entry{host, std::nullopt, std::nullopt, number};
+    for (std::size_t t = 1; t < tokens.size(); ++t) {
+      const std::string& token = tokens[t];
+      const std::size_t eq = token.find('=');
+      if (eq == std::string::npos) {
+        throw ConfigError(fmt::format("{}: unexpected '{}' after host '{}' (several hosts on one line, or a "
+                                      "missing '='?); {}",
+                                      where(path, number), token, host, kHostfileLine));
+      }
+      const std::string key = token.substr(0, eq), value = token.substr(eq + 1);
+      if (key == "slots" || key == "count" || key == "cpu") {
+        if (entry.slots) throw ConfigError(fmt::format("{}: slots given twice for '{}'", where(path, number), host));
+        entry.slots = positive_count(path, number, key, value);
+      } else if (key == "max_slots" || key == "max-slots" || key == "slots_max" || key == "slots-max") {
+        entry.max_slots = positive_count(path, number, key, value);
+      } else {
+        throw ConfigError(fmt::format("{}: unknown keyword '{}'; {}", where(path, number), key, kHostfileLine));
+      }
+    }
+    if (entry.slots && entry.max_slots && *entry.max_slots < *entry.slots) {
+      throw ConfigError(fmt::format("{}: max_slots={} is below slots={} for '{}'", where(path, number),
+                                    *entry.max_slots, *entry.slots, host));
+    }
+    auto existing = std::find_if(file.hosts.begin(), file.hosts.end(), [&](const HostEntry& h) { return h.host == host; });
+    if (existing == file.hosts.end()) {
+      file.hosts.push_back(entry);
+      listings[host] = 1;
+      continue;
+    }
+    // mpirun counts a host listed k times without slots= as k slots, and rejects a repeat when any of its
+    // lines gives slots=. (A host listed once without slots= gets its core count, unknown here.)
+    const bool first_gave_slots = listings[host] == 1 && existing->slots.has_value();
+    if (first_gave_slots || entry.slots || entry.max_slots) {
+      throw ConfigError(fmt::format("{}: '{}' is already listed on line {}; give each host one line with slots=N",
+                                    where(path, number), host, existing->line));
+    }
+    existing->slots = ++listings[host];
+  }
+  if (file.hosts.empty()) {
+    throw ConfigError(fmt::format("{}: names no host; {}", path, kHostfileLine));
+  }
+  return file;
+}
+
+std::vector<RankfileEntry> parse_rankfile(const std::string& text, const std::string& path) {
+  // "rank 0=node01 slot=0:0-7"; blanks around '=' are allowed, as mpirun allows them.
+  static const std::regex kRankLine(R"(^\s*rank\s+(\S+?)\s*=\s*(\S+)\s+slot\s*=\s*(\S+)\s*$)");
+  std::vector<RankfileEntry> entries;
+  std::map<int, int> seen;  // rank -> line
+  const auto lines = lines_of(text);
+  for (std::size_t i = 0; i < lines.size(); ++i) {
+    const int number = static_cast<int>(i) + 1;
+    std::string line = lines[i];
+    if (const std::size_t hash = line.find('#'); hash != std::string::npos) line.erase(hash);
+    if (tokens_of(line).empty()) continue;
+    std::smatch m;
+    if (!std::regex_match(line, m, kRankLine)) {
+      throw ConfigError(fmt::format("{}: '{}' is not a rank line; {}", where(path, number), lines[i], kRankfileLine));
+    }
+    const std::string rank_text = m[1], host = m[2], spec = m[3];
+    if (rank_text.size() > 6 || rank_text.find_first_not_of("0123456789") != std::string::npos) {
+      throw ConfigError(fmt::format("{}: '{}' is not a rank number; {}", where(path, number), rank_text, kRankfileLine));
+    }
+    const bool relative = host.size() > 2 && host.rfind("+n", 0) == 0 &&
+                          host.find_first_not_of("0123456789", 2) == std::string::npos;
+    if (!relative && !valid_host(host)) {
+      throw ConfigError(fmt::format("{}: '{}' is not a host name, address or +nI; {}", where(path, number), host,
+                                    kRankfileLine));
+    }
+    if (spec.find_first_not_of("0123456789:,-*") != std::string::npos) {
+      throw ConfigError(fmt::format("{}: slot '{}' is not SOCKET:CORES or a core list; {}", where(path, number), spec,
+                                    kRankfileLine));
+    }
+    const int rank = std::stoi(rank_text);
+    if (auto it = seen.find(rank); it != seen.end()) {
+      throw ConfigError(fmt::format("{}: rank {} is already placed on line {}", where(path, number), rank, it->second));
+    }
+    seen[rank] = number;
+    entries.push_back({rank, host, spec, number});
+  }
+  if (entries.empty()) throw ConfigError(fmt::format("{}: places no rank; {}", path, kRankfileLine));
+  return entries;
+}
+
+Hostfile read_hostfile(const std::string& path) { return parse_hostfile(read_text(path, "hostfile"), path); }
+
+std::vector<RankfileEntry> read_rankfile(const std::string& path) {
+  return parse_rankfile(read_text(path, "rankfile"), path);
+}
+
+}  // namespace shardline::launch

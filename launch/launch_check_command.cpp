@@ -1,0 +1,80 @@
+#include "launch/launch_check_command.h"
+
+#include <cstdio>
+#include <iostream>
+
+#include <fmt/format.h>
+
+#include "common/error.h"
+#include "launch/cli_options.h"
+#include "launch/launch_check.h"
+#include "launch/launch_env.h"
+#include "partition/shard.h"
+#include "runtime/checkpoint.h"
+
+namespace shardline::launch {
+
+namespace {
+
+constexpr const char* kUsage =
+    "Usage: shardline launch-check --tp T --pp S [--np N] [--hostfile F] [--rankfile F] [--oversubscribe]\n"
+    "                              [--model M.bin] [any other run flags, ignored]\n\n"
+    "Checks, before mpirun or srun starts any rank, that the launch fits the layout: the rank count, the\n"
+    "hostfile's slots and syntax, the rankfile, and (inside a Slurm job) the allocation's task count; with\n"
+    "--model also that the model can be split tp x pp ways. Prints one line and exits 0 when it fits; else one\n"
+    "error line and exit 2 (flags, hostfile, rankfile) or 4 (too few slots or tasks). Example:\n"
+    "  shardline launch-check --hostfile hosts --np 4 --tp 2 --pp 2 && mpirun --hostfile hosts -np 4 shardline run --tp 2 --pp 2 ...";
+
+}  // namespace
+
+int launch_check_command(const std::vector<std::string>& args) {
+  LaunchRequest request;
+  int np = 0;
+  std::string hostfile, rankfile, model, layer_split;
+  po::options_description options("launch-check options");
+  options.add_options()
+      ("tp", po::value(&request.tp_size)->required(), "tensor-parallel ranks per stage, as given to run")
+      ("pp", po::value(&request.pp_size)->required(), "pipeline stages, as given to run")
+      ("np", po::value(&np), "ranks the launcher will start (mpirun -np / srun -n); default: tp x pp, or the "
+                             "Slurm allocation's tasks")
+      ("hostfile", po::value(&hostfile), "Open MPI hostfile mpirun will be given")
+      ("rankfile", po::value(&rankfile), "Open MPI rankfile mpirun will be given")
+      ("oversubscribe", po::bool_switch(&request.oversubscribe), "mpirun will run with --oversubscribe")
+      ("model,m", po::value(&model), "check that this checkpoint can be split tp x pp ways")
+      ("layers-per-stage", po::value(&layer_split), "explicit layer split, checked with --model");
+  po::options_description all(options);
+  all.add_options()("help,h", "show this help and exit");
+  po::variables_map vm;
+  try {
+    // Unknown flags are run's (--prompt, --steps ...): a script hands both commands the same list.
+    const po::parsed_options parsed = po::command_line_parser(args).options(all).allow_unregistered().run();
+    po::store(parsed, vm);
+    if (vm.count("help")) {
+      std::cout << kUsage << "\n\n" << all << "\n";
+      return 0;
+    }
+    po::notify(vm);
+  } catch (const po::error& e) {
+    throw ConfigError(fmt::format("shardline launch-check: {} (see 'shardline launch-check --help')", e.what()));
+  }
+  if (vm.count("np")) request.n_ranks = np;
+  if (!hostfile.empty()) request.hostfile = read_hostfile(hostfile);
+  if (!rankfile.empty()) request.rankfile = read_rankfile(rankfile);
+  request.slurm = detect_launch_env().slurm;
+  if (!model.empty()) {
+    if (request.tp_size < 1 || request.pp_size < 1) throw ConfigError("--tp and --pp must be >= 1");
+    const partition::ModelShape shape = runtime::read_checkpoint_shape(model);
+    if (auto problem = partition::find_layout_problem(shape, request.tp_size, request.pp_size)) {
+      throw ConfigError(fmt::format("layout tp={} pp={} cannot serve {} ({}): {}", request.tp_size, request.pp_size,
+                                    model, shape.describe(), *problem));
+    }
+    const std::vector<int> split = layer_split.empty() ? std::vector<int>{} : parse_int_list("--layers-per-stage", layer_split);
+    partition::stage_layer_ranges(shape, request.pp_size, split);
+  }
+  const LaunchCheckReport report = check_launch(request);
+  for (const auto& warning : report.warnings) std::fprintf(stderr, "launch-check: warning: %s\n", warning.c_str());
+  std::printf("launch-check: ok: %s\n", report.summary(request.tp_size, request.pp_size).c_str());
+  return 0;
+}
+
+}  // namespace shardline::launch

@@ -1,0 +1,176 @@
+#include "launch/launch_env.h"
+
+#include <cstring>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "common/error.h"
+
+extern char** environ;
+
+namespace shardline::launch {
+
+namespace {
+
+const std::string* find(const Environment& env, const char* name) {
+  auto it = env.find(name);
+  return it == env.end() || it->second.empty() ? nullptr : &it->second;
+}
+
+std::string text_of(const Environment& env, const char* name) {
+  const std::string* value = find(env, name);
+  return value ? *value : std::string();
+}
+
+int parse_count(const char* variable, const std::string& text) {
+  try {
+    std::size_t used = 0;
+    const long value = std::stol(text, &used);
+    if (used == text.size() && value >= 0 && value < (1L << 30)) return static_cast<int>(value);
+  } catch (const std::exception&) {
+  }
+  throw ConfigError(fmt::format("{}='{}' is not a count; the launcher's environment looks corrupt (unset it or "
+                                "launch through mpirun/srun)",
+                                variable, text));
+}
+
+// An integer variable, or `fallback` when it is not set.
+int int_of(const Environment& env, const char* name, int fallback) {
+  const std::string* value = find(env, name);
+  return value ? parse_count(name, *value) : fallback;
+}
+
+SlurmAllocation read_slurm(const Environment& env) {
+  SlurmAllocation s;
+  s.job_id = text_of(env, "SLURM_JOB_ID");
+  s.step_id = text_of(env, "SLURM_STEP_ID");
+  s.node_list = text_of(env, "SLURM_JOB_NODELIST");
+  s.n_nodes = int_of(env, "SLURM_JOB_NUM_NODES", int_of(env, "SLURM_NNODES", 0));
+  if (const std::string* tasks = find(env, "SLURM_TASKS_PER_NODE")) {
+    s.tasks_per_node = expand_slurm_counts("SLURM_TASKS_PER_NODE", *tasks);
+  }
+  int tasks_sum = 0;
+  for (int t : s.tasks_per_node) tasks_sum += t;
+  // Inside an srun step SLURM_NTASKS is the step's task count; in the batch script, the allocation's.
+  s.n_tasks = int_of(env, "SLURM_NTASKS", int_of(env, "SLURM_NPROCS", tasks_sum));
+  s.cpus_per_task = int_of(env, "SLURM_CPUS_PER_TASK", 0);
+  s.overcommit = find(env, "SLURM_OVERCOMMIT") != nullptr;
+  if (s.in_step()) {
+    s.proc_id = int_of(env, "SLURM_PROCID", -1);
+    s.local_id = int_of(env, "SLURM_LOCALID", -1);
+  }
+  s.node_name = text_of(env, "SLURMD_NODENAME");
+  return s;
+}
+
+std::string join(const std::vector<int>& values) { return fmt::format("{}", fmt::join(values, ",")); }
+
+}  // namespace
+
+const char* launcher_name(Launcher launcher) {
+  switch (launcher) {
+    case Launcher::kPlain: return "plain process";
+    case Launcher::kMpirun: return "mpirun";
+    case Launcher::kSrun: return "srun";
+    case Launcher::kPmix: return "pmix";
+  }
+  return "?";
+}
+
+std::vector<int> expand_slurm_counts(const std::string& variable, const std::string& text) {
+  // Grammar: item (',' item)*, item = count | count '(x' repeat ')'.
+  std::vector<int> counts;
+  std::size_t at = 0;
+  const auto bad = [&] {
+    return ConfigError(fmt::format("{}='{}' is not in Slurm's count format (like 2(x3),1)", variable, text));
+  };
+  if (text.empty()) throw bad();
+  while (at < text.size()) {
+    const std::size_t end = std::min(text.find(',', at), text.size());
+    const std::string item = text.substr(at, end - at);
+    const std::size_t paren = item.find("(x");
+    int repeat = 1;
+    std::string count = item;
+    if (paren != std::string::npos) {
+      if (item.back() != ')') throw bad();
+      count = item.substr(0, paren);
+      const std::string times = item.substr(paren + 2, item.size() - paren - 3);
+      if (times.empty() || times.size() > 9 || times.find_first_not_of("0123456789") != std::string::npos) throw bad();
+      repeat = std::stoi(times);
+    }
+    if (count.empty() || count.size() > 9 || count.find_first_not_of("0123456789") != std::string::npos || repeat < 1) {
+      throw bad();
+    }
+    counts.insert(counts.end(), repeat, std::stoi(count));
+    at = end + 1;
+    if (end + 1 == text.size()) throw bad();  // trailing comma
+  }
+  return counts;
+}
+
+bool LaunchEnv::srun_without_pmix() const {
+  return launcher == Launcher::kPlain && slurm && slurm->in_step() && slurm->n_tasks > 1;
+}
+
+LaunchEnv detect_launch_env(const Environment& env) {
+  LaunchEnv e;
+  if (find(env, "SLURM_JOB_ID")) e.slurm = read_slurm(env);
+  if (find(env, "OMPI_COMM_WORLD_SIZE")) {
+    e.ompi = OmpiPlacement{int_of(env, "OMPI_COMM_WORLD_SIZE", 0), int_of(env, "OMPI_COMM_WORLD_RANK", -1),
+                           int_of(env, "OMPI_COMM_WORLD_LOCAL_SIZE", 0), int_of(env, "OMPI_COMM_WORLD_LOCAL_RANK", -1),
+                           int_of(env, "OMPI_COMM_WORLD_NODE_RANK", -1)};
+  }
+  if (find(env, "PMIX_RANK")) e.pmix = PmixPlacement{text_of(env, "PMIX_NAMESPACE"), int_of(env, "PMIX_RANK", -1)};
+  // mpirun inside an allocation starts its ranks through an srun step of its own daemons, so its variables
+  // decide before Slurm's; mpirun also runs a PMIx server, so OMPI_* before PMIX_*.
+  if (e.ompi) {
+    e.launcher = Launcher::kMpirun;
+  } else if (e.pmix) {
+    e.launcher = e.slurm && e.slurm->in_step() ? Launcher::kSrun : Launcher::kPmix;
+  }
+  return e;
+}
+
+Environment launcher_variables() {
+  Environment env;
+  for (char** entry = environ; entry && *entry; ++entry) {
+    const char* text = *entry;
+    if (std::strncmp(text, "SLURM", 5) != 0 && std::strncmp(text, "OMPI_", 5) != 0 &&
+        std::strncmp(text, "PMIX_", 5) != 0) {
+      continue;
+    }
+    const char* eq = std::strchr(text, '=');
+    if (eq) env.emplace(std::string(text, eq), std::string(eq + 1));
+  }
+  return env;
+}
+
+LaunchEnv detect_launch_env() { return detect_launch_env(launcher_variables()); }
+
+std::string describe(const LaunchEnv& e) {
+  std::string line = launcher_name(e.launcher);
+  if (e.ompi) {
+    line += fmt::format(" (rank {} of {}, local rank {} of {} on its host)", e.ompi->world_rank, e.ompi->world_size,
+                        e.ompi->local_rank, e.ompi->local_size);
+  } else if (e.pmix) {
+    line += fmt::format(" (PMIx rank {} in namespace {})", e.pmix->rank, e.pmix->nspace);
+  }
+  if (e.slurm) {
+    const SlurmAllocation& s = *e.slurm;
+    line += fmt::format(" in Slurm job {}", s.job_id);
+    if (s.in_step()) {
+      line += fmt::format(" step {} (task {} of {}, local id {} on {})", s.step_id, s.proc_id, s.n_tasks, s.local_id,
+                          s.node_name.empty() ? "?" : s.node_name);
+    } else {
+      line += fmt::format(" ({} tasks)", s.n_tasks);
+    }
+    line += fmt::format("; nodes {} ({}), tasks per node {}", s.n_nodes, s.node_list.empty() ? "?" : s.node_list,
+                        s.tasks_per_node.empty() ? "?" : join(s.tasks_per_node));
+    if (s.cpus_per_task > 0) line += fmt::format(", {} cpus per task", s.cpus_per_task);
+    if (s.overcommit) line += ", overcommitted";
+  }
+  return line;
+}
+
+}  // namespace shardline::launch

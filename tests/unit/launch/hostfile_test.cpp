@@ -1,0 +1,108 @@
+// Hostfile and rankfile parsing: what mpirun accepts parses the same way; what it rejects or misreads
+// is a ConfigError naming file:line.
+#include "launch/hostfile.h"
+
+#include <gtest/gtest.h>
+
+#include "common/error.h"
+
+namespace shardline::launch {
+namespace {
+
+std::string error_of(const std::string& text) {
+  try {
+    parse_hostfile(text, "h");
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+std::string rankfile_error_of(const std::string& text) {
+  try {
+    parse_rankfile(text, "r");
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(Hostfile, SlotsCommentsAndAliases) {
+  const Hostfile f = parse_hostfile(
+      "# cluster\n\nnode01 slots=2\nnode02 slots=4 max_slots=8   # comment\r\nuser@node03 count=1\n10.0.0.4 cpu=2 max-slots=2\n",
+      "h");
+  ASSERT_EQ(f.hosts.size(), 4u);
+  EXPECT_EQ(f.hosts[0].host, "node01");
+  EXPECT_EQ(f.hosts[0].slots, 2);
+  EXPECT_EQ(f.hosts[0].line, 3);
+  EXPECT_EQ(f.hosts[1].max_slots, 8);
+  EXPECT_EQ(f.hosts[2].host, "node03");  // user@ dropped
+  EXPECT_EQ(f.hosts[2].slots, 1);
+  EXPECT_EQ(f.hosts[3].slots, 2);
+  EXPECT_EQ(f.total_slots(), 9);
+  EXPECT_NE(f.find("node02"), nullptr);
+  EXPECT_EQ(f.find("node09"), nullptr);
+}
+
+TEST(Hostfile, HostWithoutSlotsLeavesTheTotalUnknown) {
+  const Hostfile f = parse_hostfile("node01 slots=2\nnode02\n", "h");
+  EXPECT_FALSE(f.hosts[1].slots);
+  EXPECT_FALSE(f.total_slots());
+}
+
+TEST(Hostfile, RepeatedBareHostCountsOneSlotPerLine) {
+  // mpirun: "localhost" three times = 3 slots.
+  const Hostfile f = parse_hostfile("a\na\na\nb slots=1\n", "h");
+  ASSERT_EQ(f.hosts.size(), 2u);
+  EXPECT_EQ(f.hosts[0].slots, 3);
+  EXPECT_EQ(f.total_slots(), 4);
+}
+
+TEST(Hostfile, MistakesNameFileLineAndTheFix) {
+  EXPECT_EQ(error_of("a slots=1\nb slot=2\n"),
+            "h:2: unknown keyword 'slot'; hostfile lines are 'HOST [slots=N] [max_slots=N]'");
+  EXPECT_EQ(error_of("a slots=two\n"),
+            "h:1: slots='two' must be a positive whole number of ranks (hostfile lines are 'HOST [slots=N] [max_slots=N]')");
+  EXPECT_NE(error_of("a slots=0\n").find("h:1: slots='0' must be a positive"), std::string::npos);
+  EXPECT_NE(error_of("a slots=-1\n").find("h:1: slots='-1'"), std::string::npos);
+  EXPECT_NE(error_of("a slots=\n").find("h:1: slots=''"), std::string::npos);
+  EXPECT_NE(error_of("a slots=2 max_slots=1\n").find("h:1: max_slots=1 is below slots=2"), std::string::npos);
+  EXPECT_NE(error_of("a b\n").find("h:1: unexpected 'b' after host 'a'"), std::string::npos);
+  EXPECT_NE(error_of("a,b slots=1\n").find("h:1: 'a,b' names several hosts"), std::string::npos);
+  EXPECT_NE(error_of("slots=2\n").find("h:1: 'slots=2' is not a host name"), std::string::npos);
+  EXPECT_NE(error_of("node/1\n").find("h:1: 'node/1' is not a host name"), std::string::npos);
+  EXPECT_NE(error_of("a slots=1 slots=2\n").find("h:1: slots given twice"), std::string::npos);
+  EXPECT_NE(error_of("a slots=1\nb\na slots=1\n").find("h:3: 'a' is already listed on line 1"), std::string::npos);
+  EXPECT_NE(error_of("a\na slots=2\n").find("h:2: 'a' is already listed on line 1"), std::string::npos);
+  EXPECT_NE(error_of("# only comments\n\n").find("h: names no host"), std::string::npos);
+  EXPECT_NE(error_of("").find("names no host"), std::string::npos);
+}
+
+TEST(Hostfile, UnreadableFileIsAResourceError) {
+  EXPECT_THROW(read_hostfile("/nonexistent/hostfile"), ResourceError);
+}
+
+TEST(Rankfile, Ranks) {
+  const auto r = parse_rankfile("# tp=2\nrank 0=node01 slot=0:0-7\nrank 1 = node01 slot = 1:0-7\nrank 2=+n1 slot=0,1\n", "r");
+  ASSERT_EQ(r.size(), 3u);
+  EXPECT_EQ(r[0].rank, 0);
+  EXPECT_EQ(r[0].host, "node01");
+  EXPECT_EQ(r[0].slot, "0:0-7");
+  EXPECT_EQ(r[0].line, 2);
+  EXPECT_EQ(r[1].slot, "1:0-7");
+  EXPECT_EQ(r[2].host, "+n1");
+}
+
+TEST(Rankfile, MistakesNameFileAndLine) {
+  EXPECT_NE(rankfile_error_of("rank 0=a slot=0\nrank 0=b slot=1\n").find("r:2: rank 0 is already placed on line 1"),
+            std::string::npos);
+  EXPECT_NE(rankfile_error_of("rank x=a slot=0\n").find("r:1: 'x' is not a rank number"), std::string::npos);
+  EXPECT_NE(rankfile_error_of("rank 0=a\n").find("r:1: 'rank 0=a' is not a rank line"), std::string::npos);
+  EXPECT_NE(rankfile_error_of("rnak 0=a slot=1\n").find("r:1:"), std::string::npos);
+  EXPECT_NE(rankfile_error_of("rank 0=a slot=core1\n").find("r:1: slot 'core1'"), std::string::npos);
+  EXPECT_NE(rankfile_error_of("rank 0=a/b slot=1\n").find("r:1: 'a/b' is not a host"), std::string::npos);
+  EXPECT_NE(rankfile_error_of("\n").find("places no rank"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace shardline::launch

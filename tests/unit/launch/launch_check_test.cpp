@@ -1,0 +1,161 @@
+// The launch preflight's rules: rank count, Slurm allocation, hostfile slots, rankfile coverage, and the
+// rank -> host map it reports.
+#include "launch/launch_check.h"
+
+#include <gtest/gtest.h>
+
+#include "common/error.h"
+
+namespace shardline::launch {
+namespace {
+
+LaunchRequest layout(int tp, int pp) {
+  LaunchRequest r;
+  r.tp_size = tp;
+  r.pp_size = pp;
+  return r;
+}
+
+template <typename E>
+std::string error_of(const LaunchRequest& r) {
+  try {
+    check_launch(r);
+  } catch (const E& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    std::string message = "wrong exception type: ";
+    message += e.what();
+    return message;
+  }
+  return "(no error)";
+}
+
+SlurmAllocation allocation(int n_tasks, std::vector<int> per_node) {
+  SlurmAllocation s;
+  s.job_id = std::to_string(9);  // (a literal here trips GCC 12's bogus -Wrestrict)
+  s.n_tasks = n_tasks;
+  s.tasks_per_node = std::move(per_node);
+  s.n_nodes = static_cast<int>(s.tasks_per_node.size());
+  return s;
+}
+
+TEST(LaunchCheck, LayoutAloneIsFine) {
+  const auto report = check_launch(layout(2, 2));
+  EXPECT_EQ(report.n_ranks, 4);
+  EXPECT_TRUE(report.rank_hosts.empty());
+  EXPECT_EQ(report.summary(2, 2), "tp=2 x pp=2 = 4 ranks");
+}
+
+TEST(LaunchCheck, RankCountMustEqualTheLayout) {
+  LaunchRequest r = layout(2, 1);
+  r.n_ranks = 2;
+  EXPECT_NO_THROW(check_launch(r));
+  r.n_ranks = 4;
+  EXPECT_EQ(error_of<ConfigError>(r), "--np 4 starts 4 ranks but tp=2 x pp=1 uses 2: the extra ranks would hold no "
+                                      "shard; launch exactly 2 (mpirun -np 2) or raise --tp/--pp");
+  r.n_ranks = 1;
+  EXPECT_NE(error_of<ConfigError>(r).find("--np 1 starts 1 rank but tp=2 x pp=1 needs 2"), std::string::npos);
+  EXPECT_NE(error_of<ConfigError>(layout(0, 1)).find("--tp and --pp must be >= 1"), std::string::npos);
+}
+
+TEST(LaunchCheck, SlurmAllocationTooSmallIsAResourceError) {
+  LaunchRequest r = layout(2, 2);
+  r.slurm = allocation(2, {2});
+  EXPECT_NE(error_of<ResourceError>(r).find("job 9 has 2 tasks (SLURM_NTASKS) but tp=2 x pp=2 needs 4 ranks, one per "
+                                            "task: submit with --ntasks=4"),
+            std::string::npos)
+      << error_of<ResourceError>(r);
+}
+
+TEST(LaunchCheck, SlurmAllocationLargerThanTheLayout) {
+  LaunchRequest r = layout(2, 1);
+  r.slurm = allocation(4, {2, 2});
+  EXPECT_NE(error_of<ConfigError>(r).find("job 9 has 4 tasks but tp=2 x pp=1 uses 2: srun starts one rank per task"),
+            std::string::npos);
+  r.n_ranks = 2;  // srun -n 2 inside the larger allocation: fine
+  EXPECT_NO_THROW(check_launch(r));
+}
+
+TEST(LaunchCheck, SlurmBlockDistributionMapsRanksToNodes) {
+  LaunchRequest r = layout(2, 2);
+  r.slurm = allocation(4, {2, 2});
+  const auto report = check_launch(r);
+  EXPECT_EQ(report.rank_hosts, (std::vector<std::string>{"node 0", "node 0", "node 1", "node 1"}));
+  EXPECT_TRUE(report.warnings.empty());
+  EXPECT_EQ(report.summary(2, 2), "tp=2 x pp=2 = 4 ranks: node 0 ranks 0-1, node 1 ranks 2-3");
+  r.slurm = allocation(4, {1, 1, 1, 1});
+  EXPECT_EQ(check_launch(r).warnings.size(), 2u);  // both TP groups span two nodes
+}
+
+TEST(LaunchCheck, HostfileSlots) {
+  LaunchRequest r = layout(2, 2);
+  r.hostfile = parse_hostfile("a slots=2\nb slots=2\n", "hosts");
+  const auto report = check_launch(r);
+  EXPECT_EQ(report.summary(2, 2), "tp=2 x pp=2 = 4 ranks: a ranks 0-1, b ranks 2-3");
+  EXPECT_TRUE(report.warnings.empty());
+
+  r.hostfile = parse_hostfile("a slots=1\nb slots=2\n", "hosts");
+  EXPECT_EQ(error_of<ResourceError>(r),
+            "hostfile hosts offers 3 slots (a:1, b:2) but tp=2 x pp=2 needs 4 ranks: raise slots= (one per rank a "
+            "host may run), add hosts, or allow --oversubscribe here and in mpirun");
+  r.oversubscribe = true;
+  EXPECT_NO_THROW(check_launch(r));
+  r.hostfile = parse_hostfile("a slots=1 max_slots=1\nb slots=2 max_slots=2\n", "hosts");
+  EXPECT_NE(error_of<ResourceError>(r).find("allows at most 3 ranks (max_slots)"), std::string::npos);
+}
+
+TEST(LaunchCheck, HostfileThatSplitsATpGroupWarns) {
+  LaunchRequest r = layout(2, 2);
+  r.hostfile = parse_hostfile("a slots=1\nb slots=2\nc slots=1\n", "hosts");
+  const auto report = check_launch(r);
+  EXPECT_EQ(report.rank_hosts, (std::vector<std::string>{"a", "b", "b", "c"}));
+  ASSERT_EQ(report.warnings.size(), 2u);
+  EXPECT_NE(report.warnings[0].find("the TP group of stage 0 (ranks 0-1) spans a, b"), std::string::npos);
+}
+
+TEST(LaunchCheck, HostfileWithUnknownSlotsIsNotJudged) {
+  LaunchRequest r = layout(4, 2);
+  r.hostfile = parse_hostfile("a\nb slots=1\n", "hosts");
+  const auto report = check_launch(r);
+  EXPECT_TRUE(report.rank_hosts.empty());
+}
+
+TEST(LaunchCheck, RankfileMustPlaceEveryRankOnAKnownHost) {
+  LaunchRequest r = layout(2, 1);
+  r.hostfile = parse_hostfile("a slots=2\nb slots=2\n", "hosts");
+  r.rankfile = parse_rankfile("rank 0=a slot=0\nrank 1=+n1 slot=0\n", "ranks");
+  EXPECT_EQ(check_launch(r).rank_hosts, (std::vector<std::string>{"a", "b"}));
+
+  r.rankfile = parse_rankfile("rank 0=a slot=0\n", "ranks");
+  EXPECT_NE(error_of<ConfigError>(r).find("the rankfile places no rank 1: give one line for each of ranks 0-1"),
+            std::string::npos);
+  r.rankfile = parse_rankfile("rank 0=a slot=0\nrank 1=a slot=1\nrank 2=b slot=0\n", "ranks");
+  EXPECT_NE(error_of<ConfigError>(r).find("rankfile line 3 places rank 2 but tp=2 x pp=1 uses ranks 0-1"),
+            std::string::npos);
+  r.rankfile = parse_rankfile("rank 0=a slot=0\nrank 1=c slot=0\n", "ranks");
+  EXPECT_NE(error_of<ConfigError>(r).find("rankfile line 2 places rank 1 on 'c', which hostfile hosts does not list"),
+            std::string::npos);
+  r.rankfile = parse_rankfile("rank 0=a slot=0\nrank 1=+n2 slot=0\n", "ranks");
+  EXPECT_NE(error_of<ConfigError>(r).find("rankfile line 2 names +n2 but hostfile hosts lists 2 hosts"),
+            std::string::npos);
+}
+
+// The examples in hostfiles/ are what users copy: each must pass the check its own comment shows.
+TEST(LaunchCheck, ExampleFilesPassTheirOwnCheck) {
+  const std::string dir = std::string(SHARDLINE_SOURCE_DIR) + "/hostfiles/";
+  for (const char* name : {"two-hosts.hostfile", "numa.hostfile"}) {
+    LaunchRequest r = layout(2, 2);
+    r.n_ranks = 4;
+    r.hostfile = read_hostfile(dir + name);
+    const auto report = check_launch(r);
+    EXPECT_EQ(report.summary(2, 2), "tp=2 x pp=2 = 4 ranks: node01 ranks 0-1, node02 ranks 2-3") << name;
+    EXPECT_TRUE(report.warnings.empty()) << name;
+  }
+  LaunchRequest r = layout(2, 2);
+  r.hostfile = read_hostfile(dir + "two-hosts.hostfile");
+  r.rankfile = read_rankfile(dir + "tp2-pp2.rankfile");
+  EXPECT_EQ(check_launch(r).rank_hosts, (std::vector<std::string>{"node01", "node01", "node02", "node02"}));
+}
+
+}  // namespace
+}  // namespace shardline::launch

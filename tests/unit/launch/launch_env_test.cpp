@@ -1,0 +1,135 @@
+// Launcher detection from snapshots of the variables real launchers set (taken from Slurm 22.05 and
+// Open MPI 4.1 on Debian 12), and Slurm's compressed count lists.
+#include "launch/launch_env.h"
+
+#include <gtest/gtest.h>
+
+#include "common/error.h"
+
+namespace shardline::launch {
+namespace {
+
+// The batch script of `sbatch --nodes=2 --ntasks-per-node=2 --cpus-per-task=4`.
+Environment batch_script() {
+  return {{"SLURM_JOB_ID", "42"},          {"SLURM_JOB_NODELIST", "node[01-02]"}, {"SLURM_JOB_NUM_NODES", "2"},
+          {"SLURM_NNODES", "2"},           {"SLURM_TASKS_PER_NODE", "2(x2)"},     {"SLURM_NTASKS", "4"},
+          {"SLURM_NPROCS", "4"},           {"SLURM_CPUS_PER_TASK", "4"},          {"SLURM_PROCID", "0"},
+          {"SLURM_LOCALID", "0"},          {"SLURMD_NODENAME", "node01"},         {"SLURM_JOB_CPUS_PER_NODE", "8(x2)"}};
+}
+
+// Task 3 of `srun --mpi=pmix` inside that script.
+Environment srun_task() {
+  Environment env = batch_script();
+  env["SLURM_STEP_ID"] = "0";
+  env["SLURM_PROCID"] = "3";
+  env["SLURM_LOCALID"] = "1";
+  env["SLURMD_NODENAME"] = "node02";
+  env["PMIX_RANK"] = "3";
+  env["PMIX_NAMESPACE"] = "slurm.pmix.42.0";
+  return env;
+}
+
+TEST(LaunchEnv, NoVariablesIsAPlainProcess) {
+  const LaunchEnv e = detect_launch_env(Environment{});
+  EXPECT_EQ(e.launcher, Launcher::kPlain);
+  EXPECT_FALSE(e.wired_by_launcher());
+  EXPECT_FALSE(e.slurm || e.ompi || e.pmix);
+  EXPECT_EQ(describe(e), "plain process");
+}
+
+TEST(LaunchEnv, MpirunRank) {
+  const LaunchEnv e = detect_launch_env({{"OMPI_COMM_WORLD_SIZE", "4"}, {"OMPI_COMM_WORLD_RANK", "2"},
+                                         {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "0"},
+                                         {"OMPI_COMM_WORLD_NODE_RANK", "0"}, {"PMIX_RANK", "2"},
+                                         {"PMIX_NAMESPACE", "1234"}});
+  EXPECT_EQ(e.launcher, Launcher::kMpirun);  // mpirun runs a PMIx server too: OMPI_* decides
+  ASSERT_TRUE(e.ompi);
+  EXPECT_EQ(e.ompi->world_size, 4);
+  EXPECT_EQ(e.ompi->world_rank, 2);
+  EXPECT_EQ(e.ompi->local_size, 2);
+  EXPECT_FALSE(e.slurm);
+  EXPECT_EQ(describe(e), "mpirun (rank 2 of 4, local rank 0 of 2 on its host)");
+}
+
+TEST(LaunchEnv, BatchScriptSeesTheAllocation) {
+  const LaunchEnv e = detect_launch_env(batch_script());
+  EXPECT_EQ(e.launcher, Launcher::kPlain);  // the script itself is not a rank
+  ASSERT_TRUE(e.slurm);
+  EXPECT_EQ(e.slurm->job_id, "42");
+  EXPECT_FALSE(e.slurm->in_step());
+  EXPECT_EQ(e.slurm->n_nodes, 2);
+  EXPECT_EQ(e.slurm->n_tasks, 4);
+  EXPECT_EQ(e.slurm->tasks_per_node, (std::vector<int>{2, 2}));
+  EXPECT_EQ(e.slurm->cpus_per_task, 4);
+  EXPECT_EQ(e.slurm->proc_id, -1);
+  EXPECT_FALSE(e.srun_without_pmix());
+  EXPECT_EQ(describe(e), "plain process in Slurm job 42 (4 tasks); nodes 2 (node[01-02]), tasks per node 2,2, 4 cpus per task");
+}
+
+TEST(LaunchEnv, SrunTaskWithPmix) {
+  const LaunchEnv e = detect_launch_env(srun_task());
+  EXPECT_EQ(e.launcher, Launcher::kSrun);
+  EXPECT_TRUE(e.wired_by_launcher());
+  ASSERT_TRUE(e.slurm && e.pmix);
+  EXPECT_EQ(e.slurm->proc_id, 3);
+  EXPECT_EQ(e.slurm->local_id, 1);
+  EXPECT_EQ(e.pmix->rank, 3);
+  EXPECT_EQ(describe(e), "srun (PMIx rank 3 in namespace slurm.pmix.42.0) in Slurm job 42 step 0 (task 3 of 4, local "
+                         "id 1 on node02); nodes 2 (node[01-02]), tasks per node 2,2, 4 cpus per task");
+}
+
+TEST(LaunchEnv, SrunWithoutPmixIsRecognised) {
+  Environment env = srun_task();
+  env.erase("PMIX_RANK");
+  env.erase("PMIX_NAMESPACE");
+  const LaunchEnv e = detect_launch_env(env);
+  EXPECT_EQ(e.launcher, Launcher::kPlain);
+  EXPECT_TRUE(e.srun_without_pmix());
+  // One task alone is just a plain process: nothing to wire.
+  env["SLURM_NTASKS"] = "1";
+  env["SLURM_TASKS_PER_NODE"] = "1";
+  EXPECT_FALSE(detect_launch_env(env).srun_without_pmix());
+}
+
+TEST(LaunchEnv, PmixWithoutSlurmOrMpirun) {
+  const LaunchEnv e = detect_launch_env({{"PMIX_RANK", "0"}, {"PMIX_NAMESPACE", "prte-1"}});
+  EXPECT_EQ(e.launcher, Launcher::kPmix);
+}
+
+TEST(LaunchEnv, MpirunInsideAnAllocation) {
+  Environment env = batch_script();
+  env["SLURM_STEP_ID"] = "1";  // mpirun's daemons run as a step
+  env["OMPI_COMM_WORLD_SIZE"] = "4";
+  env["OMPI_COMM_WORLD_RANK"] = "1";
+  const LaunchEnv e = detect_launch_env(env);
+  EXPECT_EQ(e.launcher, Launcher::kMpirun);
+  EXPECT_TRUE(e.slurm);
+}
+
+TEST(LaunchEnv, TaskCountFallsBackToTasksPerNode) {
+  const LaunchEnv e = detect_launch_env({{"SLURM_JOB_ID", "7"}, {"SLURM_TASKS_PER_NODE", "3(x2),1"}});
+  ASSERT_TRUE(e.slurm);
+  EXPECT_EQ(e.slurm->n_tasks, 7);
+}
+
+TEST(LaunchEnv, NonsenseInALauncherVariableIsAConfigError) {
+  EXPECT_THROW(detect_launch_env({{"SLURM_JOB_ID", "7"}, {"SLURM_NTASKS", "four"}}), ConfigError);
+  EXPECT_THROW(detect_launch_env({{"OMPI_COMM_WORLD_SIZE", "-2"}}), ConfigError);
+  try {
+    detect_launch_env({{"SLURM_JOB_ID", "7"}, {"SLURM_NTASKS", "four"}});
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("SLURM_NTASKS='four'"), std::string::npos) << e.what();
+  }
+}
+
+TEST(SlurmCounts, Expand) {
+  EXPECT_EQ(expand_slurm_counts("V", "4"), (std::vector<int>{4}));
+  EXPECT_EQ(expand_slurm_counts("V", "2(x3),1"), (std::vector<int>{2, 2, 2, 1}));
+  EXPECT_EQ(expand_slurm_counts("V", "1,16(x2)"), (std::vector<int>{1, 16, 16}));
+  for (const char* bad : {"", "x", "2(x)", "2(x3", "2,", ",2", "2,,3", "-1", "2(x0)", "99999999999"}) {
+    EXPECT_THROW(expand_slurm_counts("V", bad), ConfigError) << bad;
+  }
+}
+
+}  // namespace
+}  // namespace shardline::launch
