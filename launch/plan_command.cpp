@@ -84,12 +84,45 @@ void print_table(const std::vector<PlanEstimate>& plans) {
   }
 }
 
+// An sbatch script whose geometry and run flags implement the plan; the run flags the plan does not fix
+// (model, prompts, steps...) are the script's arguments.
+std::string sbatch_for(const PlanEstimate& p, const partition::ClusterSpec& cluster, const std::string& description) {
+  const int ranks = p.layout.world();
+  const int per_node = cluster.domains_per_node * cluster.ranks_per_domain;
+  const int nodes = (ranks + per_node - 1) / per_node;
+  const int cpus = std::max(1, cluster.domain.cores / cluster.ranks_per_domain);
+  const std::string flags = fmt::format("--tp {} --pp {} --layers-per-stage {} --micro-batches {}", p.layout.tp,
+                                        p.layout.pp, join(p.layout.layers_per_stage), p.layout.micro_batches);
+  return fmt::format(R"(#!/bin/bash
+# Written by `shardline plan --emit sbatch`: {}
+# Plan: tp={} x pp={} = {} ranks, layers per stage {}, {} micro-batch(es); predicted {:.1f} tok/s,
+# {} per token, TTFT {}, {} per rank. Submit with run's other flags as arguments:
+#   sbatch this.sbatch --model model.bin --tokenizer tokenizer.bin --prompt "Once upon a time"
+#
+#SBATCH --job-name=shardline-run
+#SBATCH --nodes={}            # ranks fill nodes in order (TP groups first), as the plan assumed
+#SBATCH --ntasks={}           # tp x pp ranks, one per task
+#SBATCH --cpus-per-task={}    # each rank's cores (its kernel threads)
+#SBATCH --time=01:00:00       # wall-clock limit
+set -euo pipefail
+SHARDLINE=${{SHARDLINE:-shardline}}
+# Preflight: does the allocation hold the layout? One error line before any rank starts if not.
+"$SHARDLINE" launch-check {} "$@" >&2
+exec srun --mpi=pmix --distribution=block --kill-on-bad-exit=1 "$SHARDLINE" run {} "$@"
+)",
+                     description, p.layout.tp, p.layout.pp, ranks, join(p.layout.layers_per_stage),
+                     p.layout.micro_batches, p.throughput_tok_s, seconds(p.token_latency_s), seconds(p.ttft_s),
+                     format_bytes(p.stages.empty() ? 0 : p.stages.front().rank_memory_bytes), nodes, ranks, cpus, flags,
+                     flags);
+}
+
 }  // namespace
 
 int plan_command(const std::vector<std::string>& args) {
   std::string model, preset, cluster_file, probe_file, objective = "latency", dtype = "fp32", tp_list, pp_list, m_list;
   int batch = 1, context = 0, prompt_tokens = 0, top = 5, ranks = 0, ranks_per_domain = 0;
   bool json = false;
+  std::string emit;
   po::options_description options("plan options");
   options.add_options()
       ("model", po::value(&model), "llama2.c checkpoint: only its header is read")
@@ -108,7 +141,8 @@ int plan_command(const std::vector<std::string>& args) {
       ("pp", po::value(&pp_list), "only these pp values")
       ("micro-batches", po::value(&m_list), "only these micro-batch counts")
       ("top", po::value(&top)->default_value(5), "how many plans to show")
-      ("json", po::bool_switch(&json), "print the plans as JSON");
+      ("json", po::bool_switch(&json), "print the plans as JSON")
+      ("emit", po::value(&emit), "sbatch: print an sbatch script that runs the best plan instead of the table");
   po::variables_map vm;
   const std::string usage =
       "Usage: shardline plan (--model M.bin | --preset NAME) [--cluster FILE | --probe-file FILE]\n"
@@ -177,6 +211,17 @@ int plan_command(const std::vector<std::string>& args) {
                                   w.shape.n_kv_heads, w.shape.n_layers));
   }
   const double weights = static_cast<double>(w.shape.n_params()) * w.weight_bytes_per_param;
+  if (!emit.empty()) {
+    if (emit != "sbatch") throw ConfigError(fmt::format("shardline plan: --emit '{}' is not sbatch", emit));
+    if (!plans.front().feasible) {
+      throw ResourceError(fmt::format("no layout fits, so no script: the closest, tp={} pp={}, {}",
+                                      plans.front().layout.tp, plans.front().layout.pp, plans.front().infeasible_reason));
+    }
+    std::cout << sbatch_for(plans.front(), cluster,
+                            fmt::format("{} on '{}', objective {}, batch {}, context {}", preset.empty() ? model : preset,
+                                        cluster.name, partition::objective_name(w.objective), w.batch, w.context));
+    return 0;
+  }
   if (json) {
     nlohmann::json out = {{"model", {{"shape", w.shape.describe()}, {"params", w.shape.n_params()}, {"weight_bytes", weights}}},
                           {"cluster", partition::cluster_to_json(cluster)},

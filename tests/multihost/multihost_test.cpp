@@ -114,6 +114,20 @@ class MultiHost : public ::testing::Test {
   std::vector<Golden> goldens_;
 };
 
+TEST_F(MultiHost, ProbeReportsTheCrossHostLinkSeparately) {
+  const std::string out = (work_ / "probe.json").string();
+  const ProcessResult r = run_process(mpirun(hostfile(), 2) + shardline_binary() + " probe --quick --out " + out, 180);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("on 2 host(s)"), std::string::npos) << r.out;
+  const auto j = nlohmann::json::parse(read_text_file(out));
+  EXPECT_EQ(j["nodes"], 2);
+  EXPECT_TRUE(j["measurements"]["point_to_point"]["cross_host"]["measured"].get<bool>()) << r.out;
+  EXPECT_FALSE(j["measurements"]["point_to_point"]["same_host"]["measured"].get<bool>()) << r.out;
+  EXPECT_GT(j["links"]["cross_node"]["bandwidth_bytes_per_s"].get<double>(), 1e6);
+  const std::string line = r.out.substr(r.out.find("cross host"));
+  EXPECT_EQ(line.substr(0, line.find('\n')).find("not measured"), std::string::npos) << r.out;
+}
+
 TEST_F(MultiHost, Tp2AcrossTwoHostsReproducesTheGoldens) { expect_goldens_across_hosts(2, 1); }
 
 TEST_F(MultiHost, Pp2AcrossTwoHostsReproducesTheGoldens) { expect_goldens_across_hosts(1, 2); }

@@ -159,6 +159,30 @@ TEST_F(Slurm, MpirunScriptInsideTheAllocationReproducesTheGoldens) {
   EXPECT_NE(job.err.find("in Slurm job " + job.id), std::string::npos) << job.err;
 }
 
+TEST_F(Slurm, PlanOnlyScriptEmitsARunScriptThatReproducesTheGoldens) {
+  SHARDLINE_REQUIRE_MODEL_FILE(model_file("tiny-32k.bin"));
+  setenv("MODEL", model_file("tiny-32k.bin").c_str(), 1);
+  setenv("CLUSTER", (std::string(SHARDLINE_SOURCE_DIR) + "/hostfiles/cluster-this-vm.json").c_str(), 1);
+  setenv("PLAN_FLAGS", "--np 2", 1);
+  setenv("BATCH", "4", 1);
+  const Job plan = submit("--nodes=1 --ntasks=1", script("plan-only.sbatch"), "");
+  unsetenv("MODEL");
+  unsetenv("CLUSTER");
+  unsetenv("PLAN_FLAGS");
+  unsetenv("BATCH");
+  ASSERT_EQ(plan.exit_code, 0) << plan.err;
+  EXPECT_NE(plan.out.find("layers/stage"), std::string::npos) << plan.out;  // the plan table
+  const fs::path emitted = dir_ / ("shardline-run-" + plan.id + ".sbatch");
+  ASSERT_TRUE(fs::exists(emitted)) << plan.out;
+  const std::string text = read_text_file(emitted.string());
+  EXPECT_NE(text.find("#SBATCH --ntasks=2"), std::string::npos) << text;
+  // The emitted script carries the layout; the job passes only what to generate.
+  std::string args = golden_run_args(1, 1);
+  args = args.substr(0, args.find(" --tp "));
+  const Job run = submit("--time=00:10:00", emitted.string(), args);  // this partition allows 30 min
+  expect_goldens(run);
+}
+
 TEST_F(Slurm, AllocationTooSmallForTheLayoutFailsBeforeAnyRankStarts) {
   SHARDLINE_REQUIRE_MODEL_FILE(model_file("tiny-32k.bin"));
   const auto start = std::chrono::steady_clock::now();
