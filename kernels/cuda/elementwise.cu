@@ -1,6 +1,6 @@
 // Row and elementwise kernels: the same arithmetic as kernels/cpu/elementwise.cpp, on the device.
-// Not compiled with fast math: powf/expf/sinf/cosf/sqrtf are CUDA's accurate versions (within 2 ulp of
-// the correctly rounded value), so the results stay within a few ulp of the CPU's.
+// Not compiled with fast math: expf and sqrtf are CUDA's accurate versions (expf within 2 ulp, sqrtf and
+// division correctly rounded), so results stay within a few ulp of the CPU's.
 #include <cuda_bf16.h>
 
 #include "kernels/cuda/block_reduce.cuh"
@@ -34,14 +34,19 @@ __global__ void rope_kernel(float* vec, const int* positions, int n_tokens, int 
   const int token = static_cast<int>(pair / (static_cast<std::size_t>(n_heads) * half));
   const int i = static_cast<int>(pair % half) * 2;
   float* v = vec + pair * 2;  // pairs are laid out consecutively: (token, head, pair)
-  const float freq = 1.0f / powf(theta_base, static_cast<float>(i) / static_cast<float>(head_size));
+  // The CPU rounds glibc's powf/cosf/sinf, which are correctly rounded in nearly all cases; CUDA's float
+  // versions may be 2-4 ulp off, and an error in freq grows with the position (x 4096 at the end of a
+  // long context). Computing in double and rounding once reproduces the CPU's floats in nearly all cases.
+  const float exponent = static_cast<float>(i) / static_cast<float>(head_size);
+  const float freq = 1.0f / static_cast<float>(pow(static_cast<double>(theta_base), static_cast<double>(exponent)));
   const float angle = static_cast<float>(positions[token]) * freq;
-  const float fcr = cosf(angle);
-  const float fci = sinf(angle);
+  const float fcr = static_cast<float>(cos(static_cast<double>(angle)));
+  const float fci = static_cast<float>(sin(static_cast<double>(angle)));
   const float v0 = v[0];
   const float v1 = v[1];
-  v[0] = v0 * fcr - v1 * fci;
-  v[1] = v0 * fci + v1 * fcr;
+  // Explicit roundings: nvcc would otherwise fuse a multiply into the add (an FMA), which the CPU does not.
+  v[0] = __fsub_rn(__fmul_rn(v0, fcr), __fmul_rn(v1, fci));
+  v[1] = __fadd_rn(__fmul_rn(v0, fci), __fmul_rn(v1, fcr));
 }
 
 __global__ void swiglu_kernel(float* h1, const float* h3, std::size_t size) {
