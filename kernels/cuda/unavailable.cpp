@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "common/error.h"
+#include "kernels/cuda/graph.h"
 #include "kernels/cuda/ops.h"
 
 namespace shardline::kernels::cuda {
@@ -101,5 +102,18 @@ TokenSampler::TokenSampler(TokenSampler&&) noexcept = default;
 TokenSampler& TokenSampler::operator=(TokenSampler&&) noexcept = default;
 TokenSampler::~TokenSampler() = default;
 void TokenSampler::sample(int*, float*, const float*, int, float, float, StreamRef) { unavailable("CUDA sampler"); }
+
+Graph Graph::capture(const Stream&, const std::function<void()>&) { unavailable("CUDA graph"); }
+Graph::Graph(Graph&& other) noexcept : graph_(other.graph_), exec_(other.exec_) {
+  other.graph_ = nullptr;
+  other.exec_ = nullptr;
+}
+Graph& Graph::operator=(Graph&& other) noexcept {
+  std::swap(graph_, other.graph_);
+  std::swap(exec_, other.exec_);
+  return *this;
+}
+Graph::~Graph() = default;
+void Graph::launch(StreamRef) const { unavailable("CUDA graph"); }
 
 }  // namespace shardline::kernels::cuda

@@ -26,6 +26,7 @@
 #include <gtest/gtest.h>
 
 #include "kernels/cpu/ops.h"
+#include "kernels/cuda/graph.h"
 #include "kernels/cuda/ops.h"
 #include "runtime/sampler.h"
 
@@ -319,6 +320,38 @@ TEST_F(CudaOps, Bf16MatmulWithinItsStatedTolerance) {
   const double versus_fp32 = nmse(got, fp32);
   EXPECT_LT(versus_fp32, kBf16VersusFp32Nmse);
   EXPECT_GT(versus_fp32, 1e-8) << "bf16 weights should not be as accurate as fp32: were they rounded at all?";
+}
+
+// A decode-like chain (norm, matmul, residual, rope at a device-side position, argmax) recorded into a
+// CUDA graph replays to the result of running it directly: every op is capture-safe.
+TEST_F(CudaOps, GraphReplaysADecodeLikeChain) {
+  const int dim = 512, vocab = 3000, head_size = 64;
+  const auto x0 = random_floats(dim, 80);
+  const auto norm_w = random_floats(dim, 81);
+  const auto w = random_floats(static_cast<std::size_t>(vocab) * dim, 82);
+  Blas blas(BlasOptions{1, dim});
+  const DeviceMatrix dw = DeviceMatrix::upload(w.data(), dim, vocab, dim, DeviceDtype::kBf16);
+  DeviceBuffer dx = to_device(x0), dnorm = to_device(norm_w), dpos = to_device(std::vector<int>{41});
+  DeviceBuffer dh(dim * 4), dlogits(vocab * 4), dtoken(4);
+  auto step = [&] {
+    rmsnorm(dh.as<float>(), dx.as<float>(), dnorm.as<float>(), 1, dim, 1e-5f, stream());
+    rope(dh.as<float>(), dpos.as<int>(), 1, dim / head_size, head_size, 10000.0f, stream());
+    add_inplace(dh.as<float>(), dx.as<float>(), dim, stream());
+    blas.matmul(dlogits.as<float>(), dh.as<float>(), dw.view(), 1, stream());
+    argmax(dtoken.as<int>(), dlogits.as<float>(), 1, vocab, stream());
+  };
+  step();
+  const auto eager_logits = to_host<float>(dlogits, vocab);
+  const int eager_token = to_host<int>(dtoken, 1)[0];
+  fill_zero_async(dlogits.data(), vocab * 4, stream());
+  const Graph graph = Graph::capture(*stream_, step);
+  ASSERT_FALSE(graph.empty());
+  EXPECT_EQ(to_host<float>(dlogits, vocab), std::vector<float>(vocab, 0.0f)) << "capture must not run the work";
+  for (int replay = 0; replay < 3; ++replay) {
+    graph.launch(stream());
+    EXPECT_LT(nmse(to_host<float>(dlogits, vocab), eager_logits), kFp32Nmse) << "replay " << replay;
+    EXPECT_EQ(to_host<int>(dtoken, 1)[0], eager_token);
+  }
 }
 
 // The CPU sampler's coin for a fresh Sampler with this seed: llama2.c's xorshift64* (runtime/sampler.cpp).
