@@ -5,9 +5,7 @@
 #include <sched.h>
 #include <time.h>
 
-#include <array>
 #include <chrono>
-#include <cstring>
 #include <string>
 #include <utility>
 
