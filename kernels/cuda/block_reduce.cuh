@@ -1,0 +1,34 @@
+// Private to kernels/cuda: block-wide reductions the row kernels share (one thread block per row).
+#pragma once
+
+#include <cub/block/block_reduce.cuh>
+
+namespace shardline::kernels::cuda {
+
+inline constexpr int kRowThreads = 256;  // threads of a block that owns one row
+
+struct SumOp {
+  __device__ float operator()(float a, float b) const { return a + b; }
+};
+struct MaxOp {
+  __device__ float operator()(float a, float b) const { return a > b ? a : b; }
+};
+
+// Reduces every thread's value; every thread gets the result. Must be called by the whole block.
+template <typename Op>
+__device__ float block_all_reduce(float value, Op op) {
+  using Reduce = cub::BlockReduce<float, kRowThreads>;
+  __shared__ typename Reduce::TempStorage storage;
+  __shared__ float result;
+  const float reduced = Reduce(storage).Reduce(value, op);
+  if (threadIdx.x == 0) result = reduced;
+  __syncthreads();
+  const float out = result;
+  __syncthreads();  // storage and result may be reused by the next call
+  return out;
+}
+
+__device__ inline float block_sum(float value) { return block_all_reduce(value, SumOp()); }
+__device__ inline float block_max(float value) { return block_all_reduce(value, MaxOp()); }
+
+}  // namespace shardline::kernels::cuda

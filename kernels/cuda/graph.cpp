@@ -1,0 +1,50 @@
+#include "kernels/cuda/graph.h"
+
+#include <cuda_runtime.h>
+
+#include <utility>
+
+#include "kernels/cuda/cuda_check.h"
+
+namespace shardline::kernels::cuda {
+
+Graph Graph::capture(const Stream& stream, const std::function<void()>& record) {
+  const cudaStream_t native_stream = native(stream.ref());
+  // Thread-local mode: only this thread's unsafe calls break the capture, other threads' work is unaffected.
+  check_cuda(cudaStreamBeginCapture(native_stream, cudaStreamCaptureModeThreadLocal), "graph capture start");
+  cudaGraph_t graph = nullptr;
+  try {
+    record();
+  } catch (...) {
+    cudaStreamEndCapture(native_stream, &graph);  // leave the stream usable, discard the partial graph
+    if (graph) cudaGraphDestroy(graph);
+    throw;
+  }
+  check_cuda(cudaStreamEndCapture(native_stream, &graph), "graph capture");
+  Graph out;
+  out.graph_ = graph;
+  cudaGraphExec_t exec = nullptr;
+  check_cuda(cudaGraphInstantiate(&exec, graph, 0), "graph instantiation");
+  out.exec_ = exec;
+  return out;
+}
+
+Graph::Graph(Graph&& other) noexcept
+    : graph_(std::exchange(other.graph_, nullptr)), exec_(std::exchange(other.exec_, nullptr)) {}
+Graph& Graph::operator=(Graph&& other) noexcept {
+  std::swap(graph_, other.graph_);
+  std::swap(exec_, other.exec_);
+  return *this;
+}
+Graph::~Graph() {
+  if (exec_) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
+  if (graph_) cudaGraphDestroy(static_cast<cudaGraph_t>(graph_));
+}
+
+void Graph::launch(StreamRef stream) const {
+  // A launch that cannot even be queued (an invalid graph) is a broken invariant of the caller's, and
+  // rare enough that reporting it at once beats waiting for the next synchronisation.
+  check_cuda(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), native(stream)), "graph launch");
+}
+
+}  // namespace shardline::kernels::cuda
