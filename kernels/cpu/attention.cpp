@@ -6,18 +6,23 @@
 
 namespace shardline::kernels::cpu {
 
-void attention(float* out, const float* q, const float* k_cache, const float* v_cache, float* scratch,
-               int n_ctx, int n_heads, int n_kv_heads, int head_size, int kv_stride) {
+void attention_paged(float* out, const float* q, const float* const* k_blocks, const float* const* v_blocks,
+                     int block_tokens, float* scratch, int n_ctx, int n_heads, int n_kv_heads, int head_size,
+                     int kv_stride) {
   const int group = n_heads / n_kv_heads;  // query heads sharing one kv head (GQA)
   const float inv_sqrt = 1.0f / std::sqrt(static_cast<float>(head_size));
   const int n_threads = num_threads();
+  // Row t of a block-paged cache: block t / block_tokens, row t % block_tokens inside it.
+  auto row = [&](const float* const* blocks, int t) {
+    return blocks[t / block_tokens] + static_cast<std::size_t>(t % block_tokens) * kv_stride;
+  };
 #pragma omp parallel for num_threads(n_threads) if (n_threads > 1 && n_heads > 1 && n_ctx > 64)
   for (int h = 0; h < n_heads; ++h) {
     const float* qh = q + static_cast<std::size_t>(h) * head_size;
     float* att = scratch + static_cast<std::size_t>(h) * n_ctx;
     const int kv_offset = (h / group) * head_size;
     for (int t = 0; t < n_ctx; ++t) {
-      const float* kt = k_cache + static_cast<std::size_t>(t) * kv_stride + kv_offset;
+      const float* kt = row(k_blocks, t) + kv_offset;
       float score = 0.0f;
       for (int i = 0; i < head_size; ++i) score += qh[i] * kt[i];
       att[t] = score * inv_sqrt;
@@ -26,11 +31,18 @@ void attention(float* out, const float* q, const float* k_cache, const float* v_
     float* oh = out + static_cast<std::size_t>(h) * head_size;
     for (int i = 0; i < head_size; ++i) oh[i] = 0.0f;
     for (int t = 0; t < n_ctx; ++t) {
-      const float* vt = v_cache + static_cast<std::size_t>(t) * kv_stride + kv_offset;
+      const float* vt = row(v_blocks, t) + kv_offset;
       const float a = att[t];
       for (int i = 0; i < head_size; ++i) oh[i] += a * vt[i];
     }
   }
+}
+
+void attention(float* out, const float* q, const float* k_cache, const float* v_cache, float* scratch,
+               int n_ctx, int n_heads, int n_kv_heads, int head_size, int kv_stride) {
+  // A contiguous cache is one block holding every position.
+  attention_paged(out, q, &k_cache, &v_cache, n_ctx > 0 ? n_ctx : 1, scratch, n_ctx, n_heads, n_kv_heads, head_size,
+                  kv_stride);
 }
 
 }  // namespace shardline::kernels::cpu
