@@ -14,6 +14,7 @@
 #include "launch/gen_model_command.h"
 #include "launch/mpi_session.h"
 #include "launch/run_command.h"
+#include "launch/topo_command.h"
 
 namespace {
 
@@ -24,6 +25,7 @@ Usage: shardline <command> [options]      (shardline <command> --help for its op
 Commands:
   run         generate text (plain process, or under mpirun / srun)
   gen-model   write a random-weight llama2.c checkpoint and tokenizer of any shape
+  topo        show the host's topology and where each local rank would be placed
 
 Exit codes: 0 ok, 1 unexpected error, 2 bad flags or layout, 3 corrupt input file,
             4 missing resource (file, memory, GPU), 5 communication failure (peer died, timeout).
@@ -40,6 +42,7 @@ int dispatch(const std::string& command, const std::vector<std::string>& args,
     return run_command(args, *mpi);
   }
   if (command == "gen-model") return gen_model_command(args);
+  if (command == "topo") return topo_command(args);
   throw shardline::ConfigError(fmt::format("unknown command '{}' (see 'shardline --help')", command));
 }
 

@@ -27,13 +27,19 @@ const char* bind_mode_name(BindMode mode) {
   return "?";
 }
 
+std::vector<int> RankPlacement::core_indices() const {
+  std::vector<int> out;
+  for (const auto& core : cores) out.push_back(core.index);
+  return out;
+}
+
 std::string RankPlacement::describe() const {
   if (applied == BindMode::kNone && !launcher_bound) {
     return fmt::format("not bound (--bind {}){}", bind_mode_name(requested), note.empty() ? "" : "; " + note);
   }
   std::string where = numa_node >= 0 ? fmt::format("NUMA node {}", numa_node) : "no single NUMA node";
   std::string how = launcher_bound ? "bound by the launcher (kept)" : fmt::format("bind {}", bind_mode_name(applied));
-  return fmt::format("{}, cores {} (PUs {}), {}{}", where, format_index_list(cores), format_index_list(pus), how,
+  return fmt::format("{}, cores {} (PUs {}), {}{}", where, format_index_list(core_indices()), format_index_list(pus), how,
                      note.empty() ? "" : "; " + note);
 }
 
@@ -75,7 +81,7 @@ RankPlacement plan_placement(const HostTopology& host, int local_rank, int local
                            node.os_index, n_cores, n_cores == 1 ? "" : "s");
     }
     for (const auto& core : node.cores) {
-      p.cores.push_back(core.index);
+      p.cores.push_back(core);
       p.pus.insert(p.pus.end(), core.pus.begin(), core.pus.end());
     }
   } else {
@@ -83,7 +89,7 @@ RankPlacement plan_placement(const HostTopology& host, int local_rank, int local
     const int begin = static_cast<int>(static_cast<long>(index_on_node) * n_cores / p.ranks_on_node);
     const int end = static_cast<int>(static_cast<long>(index_on_node + 1) * n_cores / p.ranks_on_node);
     for (int c = begin; c < end; ++c) {
-      p.cores.push_back(node.cores[c].index);
+      p.cores.push_back(node.cores[c]);
       p.pus.insert(p.pus.end(), node.cores[c].pus.begin(), node.cores[c].pus.end());
     }
   }
@@ -113,7 +119,11 @@ RankPlacement adopt_launcher_binding(const HostTopology& host, const RankPlaceme
     for (const auto& core : node.cores) {
       const bool mine = std::any_of(core.pus.begin(), core.pus.end(), [&](int pu) { return bound.count(pu) > 0; });
       if (!mine) continue;
-      p.cores.push_back(core.index);
+      CoreInfo kept{core.index, {}};
+      for (int pu : core.pus) {
+        if (bound.count(pu)) kept.pus.push_back(pu);
+      }
+      p.cores.push_back(std::move(kept));
       nodes_touched.insert(node.os_index);
     }
   }

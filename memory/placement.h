@@ -36,11 +36,12 @@ struct RankPlacement {
   BindMode applied = BindMode::kNone;  // kCore, kNuma or kNone once auto is resolved
   bool launcher_bound = false;         // the launcher's binding was kept (adopt_launcher_binding)
   int numa_node = -1;                  // OS index of the node memory is bound to; -1: not bound
-  std::vector<int> cores;              // logical indices of the cores this rank runs on
+  std::vector<CoreInfo> cores;         // the cores this rank runs on (with their PUs, for thread pinning)
   std::vector<int> pus;                // OS indices of the CPUs of its CPU set (empty: unbound)
   int ranks_on_node = 0;               // local ranks sharing this rank's node
   std::string note;                    // why the mode differs from the request, if it does
 
+  std::vector<int> core_indices() const;
   // One line: "NUMA node 0, cores 2-3 (PUs 2-3,66-67), bind core".
   std::string describe() const;
 };

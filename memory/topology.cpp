@@ -157,8 +157,8 @@ std::vector<const NumaNodeInfo*> HostTopology::nodes_with_cores() const {
   return out;
 }
 
-HostTopology discover_host_topology() {
-  HwlocHandle handle(HwlocHandle::Source::kThisSystem, {}, /*with_io=*/true);
+HostTopology discover_host_topology(bool with_devices) {
+  HwlocHandle handle(HwlocHandle::Source::kThisSystem, {}, with_devices);
   return summarize(handle, "this host");
 }
 

@@ -48,8 +48,9 @@ struct HostTopology {
   std::vector<const NumaNodeInfo*> nodes_with_cores() const;
 };
 
-// The host this process runs on (with I/O devices, for GPUs). ResourceError when hwloc fails.
-HostTopology discover_host_topology();
+// The host this process runs on; with_devices also looks for GPUs (PCI discovery: slower, for reports).
+// ResourceError when hwloc fails.
+HostTopology discover_host_topology(bool with_devices = true);
 // hwloc's synthetic description, e.g. "pack:2 numa:2 core:8 pu:2" (see hwloc's synthetic topology docs).
 // ConfigError when hwloc rejects the description.
 HostTopology load_synthetic_topology(const std::string& description);
