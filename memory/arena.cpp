@@ -87,7 +87,9 @@ bool Arena::try_hugetlb(std::uint64_t bytes, Chunk& chunk, std::string& why_not)
   const long needed = static_cast<long>(bytes / kHugePageBytes);
   const MemInfo info = read_meminfo();
   const long free_global = info.hugepages_free - info.hugepages_reserved;
-  const long free_here = options_.numa_node >= 0 ? free_hugepages_on_node(options_.numa_node) : free_global;
+  // Pages are taken from the rank's node (the range is bound to it), so that node's pool must hold them.
+  const long on_node = options_.numa_node >= 0 ? free_hugepages_on_node(options_.numa_node) : -1;
+  const long free_here = on_node >= 0 ? on_node : free_global;
   if (std::min(free_global, free_here) < needed) {
     why_not = fmt::format("{} free 2 MiB hugepage{}{} but {} needed (reserve them: echo N > /proc/sys/vm/nr_hugepages)",
                           std::min(free_global, free_here), std::min(free_global, free_here) == 1 ? "" : "s",
