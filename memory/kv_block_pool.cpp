@@ -84,8 +84,8 @@ void KvBlockPool::release(int block) {
 }
 
 std::string KvBlockPool::describe() const {
-  return fmt::format("{} of {} blocks used (peak {}, {} committed = {} of {} reserved{})", used_, n_blocks_, peak_used_,
-                     committed_, format_bytes(static_cast<double>(committed_bytes())),
+  return fmt::format("{} used, {} free of {} blocks (peak {} used; {} committed = {} of {} reserved{})", used_,
+                     free_blocks(), n_blocks_, peak_used_, committed_, format_bytes(static_cast<double>(committed_bytes())),
                      format_bytes(static_cast<double>(reserved_bytes())),
                      numa_node_ < 0 ? "" : node_bound_ ? fmt::format(", node {}", numa_node_) : ", node binding unsupported");
 }

@@ -50,7 +50,7 @@ class KvBlockPool {
   int numa_node() const { return numa_node_; }
   bool node_bound() const { return node_bound_; }
 
-  // "3 of 256 blocks used (peak 5, 5 committed = 1.2 MiB of 64.0 MiB reserved, node 0)".
+  // "3 used, 253 free of 256 blocks (peak 5 used; 5 committed = 1.2 MiB of 64.0 MiB reserved, node 0)".
   std::string describe() const;
 
  private:

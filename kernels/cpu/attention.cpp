@@ -12,28 +12,33 @@ void attention_paged(float* out, const float* q, const float* const* k_blocks, c
   const int group = n_heads / n_kv_heads;  // query heads sharing one kv head (GQA)
   const float inv_sqrt = 1.0f / std::sqrt(static_cast<float>(head_size));
   const int n_threads = num_threads();
-  // Row t of a block-paged cache: block t / block_tokens, row t % block_tokens inside it.
-  auto row = [&](const float* const* blocks, int t) {
-    return blocks[t / block_tokens] + static_cast<std::size_t>(t % block_tokens) * kv_stride;
-  };
 #pragma omp parallel for num_threads(n_threads) if (n_threads > 1 && n_heads > 1 && n_ctx > 64)
   for (int h = 0; h < n_heads; ++h) {
     const float* qh = q + static_cast<std::size_t>(h) * head_size;
     float* att = scratch + static_cast<std::size_t>(h) * n_ctx;
     const int kv_offset = (h / group) * head_size;
-    for (int t = 0; t < n_ctx; ++t) {
-      const float* kt = row(k_blocks, t) + kv_offset;
-      float score = 0.0f;
-      for (int i = 0; i < head_size; ++i) score += qh[i] * kt[i];
-      att[t] = score * inv_sqrt;
+    // Positions in increasing order, block by block (no division per position).
+    for (int b = 0, t0 = 0; t0 < n_ctx; ++b, t0 += block_tokens) {
+      const float* kb = k_blocks[b] + kv_offset;
+      const int rows = n_ctx - t0 < block_tokens ? n_ctx - t0 : block_tokens;
+      for (int r = 0; r < rows; ++r) {
+        const float* kt = kb + static_cast<std::size_t>(r) * kv_stride;
+        float score = 0.0f;
+        for (int i = 0; i < head_size; ++i) score += qh[i] * kt[i];
+        att[t0 + r] = score * inv_sqrt;
+      }
     }
     softmax(att, n_ctx);
     float* oh = out + static_cast<std::size_t>(h) * head_size;
     for (int i = 0; i < head_size; ++i) oh[i] = 0.0f;
-    for (int t = 0; t < n_ctx; ++t) {
-      const float* vt = row(v_blocks, t) + kv_offset;
-      const float a = att[t];
-      for (int i = 0; i < head_size; ++i) oh[i] += a * vt[i];
+    for (int b = 0, t0 = 0; t0 < n_ctx; ++b, t0 += block_tokens) {
+      const float* vb = v_blocks[b] + kv_offset;
+      const int rows = n_ctx - t0 < block_tokens ? n_ctx - t0 : block_tokens;
+      for (int r = 0; r < rows; ++r) {
+        const float* vt = vb + static_cast<std::size_t>(r) * kv_stride;
+        const float a = att[t0 + r];
+        for (int i = 0; i < head_size; ++i) oh[i] += a * vt[i];
+      }
     }
   }
 }

@@ -88,7 +88,7 @@ TEST(KvBlockPool, BlocksAreBoundToTheNode) {
   EXPECT_EQ(policy.mode, MPOL_BIND);
   EXPECT_EQ(policy.nodes, std::vector<int>{node});
   EXPECT_EQ(node_of_page(pool.data(a)), node);
-  EXPECT_NE(pool.describe().find("1 of 4 blocks used"), std::string::npos) << pool.describe();
+  EXPECT_NE(pool.describe().find("1 used, 3 free of 4 blocks"), std::string::npos) << pool.describe();
 }
 
 TEST(KvBlockPool, BlockBytesRoundUpToPages) {

@@ -12,10 +12,6 @@ namespace {
 
 constexpr int kLayers = 3, kKvDim = 8, kBlockTokens = 4;
 
-memory::KvBlockPool make_pool(int n_blocks) {
-  return memory::KvBlockPool({KvCache::block_bytes(kLayers, kKvDim, kBlockTokens), n_blocks});
-}
-
 TEST(KvCache, GrowsBlockByBlockAndRowsMatchTheBlockTables) {
   memory::KvBlockPool pool({KvCache::block_bytes(kLayers, kKvDim, kBlockTokens), 16});
   KvCache cache(pool, kLayers, kKvDim, kBlockTokens, 30);
