@@ -234,6 +234,17 @@ std::string Arena::describe() const {
                                             : fmt::format("node {} binding unsupported", options_.numa_node);
   std::string text = fmt::format("{} ({}, {}), {} used", format_bytes(static_cast<double>(reserved_bytes())),
                                  page_kind_name(page_kind()), where, format_bytes(static_cast<double>(used_bytes())));
+  if (page_kind() == PageKind::kTransparentHuge) {
+    // THP is best effort: say how much the kernel really backed with 2 MiB pages.
+    std::uint64_t huge = 0, thp_bytes = 0;
+    for (const Chunk& c : chunks_) {
+      if (c.kind != PageKind::kTransparentHuge) continue;
+      huge += backing_of(c.base, c.bytes).anon_huge_bytes;
+      thp_bytes += c.bytes;
+    }
+    text += fmt::format(", {} of {} on huge pages", format_bytes(static_cast<double>(huge)),
+                        format_bytes(static_cast<double>(thp_bytes)));
+  }
   if (n_chunks() > 1) text += fmt::format(" in {} chunks", n_chunks());
   if (!reason_.empty() && reason_ != "asked for") text += fmt::format(" [{}]", reason_);
   return text;

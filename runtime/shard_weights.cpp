@@ -56,8 +56,13 @@ ShardWeights::ShardWeights(const std::string& path, const partition::ModelShape&
   }
   if (shard.has_classifier) {
     rms_final_ = map_floats(at.rms_final, d, true);
-    classifier_ = map_floats(at.classifier + static_cast<std::uint64_t>(shard.vocab.begin) * d * kF,
-                             static_cast<std::uint64_t>(shard.vocab.size()) * d, true);
+    if (placement_.copy_to_arena && shape.shared_classifier && token_embedding_) {
+      // One copy serves both: the shared classifier is the embedding's rows.
+      classifier_ = token_embedding_ + static_cast<std::uint64_t>(shard.vocab.begin) * d;
+    } else {
+      classifier_ = map_floats(at.classifier + static_cast<std::uint64_t>(shard.vocab.begin) * d * kF,
+                               static_cast<std::uint64_t>(shard.vocab.size()) * d, true);
+    }
   }
 }
 
@@ -75,7 +80,10 @@ std::uint64_t ShardWeights::arena_bytes_needed(const partition::ModelShape& shap
     floats += n_layers * (2 * d + q_rows * d + 2 * kv_rows * d + 2 * h_rows * d + (whole_heads ? d * d : 0) +
                           (whole_hidden ? d * h : 0));
     if (shard.has_embedding) floats += static_cast<std::uint64_t>(shape.vocab_size) * d;
-    if (shard.has_classifier) floats += d + static_cast<std::uint64_t>(shard.vocab.size()) * d;
+    if (shard.has_classifier) floats += d;  // rms_final
+    if (shard.has_classifier && !(shape.shared_classifier && shard.has_embedding)) {
+      floats += static_cast<std::uint64_t>(shard.vocab.size()) * d;
+    }
   }
   const std::uint64_t allocations = n_layers * 9 + 3;  // each padded to 64-byte alignment at most
   return floats * kF + allocations * 64;

@@ -35,13 +35,16 @@ declare -A FLAGS=(
   [hugetlb]="--weights arena --arena-pages hugetlb"
 )
 ROWS=(map 4k thp hugetlb)
-declare -A LOADS DECODES
+declare -A LOADS DECODES HUGE
+HUGE=([map]="none (page cache)" [4k]="none" [hugetlb]="all (hugetlb)")
 for _ in $(seq "$REPEATS"); do
   for row in "${ROWS[@]}"; do
     # shellcheck disable=SC2086
-    line=$("$BIN" run --model "$MODEL" --steps "$STEPS" --threads "$THREADS" ${FLAGS[$row]} 2>&1 >/dev/null |
-           grep ' info: load ' || true)
-    [ -n "$line" ] || { echo "bench-arena: $row run failed" >&2; exit 1; }
+    err=$("$BIN" run --model "$MODEL" --steps "$STEPS" --threads "$THREADS" --verbose ${FLAGS[$row]} 2>&1 >/dev/null || true)
+    line=$(grep ' info: load ' <<<"$err" || true)
+    [ -n "$line" ] || { echo "bench-arena: $row run failed: $(tail -1 <<<"$err")" >&2; exit 1; }
+    # THP is best effort: the arena reports how much the kernel backed with 2 MiB pages (last run's figure).
+    [ "$row" != thp ] || HUGE[thp]=$(grep -o '[0-9.]* [KMG]iB of [0-9.]* [KMG]iB on huge pages' <<<"$err" | head -1)
     LOADS[$row]+="$(sed -n 's/.* info: load \([0-9.]*\) s.*/\1/p' <<<"$line") "
     DECODES[$row]+="$(sed -n 's/.*decode [0-9]* tok in [0-9.]* s (\([0-9.]*\) tok\/s).*/\1/p' <<<"$line") "
   done
@@ -50,12 +53,12 @@ median() { tr ' ' '\n' | sed '/^$/d' | sort -n | awk '{a[NR]=$1} END {print a[in
 
 echo "model: $PRESET ($(du -h "$MODEL" | cut -f1)), steps: $STEPS, threads: $THREADS, median of $REPEATS runs"
 echo
-echo "| weights | load s | decode tok/s | decode vs 4 KiB arena |"
-echo "| --- | --- | --- | --- |"
+echo "| weights | load s | decode tok/s | decode vs 4 KiB arena | arena on 2 MiB pages |"
+echo "| --- | --- | --- | --- | --- |"
 base=$(median <<<"${DECODES[4k]}")
 for row in "${ROWS[@]}"; do
   load=$(median <<<"${LOADS[$row]}")
   decode=$(median <<<"${DECODES[$row]}")
-  awk -v r="${FLAGS[$row]}" -v l="$load" -v d="$decode" -v b="$base" \
-    'BEGIN {printf "| `%s` | %.3f | %.1f | %.2fx |\n", r, l, d, d / b}'
+  awk -v r="${FLAGS[$row]}" -v l="$load" -v d="$decode" -v b="$base" -v h="${HUGE[$row]}" \
+    'BEGIN {printf "| `%s` | %.3f | %.1f | %.2fx | %s |\n", r, l, d, d / b, h}'
 done
