@@ -93,7 +93,7 @@ std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, 
       ("micro-batches", po::value(&c.engine.micro_batches)->default_value(0, "min(sequences, pp)"),
        "sequences are spread over this many micro-batches in flight")
       ("chunk-tokens", po::value(&c.engine.chunk_tokens)->default_value(64), "prefill chunk size in tokens (split granularity)")
-      ("threads", po::value<int>(), "kernel threads of this rank (default: its cores / ranks on the host)")
+      ("threads", po::value<int>(), "kernel threads of this rank (default: one per core of its placement)")
       ("bind", po::value(&bind)->default_value("auto"),
        "where each rank runs: auto|numa|core|none (see `shardline topo`); a launcher's binding is kept")
       ("arena-pages", po::value(&arena_pages)->default_value("auto"),

@@ -17,10 +17,6 @@ int set_num_threads(int n_threads) {
 
 int num_threads() { return g_num_threads; }
 
-}  // namespace shardline::kernels::cpu
-
-namespace shardline::kernels::cpu {
-
 void run_on_each_thread(void (*fn)(int thread, void* context), void* context) {
   const int n_threads = num_threads();
 #pragma omp parallel num_threads(n_threads)
