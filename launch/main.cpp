@@ -17,6 +17,7 @@
 #include "launch/plan_command.h"
 #include "launch/probe_command.h"
 #include "launch/run_command.h"
+#include "launch/topo_command.h"
 
 namespace {
 
@@ -29,6 +30,7 @@ Commands:
   gen-model     write a random-weight llama2.c checkpoint and tokenizer of any shape
   plan          lay a model out on a cluster and predict its cost (no MPI job, no weights)
   probe         measure links (under mpirun) and this host; write a cluster profile for plan
+  topo          show the host's topology and where each local rank would be placed
   launch-check  before mpirun/srun: does the hostfile, rankfile or Slurm allocation fit tp x pp?
 
 Exit codes: 0 ok, 1 unexpected error, 2 bad flags or layout, 3 corrupt input file,
@@ -52,6 +54,7 @@ int dispatch(const std::string& command, const std::vector<std::string>& args,
     return probe_command(args, *mpi);
   }
   if (command == "launch-check") return launch_check_command(args);
+  if (command == "topo") return topo_command(args);
   throw shardline::ConfigError(fmt::format("unknown command '{}' (see 'shardline --help')", command));
 }
 

@@ -17,6 +17,9 @@
 #include "common/units.h"
 #include "launch/cli_options.h"
 #include "launch/launch_env.h"
+#include "launch/placement_setup.h"
+#include "memory/arena.h"
+#include "memory/placement.h"
 #include "partition/mesh.h"
 #include "partition/shard.h"
 #include "comm/mpi_communicator.h"
@@ -43,6 +46,8 @@ struct RunConfig {
   bool verbose = false;
   bool print_config = false;
   bool default_model = false;
+  bool threads_given = false;  // else: one thread per core of the rank's placement
+  memory::BindMode bind = memory::BindMode::kAuto;
 };
 
 // A model without --tokenizer: "<stem>.tokenizer.bin" (what gen-model writes), else tokenizer.bin beside it.
@@ -72,7 +77,7 @@ std::vector<std::string> read_prompts_file(const std::string& path) {
 // Returns nullopt when --help was printed.
 std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, const MpiSession& mpi) {
   RunConfig c;
-  std::string log_level = "info", prompt, prompts_file, layer_split;
+  std::string log_level = "info", prompt, prompts_file, layer_split, bind = "auto", arena_pages = "auto", weights = "map";
   int steps = 256, batch = 1;
   runtime::SamplerOptions sampler;
   po::options_description options("run options");
@@ -97,7 +102,16 @@ std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, 
        "sequences are spread over this many micro-batches in flight")
       ("chunk-tokens", po::value(&c.engine.chunk_tokens)->default_value(0, "planned per prompt"),
        "prefill chunk size in tokens (split granularity)")
-      ("threads", po::value<int>(), "kernel threads of this rank (default: its cores / ranks on the host)")
+      ("threads", po::value<int>(), "kernel threads of this rank (default: one per core of its placement)")
+      ("bind", po::value(&bind)->default_value("auto"),
+       "where each rank runs: auto|numa|core|none (see `shardline topo`); a launcher's binding is kept")
+      ("arena-pages", po::value(&arena_pages)->default_value("auto"),
+       "pages of the rank's arena: auto (hugetlb, else THP, else 4 KiB)|hugetlb|thp|4k")
+      ("weights", po::value(&weights)->default_value("map"),
+       "map: weight slices are mapped from the file; arena: read into the rank's arena")
+      ("kv-block-tokens", po::value(&c.engine.kv_block_tokens)->default_value(16), "positions per KV cache block")
+      ("kv-blocks", po::value(&c.engine.kv_blocks)->default_value(0, "auto"),
+       "KV cache blocks per rank (auto: 64 full contexts of address space, committed as used)")
       ("comm-timeout", po::value(&c.comm_timeout_s)->default_value(120.0, "120"),
        "seconds a rank waits for a peer before failing the job")
       ("json", po::bool_switch(&c.json), "print one JSON object per sequence instead of text")
@@ -114,7 +128,14 @@ std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, 
   if (!parse_command_line("run", usage, options, args, vm, mpi.world_rank() == 0)) return std::nullopt;
   log::set_level(log::parse_level(log_level));
   if (c.verbose && log_level == "info") log::set_level(log::Level::kDebug);
+  c.bind = memory::parse_bind_mode(bind);
+  c.engine.arena_pages = memory::parse_page_policy(arena_pages);
+  if (weights != "map" && weights != "arena") throw ConfigError(fmt::format("--weights expects map or arena; got '{}'", weights));
+  c.engine.weights_in_arena = weights == "arena";
+  if (c.engine.kv_block_tokens < 1) throw ConfigError("--kv-block-tokens must be >= 1");
+  if (c.engine.kv_blocks < 0) throw ConfigError("--kv-blocks must be >= 0 (0 = automatic)");
   if (vm.count("threads")) {
+    c.threads_given = true;
     c.engine.threads = vm["threads"].as<int>();
     if (c.engine.threads < 1) throw ConfigError("--threads must be >= 1");
   } else {
@@ -334,25 +355,44 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
       std::cout << fmt::format(
           "model: {}\ntokenizer: {}\nsequences: {}\nsteps: {}\ntemperature: {}\ntop_p: {}\nseed: {}\nthreads: {}\n"
           "chunk_tokens: {}\nmicro_batches: {}\nlauncher: {}\nworld_size: {}\ntp: {}\npp: {}\ncomm_timeout_s: {}\n"
-          "plan: {}\n",
+          "plan: {}\nbind: {}\narena_pages: {}\nweights: {}\nkv_block_tokens: {}\nkv_blocks: {}\n",
           config->engine.model_path, config->engine.tokenizer_path, config->requests.size(),
           config->requests[0].steps, config->requests[0].sampler.temperature, config->requests[0].sampler.top_p,
           config->requests[0].sampler.seed, config->engine.threads,
           config->engine.chunk_tokens > 0 ? std::to_string(config->engine.chunk_tokens) : "planned per prompt",
           config->engine.micro_batches, mpi.launcher(), mpi.world_size(), mesh->tp_size(), mesh->pp_size(),
-          config->comm_timeout_s, plan ? runtime::describe(*plan) : config->plan);
+          config->comm_timeout_s, plan ? runtime::describe(*plan) : config->plan, memory::bind_mode_name(config->bind),
+          memory::page_policy_name(config->engine.arena_pages), config->engine.weights_in_arena ? "arena" : "map",
+          config->engine.kv_block_tokens, config->engine.kv_blocks == 0 ? std::string("auto")
+                                                                         : std::to_string(config->engine.kv_blocks));
     }
     return 0;
   }
 
-  // Phase 2: communicators (collective), then each rank maps its own shard and checks the requests.
+  // Phase 2: communicators (collective), then each rank takes its place on its host (collective: the host
+  // split), binds, maps its own shard into memory on its node, and checks the requests.
   runtime::CommGroups groups = runtime::make_comm_groups(*mesh, {mpi.active(), config->comm_timeout_s});
   std::unique_ptr<runtime::Engine> engine;
+  std::optional<PlacedRank> placed;
   code = agreed_phase(mpi, [&] {
+    placed = place_this_rank(mpi, config->bind);
+    if (!config->threads_given) config->engine.threads = placed->binding.default_threads(placed->host);
+    runtime::start_kernel_threads(placed->binding, config->engine.threads);
+    config->engine.numa_node = placed->binding.placement.numa_node;
     engine = std::make_unique<runtime::Engine>(config->engine, *mesh, *groups.world, *groups.tp);
     for (const auto& request : config->requests) engine->encode_checked(request);
+    engine->check_kv_capacity(config->requests);
   });
   if (code != 0) return code;
+  if (placed->binding.placement.launcher_bound) {
+    log::info("the launcher bound each rank's CPUs; keeping that binding (launch with mpirun --bind-to none or srun "
+              "--cpu-bind=none to let --bind place the ranks)");
+  }
+  if (config->verbose) {
+    log::note("placement: host {} | {} | arena {} | KV pool {} tokens/block, {}", placed->host.hostname,
+              placed->binding.describe(), engine->arena().describe(), config->engine.kv_block_tokens,
+              engine->kv_pool().describe());
+  }
   log::debug("launched as {}; model {} ({}); this rank maps {} and holds {} repacked", mpi.launcher(),
              config->engine.model_path, engine->shape().describe(), format_bytes(engine->weights().mapped_bytes()),
              format_bytes(engine->weights().repacked_bytes()));
@@ -403,6 +443,7 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
               shard.hidden.end, format_bytes(engine->weights().mapped_bytes()),
               format_bytes(engine->weights().repacked_bytes()), format_bytes(peak_rss_bytes()), st.items, st.rows,
               st.busy_s, st.total_s, st.total_s > 0 ? 100.0 * st.busy_s / st.total_s : 0.0);
+    log::note("memory: arena {} | KV pool {}", engine->arena().describe(), engine->kv_pool().describe());
   }
   return 0;
 }

@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "common/error.h"
+#include "memory/binding.h"
 
 namespace shardline::memory {
 
@@ -73,6 +74,14 @@ MappedRegion MappedFile::map(std::uint64_t offset, std::uint64_t bytes, const Ma
   void* base = mmap(nullptr, map_bytes, PROT_READ, flags, fd_, static_cast<off_t>(aligned));
   if (base == MAP_FAILED) {
     throw ResourceError(fmt::format("mmap of {} bytes of '{}' failed: {}", map_bytes, path_, std::strerror(errno)));
+  }
+  if (options.numa_node >= 0) {
+    try {
+      bind_range_to_node(base, map_bytes, options.numa_node, /*move_existing=*/options.populate);
+    } catch (...) {
+      munmap(base, map_bytes);
+      throw;
+    }
   }
   return MappedRegion(base, map_bytes, static_cast<const std::byte*>(base) + (offset - aligned),
                       static_cast<std::size_t>(bytes));

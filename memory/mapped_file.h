@@ -34,6 +34,10 @@ class MappedRegion {
 
 struct MapOptions {
   bool populate = true;  // fault the pages in now (MAP_POPULATE) rather than on the first token
+  // Bind the range to this NUMA node (mbind MPOL_BIND): page-cache pages this process alone maps move there
+  // (pages read for the first time land there already when the thread prefers the node: binding.h).
+  // -1: no binding.
+  int numa_node = -1;
 };
 
 class MappedFile {

@@ -37,9 +37,25 @@ Engine::Engine(const EngineOptions& options, const partition::Mesh& mesh, comm::
   kernels::cpu::set_num_threads(options.threads);
   const auto stages = partition::stage_layer_ranges(shape_, mesh.pp_size(), options.layers_per_stage);
   const partition::RankShard shard = partition::shard_for(shape_, mesh, stages);
-  weights_ = std::make_unique<ShardWeights>(options.model_path, shape_, shard);
   StageOptions stage_options;
-  stage_options.max_rows = 1;  // grown per batch of requests in generate()
+  // Scratch for the largest prefill chunk expected; generate() grows it when a batch needs more rows.
+  stage_options.max_rows =
+      std::min(options.chunk_tokens > 0 ? options.chunk_tokens : options.chunk_policy.max_chunk_tokens, shape_.seq_len);
+  if (options.kv_block_tokens < 1) throw ConfigError("--kv-block-tokens must be >= 1");
+  if (options.kv_blocks < 0) throw ConfigError("--kv-blocks must be >= 0 (0 = automatic)");
+  // One arena for the weights' copies and the stage's scratch, sized for both up front.
+  memory::ArenaOptions arena_options;
+  arena_options.initial_bytes = ShardWeights::arena_bytes_needed(shape_, shard, options.weights_in_arena) +
+                                Stage::scratch_bytes(shape_, shard, stage_options.max_rows);
+  arena_options.numa_node = options.numa_node;
+  arena_options.pages = options.arena_pages;
+  arena_ = std::make_unique<memory::Arena>(arena_options);
+  weights_ = std::make_unique<ShardWeights>(options.model_path, shape_, shard,
+                                            WeightPlacement{arena_.get(), options.numa_node, options.weights_in_arena});
+  stage_options.kv_block_tokens = options.kv_block_tokens;
+  stage_options.kv_blocks = options.kv_blocks;
+  stage_options.numa_node = options.numa_node;
+  stage_options.arena = arena_.get();
   stage_ = std::make_unique<Stage>(*weights_, tp_comm, stage_options);
   pipeline_ = std::make_unique<Pipeline>(*stage_, mesh, world, PipelineOptions{options.micro_batches});
   load_s_ = now_s() - created_s_;
@@ -63,6 +79,21 @@ std::vector<int> Engine::encode_checked(const GenerationRequest& request) const 
   return ids;
 }
 
+void Engine::check_kv_capacity(const std::vector<GenerationRequest>& requests) const {
+  long needed = 0;
+  for (const auto& request : requests) {
+    const int positions = static_cast<int>(encode_checked(request).size()) + request.steps - 1;
+    needed += stage_->kv_blocks_for(positions);
+  }
+  const auto& pool = stage_->kv_pool();
+  if (needed > pool.free_blocks()) {
+    throw ResourceError(fmt::format("the KV cache pool has {} free blocks of {} tokens but {} sequence{} need {} at "
+                                    "their longest; pass --kv-blocks {} or more, or run fewer or shorter sequences",
+                                    pool.free_blocks(), options_.kv_block_tokens, requests.size(),
+                                    requests.size() == 1 ? "" : "s", needed, needed));
+  }
+}
+
 std::vector<GenerationResult> Engine::generate(const std::vector<GenerationRequest>& requests,
                                                const PieceCallback& on_piece, const LogitsCallback& on_logits) {
   const int n = static_cast<int>(requests.size());
@@ -76,6 +107,7 @@ std::vector<GenerationResult> Engine::generate(const std::vector<GenerationReque
                                                          : options_.chunk_policy.chunk_for(n_prompt);
     specs[i] = {results[i].prompt_ids, requests[i].steps, requests[i].sampler, results[i].chunk_tokens};
   }
+  check_kv_capacity(requests);
   const int rows = Pipeline::max_rows_for(PipelineOptions{options_.micro_batches}, specs);
   if (rows > stage_->max_rows()) stage_->reserve_rows(rows);
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "memory/arena.h"
 #include "partition/chunk_policy.h"
 #include "partition/mesh.h"
 #include "runtime/pipeline.h"
@@ -26,6 +27,12 @@ struct EngineOptions {
   partition::ChunkPolicy chunk_policy;  // the planner's per-request rule (one stage: no split)
   int micro_batches = 1;      // sequences are spread over this many micro-batches in flight
   std::vector<int> layers_per_stage;  // explicit layer split; empty = even
+  // Memory placement (issue #4): the rank's node, its arena's page tier, its KV pool.
+  int numa_node = -1;                 // bind the arena, KV pool and weight mappings here; -1: unbound
+  memory::PagePolicy arena_pages = memory::PagePolicy::kAuto;
+  bool weights_in_arena = false;      // copy every weight slice into the arena instead of mapping the file
+  int kv_block_tokens = 16;           // positions per KV cache block
+  int kv_blocks = 0;                  // KV pool blocks per rank; 0: kDefaultKvContexts full contexts
 };
 
 struct GenerationRequest {
@@ -75,6 +82,12 @@ class Engine {
 
   // Encodes and checks a request against the model (prompt and steps fit seq_len); ConfigError if not.
   std::vector<int> encode_checked(const GenerationRequest& request) const;
+  // Checks that the KV pool can hold these requests together at their longest; ResourceError if not.
+  // Every rank computes the same answer, so the check belongs before generation starts.
+  void check_kv_capacity(const std::vector<GenerationRequest>& requests) const;
+
+  const memory::Arena& arena() const { return *arena_; }
+  const memory::KvBlockPool& kv_pool() const { return stage_->kv_pool(); }
 
   // Generates every request (all in flight together). Results on the output rank, empty elsewhere.
   std::vector<GenerationResult> generate(const std::vector<GenerationRequest>& requests,
@@ -89,6 +102,7 @@ class Engine {
   comm::Communicator& world_;
   partition::ModelShape shape_;
   Tokenizer tokenizer_;
+  std::unique_ptr<memory::Arena> arena_;  // before the weights and stage, which point into it
   std::unique_ptr<ShardWeights> weights_;
   std::unique_ptr<Stage> stage_;
   std::unique_ptr<Pipeline> pipeline_;

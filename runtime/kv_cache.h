@@ -1,33 +1,71 @@
-// A sequence's key/value cache for one stage's layers and one rank's kv heads. Contiguous for now; the
-// paged block pool (memory/kv_block_pool.h) will replace the storage without changing the callers.
+// A sequence's key/value cache for one stage's layers and one rank's kv heads, paged: its positions live in
+// fixed-size blocks from the rank's KvBlockPool, found through the sequence's block table.
+//
+// Block layout, for block_tokens positions of every local layer:   (n_layers, 2, block_tokens, kv_dim)
+//   keys of layer l at offset (2l) * block_tokens * kv_dim, values at (2l + 1) * block_tokens * kv_dim.
+// Position p is row p % block_tokens of block table[p / block_tokens].
+//
+// Blocks are taken as positions are reached (reserve_through) and returned to the pool when the cache is
+// destroyed. The block table and the per-layer pointer tables are sized for max_positions up front, so
+// growing never allocates on the heap inside the decode loop.
 #pragma once
 
 #include <cstddef>
 #include <vector>
+
+#include "memory/kv_block_pool.h"
 
 namespace shardline::runtime {
 
 class KvCache {
  public:
   KvCache() = default;
-  KvCache(int n_layers, int seq_len, int kv_dim)
-      : n_layers_(n_layers), seq_len_(seq_len), kv_dim_(kv_dim),
-        k_(static_cast<std::size_t>(n_layers) * seq_len * kv_dim),
-        v_(static_cast<std::size_t>(n_layers) * seq_len * kv_dim) {}
+  // Positions [0, max_positions) of one sequence; nothing is taken from the pool yet.
+  KvCache(memory::KvBlockPool& pool, int n_layers, int kv_dim, int block_tokens, int max_positions);
+  KvCache(KvCache&& other) noexcept { *this = std::move(other); }
+  KvCache& operator=(KvCache&& other) noexcept;
+  KvCache(const KvCache&) = delete;
+  KvCache& operator=(const KvCache&) = delete;
+  ~KvCache() { release(); }
 
-  // Rows of one layer: (seq_len, kv_dim).
-  float* keys(int layer) { return k_.data() + offset(layer); }
-  float* values(int layer) { return v_.data() + offset(layer); }
+  // Bytes of one block for this shape: what the pool's blocks must hold.
+  static std::size_t block_bytes(int n_layers, int kv_dim, int block_tokens) {
+    return static_cast<std::size_t>(n_layers) * 2 * block_tokens * kv_dim * sizeof(float);
+  }
+  static int blocks_for(int positions, int block_tokens) { return (positions + block_tokens - 1) / block_tokens; }
+
+  // Makes positions [0, pos] writable, taking blocks from the pool as needed. ResourceError when the pool
+  // is exhausted (the cache keeps the blocks it has).
+  void reserve_through(int pos);
+
+  // One position's row, (kv_dim) floats; pos must be reserved.
+  float* key_row(int layer, int pos) { return row(layer, 0, pos); }
+  float* value_row(int layer, int pos) { return row(layer, 1, pos); }
+  // Block base pointers of one layer, for attention_paged: (blocks_held) pointers to (block_tokens, kv_dim).
+  const float* const* key_blocks(int layer) const { return k_tables_.data() + static_cast<std::size_t>(layer) * max_blocks_; }
+  const float* const* value_blocks(int layer) const { return v_tables_.data() + static_cast<std::size_t>(layer) * max_blocks_; }
+
   int kv_dim() const { return kv_dim_; }
-  int seq_len() const { return seq_len_; }
+  int seq_len() const { return max_positions_; }  // positions this cache may hold
+  int block_tokens() const { return block_tokens_; }
+  int blocks_held() const { return static_cast<int>(blocks_.size()); }
 
  private:
-  std::size_t offset(int layer) const { return static_cast<std::size_t>(layer) * seq_len_ * kv_dim_; }
+  float* row(int layer, int kind, int pos) {
+    float* block = reinterpret_cast<float*>(pool_->data(blocks_[pos / block_tokens_]));
+    return block + (static_cast<std::size_t>(2 * layer + kind) * block_tokens_ + pos % block_tokens_) * kv_dim_;
+  }
+  void release();
+
+  memory::KvBlockPool* pool_ = nullptr;
   int n_layers_ = 0;
-  int seq_len_ = 0;
   int kv_dim_ = 0;
-  std::vector<float> k_;  // (n_layers, seq_len, kv_dim)
-  std::vector<float> v_;  // (n_layers, seq_len, kv_dim)
+  int block_tokens_ = 1;
+  int max_positions_ = 0;
+  int max_blocks_ = 0;
+  std::vector<int> blocks_;              // the block table: pool block ids, in position order
+  std::vector<const float*> k_tables_;   // (n_layers, max_blocks): key base pointer of each held block
+  std::vector<const float*> v_tables_;   // (n_layers, max_blocks)
 };
 
 }  // namespace shardline::runtime

@@ -99,6 +99,7 @@ std::vector<SequenceOutput> Pipeline::run(const std::vector<SequenceSpec>& seque
     if (mesh_.is_last_stage()) seqs[i].sampler = std::make_unique<Sampler>(stage_.shape().vocab_size, spec.sampler);
   }
   logits_.resize(stage_.shape().vocab_size);
+  rows_.resize(max_rows_);
   std::vector<SequenceOutput> outputs(mesh_.is_last_stage() ? n : 0);
   if (mesh_.is_first_stage()) {
     run_first_stage(seqs, outputs, on_token);
@@ -147,10 +148,9 @@ bool Pipeline::build_item(std::vector<SeqState>& seqs, Item& item) {
 
 void Pipeline::forward_item(const Item& item, std::vector<SeqState>& seqs, float* x) {
   const double start_s = now_s();
-  std::vector<Row> rows(item.n_rows());
-  for (int r = 0; r < item.n_rows(); ++r) rows[r] = {&seqs[item.seq[r]].cache, item.pos[r]};
+  for (int r = 0; r < item.n_rows(); ++r) rows_[r] = {&seqs[item.seq[r]].cache, item.pos[r]};
   if (mesh_.is_first_stage()) stage_.embed(item.token.data(), item.n_rows(), x);
-  stage_.forward(x, rows.data(), item.n_rows());
+  stage_.forward(x, rows_.data(), item.n_rows());
   stats_.items += 1;
   stats_.rows += item.n_rows();
   stats_.busy_s += now_s() - start_s;

@@ -88,6 +88,7 @@ class Pipeline {
   int max_rows_ = 0;
   int next_group_ = 0;
   double start_s_ = 0.0;
+  std::vector<Row> rows_;             // (max_rows) the rows of the item being forwarded
   std::vector<float> logits_;         // (vocab)
   std::vector<float> probabilities_;  // (vocab)
 };

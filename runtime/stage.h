@@ -6,9 +6,12 @@
 // Activations between stages are moved by the pipeline (pipeline.h), not here.
 #pragma once
 
+#include <memory>
 #include <vector>
 
 #include "comm/communicator.h"
+#include "memory/arena.h"
+#include "memory/kv_block_pool.h"
 #include "runtime/kv_cache.h"
 #include "runtime/shard_weights.h"
 
@@ -22,10 +25,18 @@ struct Row {
   int pos = 0;               // the row's position in its sequence
 };
 
+// KV pool size when StageOptions::kv_blocks is 0: this many full-context sequences. Only address space is
+// reserved up front; blocks are committed as sequences reach them.
+inline constexpr int kDefaultKvContexts = 64;
+
 struct StageOptions {
   int max_rows = 64;  // most rows one forward call takes; sizes the scratch buffers
   float rms_eps = 1e-5f;
   float rope_theta = 10000.0f;
+  int kv_block_tokens = 16;        // positions per KV cache block
+  int kv_blocks = 0;               // blocks in this rank's KV pool; 0: kDefaultKvContexts full contexts
+  int numa_node = -1;              // the KV pool's node (-1: unbound)
+  memory::Arena* arena = nullptr;  // scratch comes from it (it must outlive the Stage); nullptr: a private one
 };
 
 class Stage {
@@ -34,7 +45,14 @@ class Stage {
   Stage(const ShardWeights& weights, comm::Communicator& tp_comm, const StageOptions& options = {});
 
   // A KV cache for this stage's layers and kv heads, holding positions [0, n_positions) (default seq_len).
-  KvCache make_kv_cache(int n_positions = 0) const;
+  // It takes blocks from this stage's pool as positions are reached and returns them when destroyed.
+  KvCache make_kv_cache(int n_positions = 0);
+  // Pool blocks a sequence of n_positions positions will hold at its longest.
+  int kv_blocks_for(int n_positions) const { return KvCache::blocks_for(n_positions, options_.kv_block_tokens); }
+  const memory::KvBlockPool& kv_pool() const { return *kv_pool_; }
+
+  // Arena bytes the scratch buffers take for max_rows rows (for sizing an arena up front).
+  static std::size_t scratch_bytes(const partition::ModelShape& shape, const partition::RankShard& shard, int max_rows);
 
   // First stage: x[t] = embedding[tokens[t]].   x: (n, dim)
   void embed(const int* tokens, int n, float* x) const;
@@ -66,18 +84,24 @@ class Stage {
   int hidden_;      // local hidden features
   std::vector<int> vocab_counts_;  // classifier rows per TP rank, for the logits gather
 
-  // Scratch, sized once for max_rows rows: no allocation per token.
-  std::vector<float> xb_;      // (max_rows, dim)
-  std::vector<float> q_;       // (max_rows, q_dim)
-  std::vector<float> k_;       // (max_rows, kv_dim)
-  std::vector<float> v_;       // (max_rows, kv_dim)
-  std::vector<float> att_;     // (max_rows, q_dim)
-  std::vector<float> scores_;  // (local heads, seq_len)
-  std::vector<float> hb_;      // (max_rows, hidden)
-  std::vector<float> hb2_;     // (max_rows, hidden)
-  std::vector<float> out_;     // (max_rows, dim)
-  std::vector<Row> rows_;      // (max_rows) for the single-sequence forward
-  std::vector<float> local_logits_;  // (vocab slice)
+  std::unique_ptr<memory::Arena> own_arena_;  // only when StageOptions::arena was null
+  memory::Arena* arena_;
+  std::unique_ptr<memory::KvBlockPool> kv_pool_;
+
+  // Scratch in the arena, sized for scratch_rows_ rows: no allocation per token. Growing (reserve_rows)
+  // takes new arena space; the old buffers are not reused.
+  int scratch_rows_ = 0;
+  memory::ArenaArray<float> xb_;     // (max_rows, dim)
+  memory::ArenaArray<float> q_;      // (max_rows, q_dim)
+  memory::ArenaArray<float> k_;      // (max_rows, kv_dim)
+  memory::ArenaArray<float> v_;      // (max_rows, kv_dim)
+  memory::ArenaArray<float> att_;    // (max_rows, q_dim)
+  memory::ArenaArray<float> scores_; // (local heads, seq_len)
+  memory::ArenaArray<float> hb_;     // (max_rows, hidden)
+  memory::ArenaArray<float> hb2_;    // (max_rows, hidden)
+  memory::ArenaArray<float> out_;    // (max_rows, dim)
+  memory::ArenaArray<Row> rows_;  // (max_rows) for the single-sequence forward
+  memory::ArenaArray<float> local_logits_;  // (vocab slice)
 };
 
 }  // namespace shardline::runtime

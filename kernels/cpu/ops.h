@@ -10,6 +10,9 @@ namespace shardline::kernels::cpu {
 // Threads used by every kernel of this process (the rank's --threads). Returns the previous value.
 int set_num_threads(int n_threads);
 int num_threads();
+// Calls fn(thread, context) once on each of the num_threads() kernel threads (thread 0 is the caller), so
+// the runtime can pin each worker to a core. Every kernel's parallel region reuses these threads.
+void run_on_each_thread(void (*fn)(int thread, void* context), void* context);
 
 // y = x · Wᵀ for n rows of x at once (n = 1 is decode's GEMV, n > 1 is prefill's GEMM).
 //   y: (n, d)   x: (n, k)   w: (d, k) row-major, rows = output features, as llama2.c stores them.
@@ -38,6 +41,14 @@ void add_inplace(float* y, const float* x, int size);
 //   offset (kv head index) * head_size.    scratch: (n_heads, n_ctx)
 void attention(float* out, const float* q, const float* k_cache, const float* v_cache, float* scratch,
                int n_ctx, int n_heads, int n_kv_heads, int head_size, int kv_stride);
+
+// The same over a paged cache: position t's key row is k_blocks[t / block_tokens] + (t % block_tokens) *
+// kv_stride (values alike), so a sequence's positions may live in blocks anywhere in memory.
+//   k_blocks, v_blocks: (ceil(n_ctx / block_tokens)) pointers to (block_tokens, kv_stride) blocks.
+// Same arithmetic in the same order as the contiguous form: both give bit-identical results.
+void attention_paged(float* out, const float* q, const float* const* k_blocks, const float* const* v_blocks,
+                     int block_tokens, float* scratch, int n_ctx, int n_heads, int n_kv_heads, int head_size,
+                     int kv_stride);
 
 // Index of the largest value (first on ties), as llama2.c's argmax.
 int argmax(const float* x, int size);

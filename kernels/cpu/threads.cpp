@@ -17,4 +17,10 @@ int set_num_threads(int n_threads) {
 
 int num_threads() { return g_num_threads; }
 
+void run_on_each_thread(void (*fn)(int thread, void* context), void* context) {
+  const int n_threads = num_threads();
+#pragma omp parallel num_threads(n_threads)
+  fn(omp_get_thread_num(), context);
+}
+
 }  // namespace shardline::kernels::cpu

@@ -140,8 +140,8 @@ TEST_F(Slurm, SrunScriptAtTp2ReproducesTheGoldens) {
   // Both ranks say they were started by srun inside this job, and MPI agrees they share the node.
   EXPECT_EQ(count_of(job.err, "launched by srun (PMIx rank"), 2u) << job.err;
   EXPECT_NE(job.err.find("in Slurm job " + job.id + " step"), std::string::npos) << job.err;
-  EXPECT_EQ(count_of(job.err, "local rank 0 of 2"), 1u) << job.err;
-  EXPECT_EQ(count_of(job.err, "local rank 1 of 2"), 1u) << job.err;
+  EXPECT_EQ(count_of(job.err, ", local rank 0 of 2"), 1u) << job.err;  // the MPI node line
+  EXPECT_EQ(count_of(job.err, ", local rank 1 of 2"), 1u) << job.err;
 }
 
 TEST_F(Slurm, SrunScriptAtTp2Pp2WithOvercommitReproducesTheGoldens) {

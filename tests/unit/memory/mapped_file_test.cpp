@@ -1,3 +1,4 @@
+#include <numaif.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -8,7 +9,10 @@
 #include <gtest/gtest.h>
 
 #include "common/error.h"
+#include "memory/binding.h"
 #include "memory/mapped_file.h"
+#include "memory/system_memory.h"
+#include "memory/topology.h"
 
 namespace shardline::memory {
 namespace {
@@ -54,6 +58,25 @@ TEST(MappedFile, ErrorsNameThePath) {
   float buf[4];
   EXPECT_THROW(file.read(36, buf, sizeof(buf)), FormatError);
   std::filesystem::remove(path);
+}
+
+// Weight ranges: populated up front (resident before the first read) and bound to the rank's node.
+TEST(MappedFile, PopulatedRangesAreResidentAndBoundToTheNode) {
+  std::vector<float> values(512 * 1024);  // 2 MiB
+  for (std::size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i % 1000);
+  const std::string path = write_temp(values);
+  const int node = discover_host_topology(false).nodes_with_cores().front()->os_index;
+  MappedFile file(path);
+  MappedRegion region = file.map(4096, 1 << 20, {.populate = true, .numa_node = node});
+  EXPECT_GE(backing_of(region.data(), region.size_bytes()).resident_bytes, region.size_bytes());
+  const RangePolicy policy = range_policy(region.data());
+  EXPECT_EQ(policy.mode, MPOL_BIND);
+  EXPECT_EQ(policy.nodes, std::vector<int>{node});
+  EXPECT_EQ(node_of_page(region.data()), node);
+  EXPECT_EQ(region.as<float>()[10], 34.0f);  // float 1034 of the file, values cycle every 1000
+  MappedRegion lazy = file.map(0, 4096, {.populate = false});
+  EXPECT_EQ(range_policy(lazy.data()).mode, MPOL_DEFAULT);
+  std::remove(path.c_str());
 }
 
 }  // namespace

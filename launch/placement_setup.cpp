@@ -1,0 +1,58 @@
+#include "launch/placement_setup.h"
+
+#include <cstdlib>
+#include <optional>
+#include <string>
+
+#include "comm/host_group.h"
+#include "common/log.h"
+
+namespace shardline::launch {
+
+namespace {
+
+std::optional<int> env_int(const char* name) {
+  const char* value = std::getenv(name);
+  if (!value || !*value) return std::nullopt;
+  char* end = nullptr;
+  const long parsed = std::strtol(value, &end, 10);
+  if (end == value || parsed < 0) return std::nullopt;
+  return static_cast<int>(parsed);
+}
+
+// What the launcher says about this host's ranks, if it says anything. Slurm's per-node task count comes
+// as "4(x2),3"; its first number is this node's when the nodes are alike, so it is only a hint.
+comm::HostRanks host_ranks_from_hints() {
+  comm::HostRanks ranks;
+  if (auto rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK")) {
+    ranks.local_rank = *rank;
+    ranks.local_size = env_int("OMPI_COMM_WORLD_LOCAL_SIZE").value_or(*rank + 1);
+  } else if (auto id = env_int("SLURM_LOCALID")) {
+    ranks.local_rank = *id;
+    ranks.local_size = env_int("SLURM_STEP_TASKS_PER_NODE").value_or(env_int("SLURM_TASKS_PER_NODE").value_or(*id + 1));
+  }
+  if (ranks.local_size <= ranks.local_rank) ranks.local_size = ranks.local_rank + 1;
+  return ranks;
+}
+
+}  // namespace
+
+PlacedRank place_this_rank(const MpiSession& mpi, memory::BindMode mode) {
+  const comm::HostRanks hint = host_ranks_from_hints();
+  comm::HostRanks ranks = hint;
+  if (mpi.active()) {
+    ranks = comm::mpi_host_ranks();
+    if (std::getenv("OMPI_COMM_WORLD_LOCAL_RANK") || std::getenv("SLURM_LOCALID")) {
+      if (hint.local_rank != ranks.local_rank || hint.local_size != ranks.local_size) {
+        log::warn("the launcher says local rank {} of {}, MPI's shared-memory split says {} of {}; using MPI's",
+                  hint.local_rank, hint.local_size, ranks.local_rank, ranks.local_size);
+      }
+    }
+  }
+  PlacedRank placed;
+  placed.host = memory::discover_host_topology(/*with_devices=*/false);
+  placed.binding = runtime::bind_this_rank(placed.host, ranks.local_rank, ranks.local_size, mode);
+  return placed;
+}
+
+}  // namespace shardline::launch

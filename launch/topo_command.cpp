@@ -1,0 +1,99 @@
+#include "launch/topo_command.h"
+
+#include <iostream>
+
+#include <fmt/format.h>
+
+#include "common/error.h"
+#include "common/units.h"
+#include "launch/cli_options.h"
+#include "memory/binding.h"
+#include "memory/placement.h"
+#include "memory/system_memory.h"
+#include "memory/topology.h"
+
+namespace shardline::launch {
+
+namespace {
+
+std::string describe_caches(const memory::HostTopology& host) {
+  std::string text;
+  for (const auto& cache : host.caches) {
+    if (!text.empty()) text += ", ";
+    text += fmt::format("{} {} x{}", cache.name, format_bytes(static_cast<double>(cache.size_bytes)), cache.count);
+  }
+  return text.empty() ? "unknown" : text;
+}
+
+void print_topology(const memory::HostTopology& host) {
+  std::cout << fmt::format("topology: {}{}\n", host.source, host.hostname.empty() ? "" : " (" + host.hostname + ")");
+  std::cout << fmt::format("packages: {} | NUMA nodes: {} | cores: {} | PUs: {}\n", host.n_packages,
+                           host.numa_nodes.size(), host.n_cores, host.n_pus);
+  std::cout << fmt::format("caches: {}\n", describe_caches(host));
+  for (const auto& node : host.numa_nodes) {
+    std::vector<int> cores, pus;
+    for (const auto& core : node.cores) {
+      cores.push_back(core.index);
+      pus.insert(pus.end(), core.pus.begin(), core.pus.end());
+    }
+    std::cout << fmt::format("numa node {}: {} | hwloc memory figure {} (informational; not used for sizing)\n",
+                             node.os_index,
+                             node.cores.empty() ? std::string("no cores (memory only)")
+                                                : fmt::format("cores {} (PUs {})", memory::format_index_list(cores),
+                                                              memory::format_index_list(pus)),
+                             format_bytes(static_cast<double>(node.hwloc_memory_bytes)));
+  }
+  std::cout << fmt::format("gpus: {}\n", host.gpus.empty() ? std::string("none seen by hwloc") : [&] {
+    std::string list;
+    for (const auto& gpu : host.gpus) list += (list.empty() ? "" : ", ") + gpu;
+    return list;
+  }());
+  if (!host.is_this_system) return;
+  const memory::MemInfo mem = memory::read_meminfo();
+  std::cout << fmt::format("memory: {} total, {} available (/proc/meminfo)\n",
+                           format_bytes(static_cast<double>(mem.total_bytes)),
+                           format_bytes(static_cast<double>(mem.available_bytes)));
+  std::cout << fmt::format("hugepages: 2 MiB pool {} total, {} free ({} reserved by mappings) | transparent: {}{}\n",
+                           mem.hugepages_total, mem.hugepages_free, mem.hugepages_reserved,
+                           memory::transparent_hugepage_mode(),
+                           memory::thp_disabled_for_process() ? " (refused by this process)" : "");
+  const std::vector<int> mine = memory::process_cpus();
+  std::cout << fmt::format("this process: may run on PUs {}{}\n", memory::format_index_list(host.allowed_pus),
+                           memory::is_launcher_bound(host, mine)
+                               ? fmt::format(", bound to PUs {}", memory::format_index_list(mine))
+                               : ", not bound");
+}
+
+}  // namespace
+
+int topo_command(const std::vector<std::string>& args) {
+  int np = 1;
+  std::string bind = "auto", synthetic, xml;
+  po::options_description options("topo options");
+  options.add_options()
+      ("np", po::value(&np)->default_value(1), "ranks on this host to show placements for")
+      ("bind", po::value(&bind)->default_value("auto"), "placement mode, as for run: auto|numa|core|none")
+      ("synthetic", po::value(&synthetic), "use an hwloc synthetic topology instead of this host, e.g. 'pack:2 numa:2 core:8 pu:2'")
+      ("xml", po::value(&xml), "use a topology saved by `lstopo FILE.xml` instead of this host");
+  po::variables_map vm;
+  const std::string usage =
+      "Usage: shardline topo [--np N] [--bind auto|numa|core|none] [--synthetic DESC | --xml FILE]\n\n"
+      "Prints the host's topology (packages, NUMA nodes and their cores, caches, GPUs, memory, hugepages) and\n"
+      "the placement each of N local ranks would get from `shardline run --bind MODE`. Needs no MPI job.";
+  if (!parse_command_line("topo", usage, options, args, vm)) return 0;
+  if (np < 1) throw ConfigError("--np must be >= 1");
+  if (!synthetic.empty() && !xml.empty()) throw ConfigError("--synthetic and --xml are alternatives; pass one");
+  const memory::BindMode mode = memory::parse_bind_mode(bind);
+  const memory::HostTopology host = !synthetic.empty() ? memory::load_synthetic_topology(synthetic)
+                                    : !xml.empty()     ? memory::load_xml_topology(xml)
+                                                       : memory::discover_host_topology();
+  // Plan every rank before printing, so an impossible request prints one error line and nothing else.
+  std::vector<memory::RankPlacement> placements;
+  for (int r = 0; r < np; ++r) placements.push_back(memory::plan_placement(host, r, np, mode));
+  print_topology(host);
+  std::cout << fmt::format("\nplacement of {} local rank{} (--bind {}):\n", np, np == 1 ? "" : "s", bind);
+  for (const auto& p : placements) std::cout << fmt::format("  local rank {}: {}\n", p.local_rank, p.describe());
+  return 0;
+}
+
+}  // namespace shardline::launch

@@ -1,0 +1,39 @@
+// What the kernel says about memory: /proc/meminfo, hugetlb pools (global and per node), transparent
+// hugepages, and how a given address range is actually backed (/proc/self/smaps). Sizes come from here and
+// from what allocations actually obtain, never from hwloc's per-node figure.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace shardline::memory {
+
+inline constexpr std::uint64_t kHugePageBytes = 2ull << 20;  // the hugetlb page size the arena uses
+inline constexpr std::uint64_t kSmallPageBytes = 4096;
+
+struct MemInfo {
+  std::uint64_t total_bytes = 0;      // MemTotal
+  std::uint64_t available_bytes = 0;  // MemAvailable
+  long hugepages_total = 0;           // HugePages_Total (2 MiB default pool)
+  long hugepages_free = 0;            // HugePages_Free (includes pages reserved by mappings not yet faulted)
+  long hugepages_reserved = 0;        // HugePages_Rsvd: promised to mappings, not yet faulted
+};
+MemInfo read_meminfo();
+
+// Free 2 MiB hugetlb pages on one node (sysfs), or -1 when the node has no such pool.
+long free_hugepages_on_node(int node);
+
+// "always", "madvise" or "never" (/sys/kernel/mm/transparent_hugepage/enabled); "unavailable" without THP.
+std::string transparent_hugepage_mode();
+// True when this process refused THP (prctl PR_SET_THP_DISABLE, inherited from the parent).
+bool thp_disabled_for_process();
+
+// How [address, address + bytes) is backed, from /proc/self/smaps.
+struct Backing {
+  std::uint64_t hugetlb_bytes = 0;    // in hugetlb VMAs (KernelPageSize 2048 kB)
+  std::uint64_t anon_huge_bytes = 0;  // AnonHugePages (THP) of the overlapping VMAs
+  std::uint64_t resident_bytes = 0;   // Rss of the overlapping VMAs
+};
+Backing backing_of(const void* address, std::uint64_t bytes);
+
+}  // namespace shardline::memory

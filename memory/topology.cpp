@@ -1,0 +1,189 @@
+#include "memory/topology.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <memory>
+
+#include <fmt/format.h>
+
+#include "common/error.h"
+#include "memory/hwloc_handle.h"
+
+namespace shardline::memory {
+
+namespace detail {
+
+void check_hwloc(int code, const char* what) {
+  if (code >= 0) return;
+  const int saved = errno;
+  throw ResourceError(fmt::format("hwloc {} failed: {}", what, saved ? std::strerror(saved) : "unknown error"));
+}
+
+HwlocHandle::HwlocHandle(Source source, const std::string& argument, bool with_io) {
+  check_hwloc(hwloc_topology_init(&topology_), "topology init");
+  try {
+    if (source == Source::kSynthetic && hwloc_topology_set_synthetic(topology_, argument.c_str()) < 0) {
+      throw ConfigError(fmt::format("hwloc rejects the synthetic topology '{}' (example: 'pack:2 numa:2 core:8 pu:2')",
+                                    argument));
+    }
+    if (source == Source::kXml && hwloc_topology_set_xml(topology_, argument.c_str()) < 0) {
+      throw ConfigError(fmt::format("cannot read topology XML '{}': {} (write one with `lstopo FILE.xml`)", argument,
+                                    std::strerror(errno)));
+    }
+    if (with_io) check_hwloc(hwloc_topology_set_io_types_filter(topology_, HWLOC_TYPE_FILTER_KEEP_IMPORTANT), "io filter");
+    if (hwloc_topology_load(topology_) < 0) {
+      if (source == Source::kXml) throw ConfigError(fmt::format("'{}' is not a valid hwloc topology XML", argument));
+      check_hwloc(-1, "topology load");
+    }
+  } catch (...) {
+    hwloc_topology_destroy(topology_);
+    throw;
+  }
+}
+
+HwlocHandle::~HwlocHandle() {
+  if (topology_) hwloc_topology_destroy(topology_);
+}
+
+const HwlocHandle& this_host() {
+  static const HwlocHandle handle(HwlocHandle::Source::kThisSystem);
+  return handle;
+}
+
+std::vector<int> to_indices(hwloc_const_bitmap_t set) {
+  std::vector<int> out;
+  if (hwloc_bitmap_weight(set) < 0) return out;  // infinite set: never for real cpusets
+  unsigned index = 0;
+  hwloc_bitmap_foreach_begin(index, set) { out.push_back(static_cast<int>(index)); }
+  hwloc_bitmap_foreach_end();
+  return out;
+}
+
+BitmapPtr to_bitmap(const std::vector<int>& indices) {
+  BitmapPtr set(hwloc_bitmap_alloc());
+  if (!set) throw ResourceError("hwloc bitmap allocation failed");
+  for (int i : indices) hwloc_bitmap_set(set.get(), static_cast<unsigned>(i));
+  return set;
+}
+
+}  // namespace detail
+
+namespace {
+
+using detail::HwlocHandle;
+
+const char* cache_name(hwloc_obj_t obj) {
+  switch (obj->type) {
+    case HWLOC_OBJ_L1CACHE: return obj->attr->cache.type == HWLOC_OBJ_CACHE_INSTRUCTION ? "L1i" : "L1d";
+    case HWLOC_OBJ_L1ICACHE: return "L1i";
+    case HWLOC_OBJ_L2CACHE: return "L2";
+    case HWLOC_OBJ_L3CACHE: return "L3";
+    case HWLOC_OBJ_L4CACHE: return "L4";
+    case HWLOC_OBJ_L5CACHE: return "L5";
+    default: return nullptr;
+  }
+}
+
+HostTopology summarize(const HwlocHandle& handle, std::string source) {
+  hwloc_topology_t topo = handle.get();
+  HostTopology host;
+  host.source = std::move(source);
+  host.is_this_system = hwloc_topology_is_thissystem(topo) != 0;
+  if (host.is_this_system) {
+    char name[256] = {};
+    gethostname(name, sizeof(name) - 1);
+    host.hostname = name;
+  }
+  host.n_packages = std::max(0, hwloc_get_nbobjs_by_type(topo, HWLOC_OBJ_PACKAGE));
+  host.n_cores = std::max(0, hwloc_get_nbobjs_by_type(topo, HWLOC_OBJ_CORE));
+  host.n_pus = std::max(0, hwloc_get_nbobjs_by_type(topo, HWLOC_OBJ_PU));
+  hwloc_const_cpuset_t allowed = hwloc_topology_get_allowed_cpuset(topo);
+  host.allowed_pus = detail::to_indices(allowed);
+
+  // Each core goes to the first node (in logical order) whose CPUs contain it: nodes that share CPUs with
+  // an earlier node (HBM or CXL memory next to DRAM) come out memory-only and are not placement targets.
+  const int n_nodes = hwloc_get_nbobjs_by_type(topo, HWLOC_OBJ_NUMANODE);
+  std::vector<char> core_taken(static_cast<std::size_t>(host.n_cores), 0);
+  for (int n = 0; n < n_nodes; ++n) {
+    hwloc_obj_t node = hwloc_get_obj_by_type(topo, HWLOC_OBJ_NUMANODE, n);
+    NumaNodeInfo info;
+    info.os_index = static_cast<int>(node->os_index);
+    info.hwloc_memory_bytes = node->attr ? node->attr->numanode.local_memory : 0;
+    hwloc_obj_t core = nullptr;
+    while ((core = hwloc_get_next_obj_inside_cpuset_by_type(topo, node->cpuset, HWLOC_OBJ_CORE, core)) != nullptr) {
+      if (core_taken[core->logical_index]) continue;
+      detail::BitmapPtr usable(hwloc_bitmap_alloc());
+      hwloc_bitmap_and(usable.get(), core->cpuset, allowed);
+      if (hwloc_bitmap_iszero(usable.get())) continue;  // none of its CPUs is ours
+      core_taken[core->logical_index] = 1;
+      info.cores.push_back({static_cast<int>(core->logical_index), detail::to_indices(usable.get())});
+    }
+    host.numa_nodes.push_back(std::move(info));
+  }
+
+  // Caches: one entry per (level, kind), with the size of one instance and the instance count.
+  for (hwloc_obj_type_t type : {HWLOC_OBJ_L1CACHE, HWLOC_OBJ_L1ICACHE, HWLOC_OBJ_L2CACHE, HWLOC_OBJ_L3CACHE,
+                                HWLOC_OBJ_L4CACHE}) {
+    const int count = hwloc_get_nbobjs_by_type(topo, type);
+    if (count <= 0) continue;
+    hwloc_obj_t first = hwloc_get_obj_by_type(topo, type, 0);
+    host.caches.push_back({cache_name(first), first->attr->cache.size, count});
+  }
+
+  for (hwloc_obj_t dev = hwloc_get_next_osdev(topo, nullptr); dev; dev = hwloc_get_next_osdev(topo, dev)) {
+    const auto kind = dev->attr->osdev.type;
+    if (kind != HWLOC_OBJ_OSDEV_GPU && kind != HWLOC_OBJ_OSDEV_COPROC) continue;
+    std::string name = dev->name ? dev->name : "?";
+    const char* model = hwloc_obj_get_info_by_name(dev, "GPUModel");
+    if (!model && dev->parent && dev->parent->type == HWLOC_OBJ_PCI_DEVICE) {
+      model = hwloc_obj_get_info_by_name(dev->parent, "PCIDevice");
+    }
+    if (model) name += fmt::format(" ({})", model);
+    host.gpus.push_back(std::move(name));
+  }
+  return host;
+}
+
+}  // namespace
+
+std::vector<const NumaNodeInfo*> HostTopology::nodes_with_cores() const {
+  std::vector<const NumaNodeInfo*> out;
+  for (const auto& node : numa_nodes) {
+    if (!node.cores.empty()) out.push_back(&node);
+  }
+  return out;
+}
+
+HostTopology discover_host_topology(bool with_devices) {
+  HwlocHandle handle(HwlocHandle::Source::kThisSystem, {}, with_devices);
+  return summarize(handle, "this host");
+}
+
+HostTopology load_synthetic_topology(const std::string& description) {
+  HwlocHandle handle(HwlocHandle::Source::kSynthetic, description);
+  return summarize(handle, fmt::format("synthetic '{}'", description));
+}
+
+HostTopology load_xml_topology(const std::string& path) {
+  HwlocHandle handle(HwlocHandle::Source::kXml, path);
+  return summarize(handle, fmt::format("xml '{}'", path));
+}
+
+std::string format_index_list(std::vector<int> values) {
+  std::sort(values.begin(), values.end());
+  values.erase(std::unique(values.begin(), values.end()), values.end());
+  std::string out;
+  for (std::size_t i = 0; i < values.size();) {
+    std::size_t j = i;
+    while (j + 1 < values.size() && values[j + 1] == values[j] + 1) ++j;
+    if (!out.empty()) out += ',';
+    out += j == i ? fmt::format("{}", values[i]) : fmt::format("{}-{}", values[i], values[j]);
+    i = j + 1;
+  }
+  return out.empty() ? "none" : out;
+}
+
+}  // namespace shardline::memory

@@ -1,0 +1,84 @@
+#include "runtime/rank_binding.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "common/error.h"
+#include "kernels/cpu/ops.h"
+#include "memory/binding.h"
+
+namespace shardline::runtime {
+
+int RankBinding::default_threads(const memory::HostTopology& host) const {
+  if (!placement.cores.empty() && (placement.applied == memory::BindMode::kCore || placement.launcher_bound)) {
+    return static_cast<int>(placement.cores.size());
+  }
+  if (placement.applied == memory::BindMode::kNuma) {
+    return std::max(1, static_cast<int>(placement.cores.size()) / std::max(1, placement.ranks_on_node));
+  }
+  return std::max(1, host.n_cores / std::max(1, placement.local_size));
+}
+
+std::string RankBinding::describe() const {
+  std::string text = fmt::format("local rank {} of {}: {}", placement.local_rank, placement.local_size,
+                                 placement.describe());
+  if (pinned_threads > 0) text += fmt::format(", {} thread{} pinned one per core", pinned_threads, pinned_threads == 1 ? "" : "s");
+  if (!memory_note.empty()) text += fmt::format("; memory not bound: {}", memory_note);
+  return text;
+}
+
+RankBinding bind_this_rank(const memory::HostTopology& host, int local_rank, int local_size, memory::BindMode mode) {
+  SL_CHECK(host.is_this_system);
+  RankBinding b;
+  b.initial_pus = memory::process_cpus();
+  const memory::RankPlacement planned = memory::plan_placement(host, local_rank, local_size, mode);
+  const bool launcher_bound = memory::is_launcher_bound(host, b.initial_pus);
+  if (launcher_bound && mode != memory::BindMode::kNone) {
+    // Do not fight the launcher (mpirun --bind-to, srun --cpu-bind): keep its CPUs, follow them with memory.
+    b.placement = memory::adopt_launcher_binding(host, planned, b.initial_pus);
+  } else {
+    b.placement = planned;
+    if (launcher_bound) {
+      b.placement.note = fmt::format("the launcher bound this process to PUs {}", memory::format_index_list(b.initial_pus));
+    }
+    if (b.placement.applied != memory::BindMode::kNone) memory::bind_process_cpus(b.placement.pus);
+  }
+  if (b.placement.numa_node >= 0 && !memory::prefer_node_for_this_thread(b.placement.numa_node, &b.memory_note)) {
+    b.placement.numa_node = -1;  // no NUMA support in the kernel: nothing can be bound
+  }
+  return b;
+}
+
+namespace {
+struct PinJob {
+  const std::vector<memory::CoreInfo>* cores;
+  int node;
+  std::vector<std::string> errors;  // (threads): an exception must not leave an OpenMP region
+};
+void pin_one(int thread, void* context) {
+  auto& job = *static_cast<PinJob*>(context);
+  const auto& core = (*job.cores)[static_cast<std::size_t>(thread) % job.cores->size()];
+  try {
+    memory::bind_this_thread_cpus(core.pus);
+    if (job.node >= 0) memory::prefer_node_for_this_thread(job.node);
+  } catch (const std::exception& e) {
+    job.errors[thread] = e.what();
+  }
+}
+}  // namespace
+
+void start_kernel_threads(RankBinding& binding, int threads) {
+  SL_CHECK(threads >= 1);
+  kernels::cpu::set_num_threads(threads);
+  const auto& p = binding.placement;
+  if (p.applied != memory::BindMode::kCore || p.cores.empty()) return;
+  PinJob job{&p.cores, p.numa_node, std::vector<std::string>(threads)};
+  kernels::cpu::run_on_each_thread(&pin_one, &job);
+  for (const auto& error : job.errors) {
+    if (!error.empty()) throw ResourceError(fmt::format("pinning kernel threads: {}", error));
+  }
+  binding.pinned_threads = threads;
+}
+
+}  // namespace shardline::runtime

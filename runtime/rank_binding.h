@@ -1,0 +1,37 @@
+// Puts this rank where its placement says: plans it from the host's topology and the rank's place among
+// the host's ranks (memory/placement.h), binds the process's CPUs (unless the launcher already did: then
+// its binding is kept and reported), makes memory prefer the rank's NUMA node, and pins the kernel threads
+// one per core (--bind core). The arena, KV pool and weight mappings are bound to the same node by the
+// Engine (EngineOptions::numa_node = placement.numa_node).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "memory/placement.h"
+#include "memory/topology.h"
+
+namespace shardline::runtime {
+
+struct RankBinding {
+  memory::RankPlacement placement;
+  std::vector<int> initial_pus;  // the CPU set the process started with
+  std::string memory_note;       // why memory is not bound to a node, if it is not
+  int pinned_threads = 0;        // kernel threads pinned to a core each (0: none pinned)
+
+  // Kernel threads to use when --threads is not given: one per core of the placement, or the host's cores
+  // shared by its ranks when unbound.
+  int default_threads(const memory::HostTopology& host) const;
+  // "local rank 1 of 2: NUMA node 0, cores 1 (PUs 1), bind core, 1 thread pinned".
+  std::string describe() const;
+};
+
+// Plans and applies this rank's placement. ConfigError when the mode cannot be met (--bind core with more
+// ranks than cores on a node); ResourceError when binding fails.
+RankBinding bind_this_rank(const memory::HostTopology& host, int local_rank, int local_size, memory::BindMode mode);
+
+// Sets the kernel thread count and, under --bind core, pins thread t to core t % cores (and makes each
+// thread's memory prefer the rank's node).
+void start_kernel_threads(RankBinding& binding, int threads);
+
+}  // namespace shardline::runtime

@@ -1,0 +1,61 @@
+// Paged attention against the contiguous kernel: the same cache cut into blocks of several sizes, the
+// blocks scattered through memory in shuffled order, must give bit-identical output (same arithmetic in
+// the same order; only the addressing differs), with 1 and 2 threads. The contiguous kernel itself is
+// checked against a double reference in cpu_ops_test.cpp.
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "kernels/cpu/ops.h"
+
+namespace shardline::kernels::cpu {
+namespace {
+
+TEST(AttentionPaged, BitIdenticalToContiguousForEveryBlockSize) {
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  const int n_heads = 8, n_kv_heads = 2, head_size = 16, kv_stride = n_kv_heads * head_size;
+  const int n_ctx = 300;  // > 64: the OpenMP region really runs
+  std::vector<float> q(n_heads * head_size), k(n_ctx * kv_stride), v(n_ctx * kv_stride);
+  for (auto* buffer : {&q, &k, &v}) {
+    for (float& x : *buffer) x = dist(rng);
+  }
+  for (int threads : {1, 2}) {
+    const int previous = set_num_threads(threads);
+    std::vector<float> want(n_heads * head_size), scratch(n_heads * n_ctx);
+    attention(want.data(), q.data(), k.data(), v.data(), scratch.data(), n_ctx, n_heads, n_kv_heads, head_size,
+              kv_stride);
+    for (int block_tokens : {1, 7, 16, 64, 300, 512}) {
+      const int n_blocks = (n_ctx + block_tokens - 1) / block_tokens;
+      // Blocks in a shuffled order inside one pool, as a block allocator would hand them out.
+      std::vector<int> slot(n_blocks);
+      std::iota(slot.begin(), slot.end(), 0);
+      std::shuffle(slot.begin(), slot.end(), rng);
+      const std::size_t block_floats = static_cast<std::size_t>(block_tokens) * kv_stride;
+      std::vector<float> k_pool(n_blocks * block_floats, NAN), v_pool(n_blocks * block_floats, NAN);
+      std::vector<const float*> k_blocks(n_blocks), v_blocks(n_blocks);
+      for (int b = 0; b < n_blocks; ++b) {
+        float* kb = k_pool.data() + slot[b] * block_floats;
+        float* vb = v_pool.data() + slot[b] * block_floats;
+        const int rows = std::min(block_tokens, n_ctx - b * block_tokens);
+        std::memcpy(kb, k.data() + static_cast<std::size_t>(b) * block_floats, rows * kv_stride * sizeof(float));
+        std::memcpy(vb, v.data() + static_cast<std::size_t>(b) * block_floats, rows * kv_stride * sizeof(float));
+        k_blocks[b] = kb;
+        v_blocks[b] = vb;
+      }
+      std::vector<float> got(n_heads * head_size, -1.0f);
+      attention_paged(got.data(), q.data(), k_blocks.data(), v_blocks.data(), block_tokens, scratch.data(), n_ctx,
+                      n_heads, n_kv_heads, head_size, kv_stride);
+      EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0)
+          << "block_tokens " << block_tokens << ", " << threads << " threads";
+    }
+    set_num_threads(previous);
+  }
+}
+
+}  // namespace
+}  // namespace shardline::kernels::cpu

@@ -1,0 +1,101 @@
+// The KV block pool: a reservation that costs nothing until blocks are used, block-by-block commit, a free
+// list that reuses blocks, exhaustion as a value (try_allocate) or a clear error (allocate), and blocks
+// bound to the requested node.
+#include <numaif.h>
+
+#include <cstring>
+#include <set>
+
+#include <gtest/gtest.h>
+
+#include "common/error.h"
+#include "memory/binding.h"
+#include "memory/kv_block_pool.h"
+#include "memory/system_memory.h"
+#include "memory/topology.h"
+
+namespace shardline::memory {
+namespace {
+
+constexpr std::uint64_t kBlockBytes = 64 * 1024;
+
+TEST(KvBlockPool, ReservesAddressSpaceAndCommitsBlockByBlock) {
+  KvBlockPool pool({.block_bytes = kBlockBytes, .n_blocks = 64});
+  EXPECT_EQ(pool.reserved_bytes(), 64 * kBlockBytes);
+  EXPECT_EQ(pool.committed_blocks(), 0);
+  EXPECT_EQ(backing_of(pool.data(0), pool.reserved_bytes()).resident_bytes, 0u);  // nothing touched yet
+  const int a = pool.allocate();
+  const int b = pool.allocate();
+  EXPECT_NE(a, b);
+  EXPECT_EQ(pool.committed_blocks(), 2);
+  EXPECT_EQ(pool.used_blocks(), 2);
+  EXPECT_EQ(pool.free_blocks(), 62);
+  // Committed means faulted in: exactly the two blocks are resident.
+  EXPECT_EQ(backing_of(pool.data(0), pool.reserved_bytes()).resident_bytes, 2 * kBlockBytes);
+  std::memset(pool.data(a), 0xAB, kBlockBytes);
+  std::memset(pool.data(b), 0xCD, kBlockBytes);
+  EXPECT_EQ(static_cast<unsigned char>(pool.data(a)[kBlockBytes - 1]), 0xAB);
+  EXPECT_EQ(static_cast<unsigned char>(pool.data(b)[0]), 0xCD);
+}
+
+TEST(KvBlockPool, ReleasedBlocksAreReusedBeforeNewOnesAreCommitted) {
+  KvBlockPool pool({.block_bytes = kBlockBytes, .n_blocks = 8});
+  const int a = pool.allocate();
+  const int b = pool.allocate();
+  pool.release(a);
+  EXPECT_EQ(pool.used_blocks(), 1);
+  EXPECT_EQ(pool.allocate(), a);  // from the free list
+  EXPECT_EQ(pool.committed_blocks(), 2);
+  pool.release(b);
+  pool.release(a);
+  EXPECT_EQ(pool.used_blocks(), 0);
+  EXPECT_EQ(pool.peak_used_blocks(), 2);
+  std::set<int> got;
+  for (int i = 0; i < 8; ++i) got.insert(pool.allocate());
+  EXPECT_EQ(got.size(), 8u);
+  EXPECT_EQ(pool.committed_blocks(), 8);
+}
+
+TEST(KvBlockPool, ExhaustionIsBackPressureOrOneClearError) {
+  KvBlockPool pool({.block_bytes = kBlockBytes, .n_blocks = 3});
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(pool.try_allocate().has_value());
+  EXPECT_FALSE(pool.try_allocate().has_value());
+  EXPECT_EQ(pool.free_blocks(), 0);
+  try {
+    pool.allocate();
+    FAIL() << "expected ResourceError";
+  } catch (const ResourceError& e) {
+    EXPECT_NE(std::string(e.what()).find("all 3 blocks"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("--kv-blocks"), std::string::npos) << e.what();
+  }
+  pool.release(1);
+  EXPECT_EQ(pool.allocate(), 1);
+}
+
+TEST(KvBlockPool, DoubleReleaseIsABug) {
+  KvBlockPool pool({.block_bytes = kBlockBytes, .n_blocks = 2});
+  const int a = pool.allocate();
+  pool.release(a);
+  EXPECT_DEATH(pool.release(a), "released but not in use");
+}
+
+TEST(KvBlockPool, BlocksAreBoundToTheNode) {
+  const int node = discover_host_topology(false).nodes_with_cores().front()->os_index;
+  KvBlockPool pool({.block_bytes = kBlockBytes, .n_blocks = 4, .numa_node = node});
+  EXPECT_TRUE(pool.node_bound());
+  const int a = pool.allocate();
+  const RangePolicy policy = range_policy(pool.data(a));
+  EXPECT_EQ(policy.mode, MPOL_BIND);
+  EXPECT_EQ(policy.nodes, std::vector<int>{node});
+  EXPECT_EQ(node_of_page(pool.data(a)), node);
+  EXPECT_NE(pool.describe().find("1 used, 3 free of 4 blocks"), std::string::npos) << pool.describe();
+}
+
+TEST(KvBlockPool, BlockBytesRoundUpToPages) {
+  KvBlockPool pool({.block_bytes = 100, .n_blocks = 2});
+  EXPECT_EQ(pool.block_bytes(), kSmallPageBytes);
+  EXPECT_EQ(pool.data(1) - pool.data(0), static_cast<std::ptrdiff_t>(kSmallPageBytes));
+}
+
+}  // namespace
+}  // namespace shardline::memory

@@ -1,0 +1,112 @@
+// The paged KV cache in the whole engine: 300 generated tokens with 16-token blocks (19 blocks per
+// sequence) equal the unpaged result exactly (a single block holding every position is the contiguous
+// layout), logits bit for bit; odd block sizes and batched sequences too; an exhausted pool is a clean
+// ResourceError before any work; blocks go back to the pool after each generation.
+#include <cstring>
+
+#include <gtest/gtest.h>
+
+#include "comm/communicator.h"
+#include "common/error.h"
+#include "partition/mesh.h"
+#include "runtime/engine.h"
+#include "tests/support/models.h"
+
+namespace shardline::runtime {
+namespace {
+
+struct Generated {
+  std::vector<int> ids;
+  std::vector<float> logits;  // (steps, vocab)
+};
+
+EngineOptions options_with_blocks(int block_tokens, int kv_blocks = 0) {
+  EngineOptions options;
+  options.model_path = test::model_file("mini-gqa.bin");
+  options.tokenizer_path = test::model_file("tokenizer.bin");
+  options.threads = 1;  // the block layout, not the thread count, is under test (and 1 thread is robust to load)
+  options.kv_block_tokens = block_tokens;
+  options.kv_blocks = kv_blocks;
+  return options;
+}
+
+Generated generate(Engine& engine, const GenerationRequest& request) {
+  Generated out;
+  const auto results = engine.generate({request}, {}, [&](int, int, const float* logits) {
+    out.logits.insert(out.logits.end(), logits, logits + engine.shape().vocab_size);
+  });
+  out.ids = results.at(0).ids;
+  return out;
+}
+
+TEST(PagedKv, ThreeHundredTokensWith16TokenBlocksEqualTheUnpagedResultExactly) {
+  SHARDLINE_REQUIRE_MODEL_FILE(test::model_file("mini-gqa.bin"));
+  auto comm = comm::make_solo_communicator();
+  const GenerationRequest request{"Once upon a time", 300, {}};
+  Engine unpaged_engine(options_with_blocks(512), partition::Mesh::single(), *comm, *comm);  // seq_len 512: one block
+  const Generated unpaged = generate(unpaged_engine, request);
+  ASSERT_EQ(unpaged.ids.size(), 300u) << "the model sampled BOS early; pick another prompt";
+  EXPECT_EQ(unpaged_engine.kv_pool().peak_used_blocks(), 1);
+
+  Engine paged_engine(options_with_blocks(16), partition::Mesh::single(), *comm, *comm);
+  const Generated paged = generate(paged_engine, request);
+  EXPECT_EQ(paged.ids, unpaged.ids);
+  ASSERT_EQ(paged.logits.size(), unpaged.logits.size());
+  EXPECT_EQ(std::memcmp(paged.logits.data(), unpaged.logits.data(), paged.logits.size() * sizeof(float)), 0)
+      << "logits differ between 16-token blocks and one block";
+  // 5 prompt tokens + 299 fed back = 304 positions = 19 blocks of 16, all returned afterwards.
+  EXPECT_EQ(paged_engine.kv_pool().peak_used_blocks(), 19);
+  EXPECT_EQ(paged_engine.kv_pool().used_blocks(), 0);
+}
+
+TEST(PagedKv, OddBlockSizesAndBatchesReproduceTheGoldens) {
+  SHARDLINE_REQUIRE_MODEL_FILE(test::model_file("goldens.jsonl"));
+  auto comm = comm::make_solo_communicator();
+  for (int block_tokens : {1, 5, 64}) {
+    for (const std::string model : {"tiny-32k.bin", "mini-gqa.bin"}) {
+      SHARDLINE_REQUIRE_MODEL_FILE(test::model_file(model));
+      EngineOptions options = options_with_blocks(block_tokens);
+      options.model_path = test::model_file(model);
+      options.micro_batches = 2;
+      options.chunk_tokens = 3;
+      Engine engine(options, partition::Mesh::single(), *comm, *comm);
+      std::vector<GenerationRequest> requests;
+      std::vector<test::Golden> expected;
+      for (const auto& golden : test::load_goldens()) {
+        if (golden.model != model) continue;
+        requests.push_back({golden.prompt, golden.steps, {}});
+        expected.push_back(golden);
+      }
+      const auto results = engine.generate(requests);
+      ASSERT_EQ(results.size(), expected.size());
+      for (std::size_t i = 0; i < results.size(); ++i) {
+        EXPECT_EQ(results[i].ids, expected[i].ids) << model << " block_tokens " << block_tokens << " / "
+                                                    << expected[i].prompt;
+      }
+      EXPECT_EQ(engine.kv_pool().used_blocks(), 0);
+    }
+  }
+}
+
+TEST(PagedKv, AnExhaustedPoolIsACleanErrorBeforeAnyWork) {
+  SHARDLINE_REQUIRE_MODEL_FILE(test::model_file("mini-gqa.bin"));
+  auto comm = comm::make_solo_communicator();
+  // 5 prompt tokens + 63 steps = 68 positions = 5 blocks of 16; the pool has 4.
+  Engine engine(options_with_blocks(16, 4), partition::Mesh::single(), *comm, *comm);
+  const GenerationRequest request{"Once upon a time", 64, {}};
+  try {
+    engine.check_kv_capacity({request});
+    FAIL() << "expected ResourceError";
+  } catch (const ResourceError& e) {
+    EXPECT_NE(std::string(e.what()).find("--kv-blocks 5 or more"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(engine.generate(request), ResourceError);
+  EXPECT_EQ(engine.kv_pool().committed_blocks(), 0);  // nothing ran
+  // What fits still runs, and the same engine serves it after the refusal.
+  const GenerationResult fits = engine.generate({"Once upon a time", 60, {}});
+  EXPECT_EQ(fits.ids.size(), 60u);
+  EXPECT_EQ(engine.kv_pool().peak_used_blocks(), 4);
+}
+
+}  // namespace
+}  // namespace shardline::runtime
