@@ -48,6 +48,11 @@ std::vector<int> parse_int_list(const std::string& flag, const std::string& text
   return values;
 }
 
+kernels::cpu::WeightDtype parse_weights_dtype_flag(const std::string& text) {
+  if (auto dtype = kernels::cpu::parse_weight_dtype(text)) return *dtype;
+  throw ConfigError(fmt::format("unknown --weights-dtype '{}' (use fp32, bf16 or int8)", text));
+}
+
 int available_cores() {
   cpu_set_t set;
   CPU_ZERO(&set);

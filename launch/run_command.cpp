@@ -15,6 +15,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "common/units.h"
+#include "kernels/cpu/isa.h"
 #include "launch/cli_options.h"
 #include "partition/mesh.h"
 #include "partition/shard.h"
@@ -67,7 +68,7 @@ std::vector<std::string> read_prompts_file(const std::string& path) {
 // Returns nullopt when --help was printed.
 std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, const MpiSession& mpi) {
   RunConfig c;
-  std::string log_level = "info", prompt, prompts_file, layer_split;
+  std::string log_level = "info", prompt, prompts_file, layer_split, weights_dtype;
   int steps = 256, batch = 1;
   runtime::SamplerOptions sampler;
   po::options_description options("run options");
@@ -89,6 +90,8 @@ std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, 
        "sequences are spread over this many micro-batches in flight")
       ("chunk-tokens", po::value(&c.engine.chunk_tokens)->default_value(64), "prefill chunk size in tokens (split granularity)")
       ("threads", po::value<int>(), "kernel threads of this rank (default: its cores / ranks on the host)")
+      ("weights-dtype", po::value(&weights_dtype)->default_value("fp32"),
+       "convert the weight matrices at load to fp32|bf16|int8 (int8: Q8_0-like, a scale per 32 weights)")
       ("comm-timeout", po::value(&c.comm_timeout_s)->default_value(120.0, "120"),
        "seconds a rank waits for a peer before failing the job")
       ("json", po::bool_switch(&c.json), "print one JSON object per sequence instead of text")
@@ -117,6 +120,7 @@ std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, 
     const bool bound = cores < static_cast<int>(std::thread::hardware_concurrency());
     c.engine.threads = bound ? cores : std::max(1, cores / local_ranks);
   }
+  c.engine.weights_dtype = parse_weights_dtype_flag(weights_dtype);
   if (!layer_split.empty()) c.engine.layers_per_stage = parse_int_list("--layers-per-stage", layer_split);
   if (batch < 1) throw ConfigError("--batch must be >= 1");
   if (vm.count("tp") && c.tp < 1) throw ConfigError("--tp must be >= 1");
@@ -285,12 +289,14 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
     if (mesh->rank() == output_rank) {
       std::cout << fmt::format(
           "model: {}\ntokenizer: {}\nsequences: {}\nsteps: {}\ntemperature: {}\ntop_p: {}\nseed: {}\nthreads: {}\n"
-          "chunk_tokens: {}\nmicro_batches: {}\nlauncher: {}\nworld_size: {}\ntp: {}\npp: {}\ncomm_timeout_s: {}\n",
+          "chunk_tokens: {}\nmicro_batches: {}\nlauncher: {}\nworld_size: {}\ntp: {}\npp: {}\ncomm_timeout_s: {}\n"
+          "weights_dtype: {}\nkernel_isa: {}\n",
           config->engine.model_path, config->engine.tokenizer_path, config->requests.size(),
           config->requests[0].steps, config->requests[0].sampler.temperature, config->requests[0].sampler.top_p,
           config->requests[0].sampler.seed, config->engine.threads, config->engine.chunk_tokens,
           config->engine.micro_batches, mpi.launcher(), mpi.world_size(), mesh->tp_size(), mesh->pp_size(),
-          config->comm_timeout_s);
+          config->comm_timeout_s, kernels::cpu::weight_dtype_name(config->engine.weights_dtype),
+          kernels::cpu::isa_name(kernels::cpu::active_isa()));
     }
     return 0;
   }
@@ -306,6 +312,8 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
   log::debug("launched as {}; model {} ({}); this rank maps {} and holds {} repacked", mpi.launcher(),
              config->engine.model_path, engine->shape().describe(), format_bytes(engine->weights().mapped_bytes()),
              format_bytes(engine->weights().repacked_bytes()));
+  log::debug("weights {} on {} kernels; kernel threads {}", kernels::cpu::weight_dtype_name(config->engine.weights_dtype),
+             kernels::cpu::isa_name(kernels::cpu::active_isa()), engine->threads_pinned() ? "pinned to cores" : "not pinned");
 
   // Phase 3: generation. A failure from here on aborts the whole job (main() does that).
   const bool output = engine->is_output_rank();

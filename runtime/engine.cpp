@@ -1,5 +1,7 @@
 #include "runtime/engine.h"
 
+#include <sched.h>
+
 #include <algorithm>
 
 #include <fmt/format.h>
@@ -22,6 +24,18 @@ partition::ModelShape checked_shape(const EngineOptions& options, const partitio
   return shape;
 }
 
+// The cores this process may run on, in order.
+std::vector<int> affinity_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::vector<int> cpus;
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (CPU_ISSET(c, &set)) cpus.push_back(c);
+  }
+  return cpus;
+}
+
 }  // namespace
 
 Engine::Engine(const EngineOptions& options, const partition::Mesh& mesh, comm::Communicator& world,
@@ -35,9 +49,13 @@ Engine::Engine(const EngineOptions& options, const partition::Mesh& mesh, comm::
   if (options.chunk_tokens < 1) throw ConfigError("--chunk-tokens must be >= 1");
   if (options.micro_batches < 1) throw ConfigError("--micro-batches must be >= 1");
   kernels::cpu::set_num_threads(options.threads);
+  if (options.pin_threads) {
+    const std::vector<int> cpus = affinity_cpus();
+    if (static_cast<int>(cpus.size()) == options.threads) threads_pinned_ = kernels::cpu::pin_threads(cpus);
+  }
   const auto stages = partition::stage_layer_ranges(shape_, mesh.pp_size(), options.layers_per_stage);
   const partition::RankShard shard = partition::shard_for(shape_, mesh, stages);
-  weights_ = std::make_unique<ShardWeights>(options.model_path, shape_, shard);
+  weights_ = std::make_unique<ShardWeights>(options.model_path, shape_, shard, ShardWeightsOptions{options.weights_dtype});
   StageOptions stage_options;
   stage_options.max_rows = std::min(options.chunk_tokens, shape_.seq_len);
   stage_ = std::make_unique<Stage>(*weights_, tp_comm, stage_options);
@@ -115,6 +133,13 @@ std::vector<GenerationResult> Engine::generate(const std::vector<GenerationReque
     s.decode_s = outputs[i].done_s - outputs[i].first_token_s;
   }
   return results;
+}
+
+std::vector<SequenceOutput> Engine::generate_ids(const std::vector<SequenceSpec>& sequences) {
+  const int rows = Pipeline::max_rows_for(PipelineOptions{options_.micro_batches, options_.chunk_tokens},
+                                          static_cast<int>(sequences.size()));
+  if (rows > stage_->max_rows()) stage_->reserve_rows(rows);
+  return pipeline_->run(sequences);
 }
 
 GenerationResult Engine::generate(const GenerationRequest& request, const PieceCallback& on_piece) {

@@ -24,6 +24,11 @@ struct EngineOptions {
   int chunk_tokens = 64;      // prefill chunk (split granularity)
   int micro_batches = 1;      // sequences are spread over this many micro-batches in flight
   std::vector<int> layers_per_stage;  // explicit layer split; empty = even
+  kernels::cpu::WeightDtype weights_dtype = kernels::cpu::WeightDtype::kF32;  // converted to at load
+  // Pin kernel thread t to the t-th core of this process's affinity mask, when the mask has exactly as
+  // many cores as threads (the launcher bound the rank to its cores). An unbound rank is never pinned: it
+  // cannot know which cores its neighbours on the host use.
+  bool pin_threads = true;
 };
 
 struct GenerationRequest {
@@ -76,6 +81,12 @@ class Engine {
   // Generates every request (all in flight together). Results on the output rank, empty elsewhere.
   std::vector<GenerationResult> generate(const std::vector<GenerationRequest>& requests,
                                          const PieceCallback& on_piece = {}, const LogitsCallback& on_logits = {});
+  // Token sequences straight through the pipeline (benchmarks, accuracy checks): every rank calls it with
+  // the same specs; outputs on the last stage, empty elsewhere.
+  std::vector<SequenceOutput> generate_ids(const std::vector<SequenceSpec>& sequences);
+  // Whether pin_threads pinned this rank's kernel threads.
+  bool threads_pinned() const { return threads_pinned_; }
+
   // One request; the result is meaningful on the output rank only.
   GenerationResult generate(const GenerationRequest& request, const PieceCallback& on_piece = {});
 
@@ -90,6 +101,7 @@ class Engine {
   std::unique_ptr<Stage> stage_;
   std::unique_ptr<Pipeline> pipeline_;
   double load_s_ = 0.0;
+  bool threads_pinned_ = false;
 };
 
 }  // namespace shardline::runtime

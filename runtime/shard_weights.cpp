@@ -1,7 +1,5 @@
 #include "runtime/shard_weights.h"
 
-#include <cstring>
-
 #include <fmt/format.h>
 
 #include "common/error.h"
@@ -14,20 +12,20 @@ constexpr std::uint64_t kF = sizeof(float);
 }
 
 ShardWeights::ShardWeights(const std::string& path, const partition::ModelShape& shape,
-                           const partition::RankShard& shard)
-    : shape_(shape), shard_(shard), file_(path) {
+                           const partition::RankShard& shard, const ShardWeightsOptions& options)
+    : shape_(shape), shard_(shard), options_(options), file_(path) {
   const partition::ModelShape on_disk = read_checkpoint_shape(path);
   if (!(on_disk == shape)) {
     throw FormatError(fmt::format("'{}' holds a model of shape ({}) but ({}) was expected", path,
                                   on_disk.describe(), shape.describe()));
   }
   const CheckpointLayout at = checkpoint_layout(shape);
-  const std::uint64_t d = shape.dim, h = shape.hidden_dim, kv = shape.kv_dim(), hs = shape.head_size();
-  const std::uint64_t q_rows = shard.heads.size() * hs, kv_rows = shard.kv_heads.size() * hs;
-  const std::uint64_t q_begin = shard.heads.begin * hs, kv_begin = shard.kv_heads.begin * hs;
-  const std::uint64_t h_rows = shard.hidden.size(), h_begin = shard.hidden.begin;
-  const bool whole_heads = shard.heads.begin == 0 && shard.heads.end == shape.n_heads;
-  const bool whole_hidden = shard.hidden.begin == 0 && shard.hidden.end == shape.hidden_dim;
+  const std::uint64_t d = shape.dim, h = shape.hidden_dim, kv = shape.kv_dim();
+  const int hs = shape.head_size();
+  const partition::Range all_dim{0, shape.dim};
+  const partition::Range q_columns{shard.heads.begin * hs, shard.heads.end * hs};
+  const int q_rows = q_columns.size(), kv_rows = shard.kv_heads.size() * hs, h_rows = shard.hidden.size();
+  const std::uint64_t q_begin = q_columns.begin, kv_begin = shard.kv_heads.begin * hs, h_begin = shard.hidden.begin;
 
   if (shard.has_embedding) {
     // Looked up by token id, so any row may be needed; not populated: only rows actually used fault in.
@@ -37,22 +35,20 @@ ShardWeights::ShardWeights(const std::string& path, const partition::ModelShape&
     LayerWeights w;
     w.rms_att = map_floats(at.rms_att + l * d * kF, d, true);
     w.rms_ffn = map_floats(at.rms_ffn + l * d * kF, d, true);
-    w.wq = map_floats(at.wq + (l * d * d + q_begin * d) * kF, q_rows * d, true);
-    w.wk = map_floats(at.wk + (l * kv * d + kv_begin * d) * kF, kv_rows * d, true);
-    w.wv = map_floats(at.wv + (l * kv * d + kv_begin * d) * kF, kv_rows * d, true);
-    w.w1 = map_floats(at.w1 + (l * h * d + h_begin * d) * kF, h_rows * d, true);
-    w.w3 = map_floats(at.w3 + (l * h * d + h_begin * d) * kF, h_rows * d, true);
-    w.wo = whole_heads ? map_floats(at.wo + l * d * d * kF, d * d, true)
-                       : repack_columns(at.wo + l * d * d * kF, shape.dim, shape.dim,
-                                        {static_cast<int>(q_begin), static_cast<int>(q_begin + q_rows)});
-    w.w2 = whole_hidden ? map_floats(at.w2 + l * d * h * kF, d * h, true)
-                        : repack_columns(at.w2 + l * d * h * kF, shape.dim, shape.hidden_dim, shard.hidden);
+    // Row slices (q/k/v, w1/w3: this rank's output features) and column slices (wo, w2: its input features).
+    w.wq = convert(at.wq + (l * d * d + q_begin * d) * kF, q_rows, shape.dim, all_dim);
+    w.wk = convert(at.wk + (l * kv * d + kv_begin * d) * kF, kv_rows, shape.dim, all_dim);
+    w.wv = convert(at.wv + (l * kv * d + kv_begin * d) * kF, kv_rows, shape.dim, all_dim);
+    w.wo = convert(at.wo + l * d * d * kF, shape.dim, shape.dim, q_columns);
+    w.w1 = convert(at.w1 + (l * h * d + h_begin * d) * kF, h_rows, shape.dim, all_dim);
+    w.w2 = convert(at.w2 + l * d * h * kF, shape.dim, shape.hidden_dim, shard.hidden);
+    w.w3 = convert(at.w3 + (l * h * d + h_begin * d) * kF, h_rows, shape.dim, all_dim);
     layers_.push_back(w);
   }
   if (shard.has_classifier) {
     rms_final_ = map_floats(at.rms_final, d, true);
-    classifier_ = map_floats(at.classifier + static_cast<std::uint64_t>(shard.vocab.begin) * d * kF,
-                             static_cast<std::uint64_t>(shard.vocab.size()) * d, true);
+    classifier_ = convert(at.classifier + static_cast<std::uint64_t>(shard.vocab.begin) * d * kF, shard.vocab.size(),
+                          shape.dim, all_dim);
   }
 }
 
@@ -62,21 +58,28 @@ const float* ShardWeights::map_floats(std::uint64_t offset_bytes, std::uint64_t 
   return regions_.back().as<float>();
 }
 
-const float* ShardWeights::repack_columns(std::uint64_t matrix_offset_bytes, int rows, int cols,
-                                          partition::Range columns) {
-  // The mapping is dropped on return: its pages were only read to copy this rank's columns, so they do
-  // not stay in the rank's resident set.
-  memory::MappedRegion whole =
-      file_.map(matrix_offset_bytes, static_cast<std::uint64_t>(rows) * cols * kF, {.populate = false});
-  const float* src = whole.as<float>();
-  std::vector<float> packed(static_cast<std::size_t>(rows) * columns.size());  // (rows, columns.size())
-  for (int r = 0; r < rows; ++r) {
-    std::memcpy(packed.data() + static_cast<std::size_t>(r) * columns.size(),
-                src + static_cast<std::size_t>(r) * cols + columns.begin, columns.size() * kF);
+PackedMatrix ShardWeights::convert(std::uint64_t matrix_offset_bytes, int rows, int cols, partition::Range columns) {
+  // The mapping is dropped on return: its pages were only read to convert this rank's part, so they do not
+  // stay in the rank's resident set. A column slice maps every row whole (its columns are strided).
+  const memory::MappedRegion source =
+      file_.map(matrix_offset_bytes, static_cast<std::uint64_t>(rows) * cols * kF, {.populate = true});
+  PackedMatrix m{options_.dtype, rows, columns.size(), nullptr};
+  WeightMemory memory = allocate_weight_memory(m.size_bytes());
+  kernels::cpu::pack_weights(m.dtype, source.as<float>() + columns.begin, cols, m.d, m.k, memory.get());
+  m.data = memory.get();
+  repacked_bytes_ += m.size_bytes();
+  converted_.push_back(std::move(memory));
+  return m;
+}
+
+std::vector<kernels::cpu::ReadRegion> ShardWeights::streamed_regions() const {
+  std::vector<kernels::cpu::ReadRegion> regions;
+  auto add = [&](const PackedMatrix& m) { regions.push_back({m.data, m.size_bytes()}); };
+  for (const LayerWeights& w : layers_) {
+    for (const PackedMatrix* m : {&w.wq, &w.wk, &w.wv, &w.wo, &w.w1, &w.w3, &w.w2}) add(*m);
   }
-  repacked_bytes_ += packed.size() * kF;
-  repacked_.push_back(std::move(packed));
-  return repacked_.back().data();
+  if (classifier_.data != nullptr) add(classifier_);
+  return regions;
 }
 
 }  // namespace shardline::runtime

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "kernels/cpu/packed_matmul.h"
 #include "runtime/kv_cache.h"
 #include "runtime/shard_weights.h"
 
@@ -45,8 +46,11 @@ class Stage {
   // The common case: n consecutive tokens (positions pos .. pos+n-1) of one sequence.
   void forward(float* x, int n, int pos, KvCache& cache);
 
-  // Last stage: logits of one activation row, gathered over the TP group.   x: (dim)  logits: (vocab)
-  void logits(const float* x, float* logits);
+  // Last stage: logits of n activation rows in one pass over the classifier, gathered over the TP group.
+  //   x: (n, dim)  logits: (n, vocab)
+  void logits(const float* x, int n, float* logits);
+  // One row.   x: (dim)  logits: (vocab)
+  void logits(const float* x, float* logits) { this->logits(x, 1, logits); }
 
   const partition::ModelShape& shape() const { return weights_.shape(); }
   int max_rows() const { return options_.max_rows; }
@@ -65,6 +69,7 @@ class Stage {
   int kv_dim_;      // local kv heads * head_size
   int hidden_;      // local hidden features
   std::vector<int> vocab_counts_;  // classifier rows per TP rank, for the logits gather
+  std::vector<int> gather_counts_; // vocab_counts_ * rows of the current logits call
 
   // Scratch, sized once for max_rows rows: no allocation per token.
   std::vector<float> xb_;      // (max_rows, dim)
@@ -74,10 +79,13 @@ class Stage {
   std::vector<float> att_;     // (max_rows, q_dim)
   std::vector<float> scores_;  // (local heads, seq_len)
   std::vector<float> hb_;      // (max_rows, hidden)
-  std::vector<float> hb2_;     // (max_rows, hidden)
   std::vector<float> out_;     // (max_rows, dim)
   std::vector<Row> rows_;      // (max_rows) for the single-sequence forward
-  std::vector<float> local_logits_;  // (vocab slice)
+  kernels::cpu::Activations act_;  // the matmuls' input, prepared for the weight dtype: (max_rows, <= max k)
+  // Grown to the most rows one logits call has seen (batched decode: one per sequence of a micro-batch).
+  std::vector<float> logits_x_;       // (rows, dim)
+  std::vector<float> local_logits_;   // (rows, vocab slice)
+  std::vector<float> gathered_;       // (rows, vocab) in rank order of the TP group
 };
 
 }  // namespace shardline::runtime

@@ -4,12 +4,18 @@
 #pragma once
 
 #include <cstddef>
+#include <span>
 
 namespace shardline::kernels::cpu {
 
 // Threads used by every kernel of this process (the rank's --threads). Returns the previous value.
 int set_num_threads(int n_threads);
 int num_threads();
+
+// Pins kernel thread t to cpus[t] (the rank's cores), so each thread keeps its core and its L2 and two
+// threads never share a core. Needs cpus.size() >= num_threads(); returns false (pinning nothing further)
+// if the OS refuses.
+bool pin_threads(std::span<const int> cpus);
 
 // y = x · Wᵀ for n rows of x at once (n = 1 is decode's GEMV, n > 1 is prefill's GEMM).
 //   y: (n, d)   x: (n, k)   w: (d, k) row-major, rows = output features, as llama2.c stores them.

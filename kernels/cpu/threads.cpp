@@ -1,4 +1,7 @@
 #include <omp.h>
+#include <sched.h>
+
+#include <atomic>
 
 #include "kernels/cpu/ops.h"
 
@@ -16,5 +19,19 @@ int set_num_threads(int n_threads) {
 }
 
 int num_threads() { return g_num_threads; }
+
+bool pin_threads(std::span<const int> cpus) {
+  if (cpus.size() < static_cast<std::size_t>(g_num_threads)) return false;
+  std::atomic<bool> ok{true};
+  // libgomp keeps the same pool threads for later regions of the same size, so the pinning sticks.
+#pragma omp parallel num_threads(g_num_threads)
+  {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpus[omp_get_thread_num()], &set);
+    if (sched_setaffinity(0, sizeof(set), &set) != 0) ok = false;  // 0: the calling thread
+  }
+  return ok;
+}
 
 }  // namespace shardline::kernels::cpu
