@@ -2,7 +2,10 @@
 
 #include <sched.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <iostream>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -59,6 +62,14 @@ int available_cores() {
   if (sched_getaffinity(0, sizeof(set), &set) != 0) return 1;
   const int n = CPU_COUNT(&set);
   return n > 0 ? n : 1;
+}
+
+int default_threads() {
+  const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  const int local_ranks = local ? std::max(1, std::atoi(local)) : 1;
+  const int cores = available_cores();
+  const bool bound = cores < static_cast<int>(std::thread::hardware_concurrency());
+  return bound ? cores : std::max(1, cores / local_ranks);
 }
 
 }  // namespace shardline::launch

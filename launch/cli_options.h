@@ -28,4 +28,8 @@ kernels::cpu::WeightDtype parse_weights_dtype_flag(const std::string& text);
 // Cores this process may run on (its affinity mask), for default thread counts.
 int available_cores();
 
+// Kernel threads of a rank when --threads is not given: a rank bound to a subset of the host's cores uses
+// that subset; unbound ranks on one host share its cores (Open MPI says how many ranks the host runs).
+int default_threads();
+
 }  // namespace shardline::launch

@@ -11,6 +11,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "launch/bench_command.h"
 #include "launch/gen_model_command.h"
 #include "launch/mpi_session.h"
 #include "launch/run_command.h"
@@ -24,6 +25,7 @@ Usage: shardline <command> [options]      (shardline <command> --help for its op
 Commands:
   run         generate text (plain process, or under mpirun / srun)
   gen-model   write a random-weight llama2.c checkpoint and tokenizer of any shape
+  bench       decode/prefill tokens/s of generated models against a measured bandwidth roofline
 
 Exit codes: 0 ok, 1 unexpected error, 2 bad flags or layout, 3 corrupt input file,
             4 missing resource (file, memory, GPU), 5 communication failure (peer died, timeout).
@@ -40,6 +42,10 @@ int dispatch(const std::string& command, const std::vector<std::string>& args,
     return run_command(args, *mpi);
   }
   if (command == "gen-model") return gen_model_command(args);
+  if (command == "bench") {
+    mpi = std::make_unique<MpiSession>();
+    return bench_command(args, *mpi);
+  }
   throw shardline::ConfigError(fmt::format("unknown command '{}' (see 'shardline --help')", command));
 }
 

@@ -112,13 +112,7 @@ std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, 
     c.engine.threads = vm["threads"].as<int>();
     if (c.engine.threads < 1) throw ConfigError("--threads must be >= 1");
   } else {
-    // A rank bound to a subset of the host's cores uses that subset; unbound ranks on one host share its
-    // cores (Open MPI tells how many ranks this host runs).
-    const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
-    const int local_ranks = local ? std::max(1, std::atoi(local)) : 1;
-    const int cores = available_cores();
-    const bool bound = cores < static_cast<int>(std::thread::hardware_concurrency());
-    c.engine.threads = bound ? cores : std::max(1, cores / local_ranks);
+    c.engine.threads = default_threads();
   }
   c.engine.weights_dtype = parse_weights_dtype_flag(weights_dtype);
   if (!layer_split.empty()) c.engine.layers_per_stage = parse_int_list("--layers-per-stage", layer_split);

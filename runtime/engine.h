@@ -69,6 +69,7 @@ class Engine {
   const Tokenizer& tokenizer() const { return tokenizer_; }
   const ShardWeights& weights() const { return *weights_; }
   const partition::Mesh& mesh() const { return mesh_; }
+  const EngineOptions& options() const { return options_; }
   double load_s() const { return load_s_; }
   const PipelineStats& pipeline_stats() const { return pipeline_->stats(); }
 
