@@ -10,7 +10,7 @@ Isa detect_isa() {
   __builtin_cpu_init();
   const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-  if (avx512 && __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vnni")) return Isa::kAvx512Bf16;
+  if (avx512 && __builtin_cpu_supports("avx512vnni")) return Isa::kAvx512Vnni;
   if (avx512) return Isa::kAvx512;
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::kAvx2;
   return Isa::kPortable;
@@ -28,7 +28,7 @@ const char* isa_name(Isa isa) {
     case Isa::kPortable: return "portable";
     case Isa::kAvx2: return "avx2";
     case Isa::kAvx512: return "avx512";
-    case Isa::kAvx512Bf16: return "avx512-bf16-vnni";
+    case Isa::kAvx512Vnni: return "avx512-vnni";
   }
   return "?";
 }

@@ -8,8 +8,8 @@ namespace shardline::kernels::cpu {
 enum class Isa : int {
   kPortable = 0,    // plain C++ (whatever the compiler's baseline target vectorises)
   kAvx2 = 1,        // AVX2 + FMA: the portable code compiled for 256-bit vectors
-  kAvx512 = 2,      // AVX-512 F/BW/VL/DQ: hand-written fp32 kernels (bf16, int8 as kAvx2)
-  kAvx512Bf16 = 3,  // + AVX512_BF16 and AVX512_VNNI: vdpbf16ps for bf16, vpdpbusd for int8
+  kAvx512 = 2,      // AVX-512 F/BW/VL/DQ: hand-written fp32 and bf16 kernels (int8 as kAvx2)
+  kAvx512Vnni = 3,  // + AVX512_VNNI: vpdpbusd for int8
 };
 
 const char* isa_name(Isa isa);

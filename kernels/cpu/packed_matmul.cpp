@@ -19,17 +19,17 @@ constexpr long kMinParallelWork = 32768;
 
 tile::TileKernels tile_kernels_for(Isa isa) {
   tile::TileKernels kernels = isa >= Isa::kAvx2 ? tile::avx2_tile_kernels() : tile::portable_tile_kernels();
-  if (isa >= Isa::kAvx512) kernels.f32 = tile::avx512_f32_tile_kernel();
-  if (isa >= Isa::kAvx512Bf16) {
+  if (isa >= Isa::kAvx512) {
+    kernels.f32 = tile::avx512_f32_tile_kernel();
     kernels.bf16 = tile::avx512_bf16_tile_kernel();
-    kernels.int8 = tile::avx512_vnni_int8_tile_kernel();
   }
+  if (isa >= Isa::kAvx512Vnni) kernels.int8 = tile::avx512_vnni_int8_tile_kernel();
   return kernels;
 }
 
 tile::TileKernel tile_kernel(WeightDtype dtype) {
   static const tile::TileKernels by_isa[] = {tile_kernels_for(Isa::kPortable), tile_kernels_for(Isa::kAvx2),
-                                             tile_kernels_for(Isa::kAvx512), tile_kernels_for(Isa::kAvx512Bf16)};
+                                             tile_kernels_for(Isa::kAvx512), tile_kernels_for(Isa::kAvx512Vnni)};
   const tile::TileKernels& kernels = by_isa[static_cast<int>(active_isa())];
   switch (dtype) {
     case WeightDtype::kF32: return kernels.f32;
@@ -46,12 +46,13 @@ tile::Tile make_tile(const Activations& x, const PackedMatrix& w, int panel, int
   t.panel_stride = panel_bytes(w.dtype, w.k);
   t.panels = w.data + panel * t.panel_stride;
   t.n_panels = n_panels;
-  t.k = padded_k(w.dtype, w.k);
+  // fp32 activations have exactly k columns; int8 ones are padded to the group like the weights.
+  t.k = w.dtype == WeightDtype::kInt8 ? padded_k(w.dtype, w.k) : w.k;
   t.x_stride = x.row_stride();
   const std::size_t row_offset = static_cast<std::size_t>(row) * x.row_stride();
   switch (w.dtype) {
-    case WeightDtype::kF32: t.x = x.f32() + row_offset; break;
-    case WeightDtype::kBf16: t.x = x.bf16() + row_offset; break;
+    case WeightDtype::kF32:
+    case WeightDtype::kBf16: t.x = x.f32() + row_offset; break;
     case WeightDtype::kInt8: {
       const std::size_t group_offset = static_cast<std::size_t>(row) * (x.row_stride() / kInt8Group);
       t.x = x.int8() + row_offset;
@@ -117,7 +118,6 @@ void Activations::reserve(int max_rows, int max_k) {
   max_k_ = std::max(max_k_, max_k);
   const std::size_t kp = padded_k(WeightDtype::kInt8, max_k_);  // the largest padding of any dtype
   const std::size_t rows = max_rows_;
-  bf16_.resize(rows * kp);
   int8_.resize(rows * kp);
   scales_.resize(rows * kp / kInt8Group);
   sums_.resize(rows * kp / kInt8Group);
@@ -135,16 +135,11 @@ void Activations::prepare(const float* x, int n, int k, WeightDtype dtype) {
   const int n_threads = num_threads();
   switch (dtype) {
     case WeightDtype::kF32:
-      f32_ = x;
-      return;
     case WeightDtype::kBf16:
-#pragma omp parallel for num_threads(n_threads) if (n_threads > 1 && static_cast<long>(n) * k > kMinParallelWork)
-      for (int r = 0; r < n; ++r) {
-        const float* xr = x + static_cast<std::size_t>(r) * k;
-        std::uint16_t* out = bf16_.data() + static_cast<std::size_t>(r) * kp;
-        for (int j = 0; j < k; ++j) out[j] = float_to_bf16(xr[j]);
-        for (int j = k; j < kp; ++j) out[j] = 0;
-      }
+      // fp32 activations, used in place. bf16 weights are widened to fp32 by the kernels, so the odd k of a
+      // pair past the end (padding) meets zero weights and is never read from x.
+      f32_ = x;
+      padded_k_ = k;
       return;
     case WeightDtype::kInt8:
       // Per row and 32-group: scale = max|x| / 127, q = round(x / scale); the sum of q lets the VNNI kernel

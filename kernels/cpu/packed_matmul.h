@@ -3,8 +3,9 @@
 // weight vector is used for all n rows before the next is loaded, so B sequences share one pass over W.
 //
 // Activations are prepared once per input and reused by every matrix that reads it (wq, wk and wv share
-// the normalised x; w1 and w3 share it too): bf16 weights need x rounded to bf16, int8 weights need x
-// quantised to int8 per group of 32 (scale and sum per group).
+// the normalised x; w1 and w3 share it too). fp32 and bf16 weights multiply fp32 activations as they are
+// (bf16 weights are widened to fp32 in registers: exact, and no rounding of x); int8 weights need x
+// quantised to int8 per group of 32 (scale and sum per group), as Q8_0 does, for vpdpbusd.
 //
 // Threads (set_num_threads) split the output panels into contiguous bands, so each thread streams its own
 // part of W. Each output is computed by one thread in a fixed order along k, so results do not depend on
@@ -24,7 +25,8 @@ namespace shardline::kernels::cpu {
 class Activations {
  public:
   void reserve(int max_rows, int max_k);
-  // x: (n, k). For fp32 the pointer is kept as is: x must stay valid and unchanged while it is used.
+  // x: (n, k). For fp32 and bf16 weights the pointer is kept as is: x must stay valid and unchanged while
+  // it is used.
   void prepare(const float* x, int n, int k, WeightDtype dtype);
 
   WeightDtype dtype() const { return dtype_; }
@@ -32,8 +34,7 @@ class Activations {
   int k() const { return k_; }
   int row_stride() const { return padded_k_; }  // elements between rows of the prepared data
 
-  const float* f32() const { return f32_; }                       // (n, k)
-  const std::uint16_t* bf16() const { return bf16_.data(); }      // (n, padded k) bf16 bits
+  const float* f32() const { return f32_; }                       // (n, k): fp32 and bf16 weights
   const std::int8_t* int8() const { return int8_.data(); }        // (n, padded k)
   const float* int8_scales() const { return scales_.data(); }     // (n, padded k / 32)
   const std::int32_t* int8_sums() const { return sums_.data(); }  // (n, padded k / 32): sum of q per group
@@ -46,7 +47,6 @@ class Activations {
   int max_rows_ = 0;
   int max_k_ = 0;
   const float* f32_ = nullptr;
-  std::vector<std::uint16_t> bf16_;
   std::vector<std::int8_t> int8_;
   std::vector<float> scales_;
   std::vector<std::int32_t> sums_;

@@ -21,9 +21,9 @@ struct Tile {
   const std::byte* panels = nullptr;  // the first panel of the tile
   std::size_t panel_stride = 0;       // bytes between panels
   int n_panels = 0;                   // 1 .. kTilePanels
-  int k = 0;                          // padded k of the dtype
+  int k = 0;                          // k of the activations: exact for fp32 / bf16, padded for int8
   // Prepared rows (see Activations), already offset to the first row of the tile.
-  const void* x = nullptr;            // fp32, bf16 bits or int8 values
+  const void* x = nullptr;            // fp32 values (fp32 and bf16 weights) or int8 values
   int x_stride = 0;                   // elements between rows of x
   const float* x_scales = nullptr;    // int8: per row, k / 32 scales
   const std::int32_t* x_sums = nullptr;  // int8: per row, k / 32 sums of q
@@ -42,10 +42,10 @@ struct TileKernels {
 // Plain C++ compiled for the baseline target, and the same source compiled for AVX2 + FMA.
 TileKernels portable_tile_kernels();
 TileKernels avx2_tile_kernels();
-// Hand-written AVX-512 fp32 kernel.
+// Hand-written AVX-512 fp32 and bf16 (widened to fp32 in registers) kernels.
 TileKernel avx512_f32_tile_kernel();
-// Hand-written AVX512_BF16 (vdpbf16ps) and AVX512_VNNI (vpdpbusd) kernels.
 TileKernel avx512_bf16_tile_kernel();
+// Hand-written AVX512_VNNI (vpdpbusd) int8 kernel.
 TileKernel avx512_vnni_int8_tile_kernel();
 
 }  // namespace shardline::kernels::cpu::tile

@@ -60,9 +60,9 @@ void f32_tile(const Tile& t) {
   }
 }
 
-// bf16 x bf16 products are exact in float; sums are in float, as vdpbf16ps does (in another order).
+// bf16 weights widened to float (exact) times fp32 activations: the fp32 kernel's arithmetic.
 template <int R>
-void bf16_rows(const std::uint16_t* w, const std::uint16_t* x, int x_stride, int k, float* out) {
+void bf16_rows(const std::uint16_t* w, const float* x, int x_stride, int k, float* out) {
   float acc[R][kLanes] = {};
   for (int kk = 0; kk < k; kk += 2) {
     const std::uint16_t* wk = w + static_cast<std::size_t>(kk) * kLanes;  // (16 lanes, 2 values)
@@ -72,9 +72,9 @@ void bf16_rows(const std::uint16_t* w, const std::uint16_t* x, int x_stride, int
       w1[l] = bits_to_float(static_cast<std::uint32_t>(wk[2 * l + 1]) << 16);
     }
     for (int r = 0; r < R; ++r) {
-      const std::uint16_t* xr = x + static_cast<std::size_t>(r) * x_stride + kk;
-      const float x0 = bits_to_float(static_cast<std::uint32_t>(xr[0]) << 16);
-      const float x1 = bits_to_float(static_cast<std::uint32_t>(xr[1]) << 16);
+      const float* xr = x + static_cast<std::size_t>(r) * x_stride + kk;
+      const float x0 = xr[0];
+      const float x1 = kk + 1 < k ? xr[1] : 0.0f;  // k may be odd: the pair's padding weight is zero
       for (int l = 0; l < kLanes; ++l) acc[r][l] = multiply_add(w1[l], x1, multiply_add(w0[l], x0, acc[r][l]));
     }
   }
@@ -84,7 +84,7 @@ void bf16_rows(const std::uint16_t* w, const std::uint16_t* x, int x_stride, int
 }
 
 void bf16_tile(const Tile& t) {
-  const std::uint16_t* x = static_cast<const std::uint16_t*>(t.x);
+  const float* x = static_cast<const float*>(t.x);
   for (int p = 0; p < t.n_panels; ++p) {
     const std::uint16_t* w = reinterpret_cast<const std::uint16_t*>(t.panels + p * t.panel_stride);
     int r = 0;

@@ -1,5 +1,5 @@
 // The packed-weight kernels (weight_format.h, packed_matmul.h) against naive double-precision references,
-// on every instruction-set path this CPU can run (portable, AVX2, AVX-512, AVX512_BF16/VNNI), with 1 and 2
+// on every instruction-set path this CPU can run (portable, AVX2, AVX-512, AVX512_VNNI), with 1 and 2
 // threads, on shapes that hit the edge paths: d not a multiple of the 16-wide panel, k not a multiple of
 // the bf16 pair or the int8 group, row counts that leave remainders in every register block, and more rows
 // than one tile.
@@ -15,6 +15,7 @@
 #include <omp.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -113,8 +114,8 @@ std::vector<double> prepared_values(const Activations& a) {
       const std::size_t at = static_cast<std::size_t>(r) * a.row_stride() + j;
       double v = 0;
       switch (a.dtype()) {
-        case WeightDtype::kF32: v = a.f32()[static_cast<std::size_t>(r) * a.k() + j]; break;
-        case WeightDtype::kBf16: v = bf16_to_float(a.bf16()[at]); break;
+        case WeightDtype::kF32:
+        case WeightDtype::kBf16: v = a.f32()[static_cast<std::size_t>(r) * a.k() + j]; break;
         case WeightDtype::kInt8:
           v = static_cast<double>(a.int8_scales()[static_cast<std::size_t>(r) * (a.row_stride() / kInt8Group) + j / kInt8Group]) *
               a.int8()[at];
@@ -285,17 +286,14 @@ TEST(Activations, Int8QuantisationKeepsHalfAStepAndSums) {
   EXPECT_EQ(a.int8_scales()[1 * 2 + 0], 0.0f);
 }
 
-TEST(Activations, Bf16RoundsEachValueAndZeroPads) {
-  std::mt19937 rng(7);
-  const int n = 2, k = 5;
-  const std::vector<float> x = random_floats(rng, n * k);
+TEST(Activations, Fp32AndBf16WeightsUseTheActivationsInPlace) {
+  const std::vector<float> x = {1.0f, 2.0f, 3.0f};  // (1, 3): k odd
   Activations a;
-  a.reserve(n, k);
-  a.prepare(x.data(), n, k, WeightDtype::kBf16);
-  ASSERT_EQ(a.row_stride(), 6);
-  for (int r = 0; r < n; ++r) {
-    for (int j = 0; j < k; ++j) EXPECT_EQ(a.bf16()[r * 6 + j], float_to_bf16(x[r * k + j]));
-    EXPECT_EQ(a.bf16()[r * 6 + 5], 0);
+  a.reserve(1, 3);
+  for (WeightDtype dtype : {WeightDtype::kF32, WeightDtype::kBf16}) {
+    a.prepare(x.data(), 1, 3, dtype);
+    EXPECT_EQ(a.f32(), x.data()) << weight_dtype_name(dtype);
+    EXPECT_EQ(a.row_stride(), 3) << weight_dtype_name(dtype);
   }
 }
 
@@ -306,7 +304,7 @@ struct Shape {
   int n, k, d;
 };
 
-// n: every remainder of the 6-row (fp32, bf16) and 3-row (int8) register blocks, and more than a 64-row
+// n: every remainder of the 6-row (fp32), 5-row (bf16) and 3-row (int8) register blocks, and more than a 64-row
 // tile. k: below, at and past a bf16 pair and an int8 group. d: part, one and several panels, a partial
 // last panel, and enough panels that 2 threads split a 4-panel tile.
 constexpr Shape kShapes[] = {
@@ -344,10 +342,11 @@ TEST(PackedMatmul, MatchesReferenceForEveryDtypeIsaAndThreadCount) {
 }
 
 TEST(PackedMatmul, QuantisedResultsStayCloseToFp32) {
-  // The end-to-end error of the dtypes on one GEMV (weights and activations both rounded), against the
-  // exact fp32 product: bf16 keeps 8 mantissa bits (relative rounding 2^-9 per factor), int8 7 bits of
-  // each 32-group's range. Random-sign sums of k such errors give NMSE ~ 2 * (2^-9)^2 / 3 ≈ 3e-6 for bf16
-  // and ~ 2 * (1/254)^2 / 3 ≈ 1e-5 for int8 on uniform data; the bounds leave 10x headroom.
+  // The end-to-end error of the dtypes on one GEMV against the exact fp32 product. bf16 rounds the
+  // weights only, to 8 significant bits: an error up to 2^-9 of the value's power of two, NMSE of order
+  // 2^-18 ≈ 4e-6. int8 rounds weights and activations to steps of max|group| / 127 (about 1/127 for
+  // uniform [-1, 1] data): error variance (1/127)^2 / 12 against a signal variance of 1/3 per factor,
+  // NMSE ≈ 3e-5. Measured: 2.1e-6 and 3.0e-5; the bounds leave 10x headroom.
   std::mt19937 rng(11);
   const int n = 4, k = 768, d = 96;
   const std::vector<float> x = random_floats(rng, static_cast<std::size_t>(n) * k);
@@ -357,7 +356,7 @@ TEST(PackedMatmul, QuantisedResultsStayCloseToFp32) {
   const struct {
     WeightDtype dtype;
     double max_nmse;
-  } cases[] = {{WeightDtype::kBf16, 3e-5}, {WeightDtype::kInt8, 1e-4}};
+  } cases[] = {{WeightDtype::kBf16, 2e-5}, {WeightDtype::kInt8, 3e-4}};
   for (const auto& c : cases) {
     const Packed packed = pack(c.dtype, w, d, k);
     Activations a;
@@ -366,6 +365,11 @@ TEST(PackedMatmul, QuantisedResultsStayCloseToFp32) {
     std::vector<float> y(static_cast<std::size_t>(n) * d);
     matmul(y.data(), a, packed.matrix);
     EXPECT_TRUE(nmse_below(y, exact, c.max_nmse)) << weight_dtype_name(c.dtype);
+    std::printf("%s GEMV NMSE against exact fp32: %.2g\n", weight_dtype_name(c.dtype), [&] {
+      double err = 0, norm = 0;
+      for (std::size_t i = 0; i < y.size(); ++i) err += (y[i] - exact[i]) * (y[i] - exact[i]), norm += exact[i] * exact[i];
+      return err / norm;
+    }());
   }
 }
 
@@ -463,7 +467,7 @@ TEST(Isa, SetIsaClampsToTheBestAndRestores) {
   {
     ScopedIsa portable(Isa::kPortable);
     EXPECT_EQ(active_isa(), Isa::kPortable);
-    set_isa(Isa::kAvx512Bf16);
+    set_isa(Isa::kAvx512Vnni);
     EXPECT_LE(static_cast<int>(active_isa()), static_cast<int>(best));
   }
   EXPECT_EQ(active_isa(), best);

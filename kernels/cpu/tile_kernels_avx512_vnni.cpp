@@ -1,10 +1,8 @@
-// AVX512_BF16 and AVX512_VNNI tile kernels (compiled with -mavx512bf16 -mavx512vnni and AVX-512 F/BW/VL).
+// The AVX512_VNNI int8 tile kernel (compiled with -mavx512vnni and AVX-512 F/BW/VL/DQ).
 //
-// bf16: vdpbf16ps multiplies 16 features x one k pair by the row's broadcast bf16 pair, accumulating in
-// fp32: half the bytes of fp32 and half the instructions.
-// int8: vpdpbusd multiplies 16 features x one k quad (unsigned weights q + 128) by the row's broadcast
-// signed int8 quad into int32. After each 32-group the exact integer dot, corrected for the +128 offset
-// (128 * the group's sum of x), is scaled by weight scale * x scale and added in fp32.
+// vpdpbusd multiplies 16 features x one k quad (unsigned weights q + 128) by the row's broadcast signed
+// int8 quad into int32. After each 32-group the exact integer dot, corrected for the +128 offset (128 * the
+// group's sum of x), is scaled by weight scale * x scale and added in fp32.
 // Register blocks as in the fp32 kernel (tile_kernels_avx512.cpp); int8 keeps both an int32 and an fp32
 // accumulator per (row, panel), hence R x P <= 12.
 #include <immintrin.h>
@@ -19,71 +17,6 @@ inline std::int32_t load_i32(const void* p) {
   std::int32_t v;
   __builtin_memcpy(&v, p, sizeof v);
   return v;
-}
-
-// ---- bf16 -------------------------------------------------------------------------------------------
-
-constexpr int kBf16MaxRows = 6;
-
-template <int R, int P>
-void bf16_block(const Tile& t, const std::uint16_t* x, float* out) {
-  const std::uint16_t* w = reinterpret_cast<const std::uint16_t*>(t.panels);
-  const std::size_t stride = t.panel_stride / sizeof(std::uint16_t);
-  __m512 acc[R][P];
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) {
-#pragma GCC unroll 4
-    for (int p = 0; p < P; ++p) acc[r][p] = _mm512_setzero_ps();
-  }
-  for (int kk = 0; kk < t.k; kk += 2) {
-    __m512bh wv[P];
-#pragma GCC unroll 4
-    for (int p = 0; p < P; ++p) {
-      wv[p] = (__m512bh)_mm512_load_si512(w + p * stride + static_cast<std::size_t>(kk) * 16);
-    }
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      const __m512bh xb = (__m512bh)_mm512_set1_epi32(load_i32(x + static_cast<std::size_t>(r) * t.x_stride + kk));
-#pragma GCC unroll 4
-      for (int p = 0; p < P; ++p) acc[r][p] = _mm512_dpbf16_ps(acc[r][p], wv[p], xb);
-    }
-  }
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) {
-#pragma GCC unroll 4
-    for (int p = 0; p < P; ++p) _mm512_storeu_ps(out + r * kTileStride + p * 16, acc[r][p]);
-  }
-}
-
-using Bf16BlockFn = void (*)(const Tile&, const std::uint16_t*, float*);
-
-template <int R>
-Bf16BlockFn bf16_block_for_panels(int n_panels) {
-  switch (n_panels) {
-    case 1: return bf16_block<R, 1>;
-    case 2: return bf16_block<R, 2>;
-    case 3: return bf16_block<R, 3>;
-    default: return bf16_block<R, 4>;
-  }
-}
-
-Bf16BlockFn bf16_block_for(int rows, int n_panels) {
-  switch (rows) {
-    case 1: return bf16_block_for_panels<1>(n_panels);
-    case 2: return bf16_block_for_panels<2>(n_panels);
-    case 3: return bf16_block_for_panels<3>(n_panels);
-    case 4: return bf16_block_for_panels<4>(n_panels);
-    case 5: return bf16_block_for_panels<5>(n_panels);
-    default: return bf16_block_for_panels<6>(n_panels);
-  }
-}
-
-void bf16_tile(const Tile& t) {
-  const std::uint16_t* x = static_cast<const std::uint16_t*>(t.x);
-  for (int r = 0; r < t.n_rows; r += kBf16MaxRows) {
-    const int rows = t.n_rows - r < kBf16MaxRows ? t.n_rows - r : kBf16MaxRows;
-    bf16_block_for(rows, t.n_panels)(t, x + static_cast<std::size_t>(r) * t.x_stride, t.out + r * kTileStride);
-  }
 }
 
 // ---- int8 -------------------------------------------------------------------------------------------
@@ -179,7 +112,6 @@ void int8_tile(const Tile& t) {
 
 }  // namespace
 
-TileKernel avx512_bf16_tile_kernel() { return bf16_tile; }
 TileKernel avx512_vnni_int8_tile_kernel() { return int8_tile; }
 
 }  // namespace shardline::kernels::cpu::tile
