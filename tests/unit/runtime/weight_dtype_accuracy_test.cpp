@@ -105,7 +105,10 @@ std::vector<Accuracy> measure(const std::vector<Case>& cases, const std::vector<
         a.agreeing += kernels::cpu::argmax(got[step].data(), static_cast<int>(want.size())) == c.ids[step];
         ++a.steps;
       }
-      EngineOptions options{c.model, default_tokenizer_for(c.model), 2, 64, 1};
+      EngineOptions options;
+      options.model_path = c.model;
+      options.tokenizer_path = default_tokenizer_for(c.model);
+      options.threads = 2;
       options.weights_dtype = dtypes[i];
       Engine engine(options, partition::Mesh::single(), *comm, *comm);
       const GenerationResult free = engine.generate(GenerationRequest{c.prompt, static_cast<int>(c.ids.size()), {}});
@@ -139,7 +142,11 @@ std::vector<Case> generated_cases(const std::string& dir) {
   const GeneratedModelPaths paths = ensure_generated_model(partition::find_model_preset("15m").shape, 7, dir,
                                                            "accuracy-15m", "the 15m accuracy model");
   auto comm = comm::make_solo_communicator();
-  Engine engine(EngineOptions{paths.model, paths.tokenizer, 2, 64, 1}, partition::Mesh::single(), *comm, *comm);
+  EngineOptions options;
+  options.model_path = paths.model;
+  options.tokenizer_path = paths.tokenizer;
+  options.threads = 2;
+  Engine engine(options, partition::Mesh::single(), *comm, *comm);
   std::vector<Case> cases;
   for (const auto& g : test::load_goldens()) {
     if (g.model != "tiny-32k.bin") continue;  // each prompt once
