@@ -3,9 +3,9 @@
 //
 // The roofline. A decode step streams every weight byte of every rank once, plus each sequence's KV cache,
 // so it cannot be faster than the bandwidth probe (kernels/cpu/bandwidth_probe.h) streaming those same
-// rank-local buffers with the same threads. The probe runs on all TP ranks of a stage at once (they share
-// the memory system in decode too) and stage after stage (a batch of sequences in one micro-batch visits
-// the stages one after another), right before every measured run, so a noisy neighbour slows both.
+// rank-local buffers with the same threads (the best of three sweeps). The probe runs on all TP ranks of a
+// stage at once (they share the memory system in decode too) and stage after stage (a batch of sequences in
+// one micro-batch visits the stages one after another), right before every measured run.
 //   step_s(B)        = sum over stages of max over the stage's ranks of  probe_s * (weights + B * kv) / weights
 //   decode roofline  = B / step_s(B) tokens per second (kv: the KV bytes one sequence reads per step, at the
 //                      run's mean position)
