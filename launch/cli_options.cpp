@@ -2,7 +2,10 @@
 
 #include <sched.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <iostream>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -48,12 +51,25 @@ std::vector<int> parse_int_list(const std::string& flag, const std::string& text
   return values;
 }
 
+kernels::cpu::WeightDtype parse_weights_dtype_flag(const std::string& text) {
+  if (auto dtype = kernels::cpu::parse_weight_dtype(text)) return *dtype;
+  throw ConfigError(fmt::format("unknown --weights-dtype '{}' (use fp32, bf16 or int8)", text));
+}
+
 int available_cores() {
   cpu_set_t set;
   CPU_ZERO(&set);
   if (sched_getaffinity(0, sizeof(set), &set) != 0) return 1;
   const int n = CPU_COUNT(&set);
   return n > 0 ? n : 1;
+}
+
+int default_threads() {
+  const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  const int local_ranks = local ? std::max(1, std::atoi(local)) : 1;
+  const int cores = available_cores();
+  const bool bound = cores < static_cast<int>(std::thread::hardware_concurrency());
+  return bound ? cores : std::max(1, cores / local_ranks);
 }
 
 }  // namespace shardline::launch

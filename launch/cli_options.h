@@ -7,6 +7,8 @@
 
 #include <boost/program_options.hpp>
 
+#include "kernels/cpu/weight_format.h"
+
 namespace shardline::launch {
 
 namespace po = boost::program_options;
@@ -20,7 +22,14 @@ bool parse_command_line(const std::string& command, const std::string& usage, co
 // "3,2,2" -> {3, 2, 2}; ConfigError naming the flag otherwise.
 std::vector<int> parse_int_list(const std::string& flag, const std::string& text);
 
+// "fp32" | "bf16" | "int8" -> the dtype; ConfigError naming --weights-dtype otherwise.
+kernels::cpu::WeightDtype parse_weights_dtype_flag(const std::string& text);
+
 // Cores this process may run on (its affinity mask), for default thread counts.
 int available_cores();
+
+// Kernel threads of a rank when --threads is not given: a rank bound to a subset of the host's cores uses
+// that subset; unbound ranks on one host share its cores (Open MPI says how many ranks the host runs).
+int default_threads();
 
 }  // namespace shardline::launch

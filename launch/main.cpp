@@ -11,6 +11,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "launch/bench_command.h"
 #include "launch/gen_model_command.h"
 #include "launch/launch_check_command.h"
 #include "launch/mpi_session.h"
@@ -30,6 +31,7 @@ Commands:
   gen-model     write a random-weight llama2.c checkpoint and tokenizer of any shape
   plan          lay a model out on a cluster and predict its cost (no MPI job, no weights)
   probe         measure links (under mpirun) and this host; write a cluster profile for plan
+  bench         decode/prefill tokens/s of generated models against a measured bandwidth roofline
   topo          show the host's topology and where each local rank would be placed
   launch-check  before mpirun/srun: does the hostfile, rankfile or Slurm allocation fit tp x pp?
 
@@ -55,6 +57,10 @@ int dispatch(const std::string& command, const std::vector<std::string>& args,
   }
   if (command == "launch-check") return launch_check_command(args);
   if (command == "topo") return topo_command(args);
+  if (command == "bench") {
+    mpi = std::make_unique<MpiSession>();
+    return bench_command(args, *mpi);
+  }
   throw shardline::ConfigError(fmt::format("unknown command '{}' (see 'shardline --help')", command));
 }
 

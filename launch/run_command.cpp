@@ -15,6 +15,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "common/units.h"
+#include "kernels/cpu/isa.h"
 #include "launch/cli_options.h"
 #include "launch/launch_env.h"
 #include "launch/placement_setup.h"
@@ -77,7 +78,8 @@ std::vector<std::string> read_prompts_file(const std::string& path) {
 // Returns nullopt when --help was printed.
 std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, const MpiSession& mpi) {
   RunConfig c;
-  std::string log_level = "info", prompt, prompts_file, layer_split, bind = "auto", arena_pages = "auto", weights = "map";
+  std::string log_level = "info", prompt, prompts_file, layer_split, weights_dtype;
+  std::string bind = "auto", arena_pages = "auto", weights = "map";
   int steps = 256, batch = 1;
   runtime::SamplerOptions sampler;
   po::options_description options("run options");
@@ -112,6 +114,8 @@ std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, 
       ("kv-block-tokens", po::value(&c.engine.kv_block_tokens)->default_value(16), "positions per KV cache block")
       ("kv-blocks", po::value(&c.engine.kv_blocks)->default_value(0, "auto"),
        "KV cache blocks per rank (auto: 64 full contexts of address space, committed as used)")
+      ("weights-dtype", po::value(&weights_dtype)->default_value("fp32"),
+       "convert the weight matrices at load to fp32|bf16|int8 (int8: Q8_0-like, a scale per 32 weights)")
       ("comm-timeout", po::value(&c.comm_timeout_s)->default_value(120.0, "120"),
        "seconds a rank waits for a peer before failing the job")
       ("json", po::bool_switch(&c.json), "print one JSON object per sequence instead of text")
@@ -146,6 +150,7 @@ std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, 
     const bool bound = cores < static_cast<int>(std::thread::hardware_concurrency());
     c.engine.threads = bound ? cores : std::max(1, cores / local_ranks);
   }
+  c.engine.weights_dtype = parse_weights_dtype_flag(weights_dtype);
   if (!layer_split.empty()) c.engine.layers_per_stage = parse_int_list("--layers-per-stage", layer_split);
   if (batch < 1) throw ConfigError("--batch must be >= 1");
   if (vm.count("tp") && c.tp < 1) throw ConfigError("--tp must be >= 1");
@@ -355,7 +360,8 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
       std::cout << fmt::format(
           "model: {}\ntokenizer: {}\nsequences: {}\nsteps: {}\ntemperature: {}\ntop_p: {}\nseed: {}\nthreads: {}\n"
           "chunk_tokens: {}\nmicro_batches: {}\nlauncher: {}\nworld_size: {}\ntp: {}\npp: {}\ncomm_timeout_s: {}\n"
-          "plan: {}\nbind: {}\narena_pages: {}\nweights: {}\nkv_block_tokens: {}\nkv_blocks: {}\n",
+          "plan: {}\nbind: {}\narena_pages: {}\nweights: {}\nkv_block_tokens: {}\nkv_blocks: {}\n"
+          "weights_dtype: {}\nkernel_isa: {}\n",
           config->engine.model_path, config->engine.tokenizer_path, config->requests.size(),
           config->requests[0].steps, config->requests[0].sampler.temperature, config->requests[0].sampler.top_p,
           config->requests[0].sampler.seed, config->engine.threads,
@@ -364,7 +370,9 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
           config->comm_timeout_s, plan ? runtime::describe(*plan) : config->plan, memory::bind_mode_name(config->bind),
           memory::page_policy_name(config->engine.arena_pages), config->engine.weights_in_arena ? "arena" : "map",
           config->engine.kv_block_tokens, config->engine.kv_blocks == 0 ? std::string("auto")
-                                                                         : std::to_string(config->engine.kv_blocks));
+                                                                         : std::to_string(config->engine.kv_blocks),
+          kernels::cpu::weight_dtype_name(config->engine.weights_dtype),
+          kernels::cpu::isa_name(kernels::cpu::active_isa()));
     }
     return 0;
   }
@@ -396,6 +404,8 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
   log::debug("launched as {}; model {} ({}); this rank maps {} and holds {} repacked", mpi.launcher(),
              config->engine.model_path, engine->shape().describe(), format_bytes(engine->weights().mapped_bytes()),
              format_bytes(engine->weights().repacked_bytes()));
+  log::debug("weights {} on {} kernels; kernel threads {}", kernels::cpu::weight_dtype_name(config->engine.weights_dtype),
+             kernels::cpu::isa_name(kernels::cpu::active_isa()), engine->threads_pinned() ? "pinned to cores" : "not pinned");
 
   if (config->verbose) {
     // What the launcher's variables say, then where MPI itself places this rank (the authority).

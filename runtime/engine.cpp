@@ -1,5 +1,7 @@
 #include "runtime/engine.h"
 
+#include <sched.h>
+
 #include <algorithm>
 
 #include <fmt/format.h>
@@ -22,6 +24,18 @@ partition::ModelShape checked_shape(const EngineOptions& options, const partitio
   return shape;
 }
 
+// The cores this process may run on, in order.
+std::vector<int> affinity_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::vector<int> cpus;
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (CPU_ISSET(c, &set)) cpus.push_back(c);
+  }
+  return cpus;
+}
+
 }  // namespace
 
 Engine::Engine(const EngineOptions& options, const partition::Mesh& mesh, comm::Communicator& world,
@@ -35,6 +49,10 @@ Engine::Engine(const EngineOptions& options, const partition::Mesh& mesh, comm::
   if (options.chunk_tokens < 0) throw ConfigError("--chunk-tokens must be >= 1");
   if (options.micro_batches < 1) throw ConfigError("--micro-batches must be >= 1");
   kernels::cpu::set_num_threads(options.threads);
+  if (options.pin_threads) {
+    const std::vector<int> cpus = affinity_cpus();
+    if (static_cast<int>(cpus.size()) == options.threads) threads_pinned_ = kernels::cpu::pin_threads(cpus);
+  }
   const auto stages = partition::stage_layer_ranges(shape_, mesh.pp_size(), options.layers_per_stage);
   const partition::RankShard shard = partition::shard_for(shape_, mesh, stages);
   StageOptions stage_options;
@@ -45,13 +63,15 @@ Engine::Engine(const EngineOptions& options, const partition::Mesh& mesh, comm::
   if (options.kv_blocks < 0) throw ConfigError("--kv-blocks must be >= 0 (0 = automatic)");
   // One arena for the weights' copies and the stage's scratch, sized for both up front.
   memory::ArenaOptions arena_options;
-  arena_options.initial_bytes = ShardWeights::arena_bytes_needed(shape_, shard, options.weights_in_arena) +
+  arena_options.initial_bytes = ShardWeights::arena_bytes_needed(shape_, shard, options.weights_dtype,
+                                                                 options.weights_in_arena) +
                                 Stage::scratch_bytes(shape_, shard, stage_options.max_rows);
   arena_options.numa_node = options.numa_node;
   arena_options.pages = options.arena_pages;
   arena_ = std::make_unique<memory::Arena>(arena_options);
-  weights_ = std::make_unique<ShardWeights>(options.model_path, shape_, shard,
-                                            WeightPlacement{arena_.get(), options.numa_node, options.weights_in_arena});
+  weights_ = std::make_unique<ShardWeights>(
+      options.model_path, shape_, shard,
+      ShardWeightsOptions{options.weights_dtype, arena_.get(), options.numa_node, options.weights_in_arena});
   stage_options.kv_block_tokens = options.kv_block_tokens;
   stage_options.kv_blocks = options.kv_blocks;
   stage_options.numa_node = options.numa_node;
@@ -149,6 +169,12 @@ std::vector<GenerationResult> Engine::generate(const std::vector<GenerationReque
     s.decode_s = outputs[i].done_s - outputs[i].first_token_s;
   }
   return results;
+}
+
+std::vector<SequenceOutput> Engine::generate_ids(const std::vector<SequenceSpec>& sequences) {
+  const int rows = Pipeline::max_rows_for(PipelineOptions{options_.micro_batches}, sequences);
+  if (rows > stage_->max_rows()) stage_->reserve_rows(rows);
+  return pipeline_->run(sequences);
 }
 
 GenerationResult Engine::generate(const GenerationRequest& request, const PieceCallback& on_piece) {

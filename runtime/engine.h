@@ -33,6 +33,11 @@ struct EngineOptions {
   bool weights_in_arena = false;      // copy every weight slice into the arena instead of mapping the file
   int kv_block_tokens = 16;           // positions per KV cache block
   int kv_blocks = 0;                  // KV pool blocks per rank; 0: kDefaultKvContexts full contexts
+  kernels::cpu::WeightDtype weights_dtype = kernels::cpu::WeightDtype::kF32;  // converted to at load
+  // Pin kernel thread t to the t-th core of this process's affinity mask, when the mask has exactly as
+  // many cores as threads (the launcher bound the rank to its cores). An unbound rank is never pinned: it
+  // cannot know which cores its neighbours on the host use.
+  bool pin_threads = true;
 };
 
 struct GenerationRequest {
@@ -74,6 +79,7 @@ class Engine {
   const Tokenizer& tokenizer() const { return tokenizer_; }
   const ShardWeights& weights() const { return *weights_; }
   const partition::Mesh& mesh() const { return mesh_; }
+  const EngineOptions& options() const { return options_; }
   double load_s() const { return load_s_; }
   const PipelineStats& pipeline_stats() const { return pipeline_->stats(); }
 
@@ -92,6 +98,12 @@ class Engine {
   // Generates every request (all in flight together). Results on the output rank, empty elsewhere.
   std::vector<GenerationResult> generate(const std::vector<GenerationRequest>& requests,
                                          const PieceCallback& on_piece = {}, const LogitsCallback& on_logits = {});
+  // Token sequences straight through the pipeline (benchmarks, accuracy checks): every rank calls it with
+  // the same specs; outputs on the last stage, empty elsewhere.
+  std::vector<SequenceOutput> generate_ids(const std::vector<SequenceSpec>& sequences);
+  // Whether pin_threads pinned this rank's kernel threads.
+  bool threads_pinned() const { return threads_pinned_; }
+
   // One request; the result is meaningful on the output rank only.
   GenerationResult generate(const GenerationRequest& request, const PieceCallback& on_piece = {});
 
@@ -107,6 +119,7 @@ class Engine {
   std::unique_ptr<Stage> stage_;
   std::unique_ptr<Pipeline> pipeline_;
   double load_s_ = 0.0;
+  bool threads_pinned_ = false;
 };
 
 }  // namespace shardline::runtime

@@ -137,7 +137,7 @@ std::string default_tokenizer_path_for(const std::string& model_path) {
   return stem + ".tokenizer.bin";
 }
 
-GeneratedModelPaths ensure_default_model() {
+std::string cache_dir() {
   fs::path dir;
   if (const char* env = std::getenv("SHARDLINE_CACHE_DIR"); env && *env) {
     dir = env;
@@ -151,17 +151,29 @@ GeneratedModelPaths ensure_default_model() {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) throw ResourceError(fmt::format("cannot create the cache folder '{}': {}", dir.string(), ec.message()));
+  return dir.string();
+}
+
+GeneratedModelPaths ensure_generated_model(const partition::ModelShape& shape, std::uint64_t seed,
+                                           const std::string& dir, const std::string& name, const std::string& what) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw ResourceError(fmt::format("cannot create the model folder '{}': {}", dir, ec.message()));
+  GeneratedModelPaths paths{(fs::path(dir) / (name + ".bin")).string(), ""};
+  paths.tokenizer = default_tokenizer_path_for(paths.model);
+  if (!fs::exists(paths.model) || !fs::exists(paths.tokenizer)) {
+    log::info("generating {} ({}, random weights) into {}", what, shape.describe(), paths.model);
+    generate_model(shape, seed, paths);
+  }
+  return paths;
+}
+
+GeneratedModelPaths ensure_default_model() {
   // The 15m shape with its own classifier: a tied random classifier mostly predicts the input token again,
   // and a default that prints one token over and over looks broken.
   partition::ModelShape shape = partition::find_model_preset("15m").shape;
   shape.shared_classifier = false;
-  GeneratedModelPaths paths{(dir / "default-15m-unshared-seed42.bin").string(), ""};
-  paths.tokenizer = default_tokenizer_path_for(paths.model);
-  if (!fs::exists(paths.model) || !fs::exists(paths.tokenizer)) {
-    log::info("generating the built-in default model ({}, random weights) into {}", shape.describe(), paths.model);
-    generate_model(shape, 42, paths);
-  }
-  return paths;
+  return ensure_generated_model(shape, 42, cache_dir(), "default-15m-unshared-seed42", "the built-in default model");
 }
 
 }  // namespace shardline::runtime

@@ -27,6 +27,16 @@ void generate_model(const partition::ModelShape& shape, std::uint64_t seed, cons
 // "<out minus .bin>.tokenizer.bin": where gen-model puts the tokenizer when not told.
 std::string default_tokenizer_path_for(const std::string& model_path);
 
+// Shardline's cache folder ($SHARDLINE_CACHE_DIR, else $XDG_CACHE_HOME/shardline, else ~/.cache/shardline),
+// created if missing; ResourceError if it cannot be.
+std::string cache_dir();
+
+// A generated model of this shape and seed at <dir>/<name>.bin (with its tokenizer beside it), written
+// only when missing, so benchmarks and the default model are generated once and reused. `what` names it
+// in the log line said while generating ("the built-in default model").
+GeneratedModelPaths ensure_generated_model(const partition::ModelShape& shape, std::uint64_t seed,
+                                           const std::string& dir, const std::string& name, const std::string& what);
+
 // The built-in default model (the 15m preset shape with an unshared classifier, seed 42), generated once into the cache folder
 // ($SHARDLINE_CACHE_DIR, else $XDG_CACHE_HOME/shardline, else ~/.cache/shardline) and reused.
 GeneratedModelPaths ensure_default_model();

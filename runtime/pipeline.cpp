@@ -98,8 +98,10 @@ std::vector<SequenceOutput> Pipeline::run(const std::vector<SequenceSpec>& seque
     seqs[i].cache = stage_.make_kv_cache(positions);
     if (mesh_.is_last_stage()) seqs[i].sampler = std::make_unique<Sampler>(stage_.shape().vocab_size, spec.sampler);
   }
-  logits_.resize(stage_.shape().vocab_size);
   rows_.resize(max_rows_);
+  // At most one logits row per sequence per item.
+  logits_.resize(static_cast<std::size_t>(std::min(n, max_rows_)) * stage_.shape().vocab_size);
+  logit_rows_.resize(static_cast<std::size_t>(std::min(n, max_rows_)) * stage_.shape().dim);
   std::vector<SequenceOutput> outputs(mesh_.is_last_stage() ? n : 0);
   if (mesh_.is_first_stage()) {
     run_first_stage(seqs, outputs, on_token);
@@ -161,19 +163,31 @@ void Pipeline::sample_item(const Item& item, std::vector<SeqState>& seqs, const 
                            std::vector<int>& tokens) {
   const double start_s = now_s();
   const int dim = stage_.shape().dim;
+  const std::size_t vocab = stage_.shape().vocab_size;
   tokens.clear();
+  // Every row that wants logits goes through the classifier in one batch: B sequences decoding together
+  // share one pass over it, as they share one pass over the layers.
+  int n_logits = 0;
+  for (int r = 0; r < item.n_rows(); ++r) {
+    if (!item.wants_logits[r]) continue;
+    std::copy(x + static_cast<std::size_t>(r) * dim, x + static_cast<std::size_t>(r + 1) * dim,
+              logit_rows_.begin() + static_cast<std::size_t>(n_logits) * dim);
+    ++n_logits;
+  }
+  if (n_logits > 0) stage_.logits(logit_rows_.data(), n_logits, logits_.data());
+  int next = 0;
   for (int r = 0; r < item.n_rows(); ++r) {
     if (!item.wants_logits[r]) continue;
     SeqState& s = seqs[item.seq[r]];
-    stage_.logits(x + static_cast<std::size_t>(r) * dim, logits_.data());
-    probabilities_ = logits_;  // the sampler scales in place; callbacks get the raw logits
+    const float* logits = logits_.data() + static_cast<std::size_t>(next++) * vocab;
+    probabilities_.assign(logits, logits + vocab);  // the sampler scales in place; callbacks get the raw logits
     const int token = s.sampler->sample(probabilities_.data());
     tokens.push_back(token);
     SequenceOutput& out = outputs[item.seq[r]];
     if (out.ids.empty()) out.first_token_s = now_s() - start_s_;
     if (token != kBosId) {
       out.ids.push_back(token);
-      if (on_token) on_token(item.seq[r], token, logits_.data());
+      if (on_token) on_token(item.seq[r], token, logits);
     }
     if (token == kBosId || static_cast<int>(out.ids.size()) == s.spec->steps) out.done_s = now_s() - start_s_;
   }

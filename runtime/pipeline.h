@@ -89,7 +89,8 @@ class Pipeline {
   int next_group_ = 0;
   double start_s_ = 0.0;
   std::vector<Row> rows_;             // (max_rows) the rows of the item being forwarded
-  std::vector<float> logits_;         // (vocab)
+  std::vector<float> logit_rows_;     // (rows that want logits, dim): an item's rows to sample
+  std::vector<float> logits_;         // (rows that want logits, vocab)
   std::vector<float> probabilities_;  // (vocab)
 };
 

@@ -1,81 +1,95 @@
-// One rank's weights: zero-copy read-only mappings of the row slices it owns, and rank-local copies of the
-// column slices (wo, w2 under TP), which are strided in the file. Nothing else of the checkpoint is mapped,
-// so resident memory scales with the shard.
-// Placement: the mapped ranges are populated up front and bound to the rank's NUMA node; the copies live
-// in the rank's arena (hugepages when it has them). With copy_to_arena every slice is read into the arena
-// instead of mapped (no page cache sharing, but the arena's page size for all weights).
+// One rank's weights. Every weight matrix of the rank's slices is converted once, at load, into the rank's
+// arena (hugepages when it has them, bound to its NUMA node) in the kernels' packed layout and the dtype
+// asked for (fp32, bf16 or int8; see kernels/cpu/weight_format.h): its file pages are mapped only while
+// they are read, so they do not stay in the rank's resident set. The norms stay zero-copy mappings,
+// populated and bound to the node, and so does the token embedding, looked up one row per token (with
+// copy_to_arena those are read into the arena too). Nothing else of the checkpoint is mapped, so resident
+// memory scales with the shard.
 #pragma once
 
 #include <cstdint>
-#include <memory>
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/bandwidth_probe.h"
+#include "kernels/cpu/weight_format.h"
 #include "memory/arena.h"
 #include "memory/mapped_file.h"
 #include "partition/model_shape.h"
 #include "partition/shard.h"
+#include "runtime/weight_memory.h"
 
 namespace shardline::runtime {
 
+using kernels::cpu::PackedMatrix;
+using kernels::cpu::WeightDtype;
+
 // Shapes use the rank-local sizes: q_dim = local heads * head_size, kv_dim = local kv heads * head_size,
-// hidden = local hidden features.
+// hidden = local hidden features. Matrices are (d, k) = (output features, input features).
 struct LayerWeights {
   const float* rms_att = nullptr;  // (dim)
-  const float* wq = nullptr;       // (q_dim, dim)
-  const float* wk = nullptr;       // (kv_dim, dim)
-  const float* wv = nullptr;       // (kv_dim, dim)
-  const float* wo = nullptr;       // (dim, q_dim)
+  PackedMatrix wq;                 // (q_dim, dim)
+  PackedMatrix wk;                 // (kv_dim, dim)
+  PackedMatrix wv;                 // (kv_dim, dim)
+  PackedMatrix wo;                 // (dim, q_dim)
   const float* rms_ffn = nullptr;  // (dim)
-  const float* w1 = nullptr;       // (hidden, dim)
-  const float* w2 = nullptr;       // (dim, hidden)
-  const float* w3 = nullptr;       // (hidden, dim)
+  PackedMatrix w1;                 // (hidden, dim)
+  PackedMatrix w2;                 // (dim, hidden)
+  PackedMatrix w3;                 // (hidden, dim)
 };
 
-struct WeightPlacement {
-  memory::Arena* arena = nullptr;  // repacked slices live here (it must outlive the weights); nullptr: own arena
+struct ShardWeightsOptions {
+  WeightDtype dtype = WeightDtype::kF32;  // what every weight matrix is converted to
+  memory::Arena* arena = nullptr;  // converted matrices live here (it must outlive the weights); nullptr: heap
   int numa_node = -1;              // bind the mapped ranges to this node; -1: unbound
-  bool copy_to_arena = false;      // read every slice into the arena instead of mapping it
+  bool copy_to_arena = false;      // read the norms and the embedding into the arena instead of mapping them
 };
 
 class ShardWeights {
  public:
-  // Validates the file against `shape` first (size, header); throws FormatError / ResourceError.
+  // Validates the file against `shape` first (size, header); throws FormatError / ResourceError. Converts
+  // with the kernel threads (kernels::cpu::set_num_threads).
   ShardWeights(const std::string& path, const partition::ModelShape& shape, const partition::RankShard& shard,
-               const WeightPlacement& placement = {});
-
-  // Arena bytes this shard's weights take (repacked slices, or every slice with copy_to_arena), alignment
-  // included: for sizing the arena before loading.
-  static std::uint64_t arena_bytes_needed(const partition::ModelShape& shape, const partition::RankShard& shard,
-                                          bool copy_to_arena);
+               const ShardWeightsOptions& options = {});
 
   const partition::ModelShape& shape() const { return shape_; }
   const partition::RankShard& shard() const { return shard_; }
+  WeightDtype dtype() const { return options_.dtype; }
 
   const float* token_embedding() const { return token_embedding_; }  // (vocab, dim); first stage only
   const LayerWeights& layer(int local_index) const { return layers_[local_index]; }
   int n_local_layers() const { return static_cast<int>(layers_.size()); }
-  const float* rms_final() const { return rms_final_; }    // (dim); last stage only
-  const float* classifier() const { return classifier_; }  // (vocab slice, dim); last stage only
+  const float* rms_final() const { return rms_final_; }         // (dim); last stage only
+  const PackedMatrix& classifier() const { return classifier_; }  // (vocab slice, dim); last stage only
 
+  // Arena bytes this shard's weights take (converted matrices, and with copy_to_arena the norms and the
+  // embedding), alignment included: for sizing the arena before loading.
+  static std::uint64_t arena_bytes_needed(const partition::ModelShape& shape, const partition::RankShard& shard,
+                                          WeightDtype dtype, bool copy_to_arena);
+
+  // Bytes still mapped from the file (norms, token embedding).
   std::uint64_t mapped_bytes() const { return mapped_bytes_; }
+  std::uint64_t copied_bytes() const { return copied_bytes_; }  // norms/embedding read into the arena
+  // Bytes of weight matrices converted into rank-local memory.
   std::uint64_t repacked_bytes() const { return repacked_bytes_; }
-  std::uint64_t copied_bytes() const { return copied_bytes_; }  // read into the arena (copy_to_arena)
+  // The rank-local buffers a forward pass streams, in the order it reads them (for the bandwidth probe).
+  std::vector<kernels::cpu::ReadRegion> streamed_regions() const;
 
  private:
   const float* map_floats(std::uint64_t offset_bytes, std::uint64_t n_floats, bool populate);
-  const float* repack_columns(std::uint64_t matrix_offset_bytes, int rows, int cols, partition::Range columns);
+  // Converts rows [0, rows) x columns [columns.begin, columns.end) of the (rows, cols) matrix at offset.
+  PackedMatrix convert(std::uint64_t matrix_offset_bytes, int rows, int cols, partition::Range columns);
 
   partition::ModelShape shape_;
   partition::RankShard shard_;
+  ShardWeightsOptions options_;
   memory::MappedFile file_;
   std::vector<memory::MappedRegion> regions_;
-  WeightPlacement placement_;
-  std::unique_ptr<memory::Arena> own_arena_;  // only when placement.arena was null
+  std::vector<WeightMemory> converted_;
   std::vector<LayerWeights> layers_;
   const float* token_embedding_ = nullptr;
   const float* rms_final_ = nullptr;
-  const float* classifier_ = nullptr;
+  PackedMatrix classifier_;
   std::uint64_t mapped_bytes_ = 0;
   std::uint64_t repacked_bytes_ = 0;
   std::uint64_t copied_bytes_ = 0;

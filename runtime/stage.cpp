@@ -1,5 +1,6 @@
 #include "runtime/stage.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "common/error.h"
@@ -29,10 +30,10 @@ Stage::Stage(const ShardWeights& weights, comm::Communicator& tp_comm, const Sta
   scores_ = arena_->allocate_array<float>(static_cast<std::size_t>(shard.heads.size()) * s.seq_len);
   reserve_rows(options.max_rows);
   if (shard.has_classifier) {
-    local_logits_ = arena_->allocate_array<float>(shard.vocab.size());
     for (int t = 0; t < tp_comm.size(); ++t) {
       vocab_counts_.push_back(partition::split_evenly(s.vocab_size, tp_comm.size(), t).size());
     }
+    gather_counts_.resize(vocab_counts_.size());
   }
 }
 
@@ -60,8 +61,8 @@ void Stage::reserve_rows(int max_rows) {
   v_ = arena_->allocate_array<float>(rows * kv_dim_);
   att_ = arena_->allocate_array<float>(rows * q_dim_);
   hb_ = arena_->allocate_array<float>(rows * hidden_);
-  hb2_ = arena_->allocate_array<float>(rows * hidden_);
   out_ = arena_->allocate_array<float>(rows * dim);
+  act_.reserve(max_rows, std::max({dim, q_dim_, hidden_}));
 }
 
 KvCache Stage::make_kv_cache(int n_positions) {
@@ -103,9 +104,10 @@ void Stage::attention_block(const LayerWeights& w, float* x, const Row* rows, in
   const int n_local_heads = q_dim_ / hs;
   const int n_local_kv = kv_dim_ / hs;
   cpu::rmsnorm(xb_.data(), x, w.rms_att, n, s.dim, options_.rms_eps);
-  cpu::matmul(q_.data(), xb_.data(), w.wq, n, s.dim, q_dim_);
-  cpu::matmul(k_.data(), xb_.data(), w.wk, n, s.dim, kv_dim_);
-  cpu::matmul(v_.data(), xb_.data(), w.wv, n, s.dim, kv_dim_);
+  // q, k and v read the same normalised rows: prepared once, one parallel pass over the three matrices.
+  act_.prepare(xb_.data(), n, s.dim, weights_.dtype());
+  const cpu::MatmulOutput qkv[] = {{q_.data(), &w.wq}, {k_.data(), &w.wk}, {v_.data(), &w.wv}};
+  cpu::matmul(act_, qkv);
   // Every row's key and value go into its cache first, so rows of one prefill chunk see each other.
   for (int t = 0; t < n; ++t) {
     const int pos = rows[t].pos;
@@ -125,7 +127,8 @@ void Stage::attention_block(const LayerWeights& w, float* x, const Row* rows, in
                          cache.value_blocks(local_layer), cache.block_tokens(), scores_.data(), rows[t].pos + 1,
                          n_local_heads, n_local_kv, hs, kv_dim_);
   }
-  cpu::matmul(out_.data(), att_.data(), w.wo, n, q_dim_, s.dim);
+  act_.prepare(att_.data(), n, q_dim_, weights_.dtype());
+  cpu::matmul(out_.data(), act_, w.wo);
   tp_comm_.all_reduce_sum(out_.data(), static_cast<std::size_t>(n) * s.dim);  // sum over heads of the group
   cpu::add_inplace(x, out_.data(), n * s.dim);
 }
@@ -133,21 +136,46 @@ void Stage::attention_block(const LayerWeights& w, float* x, const Row* rows, in
 void Stage::mlp_block(const LayerWeights& w, float* x, int n) {
   const auto& s = shape();
   cpu::rmsnorm(xb_.data(), x, w.rms_ffn, n, s.dim, options_.rms_eps);
-  cpu::matmul(hb_.data(), xb_.data(), w.w1, n, s.dim, hidden_);
-  cpu::matmul(hb2_.data(), xb_.data(), w.w3, n, s.dim, hidden_);
-  cpu::swiglu(hb_.data(), hb2_.data(), n * hidden_);
-  cpu::matmul(out_.data(), hb_.data(), w.w2, n, hidden_, s.dim);
+  act_.prepare(xb_.data(), n, s.dim, weights_.dtype());
+  cpu::matmul_swiglu(hb_.data(), act_, w.w1, w.w3);  // silu(x W1ᵀ) * (x W3ᵀ), gate fused into the matmuls
+  act_.prepare(hb_.data(), n, hidden_, weights_.dtype());
+  cpu::matmul(out_.data(), act_, w.w2);
   tp_comm_.all_reduce_sum(out_.data(), static_cast<std::size_t>(n) * s.dim);  // sum over hidden slices
   cpu::add_inplace(x, out_.data(), n * s.dim);
 }
 
-void Stage::logits(const float* x, float* logits) {
-  SL_CHECK(weights_.classifier() != nullptr);
+void Stage::logits(const float* x, int n, float* logits) {
+  SL_CHECK(weights_.classifier().data != nullptr && n >= 1);
   const auto& s = shape();
-  cpu::rmsnorm(xb_.data(), x, weights_.rms_final(), 1, s.dim, options_.rms_eps);
-  cpu::matmul(local_logits_.data(), xb_.data(), weights_.classifier(), 1, s.dim,
-              static_cast<int>(local_logits_.size()));
-  tp_comm_.all_gather_v(local_logits_.data(), logits, vocab_counts_);
+  const int slice = weights_.classifier().d;
+  const std::size_t rows = static_cast<std::size_t>(n);
+  if (logits_x_.size() < rows * s.dim) {
+    logits_x_.resize(rows * s.dim);
+    local_logits_.resize(rows * slice);
+    gathered_.resize(rows * s.vocab_size);
+    act_.reserve(n, s.dim);
+  }
+  cpu::rmsnorm(logits_x_.data(), x, weights_.rms_final(), n, s.dim, options_.rms_eps);
+  act_.prepare(logits_x_.data(), n, s.dim, weights_.dtype());
+  cpu::matmul(local_logits_.data(), act_, weights_.classifier());  // all n rows in one pass over it
+  if (tp_comm_.size() == 1) {
+    std::memcpy(logits, local_logits_.data(), rows * slice * sizeof(float));
+    return;
+  }
+  // Each rank contributes its (n, slice) block; the gather stacks the blocks in rank order, and each row's
+  // logits are the rank slices of that row side by side.
+  for (std::size_t t = 0; t < vocab_counts_.size(); ++t) gather_counts_[t] = vocab_counts_[t] * n;
+  tp_comm_.all_gather_v(local_logits_.data(), gathered_.data(), gather_counts_);
+  std::size_t block = 0;  // start of rank t's block in gathered_
+  int column = 0;         // rank t's first vocab entry
+  for (int count : vocab_counts_) {
+    for (int r = 0; r < n; ++r) {
+      std::memcpy(logits + r * static_cast<std::size_t>(s.vocab_size) + column,
+                  gathered_.data() + block + r * static_cast<std::size_t>(count), count * sizeof(float));
+    }
+    block += static_cast<std::size_t>(count) * n;
+    column += count;
+  }
 }
 
 }  // namespace shardline::runtime

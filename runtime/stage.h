@@ -12,6 +12,7 @@
 #include "comm/communicator.h"
 #include "memory/arena.h"
 #include "memory/kv_block_pool.h"
+#include "kernels/cpu/packed_matmul.h"
 #include "runtime/kv_cache.h"
 #include "runtime/shard_weights.h"
 
@@ -63,8 +64,11 @@ class Stage {
   // The common case: n consecutive tokens (positions pos .. pos+n-1) of one sequence.
   void forward(float* x, int n, int pos, KvCache& cache);
 
-  // Last stage: logits of one activation row, gathered over the TP group.   x: (dim)  logits: (vocab)
-  void logits(const float* x, float* logits);
+  // Last stage: logits of n activation rows in one pass over the classifier, gathered over the TP group.
+  //   x: (n, dim)  logits: (n, vocab)
+  void logits(const float* x, int n, float* logits);
+  // One row.   x: (dim)  logits: (vocab)
+  void logits(const float* x, float* logits) { this->logits(x, 1, logits); }
 
   const partition::ModelShape& shape() const { return weights_.shape(); }
   int max_rows() const { return options_.max_rows; }
@@ -83,6 +87,7 @@ class Stage {
   int kv_dim_;      // local kv heads * head_size
   int hidden_;      // local hidden features
   std::vector<int> vocab_counts_;  // classifier rows per TP rank, for the logits gather
+  std::vector<int> gather_counts_; // vocab_counts_ * rows of the current logits call
 
   std::unique_ptr<memory::Arena> own_arena_;  // only when StageOptions::arena was null
   memory::Arena* arena_;
@@ -98,10 +103,13 @@ class Stage {
   memory::ArenaArray<float> att_;    // (max_rows, q_dim)
   memory::ArenaArray<float> scores_; // (local heads, seq_len)
   memory::ArenaArray<float> hb_;     // (max_rows, hidden)
-  memory::ArenaArray<float> hb2_;    // (max_rows, hidden)
   memory::ArenaArray<float> out_;    // (max_rows, dim)
-  memory::ArenaArray<Row> rows_;  // (max_rows) for the single-sequence forward
-  memory::ArenaArray<float> local_logits_;  // (vocab slice)
+  memory::ArenaArray<Row> rows_;     // (max_rows) for the single-sequence forward
+  kernels::cpu::Activations act_;    // the matmuls' input, prepared for the weight dtype: (max_rows, <= max k)
+  // Grown to the most rows one logits call has seen (batched decode: one per sequence of a micro-batch).
+  std::vector<float> logits_x_;       // (rows, dim)
+  std::vector<float> local_logits_;   // (rows, vocab slice)
+  std::vector<float> gathered_;       // (rows, vocab) in rank order of the TP group
 };
 
 }  // namespace shardline::runtime

@@ -41,9 +41,10 @@ predict() {  # np tp pp m batch -> "token_latency_s throughput_tok_s"
 echo "| layout | kind | measured | predicted | error |"
 echo "| --- | --- | --- | --- | --- |"
 errors=()
-for layout in "1 1" "2 1" "3 1" "4 1" "1 2" "2 2" "1 3" "1 4"; do
-  set -- $layout
-  tp=$1 pp=$2 np=$((tp * pp))
+LAYOUTS=${LAYOUTS:-"1,1 2,1 3,1 4,1 1,2 2,2 1,3 1,4"}
+for layout in $LAYOUTS; do
+  IFS=, read -r tp pp <<<"$layout"
+  np=$((tp * pp))
   # Latency: one sequence.
   tok_s=$(measure "$np" "$tp" "$pp" 1 --prompt "$PROMPT")
   read -r lat _ < <(predict "$np" "$tp" "$pp" 1 1)

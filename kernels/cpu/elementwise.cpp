@@ -18,14 +18,16 @@ void rmsnorm(float* out, const float* x, const float* weight, int n, int dim, fl
 }
 
 void rope(float* vec, int n_heads, int head_size, int pos, float theta_base) {
-  // Same arithmetic as llama2.c: frequency from the index within the head, float powf/cosf/sinf.
-  for (int h = 0; h < n_heads; ++h) {
-    float* head = vec + static_cast<std::size_t>(h) * head_size;
-    for (int i = 0; i < head_size; i += 2) {
-      const float freq = 1.0f / std::pow(theta_base, static_cast<float>(i) / static_cast<float>(head_size));
-      const float angle = static_cast<float>(pos) * freq;
-      const float fcr = std::cos(angle);
-      const float fci = std::sin(angle);
+  // Same arithmetic as llama2.c: frequency from the index within the head, float powf/cosf/sinf. The
+  // rotation depends on (pos, i) only, so it is computed once per pair index and applied to every head
+  // (llama2.c recomputes it per head; the values are identical).
+  for (int i = 0; i < head_size; i += 2) {
+    const float freq = 1.0f / std::pow(theta_base, static_cast<float>(i) / static_cast<float>(head_size));
+    const float angle = static_cast<float>(pos) * freq;
+    const float fcr = std::cos(angle);
+    const float fci = std::sin(angle);
+    for (int h = 0; h < n_heads; ++h) {
+      float* head = vec + static_cast<std::size_t>(h) * head_size;
       const float v0 = head[i];
       const float v1 = head[i + 1];
       head[i] = v0 * fcr - v1 * fci;

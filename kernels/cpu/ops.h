@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <span>
 
 namespace shardline::kernels::cpu {
 
@@ -13,6 +14,11 @@ int num_threads();
 // Calls fn(thread, context) once on each of the num_threads() kernel threads (thread 0 is the caller), so
 // the runtime can pin each worker to a core. Every kernel's parallel region reuses these threads.
 void run_on_each_thread(void (*fn)(int thread, void* context), void* context);
+
+// Pins kernel thread t to cpus[t] (the rank's cores), so each thread keeps its core and its L2 and two
+// threads never share a core. Needs cpus.size() >= num_threads(); returns false (pinning nothing further)
+// if the OS refuses.
+bool pin_threads(std::span<const int> cpus);
 
 // y = x · Wᵀ for n rows of x at once (n = 1 is decode's GEMV, n > 1 is prefill's GEMM).
 //   y: (n, d)   x: (n, k)   w: (d, k) row-major, rows = output features, as llama2.c stores them.

@@ -1,4 +1,7 @@
 #include <omp.h>
+#include <sched.h>
+
+#include <atomic>
 
 #include "kernels/cpu/ops.h"
 
@@ -21,6 +24,20 @@ void run_on_each_thread(void (*fn)(int thread, void* context), void* context) {
   const int n_threads = num_threads();
 #pragma omp parallel num_threads(n_threads)
   fn(omp_get_thread_num(), context);
+}
+
+bool pin_threads(std::span<const int> cpus) {
+  if (cpus.size() < static_cast<std::size_t>(g_num_threads)) return false;
+  std::atomic<bool> ok{true};
+  // libgomp keeps the same pool threads for later regions of the same size, so the pinning sticks.
+#pragma omp parallel num_threads(g_num_threads)
+  {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpus[omp_get_thread_num()], &set);
+    if (sched_setaffinity(0, sizeof(set), &set) != 0) ok = false;  // 0: the calling thread
+  }
+  return ok;
 }
 
 }  // namespace shardline::kernels::cpu

@@ -1,0 +1,247 @@
+#include "kernels/cpu/packed_matmul.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "common/error.h"
+#include "kernels/cpu/isa.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/cpu/tile_kernels.h"
+
+namespace shardline::kernels::cpu {
+
+namespace {
+
+// Below this many multiply-adds a matmul stays on one thread: waking the others costs more.
+constexpr long kMinParallelWork = 32768;
+
+tile::TileKernels tile_kernels_for(Isa isa) {
+  tile::TileKernels kernels = isa >= Isa::kAvx2 ? tile::avx2_tile_kernels() : tile::portable_tile_kernels();
+  if (isa >= Isa::kAvx512) {
+    kernels.f32 = tile::avx512_f32_tile_kernel();
+    kernels.bf16 = tile::avx512_bf16_tile_kernel();
+  }
+  if (isa >= Isa::kAvx512Vnni) kernels.int8 = tile::avx512_vnni_int8_tile_kernel();
+  return kernels;
+}
+
+tile::TileKernel tile_kernel(WeightDtype dtype) {
+  static const tile::TileKernels by_isa[] = {tile_kernels_for(Isa::kPortable), tile_kernels_for(Isa::kAvx2),
+                                             tile_kernels_for(Isa::kAvx512), tile_kernels_for(Isa::kAvx512Vnni)};
+  const tile::TileKernels& kernels = by_isa[static_cast<int>(active_isa())];
+  switch (dtype) {
+    case WeightDtype::kF32: return kernels.f32;
+    case WeightDtype::kBf16: return kernels.bf16;
+    case WeightDtype::kInt8: return kernels.int8;
+  }
+  return nullptr;
+}
+
+// The tile for panels [panel, panel + n_panels) of w and rows [row, row + n_rows) of x.
+tile::Tile make_tile(const Activations& x, const PackedMatrix& w, int panel, int n_panels, int row, int n_rows,
+                     float* out) {
+  tile::Tile t;
+  t.panel_stride = panel_bytes(w.dtype, w.k);
+  t.panels = w.data + panel * t.panel_stride;
+  t.n_panels = n_panels;
+  // fp32 activations have exactly k columns; int8 ones are padded to the group like the weights.
+  t.k = w.dtype == WeightDtype::kInt8 ? padded_k(w.dtype, w.k) : w.k;
+  t.x_stride = x.row_stride();
+  const std::size_t row_offset = static_cast<std::size_t>(row) * x.row_stride();
+  switch (w.dtype) {
+    case WeightDtype::kF32:
+    case WeightDtype::kBf16: t.x = x.f32() + row_offset; break;
+    case WeightDtype::kInt8: {
+      const std::size_t group_offset = static_cast<std::size_t>(row) * (x.row_stride() / kInt8Group);
+      t.x = x.int8() + row_offset;
+      t.x_scales = x.int8_scales() + group_offset;
+      t.x_sums = x.int8_sums() + group_offset;
+      break;
+    }
+  }
+  t.n_rows = n_rows;
+  t.out = out;
+  return t;
+}
+
+void check_operands(const Activations& x, const PackedMatrix& w) {
+  SL_CHECK_MSG(w.dtype == x.dtype(), "activations prepared for {} used with {} weights", weight_dtype_name(x.dtype()),
+               weight_dtype_name(w.dtype));
+  SL_CHECK_MSG(w.k == x.k(), "matrix k {} != activations k {}", w.k, x.k());
+  SL_CHECK(w.data != nullptr && x.n() >= 1);
+}
+
+// Copies a tile's valid features (the last panel of a matrix may be padding) into y (n, d).
+void store_tile(const float* tile, float* y, int d, int row, int n_rows, int panel, int n_panels) {
+  for (int r = 0; r < n_rows; ++r) {
+    float* yr = y + static_cast<std::size_t>(row + r) * d;
+    for (int p = 0; p < n_panels; ++p) {
+      const int f0 = (panel + p) * kPanelWidth;
+      const int count = std::min(kPanelWidth, d - f0);
+      const float* src = tile + r * tile::kTileStride + p * kPanelWidth;
+      for (int l = 0; l < count; ++l) yr[f0 + l] = src[l];
+    }
+  }
+}
+
+// Panels [begin, end) of w for every row of x, a tile at a time, into y.
+void matmul_panels(float* y, const Activations& x, const PackedMatrix& w, int begin, int end, tile::TileKernel kernel) {
+  alignas(64) float tile_out[tile::kTileRows * tile::kTileStride];
+  for (int p = begin; p < end; p += tile::kTilePanels) {
+    const int n_panels = std::min(tile::kTilePanels, end - p);
+    for (int r = 0; r < x.n(); r += tile::kTileRows) {
+      const int n_rows = std::min(tile::kTileRows, x.n() - r);
+      kernel(make_tile(x, w, p, n_panels, r, n_rows, tile_out));
+      store_tile(tile_out, y, w.d, r, n_rows, p, n_panels);
+    }
+  }
+}
+
+// Round to nearest, ties to even, for |v| < 2^22 (activation codes are within ±127.5): adding 1.5 * 2^23
+// pushes the fraction bits out of a float's mantissa under the default rounding mode (the compiler may not
+// fold it away without -ffast-math). Unlike nearbyintf, a library call at the baseline target, it vectorises.
+inline float round_to_nearest_even(float v) {
+  constexpr float kShift = 12582912.0f;  // 1.5 * 2^23
+  return (v + kShift) - kShift;
+}
+
+// This thread's share [begin, end) of n_items, in contiguous bands.
+void thread_band(int n_items, int& begin, int& end) {
+  const int t = omp_get_thread_num();
+  const int nt = omp_get_num_threads();
+  begin = static_cast<int>(static_cast<long>(n_items) * t / nt);
+  end = static_cast<int>(static_cast<long>(n_items) * (t + 1) / nt);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------------------
+// Activations
+
+void Activations::reserve(int max_rows, int max_k) {
+  SL_CHECK(max_rows >= 1 && max_k >= 1);
+  max_rows_ = std::max(max_rows_, max_rows);
+  max_k_ = std::max(max_k_, max_k);
+  const std::size_t kp = padded_k(WeightDtype::kInt8, max_k_);  // the largest padding of any dtype
+  const std::size_t rows = max_rows_;
+  int8_.resize(rows * kp);
+  scales_.resize(rows * kp / kInt8Group);
+  sums_.resize(rows * kp / kInt8Group);
+}
+
+void Activations::prepare(const float* x, int n, int k, WeightDtype dtype) {
+  SL_CHECK_MSG(n >= 1 && n <= max_rows_ && k >= 1 && k <= max_k_, "activations ({}, {}) exceed the reserved ({}, {})",
+               n, k, max_rows_, max_k_);
+  dtype_ = dtype;
+  n_ = n;
+  k_ = k;
+  padded_k_ = padded_k(dtype, k);
+  f32_ = nullptr;
+  const int kp = padded_k_;
+  const int n_threads = num_threads();
+  switch (dtype) {
+    case WeightDtype::kF32:
+    case WeightDtype::kBf16:
+      // fp32 activations, used in place. bf16 weights are widened to fp32 by the kernels, so the odd k of a
+      // pair past the end (padding) meets zero weights and is never read from x.
+      f32_ = x;
+      padded_k_ = k;
+      return;
+    case WeightDtype::kInt8:
+      // Per row and 32-group: scale = max|x| / 127, q = round(x / scale); the sum of q lets the VNNI kernel
+      // undo the +128 offset of the unsigned weights.
+#pragma omp parallel for num_threads(n_threads) if (n_threads > 1 && static_cast<long>(n) * k > kMinParallelWork)
+      for (int r = 0; r < n; ++r) {
+        const float* xr = x + static_cast<std::size_t>(r) * k;
+        std::int8_t* q = int8_.data() + static_cast<std::size_t>(r) * kp;
+        float* scales = scales_.data() + static_cast<std::size_t>(r) * (kp / kInt8Group);
+        std::int32_t* sums = sums_.data() + static_cast<std::size_t>(r) * (kp / kInt8Group);
+        for (int g = 0; g < kp / kInt8Group; ++g) {
+          const int j0 = g * kInt8Group;
+          const int j1 = std::min(k, j0 + kInt8Group);
+          float amax = 0.0f;
+          for (int j = j0; j < j1; ++j) amax = std::max(amax, std::fabs(xr[j]));
+          const float inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
+          std::int32_t sum = 0;
+          for (int j = j0; j < j0 + kInt8Group; ++j) {
+            const int v = j < j1 ? static_cast<int>(std::clamp(round_to_nearest_even(xr[j] * inverse), -127.0f, 127.0f)) : 0;
+            q[j] = static_cast<std::int8_t>(v);
+            sum += v;
+          }
+          scales[g] = amax / 127.0f;
+          sums[g] = sum;
+        }
+      }
+      return;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// matmul
+
+void matmul(float* y, const Activations& x, const PackedMatrix& w) {
+  const MatmulOutput output{y, &w};
+  matmul(x, std::span<const MatmulOutput>(&output, 1));
+}
+
+void matmul(const Activations& x, std::span<const MatmulOutput> outputs) {
+  long work = 0;
+  int total_panels = 0;
+  for (const MatmulOutput& o : outputs) {
+    check_operands(x, *o.w);
+    work += static_cast<long>(x.n()) * o.w->d * o.w->k;
+    total_panels += panel_count(o.w->d);
+  }
+  const tile::TileKernel kernel = tile_kernel(x.dtype());
+  const int n_threads = num_threads();
+  // Threads take contiguous bands of the panels of all outputs together, in order.
+#pragma omp parallel num_threads(n_threads) if (n_threads > 1 && work > kMinParallelWork)
+  {
+    int begin = 0, end = 0;
+    thread_band(total_panels, begin, end);
+    int first = 0;  // the first panel of the current output in the concatenation
+    for (const MatmulOutput& o : outputs) {
+      const int panels = panel_count(o.w->d);
+      const int lo = std::max(begin, first), hi = std::min(end, first + panels);
+      if (lo < hi) matmul_panels(o.y, x, *o.w, lo - first, hi - first, kernel);
+      first += panels;
+    }
+  }
+}
+
+void matmul_swiglu(float* h, const Activations& x, const PackedMatrix& w1, const PackedMatrix& w3) {
+  check_operands(x, w1);
+  check_operands(x, w3);
+  SL_CHECK(w1.d == w3.d);
+  const tile::TileKernel kernel = tile_kernel(x.dtype());
+  const int d = w1.d;
+  const int n_threads = num_threads();
+  const long work = 2L * x.n() * d * w1.k;
+#pragma omp parallel num_threads(n_threads) if (n_threads > 1 && work > kMinParallelWork)
+  {
+    alignas(64) float gate[tile::kTileRows * tile::kTileStride];
+    alignas(64) float up[tile::kTileRows * tile::kTileStride];
+    int begin = 0, end = 0;
+    thread_band(panel_count(d), begin, end);
+    for (int p = begin; p < end; p += tile::kTilePanels) {
+      const int n_panels = std::min(tile::kTilePanels, end - p);
+      for (int r = 0; r < x.n(); r += tile::kTileRows) {
+        const int n_rows = std::min(tile::kTileRows, x.n() - r);
+        kernel(make_tile(x, w1, p, n_panels, r, n_rows, gate));
+        kernel(make_tile(x, w3, p, n_panels, r, n_rows, up));
+        // silu(g) * u exactly as swiglu() computes it, so the fusion does not change a bit.
+        for (int row = 0; row < n_rows; ++row) {
+          for (int i = row * tile::kTileStride; i < row * tile::kTileStride + n_panels * kPanelWidth; ++i) {
+            const float g = gate[i];
+            gate[i] = g * (1.0f / (1.0f + std::exp(-g))) * up[i];
+          }
+        }
+        store_tile(gate, h, d, r, n_rows, p, n_panels);
+      }
+    }
+  }
+}
+
+}  // namespace shardline::kernels::cpu

@@ -1,0 +1,73 @@
+// Matmul against packed weights (weight_format.h) in fp32, bf16 or int8, for n rows at once: n = 1 is a
+// decode GEMV, n = B rows of B sequences is batched decode, n = a prompt chunk is prefill. Every loaded
+// weight vector is used for all n rows before the next is loaded, so B sequences share one pass over W.
+//
+// Activations are prepared once per input and reused by every matrix that reads it (wq, wk and wv share
+// the normalised x; w1 and w3 share it too). fp32 and bf16 weights multiply fp32 activations as they are
+// (bf16 weights are widened to fp32 in registers: exact, and no rounding of x); int8 weights need x
+// quantised to int8 per group of 32 (scale and sum per group), as Q8_0 does, for vpdpbusd.
+//
+// Threads (set_num_threads) split the output panels into contiguous bands, so each thread streams its own
+// part of W. Each output is computed by one thread in a fixed order along k, so results do not depend on
+// the thread count, nor on n or on the other rows of the batch.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "kernels/cpu/weight_format.h"
+
+namespace shardline::kernels::cpu {
+
+// x prepared for one weight dtype. Owns its storage: reserve() allocates (once, at set-up), prepare()
+// never does.
+class Activations {
+ public:
+  void reserve(int max_rows, int max_k);
+  // x: (n, k). For fp32 and bf16 weights the pointer is kept as is: x must stay valid and unchanged while
+  // it is used.
+  void prepare(const float* x, int n, int k, WeightDtype dtype);
+
+  WeightDtype dtype() const { return dtype_; }
+  int n() const { return n_; }
+  int k() const { return k_; }
+  int row_stride() const { return padded_k_; }  // elements between rows of the prepared data
+
+  const float* f32() const { return f32_; }                       // (n, k): fp32 and bf16 weights
+  const std::int8_t* int8() const { return int8_.data(); }        // (n, padded k)
+  const float* int8_scales() const { return scales_.data(); }     // (n, padded k / 32)
+  const std::int32_t* int8_sums() const { return sums_.data(); }  // (n, padded k / 32): sum of q per group
+
+ private:
+  WeightDtype dtype_ = WeightDtype::kF32;
+  int n_ = 0;
+  int k_ = 0;
+  int padded_k_ = 0;
+  int max_rows_ = 0;
+  int max_k_ = 0;
+  const float* f32_ = nullptr;
+  std::vector<std::int8_t> int8_;
+  std::vector<float> scales_;
+  std::vector<std::int32_t> sums_;
+};
+
+// One output of a grouped matmul: y (n, w.d) = x · Wᵀ.
+struct MatmulOutput {
+  float* y = nullptr;
+  const PackedMatrix* w = nullptr;
+};
+
+// y (n, w.d) = x · Wᵀ, x prepared for w.dtype with x.k() == w.k.
+void matmul(float* y, const Activations& x, const PackedMatrix& w);
+
+// Several matrices of the same input in one parallel pass (wq, wk, wv): the threads split the panels of
+// all of them together, which balances better than one small matmul after another.
+void matmul(const Activations& x, std::span<const MatmulOutput> outputs);
+
+// The SwiGLU gate fused into its two matmuls: h (n, d) = silu(x · W1ᵀ) * (x · W3ᵀ), elementwise, with the
+// same arithmetic as swiglu() in ops.h. Saves writing and re-reading x · W3ᵀ and runs the gate on every
+// thread. w1 and w3 have the same shape and dtype.
+void matmul_swiglu(float* h, const Activations& x, const PackedMatrix& w1, const PackedMatrix& w3);
+
+}  // namespace shardline::kernels::cpu

@@ -1,0 +1,61 @@
+// Internal to kernels/cpu: the per-ISA inner kernels of packed_matmul.cpp. One call computes a tile: up
+// to kTilePanels consecutive panels of one packed matrix (weight_format.h) against up to kTileRows
+// prepared rows, into a small dense buffer; packed_matmul.cpp splits the work over threads and copies the
+// tile out (clipping the padded features, applying fused epilogues).
+//
+// The ISA files are compiled with their own target flags and include nothing but this header and
+// <immintrin.h>: an inline function from a shared header compiled there with AVX-512 could be the copy the
+// linker keeps for everyone, and crash older CPUs.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace shardline::kernels::cpu::tile {
+
+inline constexpr int kTilePanels = 4;
+inline constexpr int kTileRows = 64;
+inline constexpr int kTileStride = kTilePanels * 16;  // floats between rows of Tile::out
+
+struct Tile {
+  const std::byte* panels = nullptr;  // the first panel of the tile
+  std::size_t panel_stride = 0;       // bytes between panels
+  int n_panels = 0;                   // 1 .. kTilePanels
+  int k = 0;                          // k of the activations: exact for fp32 / bf16, padded for int8
+  // Prepared rows (see Activations), already offset to the first row of the tile.
+  const void* x = nullptr;            // fp32 values (fp32 and bf16 weights) or int8 values
+  int x_stride = 0;                   // elements between rows of x
+  const float* x_scales = nullptr;    // int8: per row, k / 32 scales
+  const std::int32_t* x_sums = nullptr;  // int8: per row, k / 32 sums of q
+  int n_rows = 0;                     // 1 .. kTileRows
+  float* out = nullptr;               // (n_rows, kTileStride): out[r * kTileStride + p * 16 + lane]
+};
+
+using TileKernel = void (*)(const Tile&);
+
+struct TileKernels {
+  TileKernel f32 = nullptr;
+  TileKernel bf16 = nullptr;
+  TileKernel int8 = nullptr;
+};
+
+// Plain C++ compiled for the baseline target, and the same source compiled for AVX2 + FMA.
+TileKernels portable_tile_kernels();
+TileKernels avx2_tile_kernels();
+// Hand-written AVX-512 fp32 and bf16 (widened to fp32 in registers) kernels.
+TileKernel avx512_f32_tile_kernel();
+TileKernel avx512_bf16_tile_kernel();
+// Hand-written AVX512_VNNI (vpdpbusd) int8 kernel.
+TileKernel avx512_vnni_int8_tile_kernel();
+
+}  // namespace shardline::kernels::cpu::tile
+
+namespace shardline::kernels::cpu::tile {
+
+// Reads bytes [data, data + bytes) once and returns a value that depends on all of them (so the reads
+// cannot be optimised away): the read-bandwidth probe's inner loop. data is 64-byte aligned.
+using ReadKernel = std::uint64_t (*)(const std::byte* data, std::size_t bytes);
+ReadKernel portable_read_kernel();
+ReadKernel avx512_read_kernel();
+
+}  // namespace shardline::kernels::cpu::tile

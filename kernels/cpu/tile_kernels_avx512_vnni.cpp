@@ -1,0 +1,117 @@
+// The AVX512_VNNI int8 tile kernel (compiled with -mavx512vnni and AVX-512 F/BW/VL/DQ).
+//
+// vpdpbusd multiplies 16 features x one k quad (unsigned weights q + 128) by the row's broadcast signed
+// int8 quad into int32. After each 32-group the exact integer dot, corrected for the +128 offset (128 * the
+// group's sum of x), is scaled by weight scale * x scale and added in fp32.
+// Register blocks as in the fp32 kernel (tile_kernels_avx512.cpp); int8 keeps both an int32 and an fp32
+// accumulator per (row, panel), hence R x P <= 12.
+#include <immintrin.h>
+
+#include "kernels/cpu/tile_kernels.h"
+
+namespace shardline::kernels::cpu::tile {
+
+namespace {
+
+inline std::int32_t load_i32(const void* p) {
+  std::int32_t v;
+  __builtin_memcpy(&v, p, sizeof v);
+  return v;
+}
+
+// ---- int8 -------------------------------------------------------------------------------------------
+
+constexpr int kInt8MaxRows = 3;
+
+template <int R, int P>
+void int8_block(const Tile& t, const std::int8_t* x, const float* x_scales, const std::int32_t* x_sums, float* out) {
+  const std::uint8_t* w = reinterpret_cast<const std::uint8_t*>(t.panels);
+  const std::size_t stride = t.panel_stride;
+  const int groups = t.k / 32;
+  const std::size_t scales_offset = static_cast<std::size_t>(t.k) * 16;
+  __m512 acc[R][P];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+    for (int p = 0; p < P; ++p) acc[r][p] = _mm512_setzero_ps();
+  }
+  for (int g = 0; g < groups; ++g) {
+    __m512i dot[R][P];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+      for (int p = 0; p < P; ++p) dot[r][p] = _mm512_setzero_si512();
+    }
+    const std::uint8_t* wg = w + static_cast<std::size_t>(g) * 512;
+#pragma GCC unroll 8
+    for (int q = 0; q < 8; ++q) {
+      __m512i wv[P];
+#pragma GCC unroll 4
+      for (int p = 0; p < P; ++p) wv[p] = _mm512_load_si512(wg + p * stride + q * 64);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        const __m512i xb = _mm512_set1_epi32(load_i32(x + static_cast<std::size_t>(r) * t.x_stride + g * 32 + q * 4));
+#pragma GCC unroll 4
+        for (int p = 0; p < P; ++p) dot[r][p] = _mm512_dpbusd_epi32(dot[r][p], wv[p], xb);
+      }
+    }
+    __m512 ws[P];
+#pragma GCC unroll 4
+    for (int p = 0; p < P; ++p) {
+      ws[p] = _mm512_cvtph_ps(_mm256_load_si256(
+          reinterpret_cast<const __m256i*>(w + p * stride + scales_offset + static_cast<std::size_t>(g) * 32)));
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const __m512i offset = _mm512_set1_epi32(128 * x_sums[static_cast<std::size_t>(r) * groups + g]);
+      const __m512 xs = _mm512_set1_ps(x_scales[static_cast<std::size_t>(r) * groups + g]);
+#pragma GCC unroll 4
+      for (int p = 0; p < P; ++p) {
+        const __m512 exact = _mm512_cvtepi32_ps(_mm512_sub_epi32(dot[r][p], offset));
+        acc[r][p] = _mm512_fmadd_ps(exact, _mm512_mul_ps(ws[p], xs), acc[r][p]);
+      }
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+    for (int p = 0; p < P; ++p) _mm512_storeu_ps(out + r * kTileStride + p * 16, acc[r][p]);
+  }
+}
+
+using Int8BlockFn = void (*)(const Tile&, const std::int8_t*, const float*, const std::int32_t*, float*);
+
+template <int R>
+Int8BlockFn int8_block_for_panels(int n_panels) {
+  switch (n_panels) {
+    case 1: return int8_block<R, 1>;
+    case 2: return int8_block<R, 2>;
+    case 3: return int8_block<R, 3>;
+    default: return int8_block<R, 4>;
+  }
+}
+
+Int8BlockFn int8_block_for(int rows, int n_panels) {
+  switch (rows) {
+    case 1: return int8_block_for_panels<1>(n_panels);
+    case 2: return int8_block_for_panels<2>(n_panels);
+    default: return int8_block_for_panels<3>(n_panels);
+  }
+}
+
+void int8_tile(const Tile& t) {
+  const std::int8_t* x = static_cast<const std::int8_t*>(t.x);
+  const int groups = t.k / 32;
+  for (int r = 0; r < t.n_rows; r += kInt8MaxRows) {
+    const int rows = t.n_rows - r < kInt8MaxRows ? t.n_rows - r : kInt8MaxRows;
+    int8_block_for(rows, t.n_panels)(t, x + static_cast<std::size_t>(r) * t.x_stride,
+                                     t.x_scales + static_cast<std::size_t>(r) * groups,
+                                     t.x_sums + static_cast<std::size_t>(r) * groups, t.out + r * kTileStride);
+  }
+}
+
+}  // namespace
+
+TileKernel avx512_vnni_int8_tile_kernel() { return int8_tile; }
+
+}  // namespace shardline::kernels::cpu::tile

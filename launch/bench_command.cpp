@@ -1,0 +1,272 @@
+#include "launch/bench_command.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <optional>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "common/units.h"
+#include "kernels/cpu/isa.h"
+#include "launch/cli_options.h"
+#include "partition/mesh.h"
+#include "partition/model_presets.h"
+#include "partition/shard.h"
+#include "runtime/comm_groups.h"
+#include "runtime/engine.h"
+#include "runtime/model_generator.h"
+#include "runtime/roofline_bench.h"
+
+namespace shardline::launch {
+
+namespace {
+
+struct BenchConfig {
+  std::vector<std::string> presets;
+  std::vector<kernels::cpu::WeightDtype> dtypes;
+  runtime::RooflineBenchOptions bench;
+  int threads = 1;
+  int chunk_tokens = 64;
+  int tp = 0, pp = 0;  // 0: not given
+  std::string models_dir;
+  double comm_timeout_s = 120.0;
+  bool json = false;
+};
+
+std::vector<std::string> split_list(const std::string& text) {
+  std::vector<std::string> items;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    if (!item.empty()) items.push_back(item);
+  }
+  return items;
+}
+
+std::optional<BenchConfig> parse_bench_config(const std::vector<std::string>& args, const MpiSession& mpi) {
+  BenchConfig c;
+  std::string presets, dtypes, batches, log_level;
+  po::options_description options("bench options");
+  options.add_options()
+      ("presets", po::value(&presets)->default_value("15m,110m,1.1b"),
+       fmt::format("model shapes to generate and measure (of {})", partition::model_preset_names()).c_str())
+      ("dtypes", po::value(&dtypes)->default_value("fp32,bf16,int8"), "weight dtypes to measure, in order")
+      ("batches", po::value(&batches)->default_value("1,4,16"), "decode batch sizes (sequences in one micro-batch)")
+      ("steps", po::value(&c.bench.decode_steps)->default_value(32), "decode steps per sequence")
+      ("prompt-tokens", po::value(&c.bench.decode_prompt_tokens)->default_value(8), "prompt tokens per decoded sequence")
+      ("prefill-tokens", po::value(&c.bench.prefill_tokens)->default_value(128), "prompt tokens of the prefill run")
+      ("chunk-tokens", po::value(&c.chunk_tokens)->default_value(64), "prefill chunk size in tokens")
+      ("repeats", po::value(&c.bench.repeats)->default_value(3), "runs per number (the median is reported)")
+      ("threads", po::value<int>(), "kernel threads of this rank (default: its cores / ranks on the host)")
+      ("tp", po::value(&c.tp), "tensor-parallel ranks per stage (default: every rank)")
+      ("pp", po::value(&c.pp), "pipeline stages (tp x pp must equal the number of ranks)")
+      ("models-dir", po::value(&c.models_dir), "where the generated models are kept (default: <cache>/bench)")
+      ("comm-timeout", po::value(&c.comm_timeout_s)->default_value(120.0, "120"), "seconds a rank waits for a peer")
+      ("json", po::bool_switch(&c.json), "one JSON object per model and dtype instead of the table")
+      ("log-level", po::value(&log_level)->default_value("info"), "debug|info|warn|error|off");
+  po::variables_map vm;
+  const std::string usage =
+      "Usage: shardline bench [--presets 15m,110m,1.1b] [--dtypes fp32,bf16,int8] [--batches 1,4,16] [options]\n"
+      "       mpirun -np P shardline bench --tp T --pp S ...\n\n"
+      "Measures the read bandwidth of this rank's own weights, then decode tokens/s at each batch size and\n"
+      "prefill tokens/s, each as a fraction of that bandwidth roofline, on generated random-weight models.";
+  if (!parse_command_line("bench", usage, options, args, vm, mpi.world_rank() == 0)) return std::nullopt;
+  log::set_level(log::parse_level(log_level));
+  c.presets = split_list(presets);
+  for (const auto& name : c.presets) partition::find_model_preset(name);  // ConfigError listing the known names
+  for (const auto& name : split_list(dtypes)) c.dtypes.push_back(parse_weights_dtype_flag(name));
+  c.bench.batches = parse_int_list("--batches", batches);
+  if (c.presets.empty() || c.dtypes.empty()) throw ConfigError("--presets and --dtypes need at least one entry each");
+  for (int b : c.bench.batches) {
+    if (b < 1) throw ConfigError(fmt::format("--batches entries must be >= 1, got {}", b));
+  }
+  if (c.bench.decode_steps < 2) throw ConfigError("--steps must be >= 2 (the first token ends the prefill)");
+  if (c.bench.decode_prompt_tokens < 1 || c.bench.prefill_tokens < 1) {
+    throw ConfigError("--prompt-tokens and --prefill-tokens must be >= 1");
+  }
+  if (c.bench.repeats < 1) throw ConfigError("--repeats must be >= 1");
+  if (c.chunk_tokens < 1) throw ConfigError("--chunk-tokens must be >= 1");
+  c.threads = vm.count("threads") ? vm["threads"].as<int>() : default_threads();
+  if (c.threads < 1) throw ConfigError("--threads must be >= 1");
+  if (vm.count("tp") && c.tp < 1) throw ConfigError("--tp must be >= 1");
+  if (vm.count("pp") && c.pp < 1) throw ConfigError("--pp must be >= 1");
+  if (c.comm_timeout_s <= 0) throw ConfigError("--comm-timeout must be positive");
+  if (c.models_dir.empty()) c.models_dir = (std::filesystem::path(runtime::cache_dir()) / "bench").string();
+  return c;
+}
+
+partition::Mesh bench_mesh(const BenchConfig& c, const MpiSession& mpi) {
+  const int world = mpi.world_size();
+  int tp = c.tp, pp = c.pp;
+  if (tp == 0 && pp == 0) tp = world, pp = 1;
+  if (tp == 0) tp = world % pp == 0 ? world / pp : 0;
+  if (pp == 0) pp = world % tp == 0 ? world / tp : 0;
+  if (tp < 1 || pp < 1 || tp * pp != world) {
+    throw ConfigError(fmt::format("--tp {} x --pp {} does not match the {} rank(s) of this job", c.tp, c.pp, world));
+  }
+  return partition::Mesh(world, mpi.world_rank(), tp, pp);
+}
+
+// Why this layout cannot run the preset (the bench skips it), or nothing.
+std::optional<std::string> layout_problem(const partition::ModelShape& shape, const partition::Mesh& mesh,
+                                          const runtime::RooflineBenchOptions& bench) {
+  if (auto problem = partition::find_layout_problem(shape, mesh.tp_size(), mesh.pp_size())) return problem;
+  if (bench.decode_prompt_tokens + bench.decode_steps - 1 > shape.seq_len || bench.prefill_tokens > shape.seq_len) {
+    return fmt::format("prompts and steps exceed its context of {} tokens", shape.seq_len);
+  }
+  return std::nullopt;
+}
+
+std::string fraction_cell(const runtime::ThroughputMeasurement& m) {
+  return fmt::format("{:.1f} ({:.2f})", m.tok_s, m.fraction());
+}
+
+void print_header(const BenchConfig& c, const partition::Mesh& mesh, bool pinned) {
+  std::cout << fmt::format(
+      "# shardline bench: tp={} pp={}, {} thread{}/rank ({}), {} kernels; decode: {}-token prompts + {} steps; prefill: "
+      "{} tokens in chunks of {}; median of {} run{}\n"
+      "# roofline: the rank's weights (+ KV cache) streamed at the read bandwidth a probe measured on those very "
+      "buffers, with the same threads, right before each run. (x.xx) = fraction of that roofline.\n",
+      mesh.tp_size(), mesh.pp_size(), c.threads, c.threads == 1 ? "" : "s", pinned ? "pinned" : "not pinned",
+      kernels::cpu::isa_name(kernels::cpu::active_isa()), c.bench.decode_prompt_tokens, c.bench.decode_steps,
+      c.bench.prefill_tokens, c.chunk_tokens, c.bench.repeats, c.bench.repeats == 1 ? "" : "s");
+  std::string line = fmt::format("{:<6} {:<5} {:>10} {:>9} ", "model", "dtype", "weights", "read GB/s");
+  for (int b : c.bench.batches) line += fmt::format(" {:>16}", fmt::format("decode b={} tok/s", b));
+  line += fmt::format(" {:>18} {:>14} {:>7}\n", "prefill tok/s", "prefill GFLOP/s", "load s");
+  std::cout << line;
+}
+
+void print_row(const std::string& preset, kernels::cpu::WeightDtype dtype, const runtime::RooflineBenchResult& r,
+               double load_s) {
+  std::string line = fmt::format("{:<6} {:<5} {:>10} {:>9.1f} ", preset, kernels::cpu::weight_dtype_name(dtype),
+                                 format_bytes(static_cast<double>(r.weight_bytes)), r.read_gbps);
+  for (const auto& m : r.decode) line += fmt::format(" {:>16}", fraction_cell(m));
+  line += fmt::format(" {:>18} {:>14.1f} {:>7.2f}\n", fraction_cell(r.prefill), r.prefill.gflops, load_s);
+  std::cout << line << std::flush;
+}
+
+// Ratios within one model, all from this run: each dtype's decode against fp32 at the same batch, and the
+// largest batch against batch 1.
+void print_ratios(const std::string& preset, const std::vector<kernels::cpu::WeightDtype>& dtypes,
+                  const std::vector<runtime::RooflineBenchResult>& results) {
+  const runtime::RooflineBenchResult* fp32 = nullptr;
+  for (std::size_t i = 0; i < dtypes.size(); ++i) {
+    if (dtypes[i] == kernels::cpu::WeightDtype::kF32) fp32 = &results[i];
+  }
+  std::string line = fmt::format("# {} ratios:", preset);
+  for (std::size_t i = 0; i < dtypes.size(); ++i) {
+    const auto& d = results[i].decode;
+    line += fmt::format(" {} b={}/b={} {:.2f}x;", kernels::cpu::weight_dtype_name(dtypes[i]), d.back().rows,
+                        d.front().rows, d.back().tok_s / d.front().tok_s);
+    if (fp32 != nullptr && &results[i] != fp32) {
+      line += fmt::format(" {}/fp32 at b={} {:.2f}x;", kernels::cpu::weight_dtype_name(dtypes[i]), d.front().rows,
+                          d.front().tok_s / fp32->decode.front().tok_s);
+    }
+  }
+  line.back() = '\n';
+  std::cout << line << std::flush;
+}
+
+nlohmann::json to_json(const std::string& preset, kernels::cpu::WeightDtype dtype, const runtime::RooflineBenchResult& r,
+                       const BenchConfig& c, const partition::Mesh& mesh, double load_s) {
+  auto measurement = [](const runtime::ThroughputMeasurement& m) {
+    return nlohmann::json{{"rows", m.rows}, {"tok_s", m.tok_s}, {"roofline_tok_s", m.roofline_tok_s},
+                          {"fraction", m.fraction()}, {"gflops", m.gflops}};
+  };
+  nlohmann::json j{{"model", preset},
+                   {"dtype", kernels::cpu::weight_dtype_name(dtype)},
+                   {"tp", mesh.tp_size()},
+                   {"pp", mesh.pp_size()},
+                   {"threads", c.threads},
+                   {"isa", kernels::cpu::isa_name(kernels::cpu::active_isa())},
+                   {"weight_bytes", r.weight_bytes},
+                   {"read_gbps", r.read_gbps},
+                   {"load_s", load_s},
+                   {"prefill", measurement(r.prefill)}};
+  for (const auto& m : r.decode) j["decode"].push_back(measurement(m));
+  return j;
+}
+
+}  // namespace
+
+int bench_command(const std::vector<std::string>& args, const MpiSession& mpi) {
+  // Start-up checks run on every rank; the ranks agree on the outcome and one of them says why.
+  std::optional<BenchConfig> config;
+  std::optional<partition::Mesh> mesh;
+  bool help = false;
+  int local = 0;
+  std::string message;
+  try {
+    config = parse_bench_config(args, mpi);
+    if (config) {
+      mesh = bench_mesh(*config, mpi);
+    } else {
+      help = true;
+    }
+  } catch (const Error& e) {
+    local = static_cast<int>(e.code());
+    message = e.what();
+  }
+  const MpiSession::Agreement agreement = mpi.agree(local);
+  if (agreement.exit_code != 0) {
+    if (agreement.first_failed_rank == mpi.world_rank()) std::fprintf(stderr, "%s error: %s\n", detail::rank_tag().c_str(), message.c_str());
+    return agreement.exit_code;
+  }
+  if (help) return 0;
+  const BenchConfig& c = *config;
+  const int output_rank = mesh->rank_of(mesh->pp_size() - 1, 0);
+  const bool output = mesh->rank() == output_rank;
+  log::set_place(mesh->tag(), output);
+  runtime::CommGroups groups = runtime::make_comm_groups(*mesh, {mpi.active(), c.comm_timeout_s});
+
+  bool header_printed = false;
+  for (const std::string& preset : c.presets) {
+    const partition::ModelShape shape = partition::find_model_preset(preset).shape;
+    if (auto problem = layout_problem(shape, *mesh, c.bench)) {
+      if (output) std::cout << fmt::format("# {}: skipped: {}\n", preset, *problem) << std::flush;
+      continue;
+    }
+    // One rank writes the model (once: later runs reuse it); the others wait for it.
+    runtime::GeneratedModelPaths paths;
+    if (mesh->rank() == 0) {
+      paths = runtime::ensure_generated_model(shape, 42, c.models_dir, "bench-" + preset,
+                                              fmt::format("the {} benchmark model", preset));
+    }
+    groups.world->barrier();
+    paths.model = (std::filesystem::path(c.models_dir) / ("bench-" + preset + ".bin")).string();
+    paths.tokenizer = runtime::default_tokenizer_path_for(paths.model);
+
+    std::vector<runtime::RooflineBenchResult> results;
+    for (kernels::cpu::WeightDtype dtype : c.dtypes) {
+      runtime::EngineOptions options;
+      options.model_path = paths.model;
+      options.tokenizer_path = paths.tokenizer;
+      options.threads = c.threads;
+      options.chunk_tokens = c.chunk_tokens;
+      options.micro_batches = 1;  // a batch decodes as one micro-batch: one pass over the weights per step
+      options.weights_dtype = dtype;
+      runtime::Engine engine(options, *mesh, *groups.world, *groups.tp);
+      if (output && !c.json && !header_printed) {
+        print_header(c, *mesh, engine.threads_pinned());
+        header_printed = true;
+      }
+      results.push_back(runtime::run_roofline_bench(engine, *groups.world, c.bench));
+      if (!output) continue;
+      if (c.json) {
+        std::cout << to_json(preset, dtype, results.back(), c, *mesh, engine.load_s()).dump() << std::endl;
+      } else {
+        print_row(preset, dtype, results.back(), engine.load_s());
+      }
+    }
+    if (output && !c.json) print_ratios(preset, c.dtypes, results);
+  }
+  return 0;
+}
+
+}  // namespace shardline::launch

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# The CPU performance benchmark (issue #7): `shardline bench` on generated 15M, 110M and 1.1B-shape models
+# in fp32, bf16 and int8, for the two layouts of a 2-core machine: one rank with 2 threads, and tp=2 with
+# one thread per rank (each rank bound to its core). Every run measures its own read-bandwidth roofline on
+# the weights it streams, so every fraction and ratio it prints comes from that run alone.
+# Usage: scripts/bench-roofline.sh [extra bench flags, e.g. --presets 110m --repeats 5]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=${BIN:-./build/shardline}
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+echo "\$ $BIN bench --threads 2 $*"
+"$BIN" bench --threads 2 "$@"
+echo
+echo "\$ mpirun -np 2 --bind-to core $BIN bench --tp 2 --threads 1 $*"
+mpirun -np 2 --bind-to core "$BIN" bench --tp 2 --threads 1 "$@"

@@ -1,0 +1,131 @@
+// `shardline bench` and `run --weights-dtype` as a user runs them. The bench runs with tiny settings: these
+// tests check that it measures and reports what it says (every row, the probe, sane fractions, one printing
+// rank under mpirun), never how fast anything is.
+#include <unistd.h>
+
+#include <filesystem>
+#include <sstream>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "tests/support/models.h"
+#include "tests/support/process.h"
+
+namespace shardline::test {
+namespace {
+
+namespace fs = std::filesystem;
+
+class BenchCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("bench_cli_test_" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
+    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // The smallest bench that still runs every part: the 15m shape, two dtypes, two batch sizes.
+  std::string quick_bench(const std::string& extra) const {
+    return shardline_binary() + " bench --presets 15m --dtypes fp32,int8 --batches 1,2 --steps 3 --prompt-tokens 2 " +
+           "--prefill-tokens 8 --repeats 1 --threads 1 --models-dir " + (dir_ / "models").string() + " " + extra;
+  }
+
+  static std::vector<nlohmann::json> json_lines(const std::string& out) {
+    std::vector<nlohmann::json> lines;
+    std::istringstream in(out);
+    std::string line;
+    while (std::getline(in, line)) lines.push_back(nlohmann::json::parse(line));
+    return lines;
+  }
+
+  static void expect_complete_rows(const std::vector<nlohmann::json>& rows, int tp) {
+    ASSERT_EQ(rows.size(), 2u);
+    EXPECT_EQ(rows[0]["dtype"], "fp32");
+    EXPECT_EQ(rows[1]["dtype"], "int8");
+    for (const auto& row : rows) {
+      EXPECT_EQ(row["model"], "15m");
+      EXPECT_EQ(row["tp"], tp);
+      EXPECT_GT(row["read_gbps"].get<double>(), 0.0);
+      ASSERT_EQ(row["decode"].size(), 2u);
+      EXPECT_EQ(row["decode"][0]["rows"], 1);
+      EXPECT_EQ(row["decode"][1]["rows"], 2);
+      for (const auto& m : row["decode"]) {
+        EXPECT_GT(m["tok_s"].get<double>(), 0.0);
+        EXPECT_GT(m["roofline_tok_s"].get<double>(), 0.0);
+        EXPECT_GT(m["fraction"].get<double>(), 0.0);
+      }
+      EXPECT_EQ(row["prefill"]["rows"], 8);
+      EXPECT_GT(row["prefill"]["tok_s"].get<double>(), 0.0);
+    }
+    // int8 streams about 1.06 bytes per weight where fp32 streams 4.
+    const double ratio = rows[0]["weight_bytes"].get<double>() / rows[1]["weight_bytes"].get<double>();
+    EXPECT_GT(ratio, 3.5);
+    EXPECT_LT(ratio, 3.9);
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(BenchCli, MeasuresEveryDtypeAndBatchAgainstTheProbe) {
+  const ProcessResult r = run_process(quick_bench("--json"), 300);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  expect_complete_rows(json_lines(r.out), 1);
+  EXPECT_TRUE(fs::exists(dir_ / "models" / "bench-15m.bin")) << "the generated model is kept for the next run";
+}
+
+TEST_F(BenchCli, TablePrintsTheRooflineAndSameRunRatios) {
+  const ProcessResult r = run_process(quick_bench(""), 300);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const char* text : {"# shardline bench: tp=1 pp=1", "read GB/s", "decode b=1 tok/s", "decode b=2 tok/s",
+                           "prefill tok/s", "15m    fp32", "15m    int8", "# 15m ratios:", "int8/fp32 at b=1"}) {
+    EXPECT_NE(r.out.find(text), std::string::npos) << text << "\n" << r.out;
+  }
+}
+
+TEST_F(BenchCli, RunsUnderMpirunWithTensorParallelismAndOneRankPrints) {
+  const ProcessResult r =
+      run_process("mpirun --oversubscribe --bind-to none -np 2 " + quick_bench("--tp 2 --json"), 300);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  expect_complete_rows(json_lines(r.out), 2);
+}
+
+TEST_F(BenchCli, SkipsAPresetTheLayoutCannotServe) {
+  // 15m has 6 kv heads: tp=4 does not divide them.
+  const ProcessResult r = run_process("mpirun --oversubscribe --bind-to none -np 4 " + quick_bench("--tp 4"), 300);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("# 15m: skipped: tp=4 does not divide n_kv_heads=6"), std::string::npos) << r.out;
+}
+
+TEST_F(BenchCli, BadFlagsGiveOneLineAndExitCode2) {
+  for (const auto& [args, expect] : std::vector<std::pair<std::string, std::string>>{
+           {"--presets 7b", "unknown model preset '7b'"},
+           {"--dtypes fp32,fp4", "unknown --weights-dtype 'fp4'"},
+           {"--batches 1,0", "--batches entries must be >= 1"},
+           {"--steps 1", "--steps must be >= 2"}}) {
+    const ProcessResult r = run_process(shardline_binary() + " bench " + args, 60);
+    EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_NE(r.err.find(expect), std::string::npos) << r.err;
+  }
+}
+
+TEST_F(BenchCli, RunWithEachWeightDtypeGeneratesTheAskedSteps) {
+  SHARDLINE_REQUIRE_MODEL_FILE(model_file("mini-gqa.bin"));
+  for (const char* dtype : {"fp32", "bf16", "int8"}) {
+    const ProcessResult r = run_process(shardline_binary() + " run --json --threads 1 --model " + model_file("mini-gqa.bin") +
+                                        " --tokenizer " + model_file("tokenizer.bin") + " --prompt A --steps 16 " +
+                                        "--weights-dtype " + dtype);
+    ASSERT_EQ(r.exit_code, 0) << dtype << "\n" << r.err;
+    EXPECT_EQ(nlohmann::json::parse(r.out)["ids"].size(), 16u) << dtype;
+  }
+  const ProcessResult bad = run_process(shardline_binary() + " run --weights-dtype fp8", 60);
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.err.find("unknown --weights-dtype 'fp8' (use fp32, bf16 or int8)"), std::string::npos) << bad.err;
+}
+
+}  // namespace
+}  // namespace shardline::test

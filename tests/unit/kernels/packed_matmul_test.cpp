@@ -1,0 +1,512 @@
+// The packed-weight kernels (weight_format.h, packed_matmul.h) against naive double-precision references,
+// on every instruction-set path this CPU can run (portable, AVX2, AVX-512, AVX512_VNNI), with 1 and 2
+// threads, on shapes that hit the edge paths: d not a multiple of the 16-wide panel, k not a multiple of
+// the bf16 pair or the int8 group, row counts that leave remainders in every register block, and more rows
+// than one tile.
+//
+// What is exact and what has a tolerance:
+//  - Conversions (bf16, fp16) are round-to-nearest-even: checked bit for bit against the definition.
+//  - Packing fp32 is a permutation (exact); bf16 rounds each weight; int8 keeps |w - s q| <= s / 2.
+//  - The matmul reference uses the values the kernel really multiplies (unpacked weights, prepared
+//    activations), so its only error is float accumulation: NMSE below 1e-10 as in cpu_ops_test.cpp.
+//  - A row's result does not depend on the batch it is in, the thread count or the grouping: bitwise.
+#include <sched.h>
+
+#include <omp.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <span>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "kernels/cpu/bandwidth_probe.h"
+#include "kernels/cpu/isa.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/cpu/packed_matmul.h"
+#include "kernels/cpu/weight_format.h"
+
+namespace shardline::kernels::cpu {
+namespace {
+
+constexpr double kMaxNmse = 1e-10;
+constexpr WeightDtype kDtypes[] = {WeightDtype::kF32, WeightDtype::kBf16, WeightDtype::kInt8};
+
+::testing::AssertionResult nmse_below(std::span<const float> got, std::span<const double> want, double max_nmse = kMaxNmse) {
+  if (got.size() != want.size()) return ::testing::AssertionFailure() << "size " << got.size() << " != " << want.size();
+  double err = 0, norm = 0;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    if (!std::isfinite(got[i])) return ::testing::AssertionFailure() << "non-finite value at " << i;
+    err += (got[i] - want[i]) * (got[i] - want[i]);
+    norm += want[i] * want[i];
+  }
+  const double e = norm > 0 ? err / norm : err;
+  if (e < max_nmse) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "nmse " << e << " >= " << max_nmse;
+}
+
+std::vector<float> random_floats(std::mt19937& rng, std::size_t count, float lo = -1.0f, float hi = 1.0f) {
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> out(count);
+  for (float& v : out) v = dist(rng);
+  return out;
+}
+
+class ScopedThreads {
+ public:
+  explicit ScopedThreads(int n) : previous_(set_num_threads(n)) {}
+  ~ScopedThreads() { set_num_threads(previous_); }
+  ScopedThreads(const ScopedThreads&) = delete;
+  ScopedThreads& operator=(const ScopedThreads&) = delete;
+
+ private:
+  int previous_;
+};
+
+class ScopedIsa {
+ public:
+  explicit ScopedIsa(Isa isa) : previous_(set_isa(isa)) {}
+  ~ScopedIsa() { set_isa(previous_); }
+  ScopedIsa(const ScopedIsa&) = delete;
+  ScopedIsa& operator=(const ScopedIsa&) = delete;
+
+ private:
+  Isa previous_;
+};
+
+std::vector<Isa> runnable_isas() {
+  std::vector<Isa> isas;
+  for (int level = 0; level <= static_cast<int>(best_isa()); ++level) isas.push_back(static_cast<Isa>(level));
+  return isas;
+}
+
+// An aligned packed copy of row-major w (d, k).
+struct Packed {
+  std::unique_ptr<std::byte, decltype(&std::free)> buffer{nullptr, &std::free};
+  PackedMatrix matrix;
+};
+
+Packed pack(WeightDtype dtype, const std::vector<float>& w, int d, int k) {
+  Packed p;
+  const std::size_t bytes = packed_size_bytes(dtype, d, k);
+  p.buffer.reset(static_cast<std::byte*>(std::aligned_alloc(kPackedAlignment, bytes)));
+  pack_weights(dtype, w.data(), k, d, k, p.buffer.get());
+  p.matrix = {dtype, d, k, p.buffer.get()};
+  return p;
+}
+
+std::vector<float> unpack(const PackedMatrix& m) {
+  std::vector<float> out(static_cast<std::size_t>(m.d) * m.k);
+  unpack_weights(m, out.data());
+  return out;
+}
+
+// The activation values the kernel multiplies with: (n, k) as doubles.
+std::vector<double> prepared_values(const Activations& a) {
+  std::vector<double> out(static_cast<std::size_t>(a.n()) * a.k());
+  for (int r = 0; r < a.n(); ++r) {
+    for (int j = 0; j < a.k(); ++j) {
+      const std::size_t at = static_cast<std::size_t>(r) * a.row_stride() + j;
+      double v = 0;
+      switch (a.dtype()) {
+        case WeightDtype::kF32:
+        case WeightDtype::kBf16: v = a.f32()[static_cast<std::size_t>(r) * a.k() + j]; break;
+        case WeightDtype::kInt8:
+          v = static_cast<double>(a.int8_scales()[static_cast<std::size_t>(r) * (a.row_stride() / kInt8Group) + j / kInt8Group]) *
+              a.int8()[at];
+          break;
+      }
+      out[static_cast<std::size_t>(r) * a.k() + j] = v;
+    }
+  }
+  return out;
+}
+
+// y (n, d) = x · Wᵀ in double.
+std::vector<double> reference(const std::vector<double>& x, const std::vector<float>& w, int n, int k, int d) {
+  std::vector<double> y(static_cast<std::size_t>(n) * d);
+  for (int r = 0; r < n; ++r) {
+    for (int i = 0; i < d; ++i) {
+      double sum = 0;
+      for (int j = 0; j < k; ++j) sum += x[static_cast<std::size_t>(r) * k + j] * w[static_cast<std::size_t>(i) * k + j];
+      y[static_cast<std::size_t>(r) * d + i] = sum;
+    }
+  }
+  return y;
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// conversions
+
+float from_bits(std::uint32_t b) {
+  float f;
+  std::memcpy(&f, &b, sizeof f);
+  return f;
+}
+
+TEST(WeightFormat, Bf16RoundsToNearestEven) {
+  EXPECT_EQ(float_to_bf16(1.0f), 0x3f80);
+  EXPECT_EQ(float_to_bf16(from_bits(0x3f808000)), 0x3f80);  // tie, even stays
+  EXPECT_EQ(float_to_bf16(from_bits(0x3f818000)), 0x3f82);  // tie, odd rounds up to even
+  EXPECT_EQ(float_to_bf16(from_bits(0x3f808001)), 0x3f81);  // above the tie
+  EXPECT_EQ(float_to_bf16(-2.0f), 0xc000);
+  EXPECT_TRUE(std::isnan(bf16_to_float(float_to_bf16(std::nanf("")))));
+  std::mt19937 rng(1);
+  for (float v : random_floats(rng, 10000, -100.0f, 100.0f)) {
+    const float r = bf16_to_float(float_to_bf16(v));
+    EXPECT_LE(std::fabs(r - v), std::fabs(v) * (1.0f / 256.0f)) << v;  // half an ulp of an 8-bit mantissa
+  }
+}
+
+TEST(WeightFormat, Fp16RoundTripsNormalsAndSubnormals) {
+  EXPECT_EQ(float_to_fp16(1.0f), 0x3c00);
+  EXPECT_EQ(float_to_fp16(-2.0f), 0xc000);
+  EXPECT_EQ(float_to_fp16(65504.0f), 0x7bff);
+  EXPECT_EQ(float_to_fp16(70000.0f), 0x7c00);  // overflow -> infinity
+  EXPECT_EQ(float_to_fp16(std::ldexp(1.0f, -24)), 0x0001);  // smallest subnormal
+  EXPECT_EQ(float_to_fp16(std::ldexp(1.0f, -14)), 0x0400);  // smallest normal
+  EXPECT_EQ(float_to_fp16(std::ldexp(1.0f, -26)), 0x0000);  // below half the smallest subnormal
+  EXPECT_EQ(float_to_fp16(1.0f + std::ldexp(1.0f, -11)), 0x3c00);  // tie to even
+  EXPECT_EQ(float_to_fp16(1.0f + 3 * std::ldexp(1.0f, -11)), 0x3c02);
+  // Every fp16 value converts to float and back unchanged.
+  for (std::uint32_t h = 0; h < 0x7c00; ++h) {
+    ASSERT_EQ(float_to_fp16(fp16_to_float(static_cast<std::uint16_t>(h))), h) << h;
+    ASSERT_EQ(float_to_fp16(fp16_to_float(static_cast<std::uint16_t>(h | 0x8000))), h | 0x8000) << h;
+  }
+}
+
+TEST(WeightFormat, DtypeNamesParse) {
+  for (WeightDtype dtype : kDtypes) EXPECT_EQ(parse_weight_dtype(weight_dtype_name(dtype)), dtype);
+  EXPECT_FALSE(parse_weight_dtype("fp8").has_value());
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// packing
+
+TEST(WeightFormat, PackedSizesArePanelsOfAlignedBytes) {
+  EXPECT_EQ(packed_size_bytes(WeightDtype::kF32, 16, 10), 16u * 10 * 4);
+  EXPECT_EQ(packed_size_bytes(WeightDtype::kF32, 17, 10), 2u * 16 * 10 * 4);
+  EXPECT_EQ(packed_size_bytes(WeightDtype::kBf16, 16, 768), 16u * 768 * 2);
+  EXPECT_EQ(packed_size_bytes(WeightDtype::kBf16, 16, 3), 16u * 4 * 2);
+  // int8 at k = 768: 16 x 768 quads + 24 groups x 16 fp16 scales = 1.0625 bytes per weight, as Q8_0.
+  EXPECT_EQ(packed_size_bytes(WeightDtype::kInt8, 16, 768), 16u * 768 + 24 * 16 * 2);
+  for (WeightDtype dtype : kDtypes) {
+    for (int k : {1, 3, 31, 33, 288, 5632}) EXPECT_EQ(panel_bytes(dtype, k) % kPackedAlignment, 0u) << k;
+  }
+}
+
+TEST(WeightFormat, Fp32PackingIsExact) {
+  std::mt19937 rng(2);
+  const int d = 37, k = 45;
+  const std::vector<float> w = random_floats(rng, static_cast<std::size_t>(d) * k);
+  EXPECT_EQ(unpack(pack(WeightDtype::kF32, w, d, k).matrix), w);
+}
+
+TEST(WeightFormat, Bf16PackingRoundsEachWeight) {
+  std::mt19937 rng(3);
+  const int d = 19, k = 33;
+  const std::vector<float> w = random_floats(rng, static_cast<std::size_t>(d) * k);
+  const std::vector<float> got = unpack(pack(WeightDtype::kBf16, w, d, k).matrix);
+  for (std::size_t i = 0; i < w.size(); ++i) ASSERT_EQ(got[i], bf16_to_float(float_to_bf16(w[i]))) << i;
+}
+
+TEST(WeightFormat, Int8PackingKeepsEveryWeightWithinHalfAStep) {
+  std::mt19937 rng(4);
+  const int d = 21, k = 70;  // a partial last group and a partial last panel
+  std::vector<float> w = random_floats(rng, static_cast<std::size_t>(d) * k, -0.05f, 0.05f);
+  for (int j = 0; j < k; ++j) w[5 * k + j] = 0.0f;  // an all-zero row: scale 0, no division by zero
+  w[7 * k + 3] = 3.0f;                              // an outlier: only its own group gets the coarse step
+  const std::vector<float> got = unpack(pack(WeightDtype::kInt8, w, d, k).matrix);
+  for (int f = 0; f < d; ++f) {
+    for (int g = 0; g * kInt8Group < k; ++g) {
+      float amax = 0;
+      for (int j = g * kInt8Group; j < std::min(k, (g + 1) * kInt8Group); ++j) amax = std::max(amax, std::fabs(w[f * k + j]));
+      const float step = fp16_to_float(float_to_fp16(amax / 127.0f));
+      for (int j = g * kInt8Group; j < std::min(k, (g + 1) * kInt8Group); ++j) {
+        ASSERT_LE(std::fabs(got[f * k + j] - w[f * k + j]), step * 0.5f * 1.001f + 1e-12f)
+            << "feature " << f << " k " << j;
+      }
+    }
+  }
+  for (int j = 0; j < k; ++j) EXPECT_EQ(got[5 * k + j], 0.0f);
+  EXPECT_NEAR(got[7 * k + 3], 3.0f, 3.0f / 127 / 2);
+}
+
+TEST(WeightFormat, PacksAColumnSliceThroughTheRowStride) {
+  std::mt19937 rng(5);
+  const int d = 18, cols = 50, begin = 7, k = 29;  // columns [7, 36) of a (18, 50) matrix
+  const std::vector<float> whole = random_floats(rng, static_cast<std::size_t>(d) * cols);
+  std::vector<float> slice(static_cast<std::size_t>(d) * k);
+  for (int i = 0; i < d; ++i) {
+    for (int j = 0; j < k; ++j) slice[i * k + j] = whole[i * cols + begin + j];
+  }
+  for (WeightDtype dtype : kDtypes) {
+    const std::size_t bytes = packed_size_bytes(dtype, d, k);
+    std::unique_ptr<std::byte, decltype(&std::free)> a(static_cast<std::byte*>(std::aligned_alloc(64, bytes)), &std::free);
+    pack_weights(dtype, whole.data() + begin, cols, d, k, a.get());
+    const Packed b = pack(dtype, slice, d, k);
+    EXPECT_EQ(std::memcmp(a.get(), b.matrix.data, bytes), 0) << weight_dtype_name(dtype);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// activations
+
+TEST(Activations, Int8QuantisationKeepsHalfAStepAndSums) {
+  std::mt19937 rng(6);
+  const int n = 3, k = 45;
+  std::vector<float> x = random_floats(rng, static_cast<std::size_t>(n) * k, -4.0f, 4.0f);
+  for (int j = 0; j < 32; ++j) x[k + j] = 0.0f;  // row 1, group 0 all zero
+  Activations a;
+  a.reserve(n, k);
+  a.prepare(x.data(), n, k, WeightDtype::kInt8);
+  ASSERT_EQ(a.row_stride(), 64);
+  for (int r = 0; r < n; ++r) {
+    for (int g = 0; g < 2; ++g) {
+      const float scale = a.int8_scales()[r * 2 + g];
+      int sum = 0;
+      for (int j = g * 32; j < g * 32 + 32; ++j) {
+        const int q = a.int8()[r * 64 + j];
+        sum += q;
+        if (j >= k) {
+          EXPECT_EQ(q, 0) << "padding must be zero";
+          continue;
+        }
+        EXPECT_LE(std::abs(q), 127);
+        EXPECT_LE(std::fabs(scale * q - x[r * k + j]), scale * 0.5f * 1.001f + 1e-7f);
+      }
+      EXPECT_EQ(a.int8_sums()[r * 2 + g], sum);
+    }
+  }
+  EXPECT_EQ(a.int8_scales()[1 * 2 + 0], 0.0f);
+}
+
+TEST(Activations, Fp32AndBf16WeightsUseTheActivationsInPlace) {
+  const std::vector<float> x = {1.0f, 2.0f, 3.0f};  // (1, 3): k odd
+  Activations a;
+  a.reserve(1, 3);
+  for (WeightDtype dtype : {WeightDtype::kF32, WeightDtype::kBf16}) {
+    a.prepare(x.data(), 1, 3, dtype);
+    EXPECT_EQ(a.f32(), x.data()) << weight_dtype_name(dtype);
+    EXPECT_EQ(a.row_stride(), 3) << weight_dtype_name(dtype);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// matmul
+
+struct Shape {
+  int n, k, d;
+};
+
+// n: every remainder of the 6-row (fp32), 5-row (bf16) and 3-row (int8) register blocks, and more than a 64-row
+// tile. k: below, at and past a bf16 pair and an int8 group. d: part, one and several panels, a partial
+// last panel, and enough panels that 2 threads split a 4-panel tile.
+constexpr Shape kShapes[] = {
+    {1, 1, 1},    {1, 3, 15},   {2, 31, 16},  {3, 32, 17},  {4, 33, 33},  {5, 64, 64},   {6, 100, 100},
+    {7, 288, 47}, {8, 65, 129}, {13, 40, 70}, {16, 768, 48}, {64, 96, 20}, {65, 70, 33}, {1, 2048, 200},
+    {16, 300, 256},
+};
+
+TEST(PackedMatmul, MatchesReferenceForEveryDtypeIsaAndThreadCount) {
+  std::mt19937 rng(10);
+  for (const Shape& s : kShapes) {
+    const std::vector<float> x = random_floats(rng, static_cast<std::size_t>(s.n) * s.k, -2.0f, 2.0f);
+    const std::vector<float> w = random_floats(rng, static_cast<std::size_t>(s.d) * s.k);
+    for (WeightDtype dtype : kDtypes) {
+      const Packed packed = pack(dtype, w, s.d, s.k);
+      Activations a;
+      a.reserve(s.n, s.k);
+      a.prepare(x.data(), s.n, s.k, dtype);
+      const std::vector<double> want = reference(prepared_values(a), unpack(packed.matrix), s.n, s.k, s.d);
+      for (Isa isa : runnable_isas()) {
+        for (int threads : {1, 2}) {
+          SCOPED_TRACE(::testing::Message() << weight_dtype_name(dtype) << " " << isa_name(isa) << " threads=" << threads
+                                            << " n=" << s.n << " k=" << s.k << " d=" << s.d);
+          ScopedIsa scoped_isa(isa);
+          ScopedThreads scoped_threads(threads);
+          const float kGuard = -12345.0f;
+          std::vector<float> y(want.size() + 1, kGuard);
+          matmul(y.data(), a, packed.matrix);
+          EXPECT_EQ(y.back(), kGuard) << "matmul wrote past y[n * d]";
+          EXPECT_TRUE(nmse_below(std::span(y).first(want.size()), want));
+        }
+      }
+    }
+  }
+}
+
+TEST(PackedMatmul, QuantisedResultsStayCloseToFp32) {
+  // The end-to-end error of the dtypes on one GEMV against the exact fp32 product. bf16 rounds the
+  // weights only, to 8 significant bits: an error up to 2^-9 of the value's power of two, NMSE of order
+  // 2^-18 ≈ 4e-6. int8 rounds weights and activations to steps of max|group| / 127 (about 1/127 for
+  // uniform [-1, 1] data): error variance (1/127)^2 / 12 against a signal variance of 1/3 per factor,
+  // NMSE ≈ 3e-5. Measured: 2.1e-6 and 3.0e-5; the bounds leave 10x headroom.
+  std::mt19937 rng(11);
+  const int n = 4, k = 768, d = 96;
+  const std::vector<float> x = random_floats(rng, static_cast<std::size_t>(n) * k);
+  const std::vector<float> w = random_floats(rng, static_cast<std::size_t>(d) * k);
+  std::vector<double> xd(x.begin(), x.end());
+  const std::vector<double> exact = reference(xd, w, n, k, d);
+  const struct {
+    WeightDtype dtype;
+    double max_nmse;
+  } cases[] = {{WeightDtype::kBf16, 2e-5}, {WeightDtype::kInt8, 3e-4}};
+  for (const auto& c : cases) {
+    const Packed packed = pack(c.dtype, w, d, k);
+    Activations a;
+    a.reserve(n, k);
+    a.prepare(x.data(), n, k, c.dtype);
+    std::vector<float> y(static_cast<std::size_t>(n) * d);
+    matmul(y.data(), a, packed.matrix);
+    EXPECT_TRUE(nmse_below(y, exact, c.max_nmse)) << weight_dtype_name(c.dtype);
+    std::printf("%s GEMV NMSE against exact fp32: %.2g\n", weight_dtype_name(c.dtype), [&] {
+      double err = 0, norm = 0;
+      for (std::size_t i = 0; i < y.size(); ++i) err += (y[i] - exact[i]) * (y[i] - exact[i]), norm += exact[i] * exact[i];
+      return err / norm;
+    }());
+  }
+}
+
+TEST(PackedMatmul, ARowsResultDoesNotDependOnItsBatchOrTheThreadCount) {
+  std::mt19937 rng(12);
+  const int n = 16, k = 200, d = 150;
+  const std::vector<float> x = random_floats(rng, static_cast<std::size_t>(n) * k);
+  const std::vector<float> w = random_floats(rng, static_cast<std::size_t>(d) * k);
+  for (WeightDtype dtype : kDtypes) {
+    const Packed packed = pack(dtype, w, d, k);
+    for (Isa isa : runnable_isas()) {
+      SCOPED_TRACE(::testing::Message() << weight_dtype_name(dtype) << " " << isa_name(isa));
+      ScopedIsa scoped_isa(isa);
+      Activations batch;
+      batch.reserve(n, k);
+      batch.prepare(x.data(), n, k, dtype);
+      std::vector<float> batched(static_cast<std::size_t>(n) * d), batched2(batched.size());
+      {
+        ScopedThreads threads(1);
+        matmul(batched.data(), batch, packed.matrix);
+      }
+      {
+        ScopedThreads threads(2);
+        matmul(batched2.data(), batch, packed.matrix);
+      }
+      EXPECT_EQ(batched, batched2) << "thread count changed a result";
+      for (int r = 0; r < n; ++r) {
+        Activations one;
+        one.reserve(1, k);
+        one.prepare(x.data() + static_cast<std::size_t>(r) * k, 1, k, dtype);
+        std::vector<float> single(d);
+        matmul(single.data(), one, packed.matrix);
+        EXPECT_EQ(0, std::memcmp(single.data(), batched.data() + static_cast<std::size_t>(r) * d, d * sizeof(float)))
+            << "row " << r << " differs alone and in a batch of " << n;
+      }
+    }
+  }
+}
+
+TEST(PackedMatmul, GroupedOutputsEqualSeparateMatmuls) {
+  std::mt19937 rng(13);
+  const int n = 5, k = 96;
+  const int ds[] = {40, 24, 24};  // q, k, v of a GQA slice
+  const std::vector<float> x = random_floats(rng, static_cast<std::size_t>(n) * k);
+  for (WeightDtype dtype : kDtypes) {
+    SCOPED_TRACE(weight_dtype_name(dtype));
+    std::vector<Packed> packed;
+    for (int d : ds) packed.push_back(pack(dtype, random_floats(rng, static_cast<std::size_t>(d) * k), d, k));
+    Activations a;
+    a.reserve(n, k);
+    a.prepare(x.data(), n, k, dtype);
+    std::vector<std::vector<float>> grouped(3), separate(3);
+    std::vector<MatmulOutput> outputs;
+    for (int i = 0; i < 3; ++i) {
+      grouped[i].assign(static_cast<std::size_t>(n) * ds[i], 0.0f);
+      separate[i].assign(grouped[i].size(), 0.0f);
+      outputs.push_back({grouped[i].data(), &packed[i].matrix});
+      matmul(separate[i].data(), a, packed[i].matrix);
+    }
+    ScopedThreads threads(2);
+    matmul(a, outputs);
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(grouped[i], separate[i]) << "output " << i;
+  }
+}
+
+TEST(PackedMatmul, FusedSwigluEqualsMatmulsThenSwiglu) {
+  std::mt19937 rng(14);
+  const int n = 7, k = 64, d = 90;
+  const std::vector<float> x = random_floats(rng, static_cast<std::size_t>(n) * k, -3.0f, 3.0f);
+  for (WeightDtype dtype : kDtypes) {
+    SCOPED_TRACE(weight_dtype_name(dtype));
+    const Packed w1 = pack(dtype, random_floats(rng, static_cast<std::size_t>(d) * k), d, k);
+    const Packed w3 = pack(dtype, random_floats(rng, static_cast<std::size_t>(d) * k), d, k);
+    Activations a;
+    a.reserve(n, k);
+    a.prepare(x.data(), n, k, dtype);
+    std::vector<float> h1(static_cast<std::size_t>(n) * d), h3(h1.size()), fused(h1.size() + 1, -7.0f);
+    matmul(h1.data(), a, w1.matrix);
+    matmul(h3.data(), a, w3.matrix);
+    swiglu(h1.data(), h3.data(), n * d);
+    for (int threads : {1, 2}) {
+      ScopedThreads scoped(threads);
+      matmul_swiglu(fused.data(), a, w1.matrix, w3.matrix);
+      EXPECT_EQ(fused.back(), -7.0f) << "wrote past h[n * d]";
+      EXPECT_EQ(std::vector<float>(fused.begin(), fused.end() - 1), h1) << threads << " threads";
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// threads and the bandwidth probe
+
+TEST(Isa, SetIsaClampsToTheBestAndRestores) {
+  const Isa best = best_isa();
+  {
+    ScopedIsa portable(Isa::kPortable);
+    EXPECT_EQ(active_isa(), Isa::kPortable);
+    set_isa(Isa::kAvx512Vnni);
+    EXPECT_LE(static_cast<int>(active_isa()), static_cast<int>(best));
+  }
+  EXPECT_EQ(active_isa(), best);
+  EXPECT_STRNE(isa_name(best), "?");
+}
+
+TEST(Threads, PinThreadsPutsEachThreadOnItsCore) {
+  cpu_set_t original;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(original), &original), 0);
+  std::vector<int> cpus;
+  for (int c = 0; c < CPU_SETSIZE && cpus.size() < 2; ++c) {
+    if (CPU_ISSET(c, &original)) cpus.push_back(c);
+  }
+  ScopedThreads threads(static_cast<int>(cpus.size()));
+  ASSERT_TRUE(pin_threads(cpus));
+  std::vector<int> seen(cpus.size(), -1);
+#pragma omp parallel num_threads(num_threads())
+  seen[omp_get_thread_num()] = sched_getcpu();
+  EXPECT_EQ(seen, cpus);
+  EXPECT_FALSE(pin_threads(std::vector<int>{})) << "fewer cpus than threads must be refused";
+  // Unpin every thread again, so the rest of this process is not confined to one core per thread.
+#pragma omp parallel num_threads(num_threads())
+  sched_setaffinity(0, sizeof(original), &original);
+}
+
+TEST(BandwidthProbe, ReadsEveryRegionInPlausibleTime) {
+  const std::size_t bytes = 64u << 20;
+  std::unique_ptr<std::byte, decltype(&std::free)> buffer(static_cast<std::byte*>(std::aligned_alloc(64, bytes)), &std::free);
+  std::memset(buffer.get(), 1, bytes);
+  const ReadRegion regions[] = {{buffer.get(), bytes / 2}, {buffer.get() + bytes / 2, bytes / 2 - 64 * 3 - 5}};
+  for (int threads : {1, 2}) {
+    ScopedThreads scoped(threads);
+    const double s = time_stream_read(regions);
+    // 64 MiB in more than 1 us (1000 TB/s) and less than 10 s (6.7 MB/s): a probe that skipped the reads or
+    // got stuck would fall outside.
+    EXPECT_GT(s, 1e-6);
+    EXPECT_LT(s, 10.0);
+  }
+}
+
+}  // namespace
+}  // namespace shardline::kernels::cpu
