@@ -335,7 +335,9 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
       auto world = comm::make_mpi_world({config->comm_timeout_s});
       runtime::AutoPlanRequest request{*shape, static_cast<int>(config->requests.size()),
                                        longest_prompt + config->requests[0].steps, longest_prompt, config->tp,
-                                       config->pp, config->engine.micro_batches};
+                                       config->pp, config->engine.micro_batches,
+                                       kernels::cpu::packed_size_bytes(config->engine.weights_dtype, 1024, 1024) /
+                                           (1024.0 * 1024.0)};
       plan = runtime::plan_job(*world, request);
       RunConfig planned = *config;
       planned.tp = plan->tp;

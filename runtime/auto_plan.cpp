@@ -44,6 +44,8 @@ AutoPlan plan_job(comm::Communicator& world, const AutoPlanRequest& request) {
       if (links.cross_host.measured) cluster.cross_node = {links.cross_host.alpha_s, links.cross_host.beta_s_per_byte};
       partition::Workload w;
       w.shape = request.shape;
+      w.weight_bytes_per_param = request.weight_bytes_per_param;
+      w.kv_bytes_per_value = 4.0;  // the CPU runtime keeps its KV cache in fp32
       w.batch = std::max(1, request.sequences);
       w.context = std::max(2, request.context);
       w.prompt_tokens = std::clamp(request.prompt_tokens, 1, w.context - 1);

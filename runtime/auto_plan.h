@@ -20,6 +20,7 @@ struct AutoPlanRequest {
   int tp = 0;             // 0 = choose; else fixed
   int pp = 0;             // 0 = choose; else fixed
   int micro_batches = 0;  // 0 = choose
+  double weight_bytes_per_param = 4.0;  // of the dtype the weights are converted to (run --weights-dtype)
 };
 
 struct AutoPlan {

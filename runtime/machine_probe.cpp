@@ -10,6 +10,8 @@
 
 #include "common/units.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/packed_matmul.h"
+#include "kernels/cpu/weight_format.h"
 
 namespace shardline::runtime {
 
@@ -35,14 +37,30 @@ double available_memory_bytes() {
 
 namespace {
 
-// Best-of-n seconds of one GEMV over a (rows, cols) matrix: streams rows*cols*4 bytes.
-double gemv_s(const std::vector<float>& w, int rows, int cols, int repeats) {
-  std::vector<float> x(cols, 1.0f), y(rows);
-  cpu::matmul(y.data(), x.data(), w.data(), 1, cols, rows);  // warm up (page in, caches)
+// A packed fp32 (d, k) matrix of 0.5s, in the layout the decode kernels stream (the values do not matter
+// for timing; fp32 packing is plain floats, so no packing pass is needed).
+struct ProbeMatrix {
+  explicit ProbeMatrix(int d, int k) {
+    const std::size_t bytes = cpu::packed_size_bytes(cpu::WeightDtype::kF32, d, k);
+    storage.resize(bytes / sizeof(float) + 16, 0.5f);
+    auto* aligned = reinterpret_cast<std::byte*>((reinterpret_cast<std::uintptr_t>(storage.data()) + 63) & ~std::uintptr_t{63});
+    matrix = cpu::PackedMatrix{cpu::WeightDtype::kF32, d, k, aligned};
+  }
+  std::vector<float> storage;
+  cpu::PackedMatrix matrix;
+};
+
+// Best-of-n seconds of y = x · Wᵀ for n rows of x with the decode kernels.
+double packed_matmul_s(const ProbeMatrix& w, int n, int repeats) {
+  std::vector<float> x(static_cast<std::size_t>(n) * w.matrix.k, 1.0f), y(static_cast<std::size_t>(n) * w.matrix.d);
+  cpu::Activations act;
+  act.reserve(n, w.matrix.k);
+  act.prepare(x.data(), n, w.matrix.k, cpu::WeightDtype::kF32);
+  cpu::matmul(y.data(), act, w.matrix);  // warm up (page in, caches)
   double best = 1e30;
   for (int r = 0; r < repeats; ++r) {
     const double start = now_s();
-    cpu::matmul(y.data(), x.data(), w.data(), 1, cols, rows);
+    cpu::matmul(y.data(), act, w.matrix);
     best = std::min(best, now_s() - start);
   }
   return best;
@@ -50,40 +68,28 @@ double gemv_s(const std::vector<float>& w, int rows, int cols, int repeats) {
 
 double stream_bandwidth(std::size_t bytes, int threads, int repeats) {
   const int cols = 4096;
-  const int rows = static_cast<int>(bytes / (sizeof(float) * cols));
-  std::vector<float> w(static_cast<std::size_t>(rows) * cols, 0.5f);
+  const int rows = std::max(16, static_cast<int>(bytes / (sizeof(float) * cols)));
+  const ProbeMatrix w(rows, cols);
   const int previous = cpu::set_num_threads(threads);
-  const double seconds = gemv_s(w, rows, cols, repeats);
+  const double seconds = packed_matmul_s(w, 1, repeats);
   cpu::set_num_threads(previous);
   return static_cast<double>(rows) * cols * sizeof(float) / seconds;
 }
 
 double gemm_flops_one_core(bool quick) {
   const int n = 64, k = 1024, d = 1024;  // prefill-like: 64 rows share each weight row
-  std::vector<float> x(static_cast<std::size_t>(n) * k, 1.0f), w(static_cast<std::size_t>(d) * k, 0.5f),
-      y(static_cast<std::size_t>(n) * d);
+  const ProbeMatrix w(d, k);
   const int previous = cpu::set_num_threads(1);
-  cpu::matmul(y.data(), x.data(), w.data(), n, k, d);
-  double best = 1e30;
-  for (int r = 0; r < (quick ? 3 : 10); ++r) {
-    const double start = now_s();
-    cpu::matmul(y.data(), x.data(), w.data(), n, k, d);
-    best = std::min(best, now_s() - start);
-  }
+  const double seconds = packed_matmul_s(w, n, quick ? 3 : 10);
   cpu::set_num_threads(previous);
-  return 2.0 * n * k * d / best;
+  return 2.0 * n * k * d / seconds;
 }
 
 // Fixed cost of one small kernel call with the rank's threads (OpenMP fork/join dominates).
 double op_overhead_s(int threads) {
-  std::vector<float> w(512 * 64, 0.5f), x(64, 1.0f), y(512);
+  const ProbeMatrix w(512, 64);
   const int previous = cpu::set_num_threads(threads);
-  double best = 1e30;
-  for (int r = 0; r < 200; ++r) {
-    const double start = now_s();
-    cpu::matmul(y.data(), x.data(), w.data(), 1, 64, 512);
-    best = std::min(best, now_s() - start);
-  }
+  const double best = packed_matmul_s(w, 1, 200);
   cpu::set_num_threads(previous);
   return best;
 }
