@@ -19,8 +19,12 @@ struct EngineCase {
 class EngineGoldens : public ::testing::TestWithParam<EngineCase> {
  protected:
   std::unique_ptr<Engine> make_engine(const std::string& model) {
-    EngineOptions options{test::model_file(model), test::model_file("tokenizer.bin"), GetParam().threads,
-                          GetParam().chunk_tokens, {}, GetParam().micro_batches};
+    EngineOptions options;
+    options.model_path = test::model_file(model);
+    options.tokenizer_path = test::model_file("tokenizer.bin");
+    options.threads = GetParam().threads;
+    options.chunk_tokens = GetParam().chunk_tokens;
+    options.micro_batches = GetParam().micro_batches;
     return std::make_unique<Engine>(options, partition::Mesh::single(), *comm_, *comm_);
   }
   std::unique_ptr<comm::Communicator> comm_ = comm::make_solo_communicator();
