@@ -25,6 +25,7 @@
 #include "partition/shard.h"
 #include "comm/mpi_communicator.h"
 #include "runtime/auto_plan.h"
+#include "runtime/backend_choice.h"
 #include "runtime/checkpoint.h"
 #include "runtime/comm_groups.h"
 #include "runtime/engine.h"
@@ -49,6 +50,7 @@ struct RunConfig {
   bool default_model = false;
   bool threads_given = false;  // else: one thread per core of the rank's placement
   memory::BindMode bind = memory::BindMode::kAuto;
+  runtime::DeviceRequest device = runtime::DeviceRequest::kAuto;
 };
 
 // A model without --tokenizer: "<stem>.tokenizer.bin" (what gen-model writes), else tokenizer.bin beside it.
@@ -79,7 +81,7 @@ std::vector<std::string> read_prompts_file(const std::string& path) {
 std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, const MpiSession& mpi) {
   RunConfig c;
   std::string log_level = "info", prompt, prompts_file, layer_split, weights_dtype;
-  std::string bind = "auto", arena_pages = "auto", weights = "map";
+  std::string bind = "auto", arena_pages = "auto", weights = "map", device = "auto";
   int steps = 256, batch = 1;
   runtime::SamplerOptions sampler;
   po::options_description options("run options");
@@ -105,6 +107,8 @@ std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, 
       ("chunk-tokens", po::value(&c.engine.chunk_tokens)->default_value(0, "planned per prompt"),
        "prefill chunk size in tokens (split granularity)")
       ("threads", po::value<int>(), "kernel threads of this rank (default: one per core of its placement)")
+      ("device", po::value(&device)->default_value("auto"),
+       "cpu|cuda|auto: where each rank's stage runs (auto: its GPU when it has one, else the CPU)")
       ("bind", po::value(&bind)->default_value("auto"),
        "where each rank runs: auto|numa|core|none (see `shardline topo`); a launcher's binding is kept")
       ("arena-pages", po::value(&arena_pages)->default_value("auto"),
@@ -133,6 +137,7 @@ std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, 
   log::set_level(log::parse_level(log_level));
   if (c.verbose && log_level == "info") log::set_level(log::Level::kDebug);
   c.bind = memory::parse_bind_mode(bind);
+  c.device = runtime::parse_device_request(device);
   c.engine.arena_pages = memory::parse_page_policy(arena_pages);
   if (weights != "map" && weights != "arena") throw ConfigError(fmt::format("--weights expects map or arena; got '{}'", weights));
   c.engine.weights_in_arena = weights == "arena";
@@ -363,7 +368,7 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
           "model: {}\ntokenizer: {}\nsequences: {}\nsteps: {}\ntemperature: {}\ntop_p: {}\nseed: {}\nthreads: {}\n"
           "chunk_tokens: {}\nmicro_batches: {}\nlauncher: {}\nworld_size: {}\ntp: {}\npp: {}\ncomm_timeout_s: {}\n"
           "plan: {}\nbind: {}\narena_pages: {}\nweights: {}\nkv_block_tokens: {}\nkv_blocks: {}\n"
-          "weights_dtype: {}\nkernel_isa: {}\n",
+          "weights_dtype: {}\nkernel_isa: {}\ndevice: {}\n",
           config->engine.model_path, config->engine.tokenizer_path, config->requests.size(),
           config->requests[0].steps, config->requests[0].sampler.temperature, config->requests[0].sampler.top_p,
           config->requests[0].sampler.seed, config->engine.threads,
@@ -374,7 +379,7 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
           config->engine.kv_block_tokens, config->engine.kv_blocks == 0 ? std::string("auto")
                                                                          : std::to_string(config->engine.kv_blocks),
           kernels::cpu::weight_dtype_name(config->engine.weights_dtype),
-          kernels::cpu::isa_name(kernels::cpu::active_isa()));
+          kernels::cpu::isa_name(kernels::cpu::active_isa()), runtime::device_request_name(config->device));
     }
     return 0;
   }
@@ -384,16 +389,37 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
   runtime::CommGroups groups = runtime::make_comm_groups(*mesh, {mpi.active(), config->comm_timeout_s});
   std::unique_ptr<runtime::Engine> engine;
   std::optional<PlacedRank> placed;
+  runtime::BackendChoice backend;
   code = agreed_phase(mpi, [&] {
     placed = place_this_rank(mpi, config->bind);
     if (!config->threads_given) config->engine.threads = placed->binding.default_threads(placed->host);
     runtime::start_kernel_threads(placed->binding, config->engine.threads);
     config->engine.numa_node = placed->binding.placement.numa_node;
+    backend = runtime::choose_backend(config->device, mpi.local_rank());
+  });
+  if (code != 0) return code;
+  // Every rank runs the same backend (the TP all-reduces of one group are all NCCL or all MPI): auto uses
+  // the GPUs only when every rank has one.
+  const runtime::BackendChoice own_backend = backend;
+  const MpiSession::Agreement all_gpu = mpi.agree(own_backend.cuda ? 0 : 1);
+  if (all_gpu.exit_code != 0) {
+    backend = {};
+    backend.cpu_reason = own_backend.cuda ? fmt::format("rank {} has no usable GPU", all_gpu.first_failed_rank)
+                                          : own_backend.cpu_reason;
+  }
+  config->engine.cuda_device = backend.cuda ? backend.cuda_device : -1;
+  config->engine.comm_timeout_s = config->comm_timeout_s;
+  code = agreed_phase(mpi, [&] {
     engine = std::make_unique<runtime::Engine>(config->engine, *mesh, *groups.world, *groups.tp);
     for (const auto& request : config->requests) engine->encode_checked(request);
     engine->check_kv_capacity(config->requests);
   });
   if (code != 0) return code;
+  // Said once the job is sure to run, so a bad request still gets exactly one line.
+  if (config->device == runtime::DeviceRequest::kAuto && !backend.cuda) {
+    log::info("--device auto: running on the CPU: {}", backend.cpu_reason);
+  }
+  log::debug("stage backend: {}", engine->backend());
   if (placed->binding.placement.launcher_bound) {
     log::info("the launcher bound each rank's CPUs; keeping that binding (launch with mpirun --bind-to none or srun "
               "--cpu-bind=none to let --bind place the ranks)");
@@ -403,9 +429,11 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
               placed->binding.describe(), engine->arena().describe(), config->engine.kv_block_tokens,
               engine->kv_pool().describe());
   }
-  log::debug("launched as {}; model {} ({}); this rank maps {} and holds {} repacked", mpi.launcher(),
-             config->engine.model_path, engine->shape().describe(), format_bytes(engine->weights().mapped_bytes()),
-             format_bytes(engine->weights().repacked_bytes()));
+  if (engine->has_host_weights()) {
+    log::debug("launched as {}; model {} ({}); this rank maps {} and holds {} repacked", mpi.launcher(),
+               config->engine.model_path, engine->shape().describe(), format_bytes(engine->weights().mapped_bytes()),
+               format_bytes(engine->weights().repacked_bytes()));
+  }
   log::debug("weights {} on {} kernels; kernel threads {}", kernels::cpu::weight_dtype_name(config->engine.weights_dtype),
              kernels::cpu::isa_name(kernels::cpu::active_isa()), engine->threads_pinned() ? "pinned to cores" : "not pinned");
 
@@ -448,12 +476,12 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
     char host[256] = {};
     gethostname(host, sizeof(host) - 1);
     const auto& st = engine->pipeline_stats();
-    const auto& shard = engine->weights().shard();
+    const auto& shard = engine->shard();
     log::note("host {} | layers [{}, {}) heads [{}, {}) hidden [{}, {}) | mapped {} repacked {} | peak RSS {} | "
               "{} items, {} rows, busy {:.3f} of {:.3f} s ({:.0f}%)",
               host, shard.layers.begin, shard.layers.end, shard.heads.begin, shard.heads.end, shard.hidden.begin,
-              shard.hidden.end, format_bytes(engine->weights().mapped_bytes()),
-              format_bytes(engine->weights().repacked_bytes()), format_bytes(peak_rss_bytes()), st.items, st.rows,
+              shard.hidden.end, format_bytes(engine->has_host_weights() ? engine->weights().mapped_bytes() : 0),
+              format_bytes(engine->has_host_weights() ? engine->weights().repacked_bytes() : 0), format_bytes(peak_rss_bytes()), st.items, st.rows,
               st.busy_s, st.total_s, st.total_s > 0 ? 100.0 * st.busy_s / st.total_s : 0.0);
     log::note("memory: arena {} | KV pool {}", engine->arena().describe(), engine->kv_pool().describe());
   }

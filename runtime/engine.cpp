@@ -10,6 +10,7 @@
 #include "common/units.h"
 #include "kernels/cpu/ops.h"
 #include "runtime/checkpoint.h"
+#include "runtime/cuda_stage.h"
 
 namespace shardline::runtime {
 
@@ -55,28 +56,41 @@ Engine::Engine(const EngineOptions& options, const partition::Mesh& mesh, comm::
   }
   const auto stages = partition::stage_layer_ranges(shape_, mesh.pp_size(), options.layers_per_stage);
   const partition::RankShard shard = partition::shard_for(shape_, mesh, stages);
+  shard_ = shard;
   StageOptions stage_options;
   // Scratch for the largest prefill chunk expected; generate() grows it when a batch needs more rows.
   stage_options.max_rows =
       std::min(options.chunk_tokens > 0 ? options.chunk_tokens : options.chunk_policy.max_chunk_tokens, shape_.seq_len);
   if (options.kv_block_tokens < 1) throw ConfigError("--kv-block-tokens must be >= 1");
   if (options.kv_blocks < 0) throw ConfigError("--kv-blocks must be >= 0 (0 = automatic)");
-  // One arena for the weights' copies and the stage's scratch, sized for both up front.
-  memory::ArenaOptions arena_options;
-  arena_options.initial_bytes = ShardWeights::arena_bytes_needed(shape_, shard, options.weights_dtype,
-                                                                 options.weights_in_arena) +
-                                Stage::scratch_bytes(shape_, shard, stage_options.max_rows);
-  arena_options.numa_node = options.numa_node;
-  arena_options.pages = options.arena_pages;
-  arena_ = std::make_unique<memory::Arena>(arena_options);
-  weights_ = std::make_unique<ShardWeights>(
-      options.model_path, shape_, shard,
-      ShardWeightsOptions{options.weights_dtype, arena_.get(), options.numa_node, options.weights_in_arena});
   stage_options.kv_block_tokens = options.kv_block_tokens;
   stage_options.kv_blocks = options.kv_blocks;
   stage_options.numa_node = options.numa_node;
-  stage_options.arena = arena_.get();
-  stage_ = std::make_unique<Stage>(*weights_, tp_comm, stage_options);
+  memory::ArenaOptions arena_options;
+  arena_options.numa_node = options.numa_node;
+  arena_options.pages = options.arena_pages;
+  if (options.cuda_device >= 0) {
+    // The CUDA stage uploads its slices straight from the file; the host arena only backs small buffers.
+    arena_options.initial_bytes = 1 << 20;
+    arena_ = std::make_unique<memory::Arena>(arena_options);
+    CudaStageOptions cuda_options;
+    cuda_options.stage = stage_options;
+    cuda_options.device = options.cuda_device;
+    cuda_options.weights_dtype = options.weights_dtype;
+    cuda_options.comm_timeout_s = options.comm_timeout_s;
+    stage_ = make_cuda_stage(options.model_path, shape_, shard, mesh, cuda_options);
+  } else {
+    // One arena for the weights' copies and the stage's scratch, sized for both up front.
+    arena_options.initial_bytes = ShardWeights::arena_bytes_needed(shape_, shard, options.weights_dtype,
+                                                                   options.weights_in_arena) +
+                                  Stage::scratch_bytes(shape_, shard, stage_options.max_rows);
+    arena_ = std::make_unique<memory::Arena>(arena_options);
+    weights_ = std::make_unique<ShardWeights>(
+        options.model_path, shape_, shard,
+        ShardWeightsOptions{options.weights_dtype, arena_.get(), options.numa_node, options.weights_in_arena});
+    stage_options.arena = arena_.get();
+    stage_ = std::make_unique<Stage>(*weights_, tp_comm, stage_options);
+  }
   pipeline_ = std::make_unique<Pipeline>(*stage_, mesh, world, PipelineOptions{options.micro_batches});
   load_s_ = now_s() - created_s_;
 }

@@ -15,6 +15,7 @@
 #include "runtime/sampler.h"
 #include "runtime/shard_weights.h"
 #include "runtime/stage.h"
+#include "runtime/stage_backend.h"
 #include "runtime/tokenizer.h"
 
 namespace shardline::runtime {
@@ -38,6 +39,9 @@ struct EngineOptions {
   // many cores as threads (the launcher bound the rank to its cores). An unbound rank is never pinned: it
   // cannot know which cores its neighbours on the host use.
   bool pin_threads = true;
+  // The backend (runtime/backend_choice.h): the CPU Stage, or the CUDA stage on this device.
+  int cuda_device = -1;               // >= 0: run the stage on this CUDA device
+  double comm_timeout_s = 120.0;      // the CUDA stage's NCCL TP group waits this long for a peer
 };
 
 struct GenerationRequest {
@@ -77,8 +81,14 @@ class Engine {
 
   const partition::ModelShape& shape() const { return shape_; }
   const Tokenizer& tokenizer() const { return tokenizer_; }
+  // The CPU stage's host weights; the CUDA stage uploads its own from the file, so has_host_weights() is
+  // false there.
+  bool has_host_weights() const { return weights_ != nullptr; }
   const ShardWeights& weights() const { return *weights_; }
+  // "cpu" or the CUDA device.
+  std::string backend() const { return stage_->describe(); }
   const partition::Mesh& mesh() const { return mesh_; }
+  const partition::RankShard& shard() const { return shard_; }
   const EngineOptions& options() const { return options_; }
   double load_s() const { return load_s_; }
   const PipelineStats& pipeline_stats() const { return pipeline_->stats(); }
@@ -113,10 +123,11 @@ class Engine {
   partition::Mesh mesh_;
   comm::Communicator& world_;
   partition::ModelShape shape_;
+  partition::RankShard shard_;
   Tokenizer tokenizer_;
   std::unique_ptr<memory::Arena> arena_;  // before the weights and stage, which point into it
   std::unique_ptr<ShardWeights> weights_;
-  std::unique_ptr<Stage> stage_;
+  std::unique_ptr<StageBackend> stage_;
   std::unique_ptr<Pipeline> pipeline_;
   double load_s_ = 0.0;
   bool threads_pinned_ = false;

@@ -49,6 +49,8 @@ class KvCache {
   int seq_len() const { return max_positions_; }  // positions this cache may hold
   int block_tokens() const { return block_tokens_; }
   int blocks_held() const { return static_cast<int>(blocks_.size()); }
+  // Pool block ids in position order (a device backend uploads them as the sequence's block table).
+  const std::vector<int>& block_table() const { return blocks_; }
 
  private:
   float* row(int layer, int kind, int pos) {

@@ -63,7 +63,7 @@ struct Pipeline::SeqState {
   int n_prompt() const { return static_cast<int>(spec->prompt_ids.size()); }
 };
 
-Pipeline::Pipeline(Stage& stage, const partition::Mesh& mesh, comm::Communicator& world, const PipelineOptions& options)
+Pipeline::Pipeline(StageBackend& stage, const partition::Mesh& mesh, comm::Communicator& world, const PipelineOptions& options)
     : stage_(stage), mesh_(mesh), world_(world), options_(options) {
   if (options.micro_batches < 1) throw ConfigError("--micro-batches must be >= 1");
 }

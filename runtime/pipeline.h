@@ -20,7 +20,7 @@
 #include "comm/communicator.h"
 #include "partition/mesh.h"
 #include "runtime/sampler.h"
-#include "runtime/stage.h"
+#include "runtime/stage_backend.h"
 
 namespace shardline::runtime {
 
@@ -57,7 +57,7 @@ using TokenCallback = std::function<void(int sequence, int token, const float* l
 class Pipeline {
  public:
   // world: the world communicator (point-to-point between stages uses world ranks from mesh).
-  Pipeline(Stage& stage, const partition::Mesh& mesh, comm::Communicator& world, const PipelineOptions& options);
+  Pipeline(StageBackend& stage, const partition::Mesh& mesh, comm::Communicator& world, const PipelineOptions& options);
 
   // The most rows one forward call can take for these options and sequences.
   static int max_rows_for(const PipelineOptions& options, const std::vector<SequenceSpec>& sequences);
@@ -80,7 +80,7 @@ class Pipeline {
                    const TokenCallback& on_token, std::vector<int>& tokens);
   void apply_tokens(const Item& item, const std::vector<int>& tokens, std::vector<SeqState>& seqs);
 
-  Stage& stage_;
+  StageBackend& stage_;
   partition::Mesh mesh_;
   comm::Communicator& world_;
   PipelineOptions options_;

@@ -71,7 +71,7 @@ KvCache Stage::make_kv_cache(int n_positions) {
                  n_positions > 0 ? n_positions : shape().seq_len);
 }
 
-void Stage::embed(const int* tokens, int n, float* x) const {
+void Stage::embed(const int* tokens, int n, float* x) {
   SL_CHECK(weights_.token_embedding() != nullptr);
   const int dim = shape().dim;
   for (int t = 0; t < n; ++t) {

@@ -15,16 +15,9 @@
 #include "kernels/cpu/packed_matmul.h"
 #include "runtime/kv_cache.h"
 #include "runtime/shard_weights.h"
+#include "runtime/stage_backend.h"
 
 namespace shardline::runtime {
-
-// One row of a forward call: a token of some sequence at some position. A call may mix rows of several
-// sequences (a micro-batch: one decode token each, or prefill chunks); rows of one sequence come in
-// increasing position order.
-struct Row {
-  KvCache* cache = nullptr;  // the row's sequence's cache on this stage
-  int pos = 0;               // the row's position in its sequence
-};
 
 // KV pool size when StageOptions::kv_blocks is 0: this many full-context sequences. Only address space is
 // reserved up front; blocks are committed as sequences reach them.
@@ -40,40 +33,42 @@ struct StageOptions {
   memory::Arena* arena = nullptr;  // scratch comes from it (it must outlive the Stage); nullptr: a private one
 };
 
-class Stage {
+// The CPU backend.
+class Stage : public StageBackend {
  public:
   // tp_comm: this rank's TP group (solo for tp=1). Both must outlive the Stage.
   Stage(const ShardWeights& weights, comm::Communicator& tp_comm, const StageOptions& options = {});
 
   // A KV cache for this stage's layers and kv heads, holding positions [0, n_positions) (default seq_len).
   // It takes blocks from this stage's pool as positions are reached and returns them when destroyed.
-  KvCache make_kv_cache(int n_positions = 0);
+  KvCache make_kv_cache(int n_positions = 0) override;
   // Pool blocks a sequence of n_positions positions will hold at its longest.
-  int kv_blocks_for(int n_positions) const { return KvCache::blocks_for(n_positions, options_.kv_block_tokens); }
-  const memory::KvBlockPool& kv_pool() const { return *kv_pool_; }
+  int kv_blocks_for(int n_positions) const override { return KvCache::blocks_for(n_positions, options_.kv_block_tokens); }
+  const memory::KvBlockPool& kv_pool() const override { return *kv_pool_; }
 
   // Arena bytes the scratch buffers take for max_rows rows (for sizing an arena up front).
   static std::size_t scratch_bytes(const partition::ModelShape& shape, const partition::RankShard& shard, int max_rows);
 
   // First stage: x[t] = embedding[tokens[t]].   x: (n, dim)
-  void embed(const int* tokens, int n, float* x) const;
+  void embed(const int* tokens, int n, float* x) override;
 
   // Runs n rows through this stage's layers, reading and extending each row's KV cache.
   // x: (n, dim), updated in place. n <= max_rows.
-  void forward(float* x, const Row* rows, int n);
+  void forward(float* x, const Row* rows, int n) override;
   // The common case: n consecutive tokens (positions pos .. pos+n-1) of one sequence.
   void forward(float* x, int n, int pos, KvCache& cache);
 
   // Last stage: logits of n activation rows in one pass over the classifier, gathered over the TP group.
   //   x: (n, dim)  logits: (n, vocab)
-  void logits(const float* x, int n, float* logits);
+  void logits(const float* x, int n, float* logits) override;
   // One row.   x: (dim)  logits: (vocab)
   void logits(const float* x, float* logits) { this->logits(x, 1, logits); }
 
-  const partition::ModelShape& shape() const { return weights_.shape(); }
-  int max_rows() const { return options_.max_rows; }
+  std::string describe() const override { return "cpu"; }
+  const partition::ModelShape& shape() const override { return weights_.shape(); }
+  int max_rows() const override { return options_.max_rows; }
   // Grows the scratch buffers to take max_rows rows per forward call.
-  void reserve_rows(int max_rows);
+  void reserve_rows(int max_rows) override;
   const ShardWeights& weights() const { return weights_; }
 
  private:

@@ -1,0 +1,43 @@
+#include "runtime/backend_choice.h"
+
+#include <fmt/format.h>
+
+#include "common/error.h"
+#include "kernels/cuda/device.h"
+
+namespace shardline::runtime {
+
+DeviceRequest parse_device_request(const std::string& text) {
+  if (text == "auto") return DeviceRequest::kAuto;
+  if (text == "cpu") return DeviceRequest::kCpu;
+  if (text == "cuda") return DeviceRequest::kCuda;
+  throw ConfigError(fmt::format("--device expects cpu, cuda or auto; got '{}'", text));
+}
+
+const char* device_request_name(DeviceRequest request) {
+  switch (request) {
+    case DeviceRequest::kAuto: return "auto";
+    case DeviceRequest::kCpu: return "cpu";
+    case DeviceRequest::kCuda: return "cuda";
+  }
+  return "?";
+}
+
+BackendChoice choose_backend(DeviceRequest request, int local_rank) {
+  BackendChoice choice;
+  if (request == DeviceRequest::kCpu) return choice;
+  const kernels::cuda::DeviceCount devices = kernels::cuda::device_count();
+  if (devices.count > 0) {
+    choice.cuda = true;
+    choice.cuda_device = kernels::cuda::device_for_local_rank(local_rank, devices.count);
+    return choice;
+  }
+  if (request == DeviceRequest::kCuda) {
+    throw ResourceError(fmt::format("--device cuda: no usable GPU ({}); run with --device cpu or --device auto",
+                                    devices.reason));
+  }
+  choice.cpu_reason = fmt::format("no usable GPU ({})", devices.reason);
+  return choice;
+}
+
+}  // namespace shardline::runtime

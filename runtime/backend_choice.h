@@ -1,0 +1,27 @@
+// Which backend runs this rank's stage: --device cpu|cuda|auto turned into a concrete choice. Detection goes
+// through kernels::cuda::device_count(), which never throws or crashes without a driver (it returns 0 and
+// the reason), so the same binary decides at run time on machines with and without GPUs.
+#pragma once
+
+#include <string>
+
+namespace shardline::runtime {
+
+enum class DeviceRequest { kAuto, kCpu, kCuda };
+
+// "auto" | "cpu" | "cuda"; ConfigError naming the accepted values otherwise.
+DeviceRequest parse_device_request(const std::string& text);
+const char* device_request_name(DeviceRequest request);
+
+struct BackendChoice {
+  bool cuda = false;
+  int cuda_device = -1;     // the rank's GPU when cuda: device_for_local_rank(local_rank, devices)
+  std::string cpu_reason;   // why auto chose the CPU ("no usable GPU: ..."); empty otherwise
+};
+
+// The backend for a rank that is local_rank on its host. cpu: always the CPU. auto: the GPU of this local
+// rank when the process sees one, else the CPU with the reason. cuda: the GPU, or ResourceError (exit 4)
+// with the reason and what to do instead.
+BackendChoice choose_backend(DeviceRequest request, int local_rank);
+
+}  // namespace shardline::runtime

@@ -1,0 +1,55 @@
+// The seam between the pipeline and a backend: one rank's forward pass, whatever runs it (the CPU Stage in
+// stage.h, the CUDA stage in cuda_stage.h). Activations cross it in host memory, (rows, dim) floats, because
+// the pipeline moves them between stages over MPI; a device backend copies them in and out. Sampling stays
+// on the host (runtime/sampler.h), so a backend hands back logits, never tokens.
+//
+// The KV cache bookkeeping (block ids, the block table of each sequence) is the host's KvCache on every
+// backend; where the cached rows live is the backend's business (host blocks of kv_pool(), or device blocks
+// with the same ids).
+#pragma once
+
+#include <string>
+
+#include "memory/kv_block_pool.h"
+#include "partition/model_shape.h"
+#include "runtime/kv_cache.h"
+
+namespace shardline::runtime {
+
+// One row of a forward call: a token of some sequence at some position. A call may mix rows of several
+// sequences (a micro-batch: one decode token each, or prefill chunks); rows of one sequence come in
+// increasing position order.
+struct Row {
+  KvCache* cache = nullptr;  // the row's sequence's cache on this stage
+  int pos = 0;               // the row's position in its sequence
+};
+
+class StageBackend {
+ public:
+  virtual ~StageBackend() = default;
+
+  // "cpu" or "cuda:0 (NVIDIA H100 80GB HBM3)": for logs.
+  virtual std::string describe() const = 0;
+  virtual const partition::ModelShape& shape() const = 0;
+
+  // A KV cache for this stage's layers and kv heads, holding positions [0, n_positions) (default seq_len).
+  virtual KvCache make_kv_cache(int n_positions = 0) = 0;
+  // Pool blocks a sequence of n_positions positions will hold at its longest.
+  virtual int kv_blocks_for(int n_positions) const = 0;
+  // The pool whose block ids the caches hold (its counts are the backend's KV capacity).
+  virtual const memory::KvBlockPool& kv_pool() const = 0;
+
+  // First stage: x[t] = embedding[tokens[t]].   x: (n, dim), host
+  virtual void embed(const int* tokens, int n, float* x) = 0;
+  // Runs n rows through this stage's layers, reading and extending each row's KV cache.
+  // x: (n, dim), host, updated in place. n <= max_rows().
+  virtual void forward(float* x, const Row* rows, int n) = 0;
+  // Last stage: logits of n activation rows, gathered over the TP group.   x: (n, dim)  logits: (n, vocab)
+  virtual void logits(const float* x, int n, float* logits) = 0;
+
+  virtual int max_rows() const = 0;
+  // Grows the scratch buffers to take max_rows rows per forward call.
+  virtual void reserve_rows(int max_rows) = 0;
+};
+
+}  // namespace shardline::runtime
