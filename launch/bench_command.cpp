@@ -162,13 +162,16 @@ void print_ratios(const std::string& preset, const std::vector<kernels::cpu::Wei
   std::string line = fmt::format("# {} ratios:", preset);
   for (std::size_t i = 0; i < dtypes.size(); ++i) {
     const auto& d = results[i].decode;
-    line += fmt::format(" {} b={}/b={} {:.2f}x;", kernels::cpu::weight_dtype_name(dtypes[i]), d.back().rows,
-                        d.front().rows, d.back().tok_s / d.front().tok_s);
+    if (d.size() > 1) {
+      line += fmt::format(" {} b={}/b={} {:.2f}x;", kernels::cpu::weight_dtype_name(dtypes[i]), d.back().rows,
+                          d.front().rows, d.back().tok_s / d.front().tok_s);
+    }
     if (fp32 != nullptr && &results[i] != fp32) {
       line += fmt::format(" {}/fp32 at b={} {:.2f}x;", kernels::cpu::weight_dtype_name(dtypes[i]), d.front().rows,
                           d.front().tok_s / fp32->decode.front().tok_s);
     }
   }
+  if (line.back() != ';') return;  // nothing to compare
   line.back() = '\n';
   std::cout << line << std::flush;
 }

@@ -43,16 +43,36 @@ void int8_block(const Tile& t, const std::int8_t* x, const float* x_scales, cons
       for (int p = 0; p < P; ++p) dot[r][p] = _mm512_setzero_si512();
     }
     const std::uint8_t* wg = w + static_cast<std::size_t>(g) * 512;
+    if constexpr (R == 1) {
+      // A GEMV: two interleaved integer chains per panel halve the wait on vpdpbusd's latency. Integer sums
+      // are exact, so this changes no result.
+      __m512i odd[P];
+#pragma GCC unroll 4
+      for (int p = 0; p < P; ++p) odd[p] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+      for (int q = 0; q < 8; q += 2) {
+        const __m512i x0 = _mm512_set1_epi32(load_i32(x + g * 32 + q * 4));
+        const __m512i x1 = _mm512_set1_epi32(load_i32(x + g * 32 + q * 4 + 4));
+#pragma GCC unroll 4
+        for (int p = 0; p < P; ++p) {
+          dot[0][p] = _mm512_dpbusd_epi32(dot[0][p], _mm512_load_si512(wg + p * stride + q * 64), x0);
+          odd[p] = _mm512_dpbusd_epi32(odd[p], _mm512_load_si512(wg + p * stride + q * 64 + 64), x1);
+        }
+      }
+#pragma GCC unroll 4
+      for (int p = 0; p < P; ++p) dot[0][p] = _mm512_add_epi32(dot[0][p], odd[p]);
+    } else {
 #pragma GCC unroll 8
-    for (int q = 0; q < 8; ++q) {
-      __m512i wv[P];
+      for (int q = 0; q < 8; ++q) {
+        __m512i wv[P];
 #pragma GCC unroll 4
-      for (int p = 0; p < P; ++p) wv[p] = _mm512_load_si512(wg + p * stride + q * 64);
+        for (int p = 0; p < P; ++p) wv[p] = _mm512_load_si512(wg + p * stride + q * 64);
 #pragma GCC unroll 4
-      for (int r = 0; r < R; ++r) {
-        const __m512i xb = _mm512_set1_epi32(load_i32(x + static_cast<std::size_t>(r) * t.x_stride + g * 32 + q * 4));
+        for (int r = 0; r < R; ++r) {
+          const __m512i xb = _mm512_set1_epi32(load_i32(x + static_cast<std::size_t>(r) * t.x_stride + g * 32 + q * 4));
 #pragma GCC unroll 4
-        for (int p = 0; p < P; ++p) dot[r][p] = _mm512_dpbusd_epi32(dot[r][p], wv[p], xb);
+          for (int p = 0; p < P; ++p) dot[r][p] = _mm512_dpbusd_epi32(dot[r][p], wv[p], xb);
+        }
       }
     }
     __m512 ws[P];
