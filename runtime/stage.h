@@ -77,7 +77,7 @@ class Stage {
   std::vector<float> k_;       // (max_rows, kv_dim)
   std::vector<float> v_;       // (max_rows, kv_dim)
   std::vector<float> att_;     // (max_rows, q_dim)
-  std::vector<float> scores_;  // (local heads, seq_len)
+  std::vector<float> scores_;  // (kernel threads, local heads, seq_len): one scratch per thread
   std::vector<float> hb_;      // (max_rows, hidden)
   std::vector<float> out_;     // (max_rows, dim)
   std::vector<Row> rows_;      // (max_rows) for the single-sequence forward
