@@ -27,7 +27,8 @@ Stage::Stage(const ShardWeights& weights, comm::Communicator& tp_comm, const Sta
   const int kv_blocks = options.kv_blocks > 0 ? options.kv_blocks : kDefaultKvContexts * kv_blocks_for(s.seq_len);
   kv_pool_ = std::make_unique<memory::KvBlockPool>(memory::KvBlockPoolOptions{
       KvCache::block_bytes(n_layers, kv_dim_, options.kv_block_tokens), kv_blocks, options.numa_node});
-  scores_ = arena_->allocate_array<float>(static_cast<std::size_t>(shard.heads.size()) * s.seq_len);
+  scores_ = arena_->allocate_array<float>(static_cast<std::size_t>(shard.heads.size()) * s.seq_len *
+                                          cpu::num_threads());
   reserve_rows(options.max_rows);
   if (shard.has_classifier) {
     for (int t = 0; t < tp_comm.size(); ++t) {
@@ -108,8 +109,9 @@ void Stage::attention_block(const LayerWeights& w, float* x, const Row* rows, in
   act_.prepare(xb_.data(), n, s.dim, weights_.dtype());
   const cpu::MatmulOutput qkv[] = {{q_.data(), &w.wq}, {k_.data(), &w.wk}, {v_.data(), &w.wv}};
   cpu::matmul(act_, qkv);
-  // Every row's key and value go into its cache first, so rows of one prefill chunk see each other.
-  for (int t = 0; t < n; ++t) {
+  // Every row's key and value go into its cache first, so rows of one prefill chunk see each other. Rows
+  // are independent in both loops: a batch's rows go to the kernel threads whole.
+  cpu::parallel_for(n, [&](int t, int) {
     const int pos = rows[t].pos;
     float* qt = q_.data() + static_cast<std::size_t>(t) * q_dim_;
     float* kt = k_.data() + static_cast<std::size_t>(t) * kv_dim_;
@@ -118,15 +120,19 @@ void Stage::attention_block(const LayerWeights& w, float* x, const Row* rows, in
     std::memcpy(rows[t].cache->key_row(local_layer, pos), kt, sizeof(float) * kv_dim_);
     std::memcpy(rows[t].cache->value_row(local_layer, pos), v_.data() + static_cast<std::size_t>(t) * kv_dim_,
                 sizeof(float) * kv_dim_);
+  });
+  const std::size_t scores_per_thread = static_cast<std::size_t>(n_local_heads) * s.seq_len;
+  if (scores_.size() < scores_per_thread * cpu::num_threads()) {
+    scores_ = arena_->allocate_array<float>(scores_per_thread * cpu::num_threads());  // threads grew: once
   }
-  for (int t = 0; t < n; ++t) {
+  cpu::parallel_for(n, [&](int t, int thread) {
     // Causal: the token at pos sees positions 0 .. pos of its own sequence.
     const KvCache& cache = *rows[t].cache;
     cpu::attention_paged(att_.data() + static_cast<std::size_t>(t) * q_dim_,
                          q_.data() + static_cast<std::size_t>(t) * q_dim_, cache.key_blocks(local_layer),
-                         cache.value_blocks(local_layer), cache.block_tokens(), scores_.data(), rows[t].pos + 1,
-                         n_local_heads, n_local_kv, hs, kv_dim_);
-  }
+                         cache.value_blocks(local_layer), cache.block_tokens(), scores_.data() + thread * scores_per_thread,
+                         rows[t].pos + 1, n_local_heads, n_local_kv, hs, kv_dim_);
+  });
   act_.prepare(att_.data(), n, q_dim_, weights_.dtype());
   cpu::matmul(out_.data(), act_, w.wo);
   tp_comm_.all_reduce_sum(out_.data(), static_cast<std::size_t>(n) * s.dim);  // sum over heads of the group

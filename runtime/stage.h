@@ -96,7 +96,7 @@ class Stage : public StageBackend {
   memory::ArenaArray<float> k_;      // (max_rows, kv_dim)
   memory::ArenaArray<float> v_;      // (max_rows, kv_dim)
   memory::ArenaArray<float> att_;    // (max_rows, q_dim)
-  memory::ArenaArray<float> scores_; // (local heads, seq_len)
+  memory::ArenaArray<float> scores_; // (kernel threads, local heads, seq_len): one scratch per thread
   memory::ArenaArray<float> hb_;     // (max_rows, hidden)
   memory::ArenaArray<float> out_;    // (max_rows, dim)
   memory::ArenaArray<Row> rows_;     // (max_rows) for the single-sequence forward

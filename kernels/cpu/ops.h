@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <span>
+#include <type_traits>
 
 namespace shardline::kernels::cpu {
 
@@ -19,6 +20,18 @@ void run_on_each_thread(void (*fn)(int thread, void* context), void* context);
 // threads never share a core. Needs cpus.size() >= num_threads(); returns false (pinning nothing further)
 // if the OS refuses.
 bool pin_threads(std::span<const int> cpus);
+
+// Runs body(item, thread) for item in [0, n) on the kernel threads, each thread a contiguous band of items
+// (thread < num_threads()). For independent per-row work (attention of the rows of a batch); a kernel
+// called from the body runs on its caller's thread alone. n = 1 runs on the calling thread, so a single
+// row keeps its own inner parallelism. No allocation.
+void parallel_for_impl(int n, void (*body)(void* context, int item, int thread), void* context);
+template <typename Body>
+void parallel_for(int n, Body&& body) {
+  parallel_for_impl(
+      n, [](void* context, int item, int thread) { (*static_cast<std::remove_reference_t<Body>*>(context))(item, thread); },
+      &body);
+}
 
 // y = x · Wᵀ for n rows of x at once (n = 1 is decode's GEMV, n > 1 is prefill's GEMM).
 //   y: (n, d)   x: (n, k)   w: (d, k) row-major, rows = output features, as llama2.c stores them.

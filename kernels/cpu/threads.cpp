@@ -26,6 +26,21 @@ void run_on_each_thread(void (*fn)(int thread, void* context), void* context) {
   fn(omp_get_thread_num(), context);
 }
 
+void parallel_for_impl(int n, void (*body)(void* context, int item, int thread), void* context) {
+  if (n <= 1 || g_num_threads == 1) {
+    for (int i = 0; i < n; ++i) body(context, i, 0);
+    return;
+  }
+#pragma omp parallel num_threads(g_num_threads)
+  {
+    const int t = omp_get_thread_num();
+    const int nt = omp_get_num_threads();
+    const int begin = static_cast<int>(static_cast<long>(n) * t / nt);
+    const int end = static_cast<int>(static_cast<long>(n) * (t + 1) / nt);
+    for (int i = begin; i < end; ++i) body(context, i, t);
+  }
+}
+
 bool pin_threads(std::span<const int> cpus) {
   if (cpus.size() < static_cast<std::size_t>(g_num_threads)) return false;
   std::atomic<bool> ok{true};

@@ -14,6 +14,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -491,6 +492,27 @@ TEST(Threads, PinThreadsPutsEachThreadOnItsCore) {
   // Unpin every thread again, so the rest of this process is not confined to one core per thread.
 #pragma omp parallel num_threads(num_threads())
   sched_setaffinity(0, sizeof(original), &original);
+}
+
+TEST(Threads, ParallelForVisitsEveryItemOnceOnAKernelThread) {
+  for (int threads : {1, 2}) {
+    ScopedThreads scoped(threads);
+    for (int n : {0, 1, 2, 7}) {
+      std::vector<int> visits(n, 0), thread_of(n, -1);
+      parallel_for(n, [&](int item, int thread) {
+        ++visits[item];
+        thread_of[item] = thread;
+      });
+      EXPECT_EQ(visits, std::vector<int>(n, 1)) << "threads " << threads << " n " << n;
+      for (int t : thread_of) EXPECT_TRUE(t >= 0 && t < threads);
+      // Contiguous bands: thread indices never decrease along the items.
+      EXPECT_TRUE(std::is_sorted(thread_of.begin(), thread_of.end()));
+    }
+    // One item runs on the calling thread, outside any parallel region, so its own kernels may use threads.
+    int level = -1;
+    parallel_for(1, [&](int, int) { level = omp_get_level(); });
+    EXPECT_EQ(level, 0);
+  }
 }
 
 TEST(BandwidthProbe, ReadsEveryRegionInPlausibleTime) {
