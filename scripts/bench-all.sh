@@ -12,9 +12,9 @@ run() {  # name timeout_s command...
   timeout "$limit" "$@" >>"$OUT/$name.log" 2>&1
   echo "== $name: exit $? after $((SECONDS - start)) s" | tee -a "$OUT/$name.log"
 }
-run decode 600 scripts/bench-decode.sh 110m 128
-run layouts 1200 scripts/bench-layouts.sh 64 4
-run roofline 1500 scripts/bench-roofline.sh
-run arena-110m 600 env REPEATS=3 scripts/bench-arena.sh 110m 64 2
-run arena-1.1b 900 env REPEATS=3 scripts/bench-arena.sh 1.1b 32 2
-run multihost 600 scripts/bench-multihost.sh 110m 64
+run decode 300 scripts/bench-decode.sh 110m 128
+run layouts 900 scripts/bench-layouts.sh 64 4
+run roofline 900 scripts/bench-roofline.sh
+run arena-110m 300 env REPEATS=3 scripts/bench-arena.sh 110m 64 2
+run arena-1.1b 600 env REPEATS=3 scripts/bench-arena.sh 1.1b 32 2
+run multihost 300 scripts/bench-multihost.sh 110m 64

@@ -48,10 +48,6 @@ TileKernel avx512_bf16_tile_kernel();
 // Hand-written AVX512_VNNI (vpdpbusd) int8 kernel.
 TileKernel avx512_vnni_int8_tile_kernel();
 
-}  // namespace shardline::kernels::cpu::tile
-
-namespace shardline::kernels::cpu::tile {
-
 // Reads bytes [data, data + bytes) once and returns a value that depends on all of them (so the reads
 // cannot be optimised away): the read-bandwidth probe's inner loop. data is 64-byte aligned.
 using ReadKernel = std::uint64_t (*)(const std::byte* data, std::size_t bytes);
