@@ -114,7 +114,8 @@ std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, 
       ("arena-pages", po::value(&arena_pages)->default_value("auto"),
        "pages of the rank's arena: auto (hugetlb, else THP, else 4 KiB)|hugetlb|thp|4k")
       ("weights", po::value(&weights)->default_value("map"),
-       "map: weight slices are mapped from the file; arena: read into the rank's arena")
+       "norms and embedding: map (mapped from the file) or arena (read into the rank's arena); the weight "
+       "matrices always go to the arena")
       ("kv-block-tokens", po::value(&c.engine.kv_block_tokens)->default_value(16), "positions per KV cache block")
       ("kv-blocks", po::value(&c.engine.kv_blocks)->default_value(0, "auto"),
        "KV cache blocks per rank (auto: 64 full contexts of address space, committed as used)")
