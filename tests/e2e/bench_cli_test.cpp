@@ -71,9 +71,11 @@ class BenchCli : public ::testing::Test {
 };
 
 TEST_F(BenchCli, MeasuresEveryDtypeAndBatchAgainstTheProbe) {
-  const ProcessResult r = run_process(quick_bench("--json"), 300);
+  const ProcessResult r = run_process(quick_bench("--json --repeats 2 --statistic best"), 300);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   expect_complete_rows(json_lines(r.out), 1);
+  EXPECT_EQ(json_lines(r.out)[0]["statistic"], "best");
+  EXPECT_EQ(json_lines(r.out)[0]["repeats"], 2);
   EXPECT_TRUE(fs::exists(dir_ / "models" / "bench-15m.bin")) << "the generated model is kept for the next run";
 }
 
@@ -105,7 +107,8 @@ TEST_F(BenchCli, BadFlagsGiveOneLineAndExitCode2) {
            {"--presets 7b", "unknown model preset '7b'"},
            {"--dtypes fp32,fp4", "unknown --weights-dtype 'fp4'"},
            {"--batches 1,0", "--batches entries must be >= 1"},
-           {"--steps 1", "--steps must be >= 2"}}) {
+           {"--steps 1", "--steps must be >= 2"},
+           {"--statistic mean", "--statistic must be median or best"}}) {
     const ProcessResult r = run_process(shardline_binary() + " bench " + args, 60);
     EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
