@@ -29,9 +29,10 @@ class BenchCli : public ::testing::Test {
   void TearDown() override { fs::remove_all(dir_); }
 
   // The smallest bench that still runs every part: the 15m shape, two dtypes, two batch sizes.
-  std::string quick_bench(const std::string& extra) const {
+  std::string quick_bench(const std::string& extra, int repeats = 1) const {
     return shardline_binary() + " bench --presets 15m --dtypes fp32,int8 --batches 1,2 --steps 3 --prompt-tokens 2 " +
-           "--prefill-tokens 8 --repeats 1 --threads 1 --models-dir " + (dir_ / "models").string() + " " + extra;
+           "--prefill-tokens 8 --threads 1 --repeats " + std::to_string(repeats) + " --models-dir " +
+           (dir_ / "models").string() + " " + extra;
   }
 
   static std::vector<nlohmann::json> json_lines(const std::string& out) {
@@ -71,7 +72,7 @@ class BenchCli : public ::testing::Test {
 };
 
 TEST_F(BenchCli, MeasuresEveryDtypeAndBatchAgainstTheProbe) {
-  const ProcessResult r = run_process(quick_bench("--json --repeats 2 --statistic best"), 300);
+  const ProcessResult r = run_process(quick_bench("--json --statistic best", 2), 300);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   expect_complete_rows(json_lines(r.out), 1);
   EXPECT_EQ(json_lines(r.out)[0]["statistic"], "best");
