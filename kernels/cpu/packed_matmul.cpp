@@ -87,7 +87,8 @@ void store_tile(const float* tile, float* y, int d, int row, int n_rows, int pan
 }
 
 // The panels of the tile after [panel, panel + n_panels) within this thread's band [.., end), for the
-// kernel to prefetch while it computes the last rows of this one; null at the end of the band.
+// kernel to prefetch while it computes the last k chunk of this one (see PrefetchPlan in tile_kernels.h);
+// null at the end of the band.
 const std::byte* next_tile(const PackedMatrix& w, int panel, int n_panels, int end) {
   const int next = panel + n_panels;
   return next + n_panels <= end ? w.data + next * panel_bytes(w.dtype, w.k) : nullptr;
