@@ -51,7 +51,7 @@ std::vector<std::string> split_list(const std::string& text) {
 
 std::optional<BenchConfig> parse_bench_config(const std::vector<std::string>& args, const MpiSession& mpi) {
   BenchConfig c;
-  std::string presets, dtypes, batches, log_level;
+  std::string presets, dtypes, batches, log_level, statistic;
   po::options_description options("bench options");
   options.add_options()
       ("presets", po::value(&presets)->default_value("15m,110m,1.1b"),
@@ -62,7 +62,9 @@ std::optional<BenchConfig> parse_bench_config(const std::vector<std::string>& ar
       ("prompt-tokens", po::value(&c.bench.decode_prompt_tokens)->default_value(8), "prompt tokens per decoded sequence")
       ("prefill-tokens", po::value(&c.bench.prefill_tokens)->default_value(128), "prompt tokens of the prefill run")
       ("chunk-tokens", po::value(&c.chunk_tokens)->default_value(64), "prefill chunk size in tokens")
-      ("repeats", po::value(&c.bench.repeats)->default_value(3), "runs per number (the median is reported)")
+      ("repeats", po::value(&c.bench.repeats)->default_value(3), "runs per number")
+      ("statistic", po::value(&statistic)->default_value("median"),
+       "median|best: the median run, or the fastest run and highest roofline (for a shared, noisy machine)")
       ("threads", po::value<int>(), "kernel threads of this rank (default: its cores / ranks on the host)")
       ("tp", po::value(&c.tp), "tensor-parallel ranks per stage (default: every rank)")
       ("pp", po::value(&c.pp), "pipeline stages (tp x pp must equal the number of ranks)")
@@ -91,6 +93,13 @@ std::optional<BenchConfig> parse_bench_config(const std::vector<std::string>& ar
     throw ConfigError("--prompt-tokens and --prefill-tokens must be >= 1");
   }
   if (c.bench.repeats < 1) throw ConfigError("--repeats must be >= 1");
+  if (statistic == "median") {
+    c.bench.statistic = runtime::RooflineBenchOptions::Statistic::kMedian;
+  } else if (statistic == "best") {
+    c.bench.statistic = runtime::RooflineBenchOptions::Statistic::kBest;
+  } else {
+    throw ConfigError(fmt::format("--statistic must be median or best, got '{}'", statistic));
+  }
   if (c.chunk_tokens < 1) throw ConfigError("--chunk-tokens must be >= 1");
   c.threads = vm.count("threads") ? vm["threads"].as<int>() : default_threads();
   if (c.threads < 1) throw ConfigError("--threads must be >= 1");
@@ -130,12 +139,14 @@ std::string fraction_cell(const runtime::ThroughputMeasurement& m) {
 void print_header(const BenchConfig& c, const partition::Mesh& mesh, bool pinned) {
   std::cout << fmt::format(
       "# shardline bench: tp={} pp={}, {} thread{}/rank ({}), {} kernels; decode: {}-token prompts + {} steps; prefill: "
-      "{} tokens in chunks of {}; median of {} run{}\n"
+      "{} tokens in chunks of {}; {} of {} run{}\n"
       "# roofline: the rank's weights (+ KV cache) streamed at the read bandwidth a probe measured on those very "
       "buffers, with the same threads, right before each run. (x.xx) = fraction of that roofline.\n",
       mesh.tp_size(), mesh.pp_size(), c.threads, c.threads == 1 ? "" : "s", pinned ? "pinned" : "not pinned",
       kernels::cpu::isa_name(kernels::cpu::active_isa()), c.bench.decode_prompt_tokens, c.bench.decode_steps,
-      c.bench.prefill_tokens, c.chunk_tokens, c.bench.repeats, c.bench.repeats == 1 ? "" : "s");
+      c.bench.prefill_tokens, c.chunk_tokens,
+      c.bench.statistic == runtime::RooflineBenchOptions::Statistic::kBest ? "best" : "median", c.bench.repeats,
+      c.bench.repeats == 1 ? "" : "s");
   std::string line = fmt::format("{:<6} {:<5} {:>10} {:>9} ", "model", "dtype", "weights", "read GB/s");
   for (int b : c.bench.batches) line += fmt::format(" {:>16}", fmt::format("decode b={} tok/s", b));
   line += fmt::format(" {:>18} {:>14} {:>7}\n", "prefill tok/s", "prefill GFLOP/s", "load s");
@@ -191,6 +202,8 @@ nlohmann::json to_json(const std::string& preset, kernels::cpu::WeightDtype dtyp
                    {"weight_bytes", r.weight_bytes},
                    {"read_gbps", r.read_gbps},
                    {"load_s", load_s},
+                   {"repeats", c.bench.repeats},
+                   {"statistic", c.bench.statistic == runtime::RooflineBenchOptions::Statistic::kBest ? "best" : "median"},
                    {"prefill", measurement(r.prefill)}};
   for (const auto& m : r.decode) j["decode"].push_back(measurement(m));
   return j;

@@ -12,6 +12,11 @@ namespace {
 
 constexpr int kProbeSweeps = 3;
 
+double best(const std::vector<double>& values) {
+  SL_CHECK(!values.empty());
+  return *std::max_element(values.begin(), values.end());
+}
+
 double median(std::vector<double> values) {
   SL_CHECK(!values.empty());
   std::sort(values.begin(), values.end());
@@ -123,6 +128,9 @@ RooflineBenchResult run_roofline_bench(Engine& engine, comm::Communicator& world
   SL_CHECK(options.prefill_tokens >= 1 && options.prefill_tokens <= shape.seq_len);
   Roofline roofline(engine, world);
   RooflineBenchResult result;
+  auto summary = [&](const std::vector<double>& values) {
+    return options.statistic == RooflineBenchOptions::Statistic::kBest ? best(values) : median(values);
+  };
 
   // Warm-up: threads started, KV pages and code faulted in.
   const int largest = *std::max_element(options.batches.begin(), options.batches.end());
@@ -153,7 +161,7 @@ RooflineBenchResult run_roofline_bench(Engine& engine, comm::Communicator& world
       roof_tok_s.push_back(batch / roofline.step_s(batch, mean_pos));
       gflops.push_back(tok_s.back() * flops_per_token(shape, mean_pos, true) / 1e9);
     }
-    if (engine.is_output_rank()) result.decode.push_back({batch, median(tok_s), median(roof_tok_s), median(gflops)});
+    if (engine.is_output_rank()) result.decode.push_back({batch, summary(tok_s), summary(roof_tok_s), summary(gflops)});
   }
 
   std::vector<double> tok_s, roof_tok_s, gflops;
@@ -168,8 +176,8 @@ RooflineBenchResult run_roofline_bench(Engine& engine, comm::Communicator& world
     gflops.push_back(tok_s.back() * flops_per_token(shape, 0.5 * p, false) / 1e9);
   }
   result.weight_bytes = static_cast<std::uint64_t>(roofline.total_weight_bytes());
-  result.read_gbps = median(read_gbps);
-  if (engine.is_output_rank()) result.prefill = {options.prefill_tokens, median(tok_s), median(roof_tok_s), median(gflops)};
+  result.read_gbps = summary(read_gbps);
+  if (engine.is_output_rank()) result.prefill = {options.prefill_tokens, summary(tok_s), summary(roof_tok_s), summary(gflops)};
   return result;
 }
 

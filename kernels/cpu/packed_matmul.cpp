@@ -86,6 +86,14 @@ void store_tile(const float* tile, float* y, int d, int row, int n_rows, int pan
   }
 }
 
+// The panels of the tile after [panel, panel + n_panels) within this thread's band [.., end), for the
+// kernel to prefetch while it computes the last k chunk of this one (see PrefetchPlan in tile_kernels.h);
+// null at the end of the band.
+const std::byte* next_tile(const PackedMatrix& w, int panel, int n_panels, int end) {
+  const int next = panel + n_panels;
+  return next + n_panels <= end ? w.data + next * panel_bytes(w.dtype, w.k) : nullptr;
+}
+
 // Panels [begin, end) of w for every row of x, a tile at a time, into y.
 void matmul_panels(float* y, const Activations& x, const PackedMatrix& w, int begin, int end, tile::TileKernel kernel) {
   alignas(64) float tile_out[tile::kTileRows * tile::kTileStride];
@@ -93,7 +101,9 @@ void matmul_panels(float* y, const Activations& x, const PackedMatrix& w, int be
     const int n_panels = std::min(tile::kTilePanels, end - p);
     for (int r = 0; r < x.n(); r += tile::kTileRows) {
       const int n_rows = std::min(tile::kTileRows, x.n() - r);
-      kernel(make_tile(x, w, p, n_panels, r, n_rows, tile_out));
+      tile::Tile t = make_tile(x, w, p, n_panels, r, n_rows, tile_out);
+      if (r + n_rows == x.n()) t.prefetch = next_tile(w, p, n_panels, end);
+      kernel(t);
       store_tile(tile_out, y, w.d, r, n_rows, p, n_panels);
     }
   }
@@ -229,8 +239,14 @@ void matmul_swiglu(float* h, const Activations& x, const PackedMatrix& w1, const
       const int n_panels = std::min(tile::kTilePanels, end - p);
       for (int r = 0; r < x.n(); r += tile::kTileRows) {
         const int n_rows = std::min(tile::kTileRows, x.n() - r);
-        kernel(make_tile(x, w1, p, n_panels, r, n_rows, gate));
-        kernel(make_tile(x, w3, p, n_panels, r, n_rows, up));
+        tile::Tile t1 = make_tile(x, w1, p, n_panels, r, n_rows, gate);
+        tile::Tile t3 = make_tile(x, w3, p, n_panels, r, n_rows, up);
+        if (r + n_rows == x.n()) {
+          t1.prefetch = next_tile(w1, p, n_panels, end);
+          t3.prefetch = next_tile(w3, p, n_panels, end);
+        }
+        kernel(t1);
+        kernel(t3);
         // silu(g) * u exactly as swiglu() computes it, so the fusion does not change a bit.
         for (int row = 0; row < n_rows; ++row) {
           for (int i = row * tile::kTileStride; i < row * tile::kTileStride + n_panels * kPanelWidth; ++i) {

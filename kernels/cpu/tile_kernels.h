@@ -29,6 +29,24 @@ struct Tile {
   const std::int32_t* x_sums = nullptr;  // int8: per row, k / 32 sums of q
   int n_rows = 0;                     // 1 .. kTileRows
   float* out = nullptr;               // (n_rows, kTileStride): out[r * kTileStride + p * 16 + lane]
+  // The next tile's panels (same stride and count), or null: see PrefetchPlan.
+  const std::byte* prefetch = nullptr;
+};
+
+// Batched rows make a tile's later row blocks pure compute: the first pass over a tile's weights waits on
+// memory, the others find them in cache, and the memory bus idles. So the kernels walk k in chunks of
+// kChunkLines 64-byte lines per panel (32 KiB; 128 KiB for 4 panels, well inside L2) and, when a tile
+// takes several passes, each pass prefetches its share of the next chunk's lines (pass `phase` of
+// `passes` takes every passes-th line), so the next chunk streams in while this one computes. The partial
+// sums carry over between chunks exactly, so the order of the additions does not change. A single pass
+// (decode of a few rows) leaves streaming to the hardware prefetcher, which does it best.
+inline constexpr int kChunkLines = 512;
+
+struct PrefetchPlan {
+  const char* next = nullptr;  // panel 0 of the next chunk (null: none); panel p at + p * panel_stride
+  int lines = 0;               // lines per panel in the next chunk
+  int phase = 0;
+  int passes = 1;
 };
 
 using TileKernel = void (*)(const Tile&);

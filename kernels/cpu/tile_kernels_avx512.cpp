@@ -17,22 +17,34 @@ namespace shardline::kernels::cpu::tile {
 
 namespace {
 
-constexpr int kMaxRows = 6;
+inline void prefetch_line(const PrefetchPlan& plan, int& countdown, int line, int n_panels, std::size_t panel_stride) {
+  if (plan.next == nullptr || countdown-- != 0) return;
+  countdown = plan.passes - 1;
+  if (line >= plan.lines) return;
+  for (int p = 0; p < n_panels; ++p) {
+    _mm_prefetch(plan.next + p * panel_stride + static_cast<std::size_t>(line) * 64, _MM_HINT_T2);
+  }
+}
 
+// k steps [k0, k1) of R rows x P panels; accumulate: continue the sums already in out.
 template <int R, int P>
-void f32_block(const Tile& t, const float* x, float* out) {
+void f32_block(const Tile& t, const float* x, float* out, int k0, int k1, bool accumulate, const PrefetchPlan& plan) {
   const float* w = reinterpret_cast<const float*>(t.panels);
   const std::size_t stride = t.panel_stride / sizeof(float);
   __m512 acc[R][P];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 4
-    for (int p = 0; p < P; ++p) acc[r][p] = _mm512_setzero_ps();
+    for (int p = 0; p < P; ++p) {
+      acc[r][p] = accumulate ? _mm512_loadu_ps(out + r * kTileStride + p * 16) : _mm512_setzero_ps();
+    }
   }
-  for (int kk = 0; kk < t.k; ++kk) {
+  int countdown = plan.phase;
+  for (int kk = k0; kk < k1; ++kk) {
     __m512 wv[P];
 #pragma GCC unroll 4
     for (int p = 0; p < P; ++p) wv[p] = _mm512_load_ps(w + p * stride + static_cast<std::size_t>(kk) * 16);
+    prefetch_line(plan, countdown, kk - k0, P, t.panel_stride);
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const __m512 xb = _mm512_set1_ps(x[static_cast<std::size_t>(r) * t.x_stride + kk]);
@@ -47,10 +59,9 @@ void f32_block(const Tile& t, const float* x, float* out) {
   }
 }
 
-using BlockFn = void (*)(const Tile&, const float*, float*);
-
+// k steps [k0, k1) (even k0) of bf16 pairs, as f32_block.
 template <int R, int P>
-void bf16_block(const Tile& t, const float* x, float* out) {
+void bf16_block(const Tile& t, const float* x, float* out, int k0, int k1, bool accumulate, const PrefetchPlan& plan) {
   const std::uint32_t* w = reinterpret_cast<const std::uint32_t*>(t.panels);  // (k / 2, 16) pairs
   const std::size_t stride = t.panel_stride / sizeof(std::uint32_t);
   const __m512i high_half = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
@@ -58,13 +69,17 @@ void bf16_block(const Tile& t, const float* x, float* out) {
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 4
-    for (int p = 0; p < P; ++p) acc[r][p] = _mm512_setzero_ps();
+    for (int p = 0; p < P; ++p) {
+      acc[r][p] = accumulate ? _mm512_loadu_ps(out + r * kTileStride + p * 16) : _mm512_setzero_ps();
+    }
   }
+  int countdown = plan.phase;
   // Whole pairs; an odd k leaves one even half (its odd partner is zero padding and has no activation).
-  for (int kk = 0; kk < t.k; kk += 2) {
+  for (int kk = k0; kk < k1; kk += 2) {
     __m512i wv[P];
 #pragma GCC unroll 4
     for (int p = 0; p < P; ++p) wv[p] = _mm512_load_si512(w + p * stride + static_cast<std::size_t>(kk / 2) * 16);
+    prefetch_line(plan, countdown, (kk - k0) / 2, P, t.panel_stride);
     __m512 wf[P];
 #pragma GCC unroll 4
     for (int p = 0; p < P; ++p) wf[p] = _mm512_castsi512_ps(_mm512_slli_epi32(wv[p], 16));  // W(f, kk)
@@ -91,65 +106,83 @@ void bf16_block(const Tile& t, const float* x, float* out) {
   }
 }
 
-// The block function for `rows` rows (1 .. max) and `n_panels` panels (1 .. 4).
-template <int R>
-BlockFn bf16_block_for_panels(int n_panels) {
+using BlockFn = void (*)(const Tile&, const float*, float*, int, int, bool, const PrefetchPlan&);
+
+template <int R, int P>
+struct F32 {
+  static void run(const Tile& t, const float* x, float* out, int k0, int k1, bool accumulate, const PrefetchPlan& plan) {
+    f32_block<R, P>(t, x, out, k0, k1, accumulate, plan);
+  }
+};
+template <int R, int P>
+struct Bf16 {
+  static void run(const Tile& t, const float* x, float* out, int k0, int k1, bool accumulate, const PrefetchPlan& plan) {
+    bf16_block<R, P>(t, x, out, k0, k1, accumulate, plan);
+  }
+};
+
+// Blocks of every panel of the tile (P = n_panels) and up to R rows: R x P accumulators, the P weight
+// vectors and a broadcast fit the 32 registers for R <= 6 (fp32) or 5 (bf16, two widened vectors per pair).
+template <template <int, int> class Block, int R>
+BlockFn for_panels(int n_panels) {
   switch (n_panels) {
-    case 1: return bf16_block<R, 1>;
-    case 2: return bf16_block<R, 2>;
-    case 3: return bf16_block<R, 3>;
-    default: return bf16_block<R, 4>;
+    case 1: return Block<R, 1>::run;
+    case 2: return Block<R, 2>::run;
+    case 3: return Block<R, 3>::run;
+    default: return Block<R, 4>::run;
   }
 }
 
-BlockFn bf16_block_for(int rows, int n_panels) {
-  switch (rows) {
-    case 1: return bf16_block_for_panels<1>(n_panels);
-    case 2: return bf16_block_for_panels<2>(n_panels);
-    case 3: return bf16_block_for_panels<3>(n_panels);
-    case 4: return bf16_block_for_panels<4>(n_panels);
-    default: return bf16_block_for_panels<5>(n_panels);
-  }
-}
-
-// Two weight vectors per pair are live at once, so one row fewer than fp32 fits the registers.
-constexpr int kBf16MaxRows = 5;
-
-void bf16_tile(const Tile& t) {
-  const float* x = static_cast<const float*>(t.x);
-  for (int r = 0; r < t.n_rows; r += kBf16MaxRows) {
-    const int rows = t.n_rows - r < kBf16MaxRows ? t.n_rows - r : kBf16MaxRows;
-    bf16_block_for(rows, t.n_panels)(t, x + static_cast<std::size_t>(r) * t.x_stride, t.out + r * kTileStride);
-  }
-}
-
-template <int R>
-BlockFn block_for_panels(int n_panels) {
-  switch (n_panels) {
-    case 1: return f32_block<R, 1>;
-    case 2: return f32_block<R, 2>;
-    case 3: return f32_block<R, 3>;
-    default: return f32_block<R, 4>;
-  }
-}
-
+template <template <int, int> class Block, int MaxRows>
 BlockFn block_for(int rows, int n_panels) {
+  static_assert(MaxRows == 5 || MaxRows == 6);
   switch (rows) {
-    case 1: return block_for_panels<1>(n_panels);
-    case 2: return block_for_panels<2>(n_panels);
-    case 3: return block_for_panels<3>(n_panels);
-    case 4: return block_for_panels<4>(n_panels);
-    case 5: return block_for_panels<5>(n_panels);
-    default: return block_for_panels<6>(n_panels);
+    case 1: return for_panels<Block, 1>(n_panels);
+    case 2: return for_panels<Block, 2>(n_panels);
+    case 3: return for_panels<Block, 3>(n_panels);
+    case 4: return for_panels<Block, 4>(n_panels);
+    case 5: return for_panels<Block, 5>(n_panels);
+    default: return for_panels<Block, MaxRows>(n_panels);
   }
 }
 
-void f32_tile(const Tile& t) {
+// k in chunks of kChunkLines lines (k_per_line k values each), each chunk in passes of up to max_rows rows
+// (block(rows) gives the block function); prefetching as PrefetchPlan describes.
+template <typename BlockOf>
+void run_passes(const Tile& t, int max_rows, int k_per_line, const BlockOf& block) {
   const float* x = static_cast<const float*>(t.x);
-  for (int r = 0; r < t.n_rows; r += kMaxRows) {
-    const int rows = t.n_rows - r < kMaxRows ? t.n_rows - r : kMaxRows;
-    block_for(rows, t.n_panels)(t, x + static_cast<std::size_t>(r) * t.x_stride, t.out + r * kTileStride);
+  const int passes = (t.n_rows + max_rows - 1) / max_rows;
+  const int chunk_k = kChunkLines * k_per_line;
+  const int total_lines = (t.k + k_per_line - 1) / k_per_line;
+  for (int k0 = 0; k0 < t.k; k0 += chunk_k) {
+    const int k1 = k0 + chunk_k < t.k ? k0 + chunk_k : t.k;
+    PrefetchPlan plan;
+    if (passes > 1) {
+      const int line = k1 / k_per_line;  // the next chunk's first line, in these panels or the next
+      if (line < total_lines) {
+        plan.next = reinterpret_cast<const char*>(t.panels) + static_cast<std::size_t>(line) * 64;
+        plan.lines = total_lines - line < kChunkLines ? total_lines - line : kChunkLines;
+      } else if (t.prefetch != nullptr) {
+        plan.next = reinterpret_cast<const char*>(t.prefetch);
+        plan.lines = total_lines < kChunkLines ? total_lines : kChunkLines;
+      }
+      plan.passes = passes;
+    }
+    for (int r = 0, pass = 0; r < t.n_rows; r += max_rows, ++pass) {
+      const int rows = t.n_rows - r < max_rows ? t.n_rows - r : max_rows;
+      plan.phase = pass;
+      block(rows)(t, x + static_cast<std::size_t>(r) * t.x_stride, t.out + r * kTileStride, k0, k1, k0 > 0, plan);
+    }
   }
+}
+
+// Every output is one FMA chain along k whatever the block shape, so a row's result does not depend on how
+// many rows came with it.
+void f32_tile(const Tile& t) {
+  run_passes(t, 6, 1, [&](int rows) { return block_for<F32, 6>(rows, t.n_panels); });
+}
+void bf16_tile(const Tile& t) {
+  run_passes(t, 5, 2, [&](int rows) { return block_for<Bf16, 5>(rows, t.n_panels); });
 }
 
 // Four 64-byte loads per iteration into four independent integer sums.

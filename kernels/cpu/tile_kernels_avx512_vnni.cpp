@@ -23,8 +23,10 @@ inline std::int32_t load_i32(const void* p) {
 
 constexpr int kInt8MaxRows = 3;
 
+// Groups [g0, g1) of R rows x P panels; accumulate: continue the sums already in out.
 template <int R, int P>
-void int8_block(const Tile& t, const std::int8_t* x, const float* x_scales, const std::int32_t* x_sums, float* out) {
+void int8_block(const Tile& t, const std::int8_t* x, const float* x_scales, const std::int32_t* x_sums, float* out,
+                int g0, int g1, bool accumulate, const PrefetchPlan& plan) {
   const std::uint8_t* w = reinterpret_cast<const std::uint8_t*>(t.panels);
   const std::size_t stride = t.panel_stride;
   const int groups = t.k / 32;
@@ -33,9 +35,12 @@ void int8_block(const Tile& t, const std::int8_t* x, const float* x_scales, cons
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 4
-    for (int p = 0; p < P; ++p) acc[r][p] = _mm512_setzero_ps();
+    for (int p = 0; p < P; ++p) {
+      acc[r][p] = accumulate ? _mm512_loadu_ps(out + r * kTileStride + p * 16) : _mm512_setzero_ps();
+    }
   }
-  for (int g = 0; g < groups; ++g) {
+  int countdown = plan.phase;
+  for (int g = g0; g < g1; ++g) {
     __m512i dot[R][P];
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
@@ -67,6 +72,14 @@ void int8_block(const Tile& t, const std::int8_t* x, const float* x_scales, cons
         __m512i wv[P];
 #pragma GCC unroll 4
         for (int p = 0; p < P; ++p) wv[p] = _mm512_load_si512(wg + p * stride + q * 64);
+        if (plan.next != nullptr && countdown-- == 0) {
+          countdown = plan.passes - 1;
+          const int line = (g - g0) * 8 + q;
+          if (line < plan.lines) {
+#pragma GCC unroll 4
+            for (int p = 0; p < P; ++p) _mm_prefetch(plan.next + p * stride + static_cast<std::size_t>(line) * 64, _MM_HINT_T1);
+          }
+        }
 #pragma GCC unroll 4
         for (int r = 0; r < R; ++r) {
           const __m512i xb = _mm512_set1_epi32(load_i32(x + static_cast<std::size_t>(r) * t.x_stride + g * 32 + q * 4));
@@ -99,7 +112,8 @@ void int8_block(const Tile& t, const std::int8_t* x, const float* x_scales, cons
   }
 }
 
-using Int8BlockFn = void (*)(const Tile&, const std::int8_t*, const float*, const std::int32_t*, float*);
+using Int8BlockFn = void (*)(const Tile&, const std::int8_t*, const float*, const std::int32_t*, float*, int, int, bool,
+                             const PrefetchPlan&);
 
 template <int R>
 Int8BlockFn int8_block_for_panels(int n_panels) {
@@ -119,14 +133,34 @@ Int8BlockFn int8_block_for(int rows, int n_panels) {
   }
 }
 
+// The tile in k chunks of kChunkLines quads (64 groups), every chunk in passes of up to 3 rows; see
+// PrefetchPlan in tile_kernels.h.
 void int8_tile(const Tile& t) {
   const std::int8_t* x = static_cast<const std::int8_t*>(t.x);
   const int groups = t.k / 32;
-  for (int r = 0; r < t.n_rows; r += kInt8MaxRows) {
-    const int rows = t.n_rows - r < kInt8MaxRows ? t.n_rows - r : kInt8MaxRows;
-    int8_block_for(rows, t.n_panels)(t, x + static_cast<std::size_t>(r) * t.x_stride,
-                                     t.x_scales + static_cast<std::size_t>(r) * groups,
-                                     t.x_sums + static_cast<std::size_t>(r) * groups, t.out + r * kTileStride);
+  const int chunk_groups = kChunkLines / 8;
+  const int passes = (t.n_rows + kInt8MaxRows - 1) / kInt8MaxRows;
+  for (int g0 = 0; g0 < groups; g0 += chunk_groups) {
+    const int g1 = g0 + chunk_groups < groups ? g0 + chunk_groups : groups;
+    PrefetchPlan plan;
+    if (passes > 1) {
+      if (g1 < groups) {
+        plan.next = reinterpret_cast<const char*>(t.panels) + static_cast<std::size_t>(g1) * 512;
+        plan.lines = (groups - g1 < chunk_groups ? groups - g1 : chunk_groups) * 8;
+      } else if (t.prefetch != nullptr) {
+        plan.next = reinterpret_cast<const char*>(t.prefetch);
+        plan.lines = (groups < chunk_groups ? groups : chunk_groups) * 8;
+      }
+      plan.passes = passes;
+    }
+    for (int r = 0, pass = 0; r < t.n_rows; r += kInt8MaxRows, ++pass) {
+      const int rows = t.n_rows - r < kInt8MaxRows ? t.n_rows - r : kInt8MaxRows;
+      plan.phase = pass;
+      int8_block_for(rows, t.n_panels)(t, x + static_cast<std::size_t>(r) * t.x_stride,
+                                       t.x_scales + static_cast<std::size_t>(r) * groups,
+                                       t.x_sums + static_cast<std::size_t>(r) * groups, t.out + r * kTileStride, g0, g1,
+                                       g0 > 0, plan);
+    }
   }
 }
 

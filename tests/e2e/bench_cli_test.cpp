@@ -29,9 +29,10 @@ class BenchCli : public ::testing::Test {
   void TearDown() override { fs::remove_all(dir_); }
 
   // The smallest bench that still runs every part: the 15m shape, two dtypes, two batch sizes.
-  std::string quick_bench(const std::string& extra) const {
+  std::string quick_bench(const std::string& extra, int repeats = 1) const {
     return shardline_binary() + " bench --presets 15m --dtypes fp32,int8 --batches 1,2 --steps 3 --prompt-tokens 2 " +
-           "--prefill-tokens 8 --repeats 1 --threads 1 --models-dir " + (dir_ / "models").string() + " " + extra;
+           "--prefill-tokens 8 --threads 1 --repeats " + std::to_string(repeats) + " --models-dir " +
+           (dir_ / "models").string() + " " + extra;
   }
 
   static std::vector<nlohmann::json> json_lines(const std::string& out) {
@@ -71,9 +72,11 @@ class BenchCli : public ::testing::Test {
 };
 
 TEST_F(BenchCli, MeasuresEveryDtypeAndBatchAgainstTheProbe) {
-  const ProcessResult r = run_process(quick_bench("--json"), 300);
+  const ProcessResult r = run_process(quick_bench("--json --statistic best", 2), 300);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   expect_complete_rows(json_lines(r.out), 1);
+  EXPECT_EQ(json_lines(r.out)[0]["statistic"], "best");
+  EXPECT_EQ(json_lines(r.out)[0]["repeats"], 2);
   EXPECT_TRUE(fs::exists(dir_ / "models" / "bench-15m.bin")) << "the generated model is kept for the next run";
 }
 
@@ -105,7 +108,8 @@ TEST_F(BenchCli, BadFlagsGiveOneLineAndExitCode2) {
            {"--presets 7b", "unknown model preset '7b'"},
            {"--dtypes fp32,fp4", "unknown --weights-dtype 'fp4'"},
            {"--batches 1,0", "--batches entries must be >= 1"},
-           {"--steps 1", "--steps must be >= 2"}}) {
+           {"--steps 1", "--steps must be >= 2"},
+           {"--statistic mean", "--statistic must be median or best"}}) {
     const ProcessResult r = run_process(shardline_binary() + " bench " + args, 60);
     EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;

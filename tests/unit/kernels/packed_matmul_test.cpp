@@ -306,12 +306,13 @@ struct Shape {
 };
 
 // n: every remainder of the 6-row (fp32), 5-row (bf16) and 3-row (int8) register blocks, and more than a 64-row
-// tile. k: below, at and past a bf16 pair and an int8 group. d: part, one and several panels, a partial
-// last panel, and enough panels that 2 threads split a 4-panel tile.
+// tile. k: below, at and past a bf16 pair and an int8 group, and long enough (2100) for several k chunks
+// of 512 lines per panel in every dtype, with several row passes prefetching the next chunk. d: part, one
+// and several panels, a partial last panel, and enough panels that 2 threads split a 4-panel tile.
 constexpr Shape kShapes[] = {
     {1, 1, 1},    {1, 3, 15},   {2, 31, 16},  {3, 32, 17},  {4, 33, 33},  {5, 64, 64},   {6, 100, 100},
     {7, 288, 47}, {8, 65, 129}, {13, 40, 70}, {16, 768, 48}, {64, 96, 20}, {65, 70, 33}, {1, 2048, 200},
-    {16, 300, 256},
+    {16, 300, 256}, {7, 2100, 40},
 };
 
 TEST(PackedMatmul, MatchesReferenceForEveryDtypeIsaAndThreadCount) {
@@ -375,8 +376,9 @@ TEST(PackedMatmul, QuantisedResultsStayCloseToFp32) {
 }
 
 TEST(PackedMatmul, ARowsResultDoesNotDependOnItsBatchOrTheThreadCount) {
+  // k = 2100: several k chunks, whose partial sums a batch carries over between passes.
   std::mt19937 rng(12);
-  const int n = 16, k = 200, d = 150;
+  const int n = 16, k = 2100, d = 150;
   const std::vector<float> x = random_floats(rng, static_cast<std::size_t>(n) * k);
   const std::vector<float> w = random_floats(rng, static_cast<std::size_t>(d) * k);
   for (WeightDtype dtype : kDtypes) {
