@@ -1,16 +1,42 @@
 #include "kernels/cpu/isa.h"
 
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <atomic>
 
 namespace shardline::kernels::cpu {
 
 namespace {
 
+// AMX needs the CPU's tiles and, on Linux, the process's permission for their 8 KiB of register state:
+// arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA). The kernel refuses it when it cannot save that state
+// (too old, or a thread's signal stack is too small for it); then the kernels stay on AVX-512.
+bool amx_usable() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) == 0) return false;
+  constexpr unsigned kAmxBf16 = 1u << 22, kAmxTile = 1u << 24, kAmxInt8 = 1u << 25;
+  if ((edx & (kAmxBf16 | kAmxTile | kAmxInt8)) != (kAmxBf16 | kAmxTile | kAmxInt8)) return false;
+#if defined(__linux__) && defined(SYS_arch_prctl)
+  constexpr long kArchReqXcompPerm = 0x1023;
+  constexpr long kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+  return false;
+#endif
+}
+
 Isa detect_isa() {
   __builtin_cpu_init();
   const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-  if (avx512 && __builtin_cpu_supports("avx512vnni")) return Isa::kAvx512Vnni;
+  if (avx512 && __builtin_cpu_supports("avx512vnni")) {
+#if SHARDLINE_HAVE_AMX_KERNELS
+    if (amx_usable()) return Isa::kAmx;
+#endif
+    return Isa::kAvx512Vnni;
+  }
   if (avx512) return Isa::kAvx512;
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::kAvx2;
   return Isa::kPortable;
@@ -29,8 +55,16 @@ const char* isa_name(Isa isa) {
     case Isa::kAvx2: return "avx2";
     case Isa::kAvx512: return "avx512";
     case Isa::kAvx512Vnni: return "avx512-vnni";
+    case Isa::kAmx: return "amx";
   }
   return "?";
+}
+
+std::optional<Isa> parse_isa(std::string_view name) {
+  for (Isa isa : {Isa::kPortable, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Vnni, Isa::kAmx}) {
+    if (name == isa_name(isa)) return isa;
+  }
+  return std::nullopt;
 }
 
 Isa best_isa() {

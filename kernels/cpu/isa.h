@@ -2,6 +2,9 @@
 // tests and benchmarks may step down to compare every path on one machine.
 #pragma once
 
+#include <optional>
+#include <string_view>
+
 namespace shardline::kernels::cpu {
 
 // Ordered: each level includes the ones before it.
@@ -10,9 +13,12 @@ enum class Isa : int {
   kAvx2 = 1,        // AVX2 + FMA: the portable code compiled for 256-bit vectors
   kAvx512 = 2,      // AVX-512 F/BW/VL/DQ: hand-written fp32 and bf16 kernels (int8 as kAvx2)
   kAvx512Vnni = 3,  // + AVX512_VNNI: vpdpbusd for int8
+  kAmx = 4,         // + AMX tiles (AMX-TILE/BF16/INT8, and the kernel's permission to use them): bf16 and int8
 };
 
 const char* isa_name(Isa isa);
+// The level an isa_name() names, or nothing.
+std::optional<Isa> parse_isa(std::string_view name);
 // The best level this CPU supports.
 Isa best_isa();
 // The level the kernels use now (best_isa() unless set_isa stepped down).

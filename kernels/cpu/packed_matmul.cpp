@@ -24,12 +24,19 @@ tile::TileKernels tile_kernels_for(Isa isa) {
     kernels.bf16 = tile::avx512_bf16_tile_kernel();
   }
   if (isa >= Isa::kAvx512Vnni) kernels.int8 = tile::avx512_vnni_int8_tile_kernel();
+#if SHARDLINE_HAVE_AMX_KERNELS
+  if (isa >= Isa::kAmx) {
+    kernels.bf16 = tile::amx_bf16_tile_kernel();
+    kernels.int8 = tile::amx_int8_tile_kernel();
+  }
+#endif
   return kernels;
 }
 
 tile::TileKernel tile_kernel(WeightDtype dtype) {
   static const tile::TileKernels by_isa[] = {tile_kernels_for(Isa::kPortable), tile_kernels_for(Isa::kAvx2),
-                                             tile_kernels_for(Isa::kAvx512), tile_kernels_for(Isa::kAvx512Vnni)};
+                                             tile_kernels_for(Isa::kAvx512), tile_kernels_for(Isa::kAvx512Vnni),
+                                             tile_kernels_for(Isa::kAmx)};
   const tile::TileKernels& kernels = by_isa[static_cast<int>(active_isa())];
   switch (dtype) {
     case WeightDtype::kF32: return kernels.f32;
@@ -51,8 +58,17 @@ tile::Tile make_tile(const Activations& x, const PackedMatrix& w, int panel, int
   t.x_stride = x.row_stride();
   const std::size_t row_offset = static_cast<std::size_t>(row) * x.row_stride();
   switch (w.dtype) {
-    case WeightDtype::kF32:
-    case WeightDtype::kBf16: t.x = x.f32() + row_offset; break;
+    case WeightDtype::kF32: t.x = x.f32() + row_offset; break;
+    case WeightDtype::kBf16: {
+      t.x = x.f32() + row_offset;
+      if (x.bf16_hi() != nullptr) {
+        const std::size_t bf16_offset = static_cast<std::size_t>(row) * x.bf16_stride();
+        t.x_bf16_hi = x.bf16_hi() + bf16_offset;
+        t.x_bf16_lo = x.bf16_lo() + bf16_offset;
+        t.x_bf16_stride = x.bf16_stride();
+      }
+      break;
+    }
     case WeightDtype::kInt8: {
       const std::size_t group_offset = static_cast<std::size_t>(row) * (x.row_stride() / kInt8Group);
       t.x = x.int8() + row_offset;
@@ -117,6 +133,22 @@ inline float round_to_nearest_even(float v) {
   return (v + kShift) - kShift;
 }
 
+// x (n, k) as bf16 halves for the AMX kernel: hi = bf16(x), lo = bf16(x - hi) (x - hi is exact in fp32),
+// in rows of padded_k(bf16, k) with zeros past k.
+void split_bf16(const float* x, int n, int k, std::uint16_t* hi, std::uint16_t* lo) {
+  const int kp = padded_k(WeightDtype::kBf16, k);
+  for (int r = 0; r < n; ++r) {
+    const float* xr = x + static_cast<std::size_t>(r) * k;
+    std::uint16_t* h = hi + static_cast<std::size_t>(r) * kp;
+    std::uint16_t* l = lo + static_cast<std::size_t>(r) * kp;
+    for (int j = 0; j < k; ++j) {
+      h[j] = float_to_bf16(xr[j]);
+      l[j] = float_to_bf16(xr[j] - bf16_to_float(h[j]));
+    }
+    for (int j = k; j < kp; ++j) h[j] = l[j] = 0;
+  }
+}
+
 // This thread's share [begin, end) of n_items, in contiguous bands.
 void thread_band(int n_items, int& begin, int& end) {
   const int t = omp_get_thread_num();
@@ -139,6 +171,11 @@ void Activations::reserve(int max_rows, int max_k) {
   int8_.resize(rows * kp);
   scales_.resize(rows * kp / kInt8Group);
   sums_.resize(rows * kp / kInt8Group);
+  if (best_isa() >= Isa::kAmx) {
+    const std::size_t bf16_kp = padded_k(WeightDtype::kBf16, max_k_);
+    bf16_hi_.resize(rows * bf16_kp);
+    bf16_lo_.resize(rows * bf16_kp);
+  }
 }
 
 void Activations::prepare(const float* x, int n, int k, WeightDtype dtype) {
@@ -158,6 +195,7 @@ void Activations::prepare(const float* x, int n, int k, WeightDtype dtype) {
       // pair past the end (padding) meets zero weights and is never read from x.
       f32_ = x;
       padded_k_ = k;
+      if (dtype == WeightDtype::kBf16 && !bf16_hi_.empty()) split_bf16(x, n, k, bf16_hi_.data(), bf16_lo_.data());
       return;
     case WeightDtype::kInt8:
       // Per row and 32-group: scale = max|x| / 127, q = round(x / scale); the sum of q lets the VNNI kernel

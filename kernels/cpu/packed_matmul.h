@@ -5,7 +5,9 @@
 // Activations are prepared once per input and reused by every matrix that reads it (wq, wk and wv share
 // the normalised x; w1 and w3 share it too). fp32 and bf16 weights multiply fp32 activations as they are
 // (bf16 weights are widened to fp32 in registers: exact, and no rounding of x); int8 weights need x
-// quantised to int8 per group of 32 (scale and sum per group), as Q8_0 does, for vpdpbusd.
+// quantised to int8 per group of 32 (scale and sum per group), as Q8_0 does, for vpdpbusd. On AMX, bf16
+// weights multiply x split into two bf16 halves (hi + lo keeps 16 significant bits of x, and each product
+// of two bf16 values is exact in fp32), so AMX does not round the activations to bf16 either.
 //
 // Threads (set_num_threads) split the output panels into contiguous bands, so each thread streams its own
 // part of W. Each output is computed by one thread in a fixed order along k, so results do not depend on
@@ -38,6 +40,12 @@ class Activations {
   const std::int8_t* int8() const { return int8_.data(); }        // (n, padded k)
   const float* int8_scales() const { return scales_.data(); }     // (n, padded k / 32)
   const std::int32_t* int8_sums() const { return sums_.data(); }  // (n, padded k / 32): sum of q per group
+  // bf16 weights on AMX (empty otherwise): x split into bf16 halves hi = bf16(x), lo = bf16(x - hi), rows of
+  // bf16_stride() elements (k padded to kBf16Block with zeros). Prepared whenever the CPU has AMX, so a
+  // kernel choice made after prepare() (tests step the ISA down) finds what it needs.
+  const std::uint16_t* bf16_hi() const { return bf16_hi_.empty() ? nullptr : bf16_hi_.data(); }
+  const std::uint16_t* bf16_lo() const { return bf16_lo_.empty() ? nullptr : bf16_lo_.data(); }
+  int bf16_stride() const { return padded_k(WeightDtype::kBf16, k_); }
 
  private:
   WeightDtype dtype_ = WeightDtype::kF32;
@@ -50,6 +58,8 @@ class Activations {
   std::vector<std::int8_t> int8_;
   std::vector<float> scales_;
   std::vector<std::int32_t> sums_;
+  std::vector<std::uint16_t> bf16_hi_;
+  std::vector<std::uint16_t> bf16_lo_;
 };
 
 // One output of a grouped matmul: y (n, w.d) = x · Wᵀ.

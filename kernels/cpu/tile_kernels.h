@@ -27,6 +27,10 @@ struct Tile {
   int x_stride = 0;                   // elements between rows of x
   const float* x_scales = nullptr;    // int8: per row, k / 32 scales
   const std::int32_t* x_sums = nullptr;  // int8: per row, k / 32 sums of q
+  // bf16 weights on AMX: x as two bf16 halves (x ~ hi + lo), rows of x_bf16_stride elements, zero past k.
+  const std::uint16_t* x_bf16_hi = nullptr;
+  const std::uint16_t* x_bf16_lo = nullptr;
+  int x_bf16_stride = 0;
   int n_rows = 0;                     // 1 .. kTileRows
   float* out = nullptr;               // (n_rows, kTileStride): out[r * kTileStride + p * 16 + lane]
   // The next tile's panels (same stride and count), or null: see PrefetchPlan.
@@ -65,6 +69,10 @@ TileKernel avx512_f32_tile_kernel();
 TileKernel avx512_bf16_tile_kernel();
 // Hand-written AVX512_VNNI (vpdpbusd) int8 kernel.
 TileKernel avx512_vnni_int8_tile_kernel();
+
+// AMX tile kernels for bf16 (x split into two bf16 halves) and int8 (bit-identical to the VNNI kernel).
+TileKernel amx_bf16_tile_kernel();
+TileKernel amx_int8_tile_kernel();
 
 // Reads bytes [data, data + bytes) once and returns a value that depends on all of them (so the reads
 // cannot be optimised away): the read-bandwidth probe's inner loop. data is 64-byte aligned.

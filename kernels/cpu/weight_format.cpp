@@ -94,7 +94,7 @@ std::optional<WeightDtype> parse_weight_dtype(std::string_view name) {
 int padded_k(WeightDtype dtype, int k) {
   switch (dtype) {
     case WeightDtype::kF32: return k;
-    case WeightDtype::kBf16: return static_cast<int>(round_up(k, 2));
+    case WeightDtype::kBf16: return static_cast<int>(round_up(k, kBf16Block));
     case WeightDtype::kInt8: return static_cast<int>(round_up(k, kInt8Group));
   }
   return k;

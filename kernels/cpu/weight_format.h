@@ -10,7 +10,10 @@
 //         = scale * q with q in [-127, 127], stored as q + 128 (unsigned, what vpdpbusd multiplies)
 // A decode GEMV then streams each panel once, front to back, and a batch of n rows multiplies every
 // loaded weight vector by n broadcast activations: no horizontal sums, no transposes.
-// k is padded with zeros to the pair / 32-group, d to whole panels; the padding is never written to y.
+// The bf16 and int8 panels are also AMX's B operand as they stand: 32 k of a bf16 panel are one 16-row tile
+// of pairs (TDPBF16PS), a 32-group of int8 quads an 8-row tile (TDPBSUD).
+// k is padded with zeros to 32 (bf16: one AMX tile's k; int8: the group), d to whole panels; the padding is
+// never written to y.
 // Panels are 64-byte aligned (their sizes are multiples of 64 bytes) when the buffer is.
 #pragma once
 
@@ -25,13 +28,14 @@ enum class WeightDtype : std::uint8_t { kF32, kBf16, kInt8 };
 
 inline constexpr int kPanelWidth = 16;   // output features per panel
 inline constexpr int kInt8Group = 32;    // k values per int8 scale
+inline constexpr int kBf16Block = 32;    // bf16 k is padded to this: the k of one AMX bf16 tile multiply
 inline constexpr std::size_t kPackedAlignment = 64;
 
 // "fp32", "bf16", "int8": what --weights-dtype takes.
 const char* weight_dtype_name(WeightDtype dtype);
 std::optional<WeightDtype> parse_weight_dtype(std::string_view name);
 
-// k as stored: padded to the pair (bf16) or the 32-group (int8).
+// k as stored: padded to kBf16Block (bf16) or the 32-group (int8).
 int padded_k(WeightDtype dtype, int k);
 int panel_count(int d);
 // Bytes of one panel, a multiple of kPackedAlignment.

@@ -193,7 +193,7 @@ TEST(WeightFormat, PackedSizesArePanelsOfAlignedBytes) {
   EXPECT_EQ(packed_size_bytes(WeightDtype::kF32, 16, 10), 16u * 10 * 4);
   EXPECT_EQ(packed_size_bytes(WeightDtype::kF32, 17, 10), 2u * 16 * 10 * 4);
   EXPECT_EQ(packed_size_bytes(WeightDtype::kBf16, 16, 768), 16u * 768 * 2);
-  EXPECT_EQ(packed_size_bytes(WeightDtype::kBf16, 16, 3), 16u * 4 * 2);
+  EXPECT_EQ(packed_size_bytes(WeightDtype::kBf16, 16, 3), 16u * 32 * 2);  // k padded to one AMX block
   // int8 at k = 768: 16 x 768 quads + 24 groups x 16 fp16 scales = 1.0625 bytes per weight, as Q8_0.
   EXPECT_EQ(packed_size_bytes(WeightDtype::kInt8, 16, 768), 16u * 768 + 24 * 16 * 2);
   for (WeightDtype dtype : kDtypes) {
@@ -295,6 +295,32 @@ TEST(Activations, Fp32AndBf16WeightsUseTheActivationsInPlace) {
     a.prepare(x.data(), 1, 3, dtype);
     EXPECT_EQ(a.f32(), x.data()) << weight_dtype_name(dtype);
     EXPECT_EQ(a.row_stride(), 3) << weight_dtype_name(dtype);
+  }
+}
+
+TEST(Activations, Bf16SplitKeepsSixteenBitsOfXWhereTheCpuHasAmx) {
+  std::mt19937 rng(9);
+  const int n = 3, k = 45;  // k past one 32 block: the split rows are zero-padded to 64
+  const std::vector<float> x = random_floats(rng, static_cast<std::size_t>(n) * k, -50.0f, 50.0f);
+  Activations a;
+  a.reserve(n, k);
+  a.prepare(x.data(), n, k, WeightDtype::kBf16);
+  ASSERT_EQ(a.bf16_hi() != nullptr, best_isa() >= Isa::kAmx) << "the split exists exactly when AMX can use it";
+  if (a.bf16_hi() == nullptr) return;
+  EXPECT_EQ(a.bf16_stride(), 64);
+  for (int r = 0; r < n; ++r) {
+    for (int j = 0; j < a.bf16_stride(); ++j) {
+      const std::size_t at = static_cast<std::size_t>(r) * a.bf16_stride() + j;
+      const float hi = bf16_to_float(a.bf16_hi()[at]), lo = bf16_to_float(a.bf16_lo()[at]);
+      if (j >= k) {
+        EXPECT_EQ(hi, 0.0f);
+        EXPECT_EQ(lo, 0.0f);
+        continue;
+      }
+      const float v = x[static_cast<std::size_t>(r) * k + j];
+      EXPECT_EQ(hi, bf16_to_float(float_to_bf16(v)));
+      EXPECT_LE(std::fabs(hi + lo - v), std::ldexp(std::fabs(v), -16)) << r << "," << j;
+    }
   }
 }
 
@@ -409,6 +435,27 @@ TEST(PackedMatmul, ARowsResultDoesNotDependOnItsBatchOrTheThreadCount) {
             << "row " << r << " differs alone and in a batch of " << n;
       }
     }
+  }
+}
+
+TEST(PackedMatmul, Int8ResultsAreIdenticalOnVnniAndAmx) {
+  // The AMX int8 kernel computes the same exact integer dots as vpdpbusd and then the VNNI kernel's fp32
+  // epilogue, operation for operation: every bit agrees (on a CPU without AMX this compares VNNI with itself).
+  std::mt19937 rng(15);
+  for (const Shape& s : kShapes) {
+    const std::vector<float> x = random_floats(rng, static_cast<std::size_t>(s.n) * s.k, -2.0f, 2.0f);
+    const Packed packed = pack(WeightDtype::kInt8, random_floats(rng, static_cast<std::size_t>(s.d) * s.k), s.d, s.k);
+    Activations a;
+    a.reserve(s.n, s.k);
+    a.prepare(x.data(), s.n, s.k, WeightDtype::kInt8);
+    std::vector<float> vnni(static_cast<std::size_t>(s.n) * s.d), best(vnni.size());
+    {
+      ScopedIsa isa(Isa::kAvx512Vnni);
+      matmul(vnni.data(), a, packed.matrix);
+    }
+    matmul(best.data(), a, packed.matrix);
+    EXPECT_EQ(0, std::memcmp(vnni.data(), best.data(), vnni.size() * sizeof(float)))
+        << isa_name(active_isa()) << " n=" << s.n << " k=" << s.k << " d=" << s.d;
   }
 }
 

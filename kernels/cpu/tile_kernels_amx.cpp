@@ -1,0 +1,195 @@
+// The AMX tile kernels for bf16 and int8 weights (compiled with -mamx-tile -mamx-bf16 -mamx-int8 and
+// AVX-512 F/BW/VL/DQ + F16C).
+//
+// Why: once a batch shares the pass over the weights, bf16 and int8 matmuls on AVX-512 are bound by
+// arithmetic (bf16 widens every weight and multiplies in fp32 FMAs; int8 issues one vpdpbusd per 4 k), so
+// 16 rows cost nearly 16 times one row. One AMX tile multiply does up to 16 rows x 16 features x 32 k.
+//
+// The packed panels already are AMX's B operand (weight_format.h): 32 k of a bf16 panel are a 16-row tile of
+// [16 features][2] pairs, as TDPBF16PS reads them, and one 32-group of an int8 panel is an 8-row tile of
+// [16][4] quads, as TDPBSUD reads them. A is up to 16 rows of prepared activations; C is those rows x the
+// panel's 16 features. Tiles 0-3 hold C for up to 4 panels, the others A and B.
+//
+// bf16: x comes split into two bf16 halves, hi = bf16(x) and lo = bf16(x - hi), and C += hi·W + lo·W. A
+// product of two bf16 values is exact in fp32 and hi + lo keeps 16 significant bits of x, so the
+// activations are not rounded to bf16 (relative error <= 2^-17 rather than 2^-9); the sums are fp32.
+// int8: per 32-group, C = Σ x_q (w_q + 128), the exact integer vpdpbusd computes, then the VNNI kernel's
+// fp32 epilogue in the same order: the results are bit-identical to tile_kernels_avx512_vnni.cpp, which
+// therefore also takes the tiles of fewer than 4 rows, where it is faster.
+// AMX rows are independent, so a row's result never depends on the rows that came with it.
+#include <immintrin.h>
+
+#include "kernels/cpu/tile_kernels.h"
+
+namespace shardline::kernels::cpu::tile {
+
+namespace {
+
+constexpr int kAmxRows = 16;  // rows of an A or C tile
+
+// LDTILECFG's 64-byte operand, palette 1.
+struct alignas(64) TileConfig {
+  std::uint8_t palette = 1;
+  std::uint8_t start_row = 0;
+  std::uint8_t reserved[14] = {};
+  std::uint16_t bytes_per_row[16] = {};
+  std::uint8_t rows[16] = {};
+
+  void shape(int tile, int n_rows, int row_bytes) {
+    rows[tile] = static_cast<std::uint8_t>(n_rows);
+    bytes_per_row[tile] = static_cast<std::uint16_t>(row_bytes);
+  }
+};
+static_assert(sizeof(TileConfig) == 64);
+
+// Releases the tile state when a kernel returns, so a thread between matmuls carries none (the kernel then
+// saves no tile data on context switches and signals).
+struct TileScope {
+  explicit TileScope(const TileConfig& config) { _tile_loadconfig(&config); }
+  ~TileScope() { _tile_release(); }
+  TileScope(const TileScope&) = delete;
+  TileScope& operator=(const TileScope&) = delete;
+};
+
+// ---- bf16 -------------------------------------------------------------------------------------------
+
+// One bf16 k block of panel P: tiles 4/5 hold this block's x halves; B alternates between tiles 6 and 7 so
+// one panel's load can overlap the previous panel's multiplies.
+#define SHARDLINE_AMX_BF16_PANEL(P, B)                                                                 \
+  do {                                                                                                 \
+    _tile_loadd(B, w + (P) * t.panel_stride + block * 1024, 64);                                       \
+    _tile_dpbf16ps(P, 4, B);                                                                           \
+    _tile_dpbf16ps(P, 5, B);                                                                           \
+  } while (0)
+
+template <int P>
+void bf16_rows(const Tile& t, int r0, int m) {
+  TileConfig config;
+  for (int p = 0; p < P; ++p) config.shape(p, m, 64);
+  config.shape(4, m, 64);
+  config.shape(5, m, 64);
+  config.shape(6, 16, 64);
+  config.shape(7, 16, 64);
+  TileScope scope(config);
+  const char* w = reinterpret_cast<const char*>(t.panels);
+  const std::size_t x_bytes = static_cast<std::size_t>(t.x_bf16_stride) * 2;
+  const char* hi = reinterpret_cast<const char*>(t.x_bf16_hi) + r0 * x_bytes;
+  const char* lo = reinterpret_cast<const char*>(t.x_bf16_lo) + r0 * x_bytes;
+  _tile_zero(0);
+  if constexpr (P > 1) _tile_zero(1);
+  if constexpr (P > 2) _tile_zero(2);
+  if constexpr (P > 3) _tile_zero(3);
+  const int blocks = (t.k + 31) / 32;  // the panels and x are zero past k up to the block
+  for (int block = 0; block < blocks; ++block) {
+    _tile_loadd(4, hi + block * 64, x_bytes);
+    _tile_loadd(5, lo + block * 64, x_bytes);
+    SHARDLINE_AMX_BF16_PANEL(0, 6);
+    if constexpr (P > 1) SHARDLINE_AMX_BF16_PANEL(1, 7);
+    if constexpr (P > 2) SHARDLINE_AMX_BF16_PANEL(2, 6);
+    if constexpr (P > 3) SHARDLINE_AMX_BF16_PANEL(3, 7);
+  }
+  float* out = t.out + r0 * kTileStride;
+  constexpr std::size_t out_bytes = kTileStride * sizeof(float);
+  _tile_stored(0, out, out_bytes);
+  if constexpr (P > 1) _tile_stored(1, out + 16, out_bytes);
+  if constexpr (P > 2) _tile_stored(2, out + 32, out_bytes);
+  if constexpr (P > 3) _tile_stored(3, out + 48, out_bytes);
+}
+#undef SHARDLINE_AMX_BF16_PANEL
+
+// Rows in blocks of 16. A tile's weights (4 panels x k) stay in L2 between the row blocks of a prefill.
+void bf16_tile(const Tile& t) {
+  for (int r0 = 0; r0 < t.n_rows; r0 += kAmxRows) {
+    const int m = t.n_rows - r0 < kAmxRows ? t.n_rows - r0 : kAmxRows;
+    switch (t.n_panels) {
+      case 1: bf16_rows<1>(t, r0, m); break;
+      case 2: bf16_rows<2>(t, r0, m); break;
+      case 3: bf16_rows<3>(t, r0, m); break;
+      default: bf16_rows<4>(t, r0, m); break;
+    }
+  }
+}
+
+// ---- int8 -------------------------------------------------------------------------------------------
+
+// The exact integer dots of group g for panel P into dots (m rows x 16 int32): C_P = A (tile 4) x B.
+#define SHARDLINE_AMX_INT8_PANEL(P, B)                                                                 \
+  do {                                                                                                 \
+    _tile_zero(P);                                                                                     \
+    _tile_loadd(B, w + (P) * t.panel_stride + static_cast<std::size_t>(g) * 512, 64);                  \
+    _tile_dpbsud(P, 4, B);                                                                             \
+    _tile_stored(P, dots[P], 64);                                                                      \
+  } while (0)
+
+template <int P>
+void int8_rows(const Tile& t, int r0, int m) {
+  TileConfig config;
+  for (int p = 0; p < P; ++p) config.shape(p, m, 64);
+  config.shape(4, m, 32);
+  config.shape(6, 8, 64);
+  config.shape(7, 8, 64);
+  TileScope scope(config);
+  const char* w = reinterpret_cast<const char*>(t.panels);
+  const int groups = t.k / 32;
+  const std::size_t scales_offset = static_cast<std::size_t>(t.k) * 16;
+  const char* x = static_cast<const char*>(t.x) + static_cast<std::size_t>(r0) * t.x_stride;
+  const float* x_scales = t.x_scales + static_cast<std::size_t>(r0) * groups;
+  const std::int32_t* x_sums = t.x_sums + static_cast<std::size_t>(r0) * groups;
+  float* out = t.out + r0 * kTileStride;
+  alignas(64) std::int32_t dots[4][kAmxRows * 16];
+  for (int r = 0; r < m; ++r) {
+    for (int p = 0; p < P; ++p) _mm512_storeu_ps(out + r * kTileStride + p * 16, _mm512_setzero_ps());
+  }
+  for (int g = 0; g < groups; ++g) {
+    _tile_loadd(4, x + g * 32, t.x_stride);
+    SHARDLINE_AMX_INT8_PANEL(0, 6);
+    if constexpr (P > 1) SHARDLINE_AMX_INT8_PANEL(1, 7);
+    if constexpr (P > 2) SHARDLINE_AMX_INT8_PANEL(2, 6);
+    if constexpr (P > 3) SHARDLINE_AMX_INT8_PANEL(3, 7);
+    // The VNNI kernel's epilogue, operation for operation.
+    __m512 ws[P];
+#pragma GCC unroll 4
+    for (int p = 0; p < P; ++p) {
+      ws[p] = _mm512_cvtph_ps(_mm256_load_si256(
+          reinterpret_cast<const __m256i*>(w + p * t.panel_stride + scales_offset + static_cast<std::size_t>(g) * 32)));
+    }
+    for (int r = 0; r < m; ++r) {
+      const __m512i offset = _mm512_set1_epi32(128 * x_sums[static_cast<std::size_t>(r) * groups + g]);
+      const __m512 xs = _mm512_set1_ps(x_scales[static_cast<std::size_t>(r) * groups + g]);
+#pragma GCC unroll 4
+      for (int p = 0; p < P; ++p) {
+        float* acc = out + r * kTileStride + p * 16;
+        const __m512 exact = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_load_si512(dots[p] + r * 16), offset));
+        _mm512_storeu_ps(acc, _mm512_fmadd_ps(exact, _mm512_mul_ps(ws[p], xs), _mm512_loadu_ps(acc)));
+      }
+    }
+  }
+}
+#undef SHARDLINE_AMX_INT8_PANEL
+
+// Below this many rows the VNNI kernel is as fast or faster (a 1-row tile multiply still pays the tile
+// store and the epilogue through memory for every group); the results are identical either way.
+constexpr int kInt8AmxMinRows = 4;
+
+void int8_tile(const Tile& t) {
+  if (t.n_rows < kInt8AmxMinRows) {
+    avx512_vnni_int8_tile_kernel()(t);
+    return;
+  }
+  for (int r0 = 0; r0 < t.n_rows; r0 += kAmxRows) {
+    const int m = t.n_rows - r0 < kAmxRows ? t.n_rows - r0 : kAmxRows;
+    switch (t.n_panels) {
+      case 1: int8_rows<1>(t, r0, m); break;
+      case 2: int8_rows<2>(t, r0, m); break;
+      case 3: int8_rows<3>(t, r0, m); break;
+      default: int8_rows<4>(t, r0, m); break;
+    }
+  }
+}
+
+}  // namespace
+
+TileKernel amx_bf16_tile_kernel() { return bf16_tile; }
+TileKernel amx_int8_tile_kernel() { return int8_tile; }
+
+}  // namespace shardline::kernels::cpu::tile
