@@ -112,14 +112,18 @@ void bf16_tile(const Tile& t) {
 
 // ---- int8 -------------------------------------------------------------------------------------------
 
-// The exact integer dots of group g for panel P into dots (m rows x 16 int32): C_P = A (tile 4) x B.
+// The exact integer dots of group g for panel P into dots[gi][P] (m rows x 16 int32): C_P = A (tile 4) x B.
 #define SHARDLINE_AMX_INT8_PANEL(P, B)                                                                 \
   do {                                                                                                 \
     _tile_zero(P);                                                                                     \
     _tile_loadd(B, w + (P) * t.panel_stride + static_cast<std::size_t>(g) * 512, 64);                  \
     _tile_dpbsud(P, 4, B);                                                                             \
-    _tile_stored(P, dots[P], 64);                                                                      \
+    _tile_stored(P, dots[gi][P], 64);                                                                  \
   } while (0)
+
+// Groups per epilogue pass: the tile multiplies of 8 groups land in a 32 KiB buffer, then each row's P
+// accumulators stay in registers across those 8 groups instead of going through memory after each.
+constexpr int kInt8GroupsPerPass = 8;
 
 template <int P>
 void int8_rows(const Tile& t, int r0, int m) {
@@ -136,32 +140,42 @@ void int8_rows(const Tile& t, int r0, int m) {
   const float* x_scales = t.x_scales + static_cast<std::size_t>(r0) * groups;
   const std::int32_t* x_sums = t.x_sums + static_cast<std::size_t>(r0) * groups;
   float* out = t.out + r0 * kTileStride;
-  alignas(64) std::int32_t dots[4][kAmxRows * 16];
-  for (int r = 0; r < m; ++r) {
-    for (int p = 0; p < P; ++p) _mm512_storeu_ps(out + r * kTileStride + p * 16, _mm512_setzero_ps());
-  }
-  for (int g = 0; g < groups; ++g) {
-    _tile_loadd(4, x + g * 32, t.x_stride);
-    SHARDLINE_AMX_INT8_PANEL(0, 6);
-    if constexpr (P > 1) SHARDLINE_AMX_INT8_PANEL(1, 7);
-    if constexpr (P > 2) SHARDLINE_AMX_INT8_PANEL(2, 6);
-    if constexpr (P > 3) SHARDLINE_AMX_INT8_PANEL(3, 7);
-    // The VNNI kernel's epilogue, operation for operation.
-    __m512 ws[P];
-#pragma GCC unroll 4
-    for (int p = 0; p < P; ++p) {
-      ws[p] = _mm512_cvtph_ps(_mm256_load_si256(
-          reinterpret_cast<const __m256i*>(w + p * t.panel_stride + scales_offset + static_cast<std::size_t>(g) * 32)));
-    }
-    for (int r = 0; r < m; ++r) {
-      const __m512i offset = _mm512_set1_epi32(128 * x_sums[static_cast<std::size_t>(r) * groups + g]);
-      const __m512 xs = _mm512_set1_ps(x_scales[static_cast<std::size_t>(r) * groups + g]);
+  alignas(64) std::int32_t dots[kInt8GroupsPerPass][4][kAmxRows * 16];
+  alignas(64) float w_scales[kInt8GroupsPerPass][4][16];
+  for (int g0 = 0; g0 < groups; g0 += kInt8GroupsPerPass) {
+    const int n_groups = groups - g0 < kInt8GroupsPerPass ? groups - g0 : kInt8GroupsPerPass;
+    for (int gi = 0; gi < n_groups; ++gi) {
+      const int g = g0 + gi;
+      _tile_loadd(4, x + g * 32, t.x_stride);
+      SHARDLINE_AMX_INT8_PANEL(0, 6);
+      if constexpr (P > 1) SHARDLINE_AMX_INT8_PANEL(1, 7);
+      if constexpr (P > 2) SHARDLINE_AMX_INT8_PANEL(2, 6);
+      if constexpr (P > 3) SHARDLINE_AMX_INT8_PANEL(3, 7);
 #pragma GCC unroll 4
       for (int p = 0; p < P; ++p) {
-        float* acc = out + r * kTileStride + p * 16;
-        const __m512 exact = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_load_si512(dots[p] + r * 16), offset));
-        _mm512_storeu_ps(acc, _mm512_fmadd_ps(exact, _mm512_mul_ps(ws[p], xs), _mm512_loadu_ps(acc)));
+        _mm512_store_ps(w_scales[gi][p], _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(
+                                             w + p * t.panel_stride + scales_offset + static_cast<std::size_t>(g) * 32))));
       }
+    }
+    // The VNNI kernel's epilogue, operation for operation and group after group.
+    for (int r = 0; r < m; ++r) {
+      __m512 acc[P];
+#pragma GCC unroll 4
+      for (int p = 0; p < P; ++p) {
+        acc[p] = g0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(out + r * kTileStride + p * 16);
+      }
+      for (int gi = 0; gi < n_groups; ++gi) {
+        const int g = g0 + gi;
+        const __m512i offset = _mm512_set1_epi32(128 * x_sums[static_cast<std::size_t>(r) * groups + g]);
+        const __m512 xs = _mm512_set1_ps(x_scales[static_cast<std::size_t>(r) * groups + g]);
+#pragma GCC unroll 4
+        for (int p = 0; p < P; ++p) {
+          const __m512 exact = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_load_si512(dots[gi][p] + r * 16), offset));
+          acc[p] = _mm512_fmadd_ps(exact, _mm512_mul_ps(_mm512_load_ps(w_scales[gi][p]), xs), acc[p]);
+        }
+      }
+#pragma GCC unroll 4
+      for (int p = 0; p < P; ++p) _mm512_storeu_ps(out + r * kTileStride + p * 16, acc[p]);
     }
   }
 }
