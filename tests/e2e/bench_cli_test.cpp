@@ -89,6 +89,12 @@ TEST_F(BenchCli, TablePrintsTheRooflineAndSameRunRatios) {
   }
 }
 
+TEST_F(BenchCli, IsaStepsTheKernelsDownForAComparisonInOneRun) {
+  const ProcessResult r = run_process(quick_bench("--isa portable"), 300);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("portable kernels"), std::string::npos) << r.out;
+}
+
 TEST_F(BenchCli, RunsUnderMpirunWithTensorParallelismAndOneRankPrints) {
   const ProcessResult r =
       run_process("mpirun --oversubscribe --bind-to none -np 2 " + quick_bench("--tp 2 --json"), 300);
@@ -109,7 +115,8 @@ TEST_F(BenchCli, BadFlagsGiveOneLineAndExitCode2) {
            {"--dtypes fp32,fp4", "unknown --weights-dtype 'fp4'"},
            {"--batches 1,0", "--batches entries must be >= 1"},
            {"--steps 1", "--steps must be >= 2"},
-           {"--statistic mean", "--statistic must be median or best"}}) {
+           {"--statistic mean", "--statistic must be median or best"},
+           {"--isa sse", "--isa must be auto, portable, avx2, avx512, avx512-vnni or amx, got 'sse'"}}) {
     const ProcessResult r = run_process(shardline_binary() + " bench " + args, 60);
     EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
