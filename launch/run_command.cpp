@@ -118,7 +118,7 @@ std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, 
        "matrices always go to the arena")
       ("kv-block-tokens", po::value(&c.engine.kv_block_tokens)->default_value(16), "positions per KV cache block")
       ("kv-blocks", po::value(&c.engine.kv_blocks)->default_value(0, "auto"),
-       "KV cache blocks per rank (auto: 64 full contexts of address space, committed as used); more sequences than it holds at once run in waves")
+       "KV cache blocks per rank (auto: 64 full contexts of address space, committed as used); sequences beyond it wait and start as others finish")
       ("weights-dtype", po::value(&weights_dtype)->default_value("fp32"),
        "convert the weight matrices at load to fp32|bf16|int8 (int8: Q8_0-like, a scale per 32 weights)")
       ("comm-timeout", po::value(&c.comm_timeout_s)->default_value(120.0, "120"),

@@ -127,55 +127,8 @@ void Engine::check_kv_capacity(const std::vector<GenerationRequest>& requests) c
   }
 }
 
-std::vector<int> Engine::kv_waves(const std::vector<GenerationRequest>& requests) const {
-  check_kv_capacity(requests);
-  const long free_blocks = stage_->kv_pool().free_blocks();
-  std::vector<int> starts{0};
-  long used = 0;
-  for (int i = 0; i < static_cast<int>(requests.size()); ++i) {
-    const int positions = static_cast<int>(encode_checked(requests[i]).size()) + requests[i].steps - 1;
-    const long needed = stage_->kv_blocks_for(positions);
-    if (used + needed > free_blocks) {
-      starts.push_back(i);
-      used = 0;
-    }
-    used += needed;
-  }
-  starts.push_back(static_cast<int>(requests.size()));
-  return starts;
-}
-
 std::vector<GenerationResult> Engine::generate(const std::vector<GenerationRequest>& requests,
                                                const PieceCallback& on_piece, const LogitsCallback& on_logits) {
-  const std::vector<int> waves = kv_waves(requests);
-  const int n_waves = static_cast<int>(waves.size()) - 1;
-  if (n_waves <= 1) return generate_wave(requests, on_piece, on_logits);
-  // The pool cannot hold every sequence at once: run them in waves, each starting when the previous one has
-  // given its blocks back. A wave's time to first token includes the waves before it.
-  if (is_output_rank()) {
-    log::note("the KV pool ({} free blocks of {} tokens) holds {} of the {} sequences at once: running them in {} "
-              "waves (--kv-blocks raises the pool)",
-              stage_->kv_pool().free_blocks(), options_.kv_block_tokens, waves[1] - waves[0], requests.size(), n_waves);
-  }
-  const double start_s = now_s();
-  std::vector<GenerationResult> results;
-  for (int w = 0; w < n_waves; ++w) {
-    const std::vector<GenerationRequest> wave(requests.begin() + waves[w], requests.begin() + waves[w + 1]);
-    const double queued_s = now_s() - start_s;
-    LogitsCallback wave_logits;
-    if (on_logits) {
-      wave_logits = [&, first = waves[w]](int i, int step, const float* logits) { on_logits(first + i, step, logits); };
-    }
-    for (GenerationResult& r : generate_wave(wave, {}, wave_logits)) {
-      r.stats.prefill_s += queued_s;
-      results.push_back(std::move(r));
-    }
-  }
-  return results;
-}
-
-std::vector<GenerationResult> Engine::generate_wave(const std::vector<GenerationRequest>& requests,
-                                                    const PieceCallback& on_piece, const LogitsCallback& on_logits) {
   const int n = static_cast<int>(requests.size());
   std::vector<GenerationResult> results(n);
   std::vector<SequenceSpec> specs(n);
@@ -186,6 +139,14 @@ std::vector<GenerationResult> Engine::generate_wave(const std::vector<Generation
     results[i].chunk_tokens = options_.chunk_tokens > 0 ? std::min(options_.chunk_tokens, n_prompt)
                                                          : options_.chunk_policy.chunk_for(n_prompt);
     specs[i] = {results[i].prompt_ids, requests[i].steps, requests[i].sampler, results[i].chunk_tokens};
+  }
+  check_kv_capacity(requests);
+  long needed = 0;
+  for (const SequenceSpec& spec : specs) needed += pipeline_->kv_blocks_needed(spec);
+  if (needed > stage_->kv_pool().free_blocks() && is_output_rank()) {
+    log::note("the KV pool ({} free blocks of {} tokens) cannot hold all {} sequences at their longest ({} blocks): "
+              "the others wait and start as running ones finish (--kv-blocks raises the pool)",
+              stage_->kv_pool().free_blocks(), options_.kv_block_tokens, n, needed);
   }
   const int rows = Pipeline::max_rows_for(PipelineOptions{options_.micro_batches}, specs);
   if (rows > stage_->max_rows()) stage_->reserve_rows(rows);

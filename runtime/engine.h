@@ -101,16 +101,12 @@ class Engine {
   // Checks that the KV pool can hold each request alone at its longest; ResourceError if one cannot.
   // Every rank computes the same answer, so the check belongs before generation starts.
   void check_kv_capacity(const std::vector<GenerationRequest>& requests) const;
-  // The requests in waves, consecutive in order, each of which the KV pool holds together at their longest:
-  // generate() runs one wave after another when they do not all fit at once (one wave when they do).
-  // Returns each wave's first request index, plus requests.size() at the end.
-  std::vector<int> kv_waves(const std::vector<GenerationRequest>& requests) const;
 
   const memory::Arena& arena() const { return *arena_; }
   const memory::KvBlockPool& kv_pool() const { return stage_->kv_pool(); }
 
-  // Generates every request: all in flight together, or in kv_waves() when the KV pool cannot hold them at
-  // once. Results on the output rank, empty elsewhere.
+  // Generates every request, all in flight together as far as the KV pool holds them (the rest wait for
+  // blocks: see KV admission in pipeline.h). Results on the output rank, empty elsewhere.
   std::vector<GenerationResult> generate(const std::vector<GenerationRequest>& requests,
                                          const PieceCallback& on_piece = {}, const LogitsCallback& on_logits = {});
   // Token sequences straight through the pipeline (benchmarks, accuracy checks): every rank calls it with
@@ -123,9 +119,6 @@ class Engine {
   GenerationResult generate(const GenerationRequest& request, const PieceCallback& on_piece = {});
 
  private:
-  // One wave of generate(): every request in flight together (the KV pool holds them).
-  std::vector<GenerationResult> generate_wave(const std::vector<GenerationRequest>& requests,
-                                              const PieceCallback& on_piece, const LogitsCallback& on_logits);
   double created_s_;  // first member: load_s() covers everything the constructor does
   EngineOptions options_;
   partition::Mesh mesh_;

@@ -16,6 +16,7 @@ namespace {
 constexpr int kTagHeader = 101;
 constexpr int kTagActivations = 102;
 constexpr int kTagReply = 103;
+constexpr int kTagReleased = 104;
 constexpr int kKindStop = 0;
 constexpr int kKindWork = 1;
 }  // namespace
@@ -32,21 +33,27 @@ struct Pipeline::Item {
     wants_logits.clear();
     token.clear();
   }
-  // Header wire format, fixed size for max_rows: kind, n_rows, seq[max_rows], pos[...], wants[...].
-  void encode(int kind, int max_rows, std::vector<int>& out) const {
-    out.assign(2 + 3 * static_cast<std::size_t>(max_rows), 0);
+  // Header wire format, fixed size for max_rows: kind, n_rows, n_released, seq[max_rows], pos[...],
+  // wants[...]. n_released sequences follow in a message of their own when it is not zero.
+  static std::size_t header_ints(int max_rows) { return 3 + 3 * static_cast<std::size_t>(max_rows); }
+  void encode(int kind, int max_rows, int n_released, std::vector<int>& out) const {
+    out.assign(header_ints(max_rows), 0);
     out[0] = kind;
     out[1] = n_rows();
-    std::copy(seq.begin(), seq.end(), out.begin() + 2);
-    std::copy(pos.begin(), pos.end(), out.begin() + 2 + max_rows);
-    std::copy(wants_logits.begin(), wants_logits.end(), out.begin() + 2 + 2 * max_rows);
+    out[2] = n_released;
+    std::copy(seq.begin(), seq.end(), out.begin() + 3);
+    std::copy(pos.begin(), pos.end(), out.begin() + 3 + max_rows);
+    std::copy(wants_logits.begin(), wants_logits.end(), out.begin() + 3 + 2 * max_rows);
   }
-  int decode(const std::vector<int>& in, int max_rows) {
+  // Returns the kind; n_released is set from the header.
+  int decode(const std::vector<int>& in, int max_rows, int& n_released) {
     const int n = in[1];
     SL_CHECK(n >= 0 && n <= max_rows);
-    seq.assign(in.begin() + 2, in.begin() + 2 + n);
-    pos.assign(in.begin() + 2 + max_rows, in.begin() + 2 + max_rows + n);
-    wants_logits.assign(in.begin() + 2 + 2 * max_rows, in.begin() + 2 + 2 * max_rows + n);
+    n_released = in[2];
+    SL_CHECK(n_released >= 0);
+    seq.assign(in.begin() + 3, in.begin() + 3 + n);
+    pos.assign(in.begin() + 3 + max_rows, in.begin() + 3 + max_rows + n);
+    wants_logits.assign(in.begin() + 3 + 2 * max_rows, in.begin() + 3 + 2 * max_rows + n);
     return in[0];
   }
 };
@@ -59,6 +66,8 @@ struct Pipeline::SeqState {
   int last_token = -1;
   bool awaiting = false;   // a token of this sequence is being sampled downstream
   bool done = false;
+  bool admitted = false;   // stage 0: the sequence holds a share of the KV pools (see KV admission)
+  int kv_blocks = 0;       // blocks it needs at its longest
   std::unique_ptr<Sampler> sampler;  // last stage only
   int n_prompt() const { return static_cast<int>(spec->prompt_ids.size()); }
 };
@@ -81,10 +90,18 @@ int Pipeline::max_rows_for(const PipelineOptions& options, const std::vector<Seq
   return most;
 }
 
+int Pipeline::kv_blocks_needed(const SequenceSpec& spec) const {
+  return stage_.kv_blocks_for(static_cast<int>(spec.prompt_ids.size()) + spec.steps - 1);
+}
+
 std::vector<SequenceOutput> Pipeline::run(const std::vector<SequenceSpec>& sequences, const TokenCallback& on_token) {
   start_s_ = now_s();
   stats_ = {};
   next_group_ = 0;
+  admitted_ = 0;
+  kv_capacity_ = stage_.kv_pool().free_blocks();
+  kv_reserved_ = 0;
+  released_.clear();
   const int n = static_cast<int>(sequences.size());
   max_rows_ = max_rows_for(options_, sequences);
   SL_CHECK_MSG(max_rows_ <= stage_.max_rows(), "stage sized for {} rows, schedule needs {}", stage_.max_rows(), max_rows_);
@@ -95,7 +112,10 @@ std::vector<SequenceOutput> Pipeline::run(const std::vector<SequenceSpec>& seque
     seqs[i].spec = &spec;
     // Positions used: the prompt, then every generated token but the last.
     const int positions = static_cast<int>(spec.prompt_ids.size()) + spec.steps - 1;
-    seqs[i].cache = stage_.make_kv_cache(positions);
+    seqs[i].cache = stage_.make_kv_cache(positions);  // takes blocks only as positions are reached
+    seqs[i].kv_blocks = kv_blocks_needed(spec);
+    SL_CHECK_MSG(seqs[i].kv_blocks <= kv_capacity_, "sequence {} needs {} KV blocks, the pool has {} free", i,
+                 seqs[i].kv_blocks, kv_capacity_);
     if (mesh_.is_last_stage()) seqs[i].sampler = std::make_unique<Sampler>(stage_.shape().vocab_size, spec.sampler);
   }
   rows_.resize(max_rows_);
@@ -112,15 +132,36 @@ std::vector<SequenceOutput> Pipeline::run(const std::vector<SequenceSpec>& seque
   return outputs;
 }
 
+void Pipeline::admit(std::vector<SeqState>& seqs) {
+  while (admitted_ < static_cast<int>(seqs.size()) && kv_reserved_ + seqs[admitted_].kv_blocks <= kv_capacity_) {
+    seqs[admitted_].admitted = true;
+    kv_reserved_ += seqs[admitted_].kv_blocks;
+    ++admitted_;
+  }
+}
+
+void Pipeline::release(std::vector<SeqState>& seqs, int sequence) {
+  SeqState& s = seqs[sequence];
+  s.cache = KvCache();  // its blocks go back to this rank's pool
+  kv_reserved_ -= s.kv_blocks;
+  if (!mesh_.is_last_stage()) released_.push_back(sequence);
+}
+
+void Pipeline::send_header(const std::vector<int>& header, const std::vector<int>& released, int next) {
+  world_.send(header.data(), header.size() * sizeof(int), next, kTagHeader);
+  if (!released.empty()) world_.send(released.data(), released.size() * sizeof(int), next, kTagReleased);
+}
+
 bool Pipeline::build_item(std::vector<SeqState>& seqs, Item& item) {
   item.clear();
+  admit(seqs);
   const int n = static_cast<int>(seqs.size());
   const int m = std::max(1, std::min(options_.micro_batches, n));
   for (int tried = 0; tried < m; ++tried) {
     const int group = (next_group_ + tried) % m;
     for (int i = group; i < n; i += m) {
       SeqState& s = seqs[i];
-      if (s.done || s.awaiting) continue;
+      if (s.done || s.awaiting || !s.admitted) continue;
       if (s.fed < s.n_prompt()) {
         const int take = std::min(s.spec->chunk_tokens, s.n_prompt() - s.fed);
         for (int t = 0; t < take; ++t) {
@@ -204,11 +245,15 @@ void Pipeline::apply_tokens(const Item& item, const std::vector<int>& tokens, st
     s.awaiting = false;
     if (token == kBosId) {  // llama2.c: BOS delimits sequences
       s.done = true;
+      release(seqs, item.seq[r]);
       continue;
     }
     s.generated += 1;
     s.last_token = token;
-    if (s.generated == s.spec->steps) s.done = true;
+    if (s.generated == s.spec->steps) {
+      s.done = true;
+      release(seqs, item.seq[r]);
+    }
   }
   SL_CHECK(next == tokens.size());
 }
@@ -234,8 +279,9 @@ void Pipeline::run_first_stage(std::vector<SeqState>& seqs, std::vector<Sequence
   struct Slot {
     Item item;
     std::vector<int> header;
+    std::vector<int> released;  // finished sequences announced by this header
     std::vector<float> x;  // (max_rows, dim)
-    std::unique_ptr<comm::PendingSend> header_send, x_send;
+    std::unique_ptr<comm::PendingSend> header_send, released_send, x_send;
   };
   std::vector<Slot> slots(window);
   for (auto& slot : slots) slot.x.resize(static_cast<std::size_t>(max_rows_) * dim);
@@ -249,10 +295,18 @@ void Pipeline::run_first_stage(std::vector<SeqState>& seqs, std::vector<Sequence
       Slot& slot = slots[issued % window];
       if (!build_item(seqs, slot.item)) break;
       if (slot.header_send) slot.header_send->wait();
+      if (slot.released_send) slot.released_send->wait();
       if (slot.x_send) slot.x_send->wait();
       forward_item(slot.item, seqs, slot.x.data());
-      slot.item.encode(kKindWork, max_rows_, slot.header);
+      slot.released.swap(released_);
+      released_.clear();
+      slot.item.encode(kKindWork, max_rows_, static_cast<int>(slot.released.size()), slot.header);
       slot.header_send = world_.isend(slot.header.data(), slot.header.size() * sizeof(int), next, kTagHeader);
+      slot.released_send.reset();
+      if (!slot.released.empty()) {
+        slot.released_send =
+            world_.isend(slot.released.data(), slot.released.size() * sizeof(int), next, kTagReleased);
+      }
       slot.x_send = world_.isend(slot.x.data(), static_cast<std::size_t>(slot.item.n_rows()) * dim * sizeof(float), next,
                                  kTagActivations);
       in_flight.push_back(static_cast<int>(issued % window));
@@ -265,10 +319,11 @@ void Pipeline::run_first_stage(std::vector<SeqState>& seqs, std::vector<Sequence
     in_flight.pop_front();
   }
   std::vector<int> stop;
-  Item().encode(kKindStop, max_rows_, stop);
+  Item().encode(kKindStop, max_rows_, 0, stop);
   world_.send(stop.data(), stop.size() * sizeof(int), next, kTagHeader);
   for (auto& slot : slots) {
     if (slot.header_send) slot.header_send->wait();
+    if (slot.released_send) slot.released_send->wait();
     if (slot.x_send) slot.x_send->wait();
   }
 }
@@ -279,21 +334,32 @@ void Pipeline::run_later_stage(std::vector<SeqState>& seqs, std::vector<Sequence
   const int prev = mesh_.prev_stage_rank();
   const int next = mesh_.next_stage_rank();
   const int first = mesh_.rank_of(0, mesh_.tp_rank());
-  std::vector<int> header(2 + 3 * static_cast<std::size_t>(max_rows_));
+  std::vector<int> header(Item::header_ints(max_rows_));
+  std::vector<int> released;
   std::vector<float> x(static_cast<std::size_t>(max_rows_) * dim);  // (max_rows, dim)
   std::vector<int> tokens;
   std::vector<int> reply(1 + static_cast<std::size_t>(max_rows_));
   Item item;
   for (;;) {
     world_.recv(header.data(), header.size() * sizeof(int), prev, kTagHeader);
-    if (item.decode(header, max_rows_) == kKindStop) {
+    int n_released = 0;
+    if (item.decode(header, max_rows_, n_released) == kKindStop) {
       if (next >= 0) world_.send(header.data(), header.size() * sizeof(int), next, kTagHeader);
       return;
+    }
+    released.resize(n_released);
+    if (n_released > 0) {
+      // Finished sequences: free their blocks before this item's rows (maybe new sequences) take any.
+      world_.recv(released.data(), released.size() * sizeof(int), prev, kTagReleased);
+      for (int sequence : released) {
+        SL_CHECK(sequence >= 0 && sequence < static_cast<int>(seqs.size()));
+        seqs[sequence].cache = KvCache();
+      }
     }
     world_.recv(x.data(), static_cast<std::size_t>(item.n_rows()) * dim * sizeof(float), prev, kTagActivations);
     forward_item(item, seqs, x.data());
     if (next >= 0) {
-      world_.send(header.data(), header.size() * sizeof(int), next, kTagHeader);
+      send_header(header, released, next);
       world_.send(x.data(), static_cast<std::size_t>(item.n_rows()) * dim * sizeof(float), next, kTagActivations);
       continue;
     }

@@ -6,8 +6,15 @@
 // A sequence waits only for its own sampled token; prefill chunks never wait, so one long prompt also
 // overlaps across stages.
 //
+// KV admission (continuous batching): a sequence enters the schedule only when every stage's KV pool can
+// hold it at its longest, next to the sequences already running; the others wait, in order, and enter as
+// finished sequences give their blocks back. Stage 0 decides (every stage's pool has the same number of
+// blocks, and a sequence needs the same number of blocks on each); a finished sequence's release travels
+// with the next header, ahead of that header's rows, so a later stage frees before it allocates.
+//
 // Messages, all point to point between ranks of equal tp_rank:
-//   stage s -> s+1:        header (kind, rows: sequence, position, wants-logits) + activations (rows, dim)
+//   stage s -> s+1:        header (kind, rows: sequence, position, wants-logits; released count), the
+//                          released sequences when there are any, then activations (rows, dim)
 //   last stage -> stage 0: reply (the tokens sampled for the item's wants-logits rows)
 // Stage 0 sends activations without blocking and only reuses a buffer whose item has been answered, and
 // replies are received only by stage 0, so the ring of stages cannot deadlock.
@@ -66,6 +73,9 @@ class Pipeline {
   // outputs on the last stage, an empty vector elsewhere.
   std::vector<SequenceOutput> run(const std::vector<SequenceSpec>& sequences, const TokenCallback& on_token = {});
 
+  // Blocks one sequence holds at its longest on every stage (prompt + steps - 1 positions).
+  int kv_blocks_needed(const SequenceSpec& spec) const;
+
   const PipelineStats& stats() const { return stats_; }
 
  private:
@@ -79,6 +89,12 @@ class Pipeline {
   void sample_item(const Item& item, std::vector<SeqState>& seqs, const float* x, std::vector<SequenceOutput>& outputs,
                    const TokenCallback& on_token, std::vector<int>& tokens);
   void apply_tokens(const Item& item, const std::vector<int>& tokens, std::vector<SeqState>& seqs);
+  // Stage 0: admits waiting sequences, in order, while the KV pools hold them.
+  void admit(std::vector<SeqState>& seqs);
+  // Stage 0: a finished sequence gives its blocks back here and, with the next header, on the later stages.
+  void release(std::vector<SeqState>& seqs, int sequence);
+  // Sends a header to the next stage, and the released sequences after it when it announces any.
+  void send_header(const std::vector<int>& header, const std::vector<int>& released, int next);
 
   StageBackend& stage_;
   partition::Mesh mesh_;
@@ -86,6 +102,11 @@ class Pipeline {
   PipelineOptions options_;
   PipelineStats stats_;
   int max_rows_ = 0;
+  // KV admission on stage 0 (see above).
+  int admitted_ = 0;          // sequences [0, admitted_) have entered the schedule
+  long kv_capacity_ = 0;      // blocks every stage's pool had free when the run started
+  long kv_reserved_ = 0;      // blocks the admitted, unreleased sequences need at their longest
+  std::vector<int> released_;  // finished sequences the later stages have not been told about yet
   int next_group_ = 0;
   double start_s_ = 0.0;
   std::vector<Row> rows_;             // (max_rows) the rows of the item being forwarded

@@ -1,8 +1,8 @@
 // The paged KV cache in the whole engine: 300 generated tokens with 16-token blocks (19 blocks per
 // sequence) equal the unpaged result exactly (a single block holding every position is the contiguous
 // layout), logits bit for bit; odd block sizes and batched sequences too; a sequence the pool cannot hold
-// alone is a clean ResourceError before any work; more sequences than the pool holds at once run in waves
-// with the same tokens; blocks go back to the pool after each generation.
+// alone is a clean ResourceError before any work; more sequences than the pool holds at once wait for
+// blocks and start as others finish, with the same tokens; blocks go back to the pool after each generation.
 #include <cstring>
 
 #include <gtest/gtest.h>
@@ -109,10 +109,11 @@ TEST(PagedKv, AnExhaustedPoolIsACleanErrorBeforeAnyWork) {
   EXPECT_EQ(engine.kv_pool().peak_used_blocks(), 4);
 }
 
-TEST(PagedKv, SequencesBeyondThePoolRunInWavesWithTheSameTokensAndLogits) {
+TEST(PagedKv, SequencesBeyondThePoolWaitForBlocksAndGiveTheSameTokensAndLogits) {
   SHARDLINE_REQUIRE_MODEL_FILE(test::model_file("mini-gqa.bin"));
   auto comm = comm::make_solo_communicator();
-  // Each request: 5 prompt tokens + 63 steps = 5 blocks of 16. A 12-block pool holds two at once.
+  // Each request: 5 prompt tokens + 63 steps = 5 blocks of 16. A 12-block pool holds two at once; the
+  // sampled ones may stop early at BOS and make room sooner.
   std::vector<GenerationRequest> requests;
   for (int i = 0; i < 5; ++i) {
     GenerationRequest r{"Once upon a time", 64, {}};
@@ -120,29 +121,30 @@ TEST(PagedKv, SequencesBeyondThePoolRunInWavesWithTheSameTokensAndLogits) {
     r.sampler.seed = 100 + i;
     requests.push_back(r);
   }
-  auto run = [&](int kv_blocks, std::vector<int>* waves) {
-    Engine engine(options_with_blocks(16, kv_blocks), partition::Mesh::single(), *comm, *comm);
-    if (waves) *waves = engine.kv_waves(requests);
+  auto run = [&](int kv_blocks, int micro_batches) {
+    EngineOptions options = options_with_blocks(16, kv_blocks);
+    options.micro_batches = micro_batches;
+    Engine engine(options, partition::Mesh::single(), *comm, *comm);
     std::vector<std::vector<float>> logits(requests.size());
     const auto results = engine.generate(requests, {}, [&](int i, int, const float* l) {
       logits.at(i).insert(logits[i].end(), l, l + engine.shape().vocab_size);
     });
     EXPECT_LE(engine.kv_pool().peak_used_blocks(), kv_blocks);
     EXPECT_EQ(engine.kv_pool().used_blocks(), 0);
-    return std::make_pair(results, logits);
+    return std::make_tuple(results, logits, engine.kv_pool().peak_used_blocks());
   };
-  std::vector<int> waves;
-  const auto [in_waves, wave_logits] = run(12, &waves);
-  EXPECT_EQ(waves, (std::vector<int>{0, 2, 4, 5}));
-  std::vector<int> together_waves;
-  const auto [together, together_logits] = run(64, &together_waves);
-  EXPECT_EQ(together_waves, (std::vector<int>{0, 5}));
-  ASSERT_EQ(in_waves.size(), together.size());
-  for (std::size_t i = 0; i < together.size(); ++i) {
-    EXPECT_EQ(in_waves[i].ids, together[i].ids) << "sequence " << i;
-    EXPECT_EQ(in_waves[i].text, together[i].text) << "sequence " << i;
-    EXPECT_EQ(wave_logits[i], together_logits[i]) << "sequence " << i;
-    if (i % 2 == 0) EXPECT_EQ(in_waves[i].ids.size(), 64u) << "greedy sequence " << i;
+  const auto [together, together_logits, together_peak] = run(64, 1);
+  EXPECT_GT(together_peak, 12) << "the unconstrained run must need more than the small pool";
+  for (int micro_batches : {1, 2}) {
+    const auto [waited, waited_logits, peak] = run(12, micro_batches);
+    ASSERT_EQ(waited.size(), together.size());
+    for (std::size_t i = 0; i < together.size(); ++i) {
+      SCOPED_TRACE(::testing::Message() << "sequence " << i << ", m=" << micro_batches);
+      EXPECT_EQ(waited[i].ids, together[i].ids);
+      EXPECT_EQ(waited[i].text, together[i].text);
+      EXPECT_EQ(waited_logits[i], together_logits[i]);
+      if (i % 2 == 0) EXPECT_EQ(waited[i].ids.size(), 64u) << "greedy";
+    }
   }
 }
 
