@@ -33,10 +33,6 @@ void parallel_for(int n, Body&& body) {
       &body);
 }
 
-// y = x · Wᵀ for n rows of x at once (n = 1 is decode's GEMV, n > 1 is prefill's GEMM).
-//   y: (n, d)   x: (n, k)   w: (d, k) row-major, rows = output features, as llama2.c stores them.
-void matmul(float* y, const float* x, const float* w, int n, int k, int d);
-
 // RMSNorm of n rows: out[r] = x[r] / sqrt(mean(x[r]²) + eps) * weight. out may alias x.
 //   out, x: (n, dim)   weight: (dim)
 void rmsnorm(float* out, const float* x, const float* weight, int n, int dim, float eps);
