@@ -10,7 +10,6 @@
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
-#include <random>
 #include <vector>
 
 #include <benchmark/benchmark.h>
@@ -19,29 +18,13 @@
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/packed_matmul.h"
+#include "tests/support/kernel_fixtures.h"
 
 namespace shardline::kernels::cpu {
 namespace {
 
-std::vector<float> random_floats(std::size_t count, std::uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  std::vector<float> out(count);
-  for (float& v : out) v = dist(rng);
-  return out;
-}
-
-// set_num_threads is process-wide; restore it so one benchmark's thread count never leaks into the next.
-class ScopedThreads {
- public:
-  explicit ScopedThreads(int n_threads) : previous_(set_num_threads(n_threads)) {}
-  ~ScopedThreads() { set_num_threads(previous_); }
-  ScopedThreads(const ScopedThreads&) = delete;
-  ScopedThreads& operator=(const ScopedThreads&) = delete;
-
- private:
-  int previous_;
-};
+using test::random_floats;
+using test::ScopedThreads;
 
 // Packed weights (the engine's path) in each dtype. Args: dtype (0 fp32, 1 bf16, 2 int8), n, k, d, threads.
 // bytes_per_second counts the packed weight bytes (what a decode step streams); the read_GBps counter is

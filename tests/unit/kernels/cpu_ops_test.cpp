@@ -14,33 +14,17 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/support/kernel_fixtures.h"
 #include "tests/support/nmse.h"
 
 namespace shardline::kernels::cpu {
 namespace {
 
 using test::nmse_below;
+using test::random_floats;
+using test::ScopedThreads;
 // NMSE bound for a float kernel against a double reference, and why: tests/support/nmse.h.
 constexpr double kMaxNmse = test::kFloatKernelMaxNmse;
-
-std::vector<float> random_floats(std::mt19937& rng, std::size_t count, float lo = -1.0f, float hi = 1.0f) {
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> out(count);
-  for (float& v : out) v = dist(rng);
-  return out;
-}
-
-// set_num_threads is process-wide; restore it so one test's thread count never leaks into the next.
-class ScopedThreads {
- public:
-  explicit ScopedThreads(int n_threads) : previous_(set_num_threads(n_threads)) {}
-  ~ScopedThreads() { set_num_threads(previous_); }
-  ScopedThreads(const ScopedThreads&) = delete;
-  ScopedThreads& operator=(const ScopedThreads&) = delete;
-
- private:
-  int previous_;
-};
 
 constexpr int kThreadCounts[] = {1, 2};
 

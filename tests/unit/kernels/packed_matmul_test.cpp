@@ -29,6 +29,7 @@
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/packed_matmul.h"
 #include "kernels/cpu/weight_format.h"
+#include "tests/support/kernel_fixtures.h"
 #include "tests/support/nmse.h"
 #include "tests/support/packed_weights.h"
 
@@ -37,25 +38,9 @@ namespace {
 
 using test::nmse;
 using test::nmse_below;
+using test::random_floats;
+using test::ScopedThreads;
 constexpr WeightDtype kDtypes[] = {WeightDtype::kF32, WeightDtype::kBf16, WeightDtype::kInt8};
-
-std::vector<float> random_floats(std::mt19937& rng, std::size_t count, float lo = -1.0f, float hi = 1.0f) {
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> out(count);
-  for (float& v : out) v = dist(rng);
-  return out;
-}
-
-class ScopedThreads {
- public:
-  explicit ScopedThreads(int n) : previous_(set_num_threads(n)) {}
-  ~ScopedThreads() { set_num_threads(previous_); }
-  ScopedThreads(const ScopedThreads&) = delete;
-  ScopedThreads& operator=(const ScopedThreads&) = delete;
-
- private:
-  int previous_;
-};
 
 class ScopedIsa {
  public:
