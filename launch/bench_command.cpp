@@ -15,6 +15,7 @@
 #include "common/units.h"
 #include "kernels/cpu/isa.h"
 #include "launch/cli_options.h"
+#include "launch/placement_setup.h"
 #include "partition/mesh.h"
 #include "partition/model_presets.h"
 #include "partition/shard.h"
@@ -251,6 +252,10 @@ int bench_command(const std::vector<std::string>& args, const MpiSession& mpi) {
   const bool output = mesh->rank() == output_rank;
   log::set_place(mesh->tag(), output);
   runtime::CommGroups groups = runtime::make_comm_groups(*mesh, {mpi.active(), c.comm_timeout_s});
+  // The rank stays where the launcher put it (no --bind here); its threads are pinned one per core when
+  // it has exactly one core per thread, as `run` pins them.
+  PlacedRank placed = place_this_rank(mpi, memory::BindMode::kNone);
+  runtime::start_kernel_threads(placed.binding, c.threads);
 
   bool header_printed = false;
   for (const std::string& preset : c.presets) {
@@ -280,7 +285,7 @@ int bench_command(const std::vector<std::string>& args, const MpiSession& mpi) {
       options.weights_dtype = dtype;
       runtime::Engine engine(options, *mesh, *groups.world, *groups.tp);
       if (output && !c.json && !header_printed) {
-        print_header(c, *mesh, engine.threads_pinned());
+        print_header(c, *mesh, placed.binding.pinned_threads > 0);
         header_printed = true;
       }
       results.push_back(runtime::run_roofline_bench(engine, *groups.world, c.bench));

@@ -7,7 +7,6 @@
 #include <fstream>
 #include <iostream>
 #include <optional>
-#include <thread>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -144,17 +143,10 @@ std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, 
   c.engine.weights_in_arena = weights == "arena";
   if (c.engine.kv_block_tokens < 1) throw ConfigError("--kv-block-tokens must be >= 1");
   if (c.engine.kv_blocks < 0) throw ConfigError("--kv-blocks must be >= 0 (0 = automatic)");
-  if (vm.count("threads")) {
+  if (vm.count("threads")) {  // else one per core of the rank's placement, once it is placed (phase 2)
     c.threads_given = true;
     c.engine.threads = vm["threads"].as<int>();
     if (c.engine.threads < 1) throw ConfigError("--threads must be >= 1");
-  } else {
-    // A rank bound to a subset of the host's cores uses that subset; unbound ranks on one host share its
-    // cores (MPI tells how many ranks share this node, whatever the launcher).
-    const int local_ranks = std::max(1, mpi.local_size());
-    const int cores = available_cores();
-    const bool bound = cores < static_cast<int>(std::thread::hardware_concurrency());
-    c.engine.threads = bound ? cores : std::max(1, cores / local_ranks);
   }
   c.engine.weights_dtype = parse_weights_dtype_flag(weights_dtype);
   if (!layer_split.empty()) c.engine.layers_per_stage = parse_int_list("--layers-per-stage", layer_split);
@@ -372,7 +364,8 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
           "weights_dtype: {}\nkernel_isa: {}\ndevice: {}\n",
           config->engine.model_path, config->engine.tokenizer_path, config->requests.size(),
           config->requests[0].steps, config->requests[0].sampler.temperature, config->requests[0].sampler.top_p,
-          config->requests[0].sampler.seed, config->engine.threads,
+          config->requests[0].sampler.seed,
+          config->threads_given ? std::to_string(config->engine.threads) : "one per core of the rank's placement",
           config->engine.chunk_tokens > 0 ? std::to_string(config->engine.chunk_tokens) : "planned per prompt",
           config->engine.micro_batches, mpi.launcher(), mpi.world_size(), mesh->tp_size(), mesh->pp_size(),
           config->comm_timeout_s, plan ? runtime::describe(*plan) : config->plan, memory::bind_mode_name(config->bind),
@@ -436,7 +429,7 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
                format_bytes(engine->weights().repacked_bytes()));
   }
   log::debug("weights {} on {} kernels; kernel threads {}", kernels::cpu::weight_dtype_name(config->engine.weights_dtype),
-             kernels::cpu::isa_name(kernels::cpu::active_isa()), engine->threads_pinned() ? "pinned to cores" : "not pinned");
+             kernels::cpu::isa_name(kernels::cpu::active_isa()), placed->binding.pinned_threads > 0 ? "pinned to cores" : "not pinned");
 
   if (config->verbose) {
     // What the launcher's variables say, then where MPI itself places this rank (the authority).

@@ -1,7 +1,5 @@
 #include "runtime/engine.h"
 
-#include <sched.h>
-
 #include <algorithm>
 
 #include <fmt/format.h>
@@ -26,18 +24,6 @@ partition::ModelShape checked_shape(const EngineOptions& options, const partitio
   return shape;
 }
 
-// The cores this process may run on, in order.
-std::vector<int> affinity_cpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  std::vector<int> cpus;
-  if (sched_getaffinity(0, sizeof(set), &set) != 0) return cpus;
-  for (int c = 0; c < CPU_SETSIZE; ++c) {
-    if (CPU_ISSET(c, &set)) cpus.push_back(c);
-  }
-  return cpus;
-}
-
 }  // namespace
 
 Engine::Engine(const EngineOptions& options, const partition::Mesh& mesh, comm::Communicator& world,
@@ -50,11 +36,7 @@ Engine::Engine(const EngineOptions& options, const partition::Mesh& mesh, comm::
       tokenizer_(options.tokenizer_path, shape_.vocab_size) {
   if (options.chunk_tokens < 0) throw ConfigError("--chunk-tokens must be >= 1");
   if (options.micro_batches < 1) throw ConfigError("--micro-batches must be >= 1");
-  kernels::cpu::set_num_threads(options.threads);
-  if (options.pin_threads) {
-    const std::vector<int> cpus = affinity_cpus();
-    if (static_cast<int>(cpus.size()) == options.threads) threads_pinned_ = kernels::cpu::pin_threads(cpus);
-  }
+  kernels::cpu::set_num_threads(options.threads);  // pinning them is the rank's placement's job (rank_binding.h)
   const auto stages = partition::stage_layer_ranges(shape_, mesh.pp_size(), options.layers_per_stage);
   const partition::RankShard shard = partition::shard_for(shape_, mesh, stages);
   shard_ = shard;

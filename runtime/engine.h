@@ -35,10 +35,6 @@ struct EngineOptions {
   int kv_block_tokens = 16;           // positions per KV cache block
   int kv_blocks = 0;                  // KV pool blocks per rank; 0: kDefaultKvContexts full contexts
   kernels::cpu::WeightDtype weights_dtype = kernels::cpu::WeightDtype::kF32;  // converted to at load
-  // Pin kernel thread t to the t-th core of this process's affinity mask, when the mask has exactly as
-  // many cores as threads (the launcher bound the rank to its cores). An unbound rank is never pinned: it
-  // cannot know which cores its neighbours on the host use.
-  bool pin_threads = true;
   // The backend (runtime/backend_choice.h): the CPU Stage, or the CUDA stage on this device.
   int cuda_device = -1;               // >= 0: run the stage on this CUDA device
   double comm_timeout_s = 120.0;      // the CUDA stage's NCCL TP group waits this long for a peer
@@ -112,8 +108,6 @@ class Engine {
   // Token sequences straight through the pipeline (benchmarks, accuracy checks): every rank calls it with
   // the same specs; outputs on the last stage, empty elsewhere.
   std::vector<SequenceOutput> generate_ids(const std::vector<SequenceSpec>& sequences);
-  // Whether pin_threads pinned this rank's kernel threads.
-  bool threads_pinned() const { return threads_pinned_; }
 
   // One request; the result is meaningful on the output rank only.
   GenerationResult generate(const GenerationRequest& request, const PieceCallback& on_piece = {});
@@ -131,7 +125,6 @@ class Engine {
   std::unique_ptr<StageBackend> stage_;
   std::unique_ptr<Pipeline> pipeline_;
   double load_s_ = 0.0;
-  bool threads_pinned_ = false;
 };
 
 }  // namespace shardline::runtime

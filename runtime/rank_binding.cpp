@@ -1,6 +1,7 @@
 #include "runtime/rank_binding.h"
 
 #include <algorithm>
+#include <set>
 
 #include <fmt/format.h>
 
@@ -28,6 +29,24 @@ std::string RankBinding::describe() const {
   return text;
 }
 
+namespace {
+// The cores holding any of pus, each with only its PUs among them, in the host's order.
+std::vector<memory::CoreInfo> cores_within(const memory::HostTopology& host, const std::vector<int>& pus) {
+  const std::set<int> wanted(pus.begin(), pus.end());
+  std::vector<memory::CoreInfo> cores;
+  for (const auto& node : host.numa_nodes) {
+    for (const auto& core : node.cores) {
+      memory::CoreInfo kept{core.index, {}};
+      for (int pu : core.pus) {
+        if (wanted.count(pu)) kept.pus.push_back(pu);
+      }
+      if (!kept.pus.empty()) cores.push_back(std::move(kept));
+    }
+  }
+  return cores;
+}
+}  // namespace
+
 RankBinding bind_this_rank(const memory::HostTopology& host, int local_rank, int local_size, memory::BindMode mode) {
   SL_CHECK(host.is_this_system);
   RankBinding b;
@@ -44,6 +63,7 @@ RankBinding bind_this_rank(const memory::HostTopology& host, int local_rank, int
     }
     if (b.placement.applied != memory::BindMode::kNone) memory::bind_process_cpus(b.placement.pus);
   }
+  b.cpu_cores = cores_within(host, b.placement.applied != memory::BindMode::kNone ? b.placement.pus : b.initial_pus);
   if (b.placement.numa_node >= 0 && !memory::prefer_node_for_this_thread(b.placement.numa_node, &b.memory_note)) {
     b.placement.numa_node = -1;  // no NUMA support in the kernel: nothing can be bound
   }
@@ -72,8 +92,14 @@ void start_kernel_threads(RankBinding& binding, int threads) {
   SL_CHECK(threads >= 1);
   kernels::cpu::set_num_threads(threads);
   const auto& p = binding.placement;
-  if (p.applied != memory::BindMode::kCore || p.cores.empty()) return;
-  PinJob job{&p.cores, p.numa_node, std::vector<std::string>(threads)};
+  const std::vector<memory::CoreInfo>* cores = nullptr;
+  if (p.applied == memory::BindMode::kCore && !p.cores.empty()) {
+    cores = &p.cores;
+  } else if (static_cast<int>(binding.cpu_cores.size()) == threads) {
+    cores = &binding.cpu_cores;
+  }
+  if (cores == nullptr) return;  // fewer or more threads than cores: leave them to the OS
+  PinJob job{cores, p.numa_node, std::vector<std::string>(threads)};
   kernels::cpu::run_on_each_thread(&pin_one, &job);
   for (const auto& error : job.errors) {
     if (!error.empty()) throw ResourceError(fmt::format("pinning kernel threads: {}", error));

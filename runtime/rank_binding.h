@@ -1,7 +1,7 @@
 // Puts this rank where its placement says: plans it from the host's topology and the rank's place among
 // the host's ranks (memory/placement.h), binds the process's CPUs (unless the launcher already did: then
 // its binding is kept and reported), makes memory prefer the rank's NUMA node, and pins the kernel threads
-// one per core (--bind core). The arena, KV pool and weight mappings are bound to the same node by the
+// one per core. This is the only place that pins kernel threads. The arena, KV pool and weight mappings are bound to the same node by the
 // Engine (EngineOptions::numa_node = placement.numa_node).
 #pragma once
 
@@ -17,6 +17,9 @@ struct RankBinding {
   memory::RankPlacement placement;
   std::vector<int> initial_pus;  // the CPU set the process started with
   std::string memory_note;       // why memory is not bound to a node, if it is not
+  // The cores of the CPU set the process runs on once bound (ours, the launcher's, or all it was allowed),
+  // each with its PUs in that set.
+  std::vector<memory::CoreInfo> cpu_cores;
   int pinned_threads = 0;        // kernel threads pinned to a core each (0: none pinned)
 
   // Kernel threads to use when --threads is not given: one per core of the placement, or the host's cores
@@ -30,8 +33,11 @@ struct RankBinding {
 // ranks than cores on a node); ResourceError when binding fails.
 RankBinding bind_this_rank(const memory::HostTopology& host, int local_rank, int local_size, memory::BindMode mode);
 
-// Sets the kernel thread count and, under --bind core, pins thread t to core t % cores (and makes each
-// thread's memory prefer the rank's node).
+// Sets the kernel thread count and pins the threads one per core, so each keeps its core and its L2:
+//   - under --bind core, thread t to core t % cores of the placement (always);
+//   - otherwise when the rank's CPU set holds exactly `threads` cores (a launcher bound it to that many, or
+//     --bind numa / none left it that many), thread t to cpu_cores[t].
+// Pinned threads' memory prefers the rank's node. Records the count in pinned_threads.
 void start_kernel_threads(RankBinding& binding, int threads);
 
 }  // namespace shardline::runtime

@@ -4,7 +4,6 @@
 #pragma once
 
 #include <cstddef>
-#include <span>
 #include <type_traits>
 
 namespace shardline::kernels::cpu {
@@ -13,13 +12,9 @@ namespace shardline::kernels::cpu {
 int set_num_threads(int n_threads);
 int num_threads();
 // Calls fn(thread, context) once on each of the num_threads() kernel threads (thread 0 is the caller), so
-// the runtime can pin each worker to a core. Every kernel's parallel region reuses these threads.
+// the runtime can pin each worker to a core (runtime/rank_binding.h owns that). Every kernel's parallel
+// region reuses these threads.
 void run_on_each_thread(void (*fn)(int thread, void* context), void* context);
-
-// Pins kernel thread t to cpus[t] (the rank's cores), so each thread keeps its core and its L2 and two
-// threads never share a core. Needs cpus.size() >= num_threads(); returns false (pinning nothing further)
-// if the OS refuses.
-bool pin_threads(std::span<const int> cpus);
 
 // Runs body(item, thread) for item in [0, n) on the kernel threads, each thread a contiguous band of items
 // (thread < num_threads()). For independent per-row work (attention of the rows of a batch); a kernel
@@ -32,10 +27,6 @@ void parallel_for(int n, Body&& body) {
       n, [](void* context, int item, int thread) { (*static_cast<std::remove_reference_t<Body>*>(context))(item, thread); },
       &body);
 }
-
-// y = x · Wᵀ for n rows of x at once (n = 1 is decode's GEMV, n > 1 is prefill's GEMM).
-//   y: (n, d)   x: (n, k)   w: (d, k) row-major, rows = output features, as llama2.c stores them.
-void matmul(float* y, const float* x, const float* w, int n, int k, int d);
 
 // RMSNorm of n rows: out[r] = x[r] / sqrt(mean(x[r]²) + eps) * weight. out may alias x.
 //   out, x: (n, dim)   weight: (dim)

@@ -1,7 +1,4 @@
 #include <omp.h>
-#include <sched.h>
-
-#include <atomic>
 
 #include "kernels/cpu/ops.h"
 
@@ -39,20 +36,6 @@ void parallel_for_impl(int n, void (*body)(void* context, int item, int thread),
     const int end = static_cast<int>(static_cast<long>(n) * (t + 1) / nt);
     for (int i = begin; i < end; ++i) body(context, i, t);
   }
-}
-
-bool pin_threads(std::span<const int> cpus) {
-  if (cpus.size() < static_cast<std::size_t>(g_num_threads)) return false;
-  std::atomic<bool> ok{true};
-  // libgomp keeps the same pool threads for later regions of the same size, so the pinning sticks.
-#pragma omp parallel num_threads(g_num_threads)
-  {
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(cpus[omp_get_thread_num()], &set);
-    if (sched_setaffinity(0, sizeof(set), &set) != 0) ok = false;  // 0: the calling thread
-  }
-  return ok;
 }
 
 }  // namespace shardline::kernels::cpu

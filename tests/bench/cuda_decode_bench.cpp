@@ -24,6 +24,7 @@
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/graph.h"
 #include "kernels/cuda/ops.h"
+#include "tests/support/packed_weights.h"
 
 namespace cuda = shardline::kernels::cuda;
 namespace cpu = shardline::kernels::cpu;
@@ -217,30 +218,44 @@ GpuSpeeds gpu_tok_s(const Shape& s, const HostWeights& host, cuda::DeviceDtype d
 
 double cpu_tok_s(const Shape& s, const HostWeights& w) {
   cpu::set_num_threads(s.cpu_threads);
+  // The CPU backend's matmul: fp32 weights packed as the runtime packs them (before the clock starts).
+  const auto pack = [](const std::vector<float>& m, int d, int k) {
+    return shardline::test::pack_row_major(cpu::WeightDtype::kF32, m.data(), d, k);
+  };
+  const shardline::test::PackedWeights wq = pack(w.wq, s.dim, s.dim), wk = pack(w.wk, s.kv_dim(), s.dim),
+                                       wv = pack(w.wv, s.kv_dim(), s.dim), wo = pack(w.wo, s.dim, s.dim),
+                                       w1 = pack(w.w1, s.hidden, s.dim), w2 = pack(w.w2, s.dim, s.hidden),
+                                       w3 = pack(w.w3, s.hidden, s.dim), classifier = pack(w.classifier, s.vocab, s.dim);
+  cpu::Activations activations;
+  activations.reserve(1, std::max(s.dim, s.hidden));
+  auto matmul = [&](float* y, const float* x, const shardline::test::PackedWeights& m) {
+    activations.prepare(x, 1, m.matrix.k, cpu::WeightDtype::kF32);
+    cpu::matmul(y, activations, m.matrix);
+  };
   std::vector<float> x(s.dim, 0.01f), xb(s.dim), q(s.dim), k(s.kv_dim()), v(s.kv_dim()), att(s.dim), h1(s.hidden),
       h3(s.hidden), logits(s.vocab), scratch(static_cast<std::size_t>(s.heads) * s.context);
   std::vector<float> k_cache(static_cast<std::size_t>(s.context) * s.kv_dim(), 0.0f), v_cache(k_cache);
   auto step = [&] {
     for (int l = 0; l < s.layers; ++l) {
       cpu::rmsnorm(xb.data(), x.data(), w.norm.data(), 1, s.dim, 1e-5f);
-      cpu::matmul(q.data(), xb.data(), w.wq.data(), 1, s.dim, s.dim);
-      cpu::matmul(k.data(), xb.data(), w.wk.data(), 1, s.dim, s.kv_dim());
-      cpu::matmul(v.data(), xb.data(), w.wv.data(), 1, s.dim, s.kv_dim());
+      matmul(q.data(), xb.data(), wq);
+      matmul(k.data(), xb.data(), wk);
+      matmul(v.data(), xb.data(), wv);
       cpu::rope(q.data(), s.heads, s.head_size(), s.context - 1, 10000.0f);
       cpu::rope(k.data(), s.kv_heads, s.head_size(), s.context - 1, 10000.0f);
       cpu::attention(att.data(), q.data(), k_cache.data(), v_cache.data(), scratch.data(), s.context, s.heads,
                      s.kv_heads, s.head_size(), s.kv_dim());
-      cpu::matmul(xb.data(), att.data(), w.wo.data(), 1, s.dim, s.dim);
+      matmul(xb.data(), att.data(), wo);
       cpu::add_inplace(x.data(), xb.data(), s.dim);
       cpu::rmsnorm(xb.data(), x.data(), w.norm.data(), 1, s.dim, 1e-5f);
-      cpu::matmul(h1.data(), xb.data(), w.w1.data(), 1, s.dim, s.hidden);
-      cpu::matmul(h3.data(), xb.data(), w.w3.data(), 1, s.dim, s.hidden);
+      matmul(h1.data(), xb.data(), w1);
+      matmul(h3.data(), xb.data(), w3);
       cpu::swiglu(h1.data(), h3.data(), s.hidden);
-      cpu::matmul(xb.data(), h1.data(), w.w2.data(), 1, s.hidden, s.dim);
+      matmul(xb.data(), h1.data(), w2);
       cpu::add_inplace(x.data(), xb.data(), s.dim);
     }
     cpu::rmsnorm(xb.data(), x.data(), w.norm.data(), 1, s.dim, 1e-5f);
-    cpu::matmul(logits.data(), xb.data(), w.classifier.data(), 1, s.dim, s.vocab);
+    matmul(logits.data(), xb.data(), classifier);
     return cpu::argmax(logits.data(), s.vocab);
   };
   step();

@@ -10,7 +10,6 @@
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
-#include <random>
 #include <vector>
 
 #include <benchmark/benchmark.h>
@@ -19,62 +18,13 @@
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/packed_matmul.h"
+#include "tests/support/kernel_fixtures.h"
 
 namespace shardline::kernels::cpu {
 namespace {
 
-std::vector<float> random_floats(std::size_t count, std::uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  std::vector<float> out(count);
-  for (float& v : out) v = dist(rng);
-  return out;
-}
-
-// set_num_threads is process-wide; restore it so one benchmark's thread count never leaks into the next.
-class ScopedThreads {
- public:
-  explicit ScopedThreads(int n_threads) : previous_(set_num_threads(n_threads)) {}
-  ~ScopedThreads() { set_num_threads(previous_); }
-  ScopedThreads(const ScopedThreads&) = delete;
-  ScopedThreads& operator=(const ScopedThreads&) = delete;
-
- private:
-  int previous_;
-};
-
-// Args: n, k, d, threads.
-void BM_Matmul(benchmark::State& state) {
-  const int n = static_cast<int>(state.range(0));
-  const int k = static_cast<int>(state.range(1));
-  const int d = static_cast<int>(state.range(2));
-  ScopedThreads threads(static_cast<int>(state.range(3)));
-  const std::vector<float> w = random_floats(static_cast<std::size_t>(d) * k, 1);  // (d, k)
-  const std::vector<float> x = random_floats(static_cast<std::size_t>(n) * k, 2);  // (n, k)
-  std::vector<float> y(static_cast<std::size_t>(n) * d);                           // (n, d)
-  for (auto _ : state) {
-    matmul(y.data(), x.data(), w.data(), n, k, d);
-    benchmark::DoNotOptimize(y.data());
-    benchmark::ClobberMemory();
-  }
-  // Weight bytes only: x and y are tiny next to W, and W streamed once per call is the decode bound.
-  const auto weight_bytes = static_cast<std::int64_t>(d) * k * static_cast<std::int64_t>(sizeof(float));
-  state.SetBytesProcessed(state.iterations() * weight_bytes);
-  state.counters["GFLOPS"] = benchmark::Counter(2.0 * n * k * d, benchmark::Counter::kIsIterationInvariantRate,
-                                                benchmark::Counter::kIs1000);
-}
-
-void matmul_args(benchmark::internal::Benchmark* b) {
-  b->ArgNames({"n", "k", "d", "threads"});
-  // 110M (dim 768, hidden 2048): wq/wk/wv/wo, w1/w3, w2. TinyLlama 1.1B (dim 2048, hidden 5632): w1/w3.
-  const int shapes[][2] = {{768, 768}, {768, 2048}, {2048, 768}, {2048, 5632}};
-  for (int n : {1, 16}) {  // decode GEMV, prefill of 16 tokens
-    for (const auto& s : shapes) {
-      for (int threads : {1, 2}) b->Args({n, s[0], s[1], threads});
-    }
-  }
-}
-BENCHMARK(BM_Matmul)->Apply(matmul_args)->Unit(benchmark::kMicrosecond)->UseRealTime();
+using test::random_floats;
+using test::ScopedThreads;
 
 // Packed weights (the engine's path) in each dtype. Args: dtype (0 fp32, 1 bf16, 2 int8), n, k, d, threads.
 // bytes_per_second counts the packed weight bytes (what a decode step streams); the read_GBps counter is

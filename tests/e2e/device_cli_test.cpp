@@ -2,97 +2,42 @@
 // without a usable GPU, auto falls back to the CPU with one info line and still reproduces the goldens, and
 // cuda fails with one error line and exit 4 on every rank. The GPU test (label cuda) checks the goldens
 // through the CUDA stage and skips itself, with the reason, where no device exists.
-#include <unistd.h>
-
-#include <filesystem>
-#include <fstream>
-#include <sstream>
-#include <vector>
+#include <string>
 
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include "kernels/cuda/device.h"
+#include "tests/support/golden_run.h"
 #include "tests/support/models.h"
 #include "tests/support/process.h"
 
 namespace shardline::test {
 namespace {
 
-namespace fs = std::filesystem;
-
 constexpr const char* kModel = "mini-gqa.bin";
 
-class Device : public ::testing::Test {
+class Device : public GoldenCliTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("device_cli_test_" + std::to_string(::getpid()));
-    fs::create_directories(dir_);
-    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
-    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
-  static std::string mpirun(int np) { return "mpirun --oversubscribe --bind-to none -np " + std::to_string(np) + " "; }
   static bool has_gpu() { return kernels::cuda::device_count().count > 0; }
-
-  std::string golden_run(const std::string& model, const std::string& extra) {
-    std::ofstream prompts(path(model + ".prompts"));
-    for (const auto& g : load_goldens()) {
-      if (g.model == model) prompts << g.prompt << "\n";
-    }
-    return shardline_binary() + " run --json --threads 1 --steps 64 --model " + model_file(model) + " --tokenizer " +
-           model_file("tokenizer.bin") + " --prompts-file " + path(model + ".prompts") + " " + extra;
-  }
-
-  void expect_goldens(const std::string& model, const ProcessResult& r, const std::string& what) {
-    ASSERT_EQ(r.exit_code, 0) << what << "\n" << r.err;
-    std::vector<std::vector<int>> ids;
-    std::istringstream lines(r.out);
-    std::string line;
-    while (std::getline(lines, line)) ids.push_back(nlohmann::json::parse(line)["ids"].get<std::vector<int>>());
-    std::vector<Golden> goldens;
-    for (const auto& g : load_goldens()) {
-      if (g.model == model) goldens.push_back(g);
-    }
-    ASSERT_FALSE(goldens.empty());
-    ASSERT_EQ(ids.size(), goldens.size()) << what << "\n" << r.out;
-    for (std::size_t i = 0; i < ids.size(); ++i) EXPECT_EQ(ids[i], goldens[i].ids) << what << " / " << goldens[i].prompt;
-  }
-
-  static std::size_t count(const std::string& text, const std::string& what) {
-    std::size_t n = 0;
-    for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
-    return n;
-  }
-
-  void expect_one_error_line(const ProcessResult& r, int code, const std::string& expect) {
-    EXPECT_EQ(r.exit_code, code) << r.err;
-    EXPECT_EQ(count(r.err, " error: "), 1u) << r.err;
-    EXPECT_NE(r.err.find(expect), std::string::npos) << "expected '" << expect << "' in: " << r.err;
-    EXPECT_EQ(r.err.find("terminate called"), std::string::npos) << r.err;
-  }
-
-  fs::path dir_;
 };
 
 TEST_F(Device, AutoWithoutAGpuRunsOnTheCpuSaysWhyOnceAndReproducesTheGoldens) {
   if (has_gpu()) GTEST_SKIP() << "this machine has a GPU: auto runs there (Device.CudaReproducesTheGoldens)";
   const ProcessResult r = run_process(golden_run(kModel, "--device auto"));
-  expect_goldens(kModel, r, "--device auto");
-  EXPECT_EQ(count(r.err, "--device auto: running on the CPU: no usable GPU ("), 1u) << r.err;
+  expect_goldens(r, golden_.goldens, "--device auto");
+  EXPECT_EQ(count_of(r.err, "--device auto: running on the CPU: no usable GPU ("), 1u) << r.err;
 }
 
 TEST_F(Device, AutoWithoutAGpuUnderMpirunSaysWhyOnceAndReproducesTheGoldens) {
   if (has_gpu()) GTEST_SKIP() << "this machine has a GPU: auto runs there";
   const ProcessResult r = run_process(mpirun(2) + golden_run(kModel, "--device auto --tp 2 --plan none"));
-  expect_goldens(kModel, r, "mpirun -np 2 --device auto");
-  EXPECT_EQ(count(r.err, "running on the CPU: no usable GPU ("), 1u) << r.err;
+  expect_goldens(r, golden_.goldens, "mpirun -np 2 --device auto");
+  EXPECT_EQ(count_of(r.err, "running on the CPU: no usable GPU ("), 1u) << r.err;
 }
 
 TEST_F(Device, CpuIsTheCpuWithoutANotice) {
   const ProcessResult r = run_process(golden_run(kModel, "--device cpu"));
-  expect_goldens(kModel, r, "--device cpu");
+  expect_goldens(r, golden_.goldens, "--device cpu");
   EXPECT_EQ(r.err.find("running on the CPU"), std::string::npos) << r.err;
 }
 
@@ -123,33 +68,14 @@ TEST_F(Device, PrintConfigShowsTheDevice) {
 // GPU only (label cuda): the CUDA stage reproduces the fp32 goldens. The CUDA matmuls sum in another order
 // than the CPU's, so a greedy step whose top two logits tie within rounding could differ; the mini-gqa goldens
 // have no such near-tie on the CPU backends.
-TEST(DeviceGpu, CudaReproducesTheGoldens) {
+class DeviceGpu : public CliTest {};
+
+TEST_F(DeviceGpu, CudaReproducesTheGoldens) {
   const auto devices = kernels::cuda::device_count();
   if (devices.count == 0) GTEST_SKIP() << "no usable GPU: " << devices.reason;
-  const fs::path dir = fs::temp_directory_path() / ("device_gpu_test_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  std::ofstream prompts(dir / "prompts");
-  std::vector<Golden> goldens;
-  for (const auto& g : load_goldens()) {
-    if (g.model == kModel) {
-      prompts << g.prompt << "\n";
-      goldens.push_back(g);
-    }
-  }
-  prompts.close();
-  const ProcessResult r = run_process(shardline_binary() + " run --json --steps 64 --device cuda --model " +
-                                      model_file(kModel) + " --tokenizer " + model_file("tokenizer.bin") +
-                                      " --prompts-file " + (dir / "prompts").string());
-  fs::remove_all(dir);
-  ASSERT_EQ(r.exit_code, 0) << r.err;
-  std::istringstream lines(r.out);
-  std::string line;
-  std::size_t i = 0;
-  while (std::getline(lines, line) && i < goldens.size()) {
-    EXPECT_EQ(nlohmann::json::parse(line)["ids"].get<std::vector<int>>(), goldens[i].ids) << goldens[i].prompt;
-    ++i;
-  }
-  EXPECT_EQ(i, goldens.size()) << r.out;
+  const GoldenRun golden = prepare_golden_run(kModel, path("prompts"));
+  const ProcessResult r = run_process(shardline_binary() + " run " + golden.flags + " --device cuda");
+  expect_goldens(r, golden.goldens, "--device cuda");
 }
 
 }  // namespace

@@ -3,20 +3,15 @@
 // kept), the arena tiers selected with --arena-pages (with hugepages really reserved, and always restored),
 // a KV pool too small for the request as one clean error line, and paged / arena layouts reproducing the
 // goldens under mpirun.
-#include <unistd.h>
-
 #include <algorithm>
-#include <filesystem>
-#include <fstream>
 #include <regex>
-#include <sstream>
 #include <vector>
 
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include "memory/placement.h"
 #include "memory/topology.h"
+#include "tests/support/golden_run.h"
 #include "tests/support/hugepages.h"
 #include "tests/support/models.h"
 #include "tests/support/process.h"
@@ -24,58 +19,7 @@
 namespace shardline::test {
 namespace {
 
-namespace fs = std::filesystem;
-
-class Placement : public ::testing::Test {
- protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("placement_cli_test_" + std::to_string(::getpid()));
-    fs::create_directories(dir_);
-    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
-    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
-
-  static std::string mpirun(int np, const std::string& bind_to = "none") {
-    return "mpirun --oversubscribe --bind-to " + bind_to + " -np " + std::to_string(np) + " ";
-  }
-
-  // The golden prompts of a model as a prompts file; run args that print one JSON line per golden.
-  std::string golden_run(const std::string& model, const std::string& extra) {
-    std::ofstream prompts(path(model + ".prompts"));
-    for (const auto& g : load_goldens()) {
-      if (g.model == model) prompts << g.prompt << "\n";
-    }
-    return shardline_binary() + " run --json --threads 1 --steps 64 --model " + model_file(model) + " --tokenizer " +
-           model_file("tokenizer.bin") + " --prompts-file " + path(model + ".prompts") + " " + extra;
-  }
-
-  void expect_goldens(const std::string& model, const ProcessResult& r, const std::string& what) {
-    ASSERT_EQ(r.exit_code, 0) << what << "\n" << r.err;
-    std::vector<std::vector<int>> ids;
-    std::istringstream lines(r.out);
-    std::string line;
-    while (std::getline(lines, line)) ids.push_back(nlohmann::json::parse(line)["ids"].get<std::vector<int>>());
-    std::vector<Golden> goldens;
-    for (const auto& g : load_goldens()) {
-      if (g.model == model) goldens.push_back(g);
-    }
-    ASSERT_EQ(ids.size(), goldens.size()) << what << "\n" << r.out;
-    for (std::size_t i = 0; i < ids.size(); ++i) EXPECT_EQ(ids[i], goldens[i].ids) << what << " / " << goldens[i].prompt;
-  }
-
-  void expect_one_error_line(const ProcessResult& r, int code, const std::string& expect) {
-    EXPECT_EQ(r.exit_code, code) << r.err;
-    std::size_t count = 0;
-    for (auto at = r.err.find(" error: "); at != std::string::npos; at = r.err.find(" error: ", at + 1)) ++count;
-    EXPECT_EQ(count, 1u) << r.err;
-    EXPECT_NE(r.err.find(expect), std::string::npos) << "expected '" << expect << "' in: " << r.err;
-    EXPECT_EQ(r.err.find("terminate called"), std::string::npos) << r.err;
-  }
-
-  fs::path dir_;
-};
+class Placement : public GoldenCliTest {};
 
 #define REQUIRE_HUGEPAGE_CONTROL()                                                                        \
   do {                                                                                                    \
@@ -150,7 +94,7 @@ TEST_F(Placement, TopoBadInputIsOneLine) {
 TEST_F(Placement, VerboseRunPrintsEachRanksHostNodeCoresAndArena) {
   SHARDLINE_REQUIRE_MODEL_FILE(model_file("mini-gqa.bin"));
   const ProcessResult r = run_process(mpirun(2) + golden_run("mini-gqa.bin", "--tp 2 --verbose --bind auto"), 180);
-  expect_goldens("mini-gqa.bin", r, "tp=2 --bind auto");
+  expect_goldens(r, golden_.goldens, "tp=2 --bind auto");
   const memory::HostTopology host = memory::discover_host_topology(false);
   for (int rank = 0; rank < 2; ++rank) {
     const std::string placement = memory::plan_placement(host, rank, 2, memory::BindMode::kAuto).describe();
@@ -168,7 +112,7 @@ TEST_F(Placement, VerboseRunPrintsEachRanksHostNodeCoresAndArena) {
 TEST_F(Placement, ALaunchersBindingIsReportedAndKept) {
   SHARDLINE_REQUIRE_MODEL_FILE(model_file("mini-gqa.bin"));
   const ProcessResult r = run_process(mpirun(2, "core") + golden_run("mini-gqa.bin", "--tp 2 --verbose --bind core"), 180);
-  expect_goldens("mini-gqa.bin", r, "mpirun --bind-to core");
+  expect_goldens(r, golden_.goldens, "mpirun --bind-to core");
   EXPECT_NE(r.err.find("keeping that binding"), std::string::npos) << r.err;
   for (int rank = 0; rank < 2; ++rank) {
     const std::regex line("\\[r" + std::to_string(rank) + " pp0 tp" + std::to_string(rank) +
@@ -180,7 +124,7 @@ TEST_F(Placement, ALaunchersBindingIsReportedAndKept) {
 TEST_F(Placement, BindNoneLeavesTheRanksAlone) {
   SHARDLINE_REQUIRE_MODEL_FILE(model_file("mini-gqa.bin"));
   const ProcessResult r = run_process(mpirun(2) + golden_run("mini-gqa.bin", "--tp 2 --verbose --bind none"), 180);
-  expect_goldens("mini-gqa.bin", r, "--bind none");
+  expect_goldens(r, golden_.goldens, "--bind none");
   EXPECT_NE(r.err.find("local rank 0 of 2: not bound (--bind none)"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("not bound to a node"), std::string::npos) << r.err;
 }
@@ -199,7 +143,7 @@ TEST_F(Placement, ArenaTiersAreChosenAndReported) {
     for (const Tier& t : {Tier{"hugetlb", "(hugetlb 2 MiB, bound to node"}, Tier{"auto", "(hugetlb 2 MiB, bound to node"},
                           Tier{"thp", "(THP 2 MiB, bound to node"}, Tier{"4k", "(4 KiB, bound to node"}}) {
       const ProcessResult r = run_process(golden_run("mini-gqa.bin", "--verbose --weights arena --arena-pages " + t.flag), 120);
-      expect_goldens("mini-gqa.bin", r, "--arena-pages " + t.flag);
+      expect_goldens(r, golden_.goldens, "--arena-pages " + t.flag);
       EXPECT_NE(r.err.find(t.reported), std::string::npos) << "--arena-pages " << t.flag << ":\n" << r.err;
     }
   }
@@ -209,7 +153,7 @@ TEST_F(Placement, ArenaTiersAreChosenAndReported) {
     expect_one_error_line(forced, 4, "nr_hugepages");
     EXPECT_TRUE(forced.out.empty()) << forced.out;
     const ProcessResult fallback = run_process(golden_run("mini-gqa.bin", "--verbose"), 60);
-    expect_goldens("mini-gqa.bin", fallback, "auto without hugepages");
+    expect_goldens(fallback, golden_.goldens, "auto without hugepages");
     EXPECT_NE(fallback.err.find("THP 2 MiB"), std::string::npos) << fallback.err;
     EXPECT_NE(fallback.err.find("no hugetlb: 0 free 2 MiB hugepages"), std::string::npos) << fallback.err;
   }
@@ -235,7 +179,7 @@ TEST_F(Placement, PagedAndArenaLayoutsReproduceTheGoldensUnderMpirun) {
   SHARDLINE_REQUIRE_MODEL_FILE(model_file("tiny-32k.bin"));
   for (const std::string extra : {"--kv-block-tokens 3 --weights arena", "--kv-block-tokens 1 --micro-batches 3 --chunk-tokens 5"}) {
     const ProcessResult r = run_process(mpirun(4) + golden_run("tiny-32k.bin", "--tp 2 --pp 2 " + extra), 240);
-    expect_goldens("tiny-32k.bin", r, "tp=2 pp=2 " + extra);
+    expect_goldens(r, golden_.goldens, "tp=2 pp=2 " + extra);
   }
 }
 

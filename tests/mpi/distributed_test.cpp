@@ -10,14 +10,12 @@
 #include <filesystem>
 #include <fstream>
 #include <regex>
-#include <sstream>
 #include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
-#include "tests/support/cli_fixture.h"
+#include "tests/support/golden_run.h"
 #include "tests/support/models.h"
 #include "tests/support/process.h"
 
@@ -32,46 +30,18 @@ struct Layout {
   int pp;
 };
 
-class Distributed : public CliTest {
+class Distributed : public GoldenCliTest {
  protected:
-  // The golden prompts of one model, as a prompts file, and their expected ids in order.
-  std::vector<Golden> goldens_of(const std::string& model) {
-    std::vector<Golden> out;
-    for (const auto& g : load_goldens()) {
-      if (g.model == model) out.push_back(g);
-    }
-    std::ofstream prompts(path(model + ".prompts"));
-    for (const auto& g : out) prompts << g.prompt << "\n";
-    return out;
-  }
-
-  static std::string mpirun(int np) { return "mpirun --oversubscribe --bind-to none -np " + std::to_string(np) + " "; }
-
+  // `run` of the golden prompts of model (their goldens in golden_) on a layout.
   std::string run_args(const std::string& model, int tp, int pp, const std::string& extra = "") {
-    return shardline_binary() + " run --json --threads 1 --model " + model_file(model) + " --tokenizer " +
-           model_file("tokenizer.bin") + " --prompts-file " + path(model + ".prompts") + " --steps 64 --tp " +
-           std::to_string(tp) + " --pp " + std::to_string(pp) + " " + extra;
-  }
-
-  static std::vector<std::vector<int>> ids_of(const std::string& out) {
-    std::vector<std::vector<int>> ids;
-    std::istringstream lines(out);
-    std::string line;
-    while (std::getline(lines, line)) ids.push_back(nlohmann::json::parse(line)["ids"].get<std::vector<int>>());
-    return ids;
+    return golden_run(model, "--tp " + std::to_string(tp) + " --pp " + std::to_string(pp) + " " + extra);
   }
 
   void expect_goldens(const std::string& model, int tp, int pp, const std::string& extra = "") {
     SHARDLINE_REQUIRE_MODEL_FILE(model_file(model));
-    const auto goldens = goldens_of(model);
     const ProcessResult r = run_process(mpirun(tp * pp) + run_args(model, tp, pp, extra), 180);
-    ASSERT_EQ(r.exit_code, 0) << r.err;
-    const auto ids = ids_of(r.out);
-    ASSERT_EQ(ids.size(), goldens.size()) << r.out;
-    for (std::size_t i = 0; i < ids.size(); ++i) {
-      EXPECT_EQ(ids[i], goldens[i].ids) << model << " tp=" << tp << " pp=" << pp << " " << extra << " prompt '"
-                                        << goldens[i].prompt << "'";
-    }
+    test::expect_goldens(r, golden_.goldens,
+                         model + " tp=" + std::to_string(tp) + " pp=" + std::to_string(pp) + " " + extra);
   }
 };
 
@@ -133,7 +103,6 @@ std::vector<float> read_floats(const std::string& path) {
 // mistake (a wrong slice moves logits by O(1)).
 TEST_F(Distributed, LogitsStayWithin1e4OfOneRank) {
   SHARDLINE_REQUIRE_MODEL_FILE(model_file("mini-gqa.bin"));
-  goldens_of("mini-gqa.bin");
   const auto reference = path("one.logits");
   ASSERT_EQ(run_process(mpirun(1) + run_args("mini-gqa.bin", 1, 1, "--dump-logits " + reference)).exit_code, 0);
   const std::vector<float> one = read_floats(reference);
@@ -164,7 +133,6 @@ TEST_F(Distributed, LogitsStayWithin1e4OfOneRank) {
 
 TEST_F(Distributed, InvalidLayoutsFailFastWithOneMessage) {
   SHARDLINE_REQUIRE_MODEL_FILE(model_file("tiny-32k.bin"));
-  goldens_of("tiny-32k.bin");
   struct Case {
     int np, tp, pp;
     std::string message;

@@ -3,7 +3,7 @@
 // and a KV pool on the rank's node), then checks the result with hwloc and get_mempolicy directly, not
 // through memory/binding.h:
 //   - the process's CPU binding (hwloc_get_cpubind) is the placement's CPU set, and each kernel thread is
-//     pinned to its core under --bind core;
+//     pinned to its core under --bind core (and under a launcher's binding of one core per thread);
 //   - arena pages and KV blocks have an MPOL_BIND policy on the placement's node, and sit on it;
 //   - the ranks of a host have disjoint CPU sets when each has its own cores;
 //   - with --expect=launcher (mpirun --bind-to core), the launcher's binding is detected and kept.
@@ -122,7 +122,9 @@ TEST(Placement, CpuBindingIsWhatThePlacementSays) {
 
 TEST(Placement, KernelThreadsArePinnedOnePerCore) {
   const auto& p = g_placed->binding.placement;
-  if (p.applied != memory::BindMode::kCore) {
+  // Ours under --bind core; a launcher's binding kept (p.cores: its cores) when it has one core per thread.
+  const bool launcher_one_per_core = p.launcher_bound && static_cast<int>(p.cores.size()) == g_placed->threads;
+  if (p.applied != memory::BindMode::kCore && !launcher_one_per_core) {
     EXPECT_EQ(g_placed->binding.pinned_threads, 0);
     return;
   }

@@ -8,11 +8,11 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "tests/support/golden_run.h"
 #include "tests/support/models.h"
 #include "tests/support/process.h"
 
@@ -21,26 +21,16 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::size_t count_of(const std::string& text, const std::string& what) {
-  std::size_t n = 0;
-  for (std::size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
-  return n;
-}
-
-class MultiHost : public ::testing::Test {
+class MultiHost : public GoldenCliTest {
  protected:
   void SetUp() override {
+    GoldenCliTest::SetUp();
     const std::string dir = SHARDLINE_MULTIHOST_DIR;
     // The fixture must have made the hosts: missing ones are a failure, never a skip.
     ASSERT_TRUE(fs::exists(dir + "/hosts.json")) << "no test hosts at " << dir
                                                  << ": run through ctest (fixture multihost_up)";
     hosts_ = nlohmann::json::parse(read_text_file(dir + "/hosts.json"));
-    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
-    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
-    work_ = fs::temp_directory_path() / ("multihost_test_" + std::to_string(::getpid()));
-    fs::create_directories(work_);
   }
-  void TearDown() override { fs::remove_all(work_); }
 
   std::string host(int i, const char* key) const { return hosts_["hosts"][i][key].get<std::string>(); }
   std::string hostfile() const { return hosts_["hostfile"].get<std::string>(); }
@@ -54,17 +44,9 @@ class MultiHost : public ::testing::Test {
            " --mca btl_tcp_if_include " + subnet + " --mca oob_tcp_if_include " + subnet + " " + extra + " ";
   }
 
+  // `run` of the tiny-32k golden prompts (their goldens in golden_) on a layout.
   std::string golden_run_args(int tp, int pp) {
-    std::ofstream prompts(work_ / "prompts");
-    goldens_.clear();
-    for (const auto& g : load_goldens()) {
-      if (g.model != "tiny-32k.bin") continue;
-      goldens_.push_back(g);
-      prompts << g.prompt << "\n";
-    }
-    return shardline_binary() + " run --model " + model_file("tiny-32k.bin") + " --tokenizer " +
-           model_file("tokenizer.bin") + " --prompts-file " + (work_ / "prompts").string() +
-           " --steps 64 --json --threads 1 --tp " + std::to_string(tp) + " --pp " + std::to_string(pp);
+    return golden_run("tiny-32k.bin", "--tp " + std::to_string(tp) + " --pp " + std::to_string(pp));
   }
 
   // Bytes host a has sent over its end of the veth pair.
@@ -80,13 +62,7 @@ class MultiHost : public ::testing::Test {
     const ProcessResult r = run_process(mpirun(hostfile(), tp * pp) + args, 180);
     const long sent = sent_bytes() - before;
     ASSERT_EQ(r.exit_code, 0) << r.err;
-    std::vector<std::vector<int>> ids;
-    std::istringstream lines(r.out);
-    for (std::string line; std::getline(lines, line);) ids.push_back(nlohmann::json::parse(line)["ids"].get<std::vector<int>>());
-    ASSERT_EQ(ids.size(), goldens_.size()) << r.out;
-    for (std::size_t i = 0; i < ids.size(); ++i) {
-      EXPECT_EQ(ids[i], goldens_[i].ids) << "tp=" << tp << " pp=" << pp << " prompt '" << goldens_[i].prompt << "'";
-    }
+    expect_golden_ids(r.out, golden_.goldens, "tp=" + std::to_string(tp) + " pp=" + std::to_string(pp));
     // Rank 0 ran on host a and rank 1 on host b, and MPI saw two nodes of one rank each.
     EXPECT_EQ(count_of(r.err, "] host " + host(0, "hostname") + " |"), 1u) << r.err;
     EXPECT_EQ(count_of(r.err, "] host " + host(1, "hostname") + " |"), 1u) << r.err;
@@ -100,9 +76,9 @@ class MultiHost : public ::testing::Test {
   }
 
   std::string write(const std::string& name, const std::string& text) const {
-    const std::string path = (work_ / name).string();
-    std::ofstream(path) << text;
-    return path;
+    const std::string file = path(name);
+    std::ofstream(file) << text;
+    return file;
   }
 
   ProcessResult launch_check(const std::string& args) const {
@@ -110,12 +86,10 @@ class MultiHost : public ::testing::Test {
   }
 
   nlohmann::json hosts_;
-  fs::path work_;
-  std::vector<Golden> goldens_;
 };
 
 TEST_F(MultiHost, ProbeReportsTheCrossHostLinkSeparately) {
-  const std::string out = (work_ / "probe.json").string();
+  const std::string out = path("probe.json");
   const ProcessResult r = run_process(mpirun(hostfile(), 2) + shardline_binary() + " probe --quick --out " + out, 180);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("on 2 host(s)"), std::string::npos) << r.out;
@@ -161,7 +135,7 @@ TEST_F(MultiHost, MalformedHostfilesGetOneLineNamingFileAndLine) {
     EXPECT_NE(r.err.find(path + c.message), std::string::npos) << "for:\n" << c.text << "got: " << r.err;
     EXPECT_TRUE(r.out.empty()) << r.out;
   }
-  const ProcessResult missing = launch_check("--hostfile " + (work_ / "nope").string() + " --tp 2 --pp 1");
+  const ProcessResult missing = launch_check("--hostfile " + path("nope") + " --tp 2 --pp 1");
   EXPECT_EQ(missing.exit_code, 4) << missing.err;
   EXPECT_NE(missing.err.find("cannot read hostfile"), std::string::npos) << missing.err;
 }

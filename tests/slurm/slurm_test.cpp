@@ -7,12 +7,11 @@
 #include <filesystem>
 #include <fstream>
 #include <regex>
-#include <sstream>
 #include <thread>
 
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
+#include "tests/support/golden_run.h"
 #include "tests/support/models.h"
 #include "tests/support/process.h"
 
@@ -27,21 +26,6 @@ struct Job {
   int exit_code = -1;
   std::string out, err;
 };
-
-std::size_t count_of(const std::string& text, const std::string& what) {
-  std::size_t n = 0;
-  for (std::size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
-  return n;
-}
-
-std::vector<std::vector<int>> ids_of(const std::string& out) {
-  std::vector<std::vector<int>> ids;
-  std::istringstream lines(out);
-  for (std::string line; std::getline(lines, line);) {
-    ids.push_back(nlohmann::json::parse(line)["ids"].get<std::vector<int>>());
-  }
-  return ids;
-}
 
 class Slurm : public ::testing::Test {
  protected:
@@ -65,18 +49,10 @@ class Slurm : public ::testing::Test {
     return std::string(SHARDLINE_SOURCE_DIR) + "/hostfiles/slurm/" + name;
   }
 
-  // Run flags for the tiny-32k goldens: every golden prompt, greedy, JSON out.
+  // Run flags for the tiny-32k goldens (their goldens in golden_): every golden prompt, greedy, JSON out.
   std::string golden_run_args(int tp, int pp) {
-    std::ofstream prompts(dir_ / "prompts");
-    goldens_.clear();
-    for (const auto& g : load_goldens()) {
-      if (g.model != "tiny-32k.bin") continue;
-      goldens_.push_back(g);
-      prompts << g.prompt << "\n";
-    }
-    return "--model " + model_file("tiny-32k.bin") + " --tokenizer " + model_file("tokenizer.bin") +
-           " --prompts-file " + (dir_ / "prompts").string() + " --steps 64 --json --threads 1 --tp " +
-           std::to_string(tp) + " --pp " + std::to_string(pp);
+    golden_ = prepare_golden_run("tiny-32k.bin", (dir_ / "prompts").string());
+    return golden_.flags + " --tp " + std::to_string(tp) + " --pp " + std::to_string(pp);
   }
 
   // sbatch SBATCH_FLAGS SCRIPT ARGS; waits for the job to end (scancel after timeout_s).
@@ -115,9 +91,7 @@ class Slurm : public ::testing::Test {
   void expect_goldens(const Job& job) {
     ASSERT_EQ(job.state, "COMPLETED") << job.err;
     ASSERT_EQ(job.exit_code, 0) << job.err;
-    const auto ids = ids_of(job.out);
-    ASSERT_EQ(ids.size(), goldens_.size()) << job.out;
-    for (std::size_t i = 0; i < ids.size(); ++i) EXPECT_EQ(ids[i], goldens_[i].ids) << "prompt '" << goldens_[i].prompt << "'";
+    expect_golden_ids(job.out, golden_.goldens, "job " + job.id);
   }
 
   // A job that must fail before any rank works: exit code, one error line naming the cause, no output.
@@ -130,7 +104,7 @@ class Slurm : public ::testing::Test {
   }
 
   fs::path dir_;
-  std::vector<Golden> goldens_;
+  GoldenRun golden_;
 };
 
 TEST_F(Slurm, SrunScriptAtTp2ReproducesTheGoldens) {

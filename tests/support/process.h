@@ -56,4 +56,11 @@ inline std::string shell_quote(const std::string& s) {
 
 inline std::string shardline_binary() { return SHARDLINE_BINARY; }
 
+// How many times `what` occurs in text (error lines in a job's stderr, say).
+inline std::size_t count_of(const std::string& text, const std::string& what) {
+  std::size_t n = 0;
+  for (std::size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
 }  // namespace shardline::test

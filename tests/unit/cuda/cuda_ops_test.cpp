@@ -29,6 +29,8 @@
 #include "kernels/cuda/graph.h"
 #include "kernels/cuda/ops.h"
 #include "runtime/sampler.h"
+#include "tests/support/nmse.h"
+#include "tests/support/packed_weights.h"
 
 namespace shardline::kernels::cuda {
 namespace {
@@ -38,16 +40,7 @@ constexpr double kElementwiseNmse = 1e-12;
 constexpr double kBf16VersusFp32Nmse = 1e-5;
 constexpr double kBf16VersusExactNmse = 1e-8;
 
-double nmse(std::span<const float> got, std::span<const float> want) {
-  double err = 0.0;
-  double norm = 0.0;
-  for (std::size_t i = 0; i < want.size(); ++i) {
-    const double diff = static_cast<double>(got[i]) - want[i];
-    err += diff * diff;
-    norm += static_cast<double>(want[i]) * want[i];
-  }
-  return norm > 0.0 ? err / norm : err;
-}
+using test::nmse;
 
 std::vector<float> random_floats(std::size_t n, std::uint32_t seed, float scale = 1.0f) {
   std::mt19937 rng(seed);
@@ -267,8 +260,7 @@ TEST_F(CudaOps, Fp32MatmulMatchesCpu) {
     for (const auto& [k, d] : {std::pair{288, 771}, std::pair{4096, 1024}}) {
       const auto x = random_floats(static_cast<std::size_t>(n) * k, 50);
       const auto w = random_floats(static_cast<std::size_t>(d) * k, 51);
-      std::vector<float> want(static_cast<std::size_t>(n) * d);
-      cpu::matmul(want.data(), x.data(), w.data(), n, k, d);
+      const std::vector<float> want = test::cpu_fp32_matmul(x, w, n, k, d);
       const DeviceMatrix dw = DeviceMatrix::upload(w.data(), k, d, k, DeviceDtype::kF32);
       DeviceBuffer dx = to_device(x), dy(want.size() * sizeof(float));
       blas.matmul(dy.as<float>(), dx.as<float>(), dw.view(), n, stream());
@@ -284,8 +276,7 @@ TEST_F(CudaOps, ColumnSliceUploadsWithItsRowStride) {
   const auto x = random_floats(static_cast<std::size_t>(n) * k, 61);
   std::vector<float> slice(static_cast<std::size_t>(d) * k);
   for (int i = 0; i < d; ++i) std::copy_n(w.begin() + i * full_k + k0, k, slice.begin() + i * k);
-  std::vector<float> want(static_cast<std::size_t>(n) * d);
-  cpu::matmul(want.data(), x.data(), slice.data(), n, k, d);
+  const std::vector<float> want = test::cpu_fp32_matmul(x, slice, n, k, d);
   for (const DeviceDtype dtype : {DeviceDtype::kF32, DeviceDtype::kBf16}) {
     Blas blas(BlasOptions{n, k});
     const DeviceMatrix dw = DeviceMatrix::upload(w.data() + k0, full_k, d, k, dtype);
@@ -300,8 +291,7 @@ TEST_F(CudaOps, Bf16MatmulWithinItsStatedTolerance) {
   const int n = 4, k = 4096, d = 1000;
   const auto x = random_floats(static_cast<std::size_t>(n) * k, 70);
   const auto w = random_floats(static_cast<std::size_t>(d) * k, 71);
-  std::vector<float> fp32(static_cast<std::size_t>(n) * d);
-  cpu::matmul(fp32.data(), x.data(), w.data(), n, k, d);
+  const std::vector<float> fp32 = test::cpu_fp32_matmul(x, w, n, k, d);
   std::vector<float> exact(fp32.size());  // the same bf16-rounded operands, multiplied in double
   for (int r = 0; r < n; ++r) {
     for (int i = 0; i < d; ++i) {

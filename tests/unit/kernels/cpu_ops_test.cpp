@@ -1,7 +1,7 @@
 // Each CPU kernel against a naive double-precision reference written here, compared with a normalised
-// error as ggml's test-backend-ops does. Sizes are chosen to hit the kernels' edge paths: k not a multiple
-// of the 16-wide inner loop, d = 1, n both a multiple of 4 and not (matmul's 4-row and 1-row paths), and
-// shapes big enough that the OpenMP regions really run with 2 threads (their `if` clauses skip small work).
+// error as ggml's test-backend-ops does. Sizes are chosen to hit the kernels' edge paths, and shapes big
+// enough that the OpenMP regions really run with 2 threads (their `if` clauses skip small work). The matmul
+// the runtime uses (packed weights) has its own test: packed_matmul_test.cpp.
 #include "kernels/cpu/ops.h"
 
 #include <cmath>
@@ -14,82 +14,22 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/support/kernel_fixtures.h"
+#include "tests/support/nmse.h"
+
 namespace shardline::kernels::cpu {
 namespace {
 
-// Tolerance on NMSE = Σ(got - want)² / Σ want² for a float kernel against a double reference.
-// float's unit roundoff is u ≈ 6e-8. A sum of k random-signed products accumulated in float has a relative
-// error that grows like sqrt(k)·u at worst, so NMSE ≈ k·u²: about 7e-12 at k = 2048, the largest model
-// dimension here (matmul's 16 partial sums make it smaller still). Measured values run from 1e-16 to 3e-11.
-// 1e-10 leaves headroom for that, while any real mistake (a dropped tail element, a wrong kv head, a row
-// read with the wrong stride) costs at least one term in k, i.e. NMSE ≥ ~1/k ≈ 5e-4, six orders of
-// magnitude above the bound.
-constexpr double kMaxNmse = 1e-10;
-
-double nmse(std::span<const float> got, std::span<const double> want) {
-  double err = 0.0;
-  double norm = 0.0;
-  for (std::size_t i = 0; i < want.size(); ++i) {
-    const double diff = static_cast<double>(got[i]) - want[i];
-    err += diff * diff;
-    norm += want[i] * want[i];
-  }
-  // An all-zero reference (rope or attention of zeros) would divide by zero; fall back to the plain MSE.
-  return norm > 0.0 ? err / norm : err;
-}
-
-// EXPECT_TRUE(nmse_below(...)) prints the measured error on failure, not only "false".
-::testing::AssertionResult nmse_below(std::span<const float> got, std::span<const double> want,
-                                      double max_nmse = kMaxNmse) {
-  if (got.size() != want.size()) {
-    return ::testing::AssertionFailure() << "size " << got.size() << " != reference size " << want.size();
-  }
-  for (float v : got) {
-    if (!std::isfinite(v)) return ::testing::AssertionFailure() << "non-finite value " << v << " in result";
-  }
-  const double e = nmse(got, want);
-  if (e < max_nmse) return ::testing::AssertionSuccess() << "nmse " << e;
-  return ::testing::AssertionFailure() << "nmse " << e << " >= " << max_nmse;
-}
-
-std::vector<float> random_floats(std::mt19937& rng, std::size_t count, float lo = -1.0f, float hi = 1.0f) {
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> out(count);
-  for (float& v : out) v = dist(rng);
-  return out;
-}
-
-// set_num_threads is process-wide; restore it so one test's thread count never leaks into the next.
-class ScopedThreads {
- public:
-  explicit ScopedThreads(int n_threads) : previous_(set_num_threads(n_threads)) {}
-  ~ScopedThreads() { set_num_threads(previous_); }
-  ScopedThreads(const ScopedThreads&) = delete;
-  ScopedThreads& operator=(const ScopedThreads&) = delete;
-
- private:
-  int previous_;
-};
+using test::nmse_below;
+using test::random_floats;
+using test::ScopedThreads;
+// NMSE bound for a float kernel against a double reference, and why: tests/support/nmse.h.
+constexpr double kMaxNmse = test::kFloatKernelMaxNmse;
 
 constexpr int kThreadCounts[] = {1, 2};
 
 // ---------------------------------------------------------------------------------------------------------
 // Naive double-precision references. Inputs are the float values the kernel sees, widened.
-
-// y: (n, d)   x: (n, k)   w: (d, k)
-std::vector<double> ref_matmul(const std::vector<float>& x, const std::vector<float>& w, int n, int k, int d) {
-  std::vector<double> y(static_cast<std::size_t>(n) * d);
-  for (int r = 0; r < n; ++r) {
-    for (int i = 0; i < d; ++i) {
-      double sum = 0.0;
-      for (int j = 0; j < k; ++j) {
-        sum += static_cast<double>(x[static_cast<std::size_t>(r) * k + j]) * w[static_cast<std::size_t>(i) * k + j];
-      }
-      y[static_cast<std::size_t>(r) * d + i] = sum;
-    }
-  }
-  return y;
-}
 
 // out, x: (n, dim)   weight: (dim)
 std::vector<double> ref_rmsnorm(const std::vector<float>& x, const std::vector<float>& weight, int n, int dim,
@@ -171,59 +111,6 @@ TEST(CpuThreads, SetReturnsPreviousAndClampsToOne) {
   EXPECT_EQ(num_threads(), 1);
   set_num_threads(-3);
   EXPECT_EQ(num_threads(), 1);
-}
-
-// ---------------------------------------------------------------------------------------------------------
-// matmul
-
-struct MatmulShape {
-  int n, k, d;
-};
-
-// n = 1, 3 run only the 1-row path; 4 only the 4-row path; 5 and 7 both (4 + 1, 4 + 3). k covers below,
-// at, just past and well past the 16-wide inner loop. The shapes from 259 x 131 on exceed the 32768
-// multiply-adds below which matmul stays single-threaded; with d = 1 the second thread gets an empty band.
-constexpr MatmulShape kMatmulShapes[] = {
-    {1, 1, 1},      {1, 15, 3},     {3, 16, 1},     {4, 17, 5},     {5, 33, 7},     {7, 100, 9},
-    {1, 259, 131},  {3, 259, 131},  {4, 259, 131},  {5, 259, 131},  {7, 259, 131},  {1, 768, 768},
-    {4, 2048, 37},  {7, 2048, 37},  {4, 9000, 1},   {5, 7000, 1},
-};
-
-TEST(CpuMatmul, MatchesReferenceAcrossShapesAndThreads) {
-  std::mt19937 rng(1234);
-  for (const MatmulShape& s : kMatmulShapes) {
-    const std::vector<float> x = random_floats(rng, static_cast<std::size_t>(s.n) * s.k);
-    const std::vector<float> w = random_floats(rng, static_cast<std::size_t>(s.d) * s.k);
-    const std::vector<double> want = ref_matmul(x, w, s.n, s.k, s.d);
-    for (int n_threads : kThreadCounts) {
-      SCOPED_TRACE(::testing::Message() << "n=" << s.n << " k=" << s.k << " d=" << s.d << " threads=" << n_threads);
-      ScopedThreads threads(n_threads);
-      // One guard element past the end of y: the kernel must write exactly n * d values.
-      const float kGuard = -12345.0f;
-      std::vector<float> y(want.size() + 1, kGuard);
-      matmul(y.data(), x.data(), w.data(), s.n, s.k, s.d);
-      EXPECT_EQ(y.back(), kGuard) << "matmul wrote past y[n * d]";
-      EXPECT_TRUE(nmse_below(std::span(y).first(want.size()), want));
-    }
-  }
-}
-
-TEST(CpuMatmul, RowsAreIndependentOfBatching) {
-  // Prefill (n = 5: one 4-row pass + one 1-row pass) must agree with five GEMVs to float rounding; the 4-row
-  // path uses its own accumulators, so this is a tolerance check rather than bitwise equality.
-  std::mt19937 rng(99);
-  const int n = 5, k = 203, d = 61;
-  const std::vector<float> x = random_floats(rng, static_cast<std::size_t>(n) * k);
-  const std::vector<float> w = random_floats(rng, static_cast<std::size_t>(d) * k);
-  std::vector<float> batched(static_cast<std::size_t>(n) * d);
-  matmul(batched.data(), x.data(), w.data(), n, k, d);
-  for (int r = 0; r < n; ++r) {
-    SCOPED_TRACE(::testing::Message() << "row " << r);
-    std::vector<float> single(d);
-    matmul(single.data(), x.data() + static_cast<std::size_t>(r) * k, w.data(), 1, k, d);
-    const std::vector<double> single_d(single.begin(), single.end());
-    EXPECT_TRUE(nmse_below(std::span(batched).subspan(static_cast<std::size_t>(r) * d, d), single_d));
-  }
 }
 
 // ---------------------------------------------------------------------------------------------------------

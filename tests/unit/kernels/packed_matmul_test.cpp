@@ -10,8 +10,6 @@
 //  - The matmul reference uses the values the kernel really multiplies (unpacked weights, prepared
 //    activations), so its only error is float accumulation: NMSE below 1e-10 as in cpu_ops_test.cpp.
 //  - A row's result does not depend on the batch it is in, the thread count or the grouping: bitwise.
-#include <sched.h>
-
 #include <omp.h>
 
 #include <algorithm>
@@ -31,43 +29,18 @@
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/packed_matmul.h"
 #include "kernels/cpu/weight_format.h"
+#include "tests/support/kernel_fixtures.h"
+#include "tests/support/nmse.h"
+#include "tests/support/packed_weights.h"
 
 namespace shardline::kernels::cpu {
 namespace {
 
-constexpr double kMaxNmse = 1e-10;
+using test::nmse;
+using test::nmse_below;
+using test::random_floats;
+using test::ScopedThreads;
 constexpr WeightDtype kDtypes[] = {WeightDtype::kF32, WeightDtype::kBf16, WeightDtype::kInt8};
-
-::testing::AssertionResult nmse_below(std::span<const float> got, std::span<const double> want, double max_nmse = kMaxNmse) {
-  if (got.size() != want.size()) return ::testing::AssertionFailure() << "size " << got.size() << " != " << want.size();
-  double err = 0, norm = 0;
-  for (std::size_t i = 0; i < want.size(); ++i) {
-    if (!std::isfinite(got[i])) return ::testing::AssertionFailure() << "non-finite value at " << i;
-    err += (got[i] - want[i]) * (got[i] - want[i]);
-    norm += want[i] * want[i];
-  }
-  const double e = norm > 0 ? err / norm : err;
-  if (e < max_nmse) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "nmse " << e << " >= " << max_nmse;
-}
-
-std::vector<float> random_floats(std::mt19937& rng, std::size_t count, float lo = -1.0f, float hi = 1.0f) {
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> out(count);
-  for (float& v : out) v = dist(rng);
-  return out;
-}
-
-class ScopedThreads {
- public:
-  explicit ScopedThreads(int n) : previous_(set_num_threads(n)) {}
-  ~ScopedThreads() { set_num_threads(previous_); }
-  ScopedThreads(const ScopedThreads&) = delete;
-  ScopedThreads& operator=(const ScopedThreads&) = delete;
-
- private:
-  int previous_;
-};
 
 class ScopedIsa {
  public:
@@ -87,18 +60,9 @@ std::vector<Isa> runnable_isas() {
 }
 
 // An aligned packed copy of row-major w (d, k).
-struct Packed {
-  std::unique_ptr<std::byte, decltype(&std::free)> buffer{nullptr, &std::free};
-  PackedMatrix matrix;
-};
-
+using Packed = test::PackedWeights;
 Packed pack(WeightDtype dtype, const std::vector<float>& w, int d, int k) {
-  Packed p;
-  const std::size_t bytes = packed_size_bytes(dtype, d, k);
-  p.buffer.reset(static_cast<std::byte*>(std::aligned_alloc(kPackedAlignment, bytes)));
-  pack_weights(dtype, w.data(), k, d, k, p.buffer.get());
-  p.matrix = {dtype, d, k, p.buffer.get()};
-  return p;
+  return test::pack_row_major(dtype, w.data(), d, k);
 }
 
 std::vector<float> unpack(const PackedMatrix& m) {
@@ -393,11 +357,7 @@ TEST(PackedMatmul, QuantisedResultsStayCloseToFp32) {
     std::vector<float> y(static_cast<std::size_t>(n) * d);
     matmul(y.data(), a, packed.matrix);
     EXPECT_TRUE(nmse_below(y, exact, c.max_nmse)) << weight_dtype_name(c.dtype);
-    std::printf("%s GEMV NMSE against exact fp32: %.2g\n", weight_dtype_name(c.dtype), [&] {
-      double err = 0, norm = 0;
-      for (std::size_t i = 0; i < y.size(); ++i) err += (y[i] - exact[i]) * (y[i] - exact[i]), norm += exact[i] * exact[i];
-      return err / norm;
-    }());
+    std::printf("%s GEMV NMSE against exact fp32: %.2g\n", weight_dtype_name(c.dtype), nmse(y, exact));
   }
 }
 
@@ -522,25 +482,6 @@ TEST(Isa, SetIsaClampsToTheBestAndRestores) {
   }
   EXPECT_EQ(active_isa(), best);
   EXPECT_STRNE(isa_name(best), "?");
-}
-
-TEST(Threads, PinThreadsPutsEachThreadOnItsCore) {
-  cpu_set_t original;
-  ASSERT_EQ(sched_getaffinity(0, sizeof(original), &original), 0);
-  std::vector<int> cpus;
-  for (int c = 0; c < CPU_SETSIZE && cpus.size() < 2; ++c) {
-    if (CPU_ISSET(c, &original)) cpus.push_back(c);
-  }
-  ScopedThreads threads(static_cast<int>(cpus.size()));
-  ASSERT_TRUE(pin_threads(cpus));
-  std::vector<int> seen(cpus.size(), -1);
-#pragma omp parallel num_threads(num_threads())
-  seen[omp_get_thread_num()] = sched_getcpu();
-  EXPECT_EQ(seen, cpus);
-  EXPECT_FALSE(pin_threads(std::vector<int>{})) << "fewer cpus than threads must be refused";
-  // Unpin every thread again, so the rest of this process is not confined to one core per thread.
-#pragma omp parallel num_threads(num_threads())
-  sched_setaffinity(0, sizeof(original), &original);
 }
 
 TEST(Threads, ParallelForVisitsEveryItemOnceOnAKernelThread) {
