@@ -70,6 +70,14 @@ class CudaStage final : public StageBackend {
         vocab_counts_.push_back(partition::split_evenly(shape.vocab_size, mesh.tp_size(), t).size());
       }
     }
+    if (mesh.pp_size() > 1) {
+      // The ranks of equal tp_rank over all stages, in stage order: group rank = pp_rank. Made after the TP
+      // groups on every rank, so the collective set-ups line up.
+      std::vector<int> pp_ranks;
+      for (int p = 0; p < mesh.pp_size(); ++p) pp_ranks.push_back(mesh.rank_of(p, mesh.tp_rank()));
+      pp_comm_ = comm::make_nccl_group(pp_ranks, {options.device, options.comm_timeout_s, stream_.ref().raw});
+      pp_rank_ = mesh.pp_rank();
+    }
     const int hs = shape.head_size();
     q_dim_ = shard.heads.size() * hs;
     kv_dim_ = shard.kv_heads.size() * hs;
@@ -106,6 +114,12 @@ class CudaStage final : public StageBackend {
   int max_rows() const override { return scratch_rows_; }
   void reserve_rows(int max_rows) override;
 
+  bool moves_activations() const override { return pp_comm_ != nullptr; }
+  void recv_activations(int n) override;
+  void forward_resident(const float* x, const Row* rows, int n) override;
+  std::unique_ptr<comm::PendingSend> isend_activations(int n) override;
+  void download_activations(float* x, int n) override;
+
  private:
   const float* file_floats(std::uint64_t offset_bytes) const {
     return reinterpret_cast<const float*>(whole_file_.data() + offset_bytes);
@@ -136,6 +150,12 @@ class CudaStage final : public StageBackend {
   std::string device_name_;
   cuda::Stream stream_;
   std::unique_ptr<comm::NcclCommunicator> tp_comm_;  // null for tp = 1
+  std::unique_ptr<comm::NcclCommunicator> pp_comm_;  // null for pp = 1: activations to and from neighbour stages
+  int pp_rank_ = 0;
+  // Copies of sent activations, (max_rows, dim) each, while their sends are in flight: x_ is the next item's.
+  std::vector<cuda::DeviceBuffer> send_buffers_;
+  std::vector<int> free_send_buffers_;
+  friend struct ActivationSend;
   std::vector<int> vocab_counts_;                    // classifier rows per TP rank
   int q_dim_ = 0, kv_dim_ = 0, hidden_ = 0;
 
@@ -414,6 +434,61 @@ void CudaStage::forward(float* x, const Row* rows, int n) {
   run_layers(n);
   cuda::copy_to_host_async(x, x_.data(), bytes, s);
   wait("forward");
+}
+
+void CudaStage::recv_activations(int n) {
+  SL_CHECK(pp_comm_ && pp_rank_ > 0 && n >= 1 && n <= scratch_rows_);
+  // Into x_, the input of the next forward_resident; recv returns once the rows are there.
+  pp_comm_->recv(x_.data(), static_cast<std::size_t>(n) * shape_.dim * sizeof(float), pp_rank_ - 1, 0);
+}
+
+void CudaStage::forward_resident(const float* x, const Row* rows, int n) {
+  SL_CHECK_MSG(n >= 1 && n <= scratch_rows_, "{} rows for a stage sized for {}", n, scratch_rows_);
+  const auto s = stream_.ref();
+  upload_rows(rows, n);
+  if (x) cuda::copy_to_device_async(x_.data(), x, static_cast<std::size_t>(n) * shape_.dim * sizeof(float), s);
+  run_layers(n);
+  wait("forward");
+}
+
+// A send of a copy of the activations; wait() hands the copy's buffer back to the stage.
+struct ActivationSend final : comm::PendingSend {
+  ActivationSend(CudaStage* stage, int buffer, std::unique_ptr<comm::PendingSend> send)
+      : stage(stage), buffer(buffer), send(std::move(send)) {}
+  void wait() override {
+    if (!send) return;
+    send->wait();
+    send.reset();
+    stage->free_send_buffers_.push_back(buffer);
+  }
+  CudaStage* stage;
+  int buffer;
+  std::unique_ptr<comm::PendingSend> send;  // null once waited
+};
+
+std::unique_ptr<comm::PendingSend> CudaStage::isend_activations(int n) {
+  SL_CHECK(pp_comm_ && n >= 1 && n <= scratch_rows_);
+  const std::size_t bytes = static_cast<std::size_t>(n) * shape_.dim * sizeof(float);
+  if (free_send_buffers_.empty()) {
+    // One per send in flight: at most the pipeline's window on stage 0, one on later stages.
+    send_buffers_.emplace_back(static_cast<std::size_t>(scratch_rows_) * shape_.dim * sizeof(float));
+    free_send_buffers_.push_back(static_cast<int>(send_buffers_.size()) - 1);
+  }
+  int buffer = free_send_buffers_.back();
+  if (send_buffers_[buffer].bytes() < bytes) {  // sized before reserve_rows grew the stage
+    send_buffers_[buffer] = cuda::DeviceBuffer(static_cast<std::size_t>(scratch_rows_) * shape_.dim * sizeof(float));
+  }
+  free_send_buffers_.pop_back();
+  cuda::copy_device_to_device_async(send_buffers_[buffer].data(), x_.data(), bytes, stream_.ref());
+  // The communicator's send waits (on the device) for the compute stream, so for the copy too.
+  auto send = pp_comm_->isend(send_buffers_[buffer].data(), bytes, pp_rank_ + 1, 0);
+  return std::make_unique<ActivationSend>(this, buffer, std::move(send));
+}
+
+void CudaStage::download_activations(float* x, int n) {
+  SL_CHECK(n >= 1 && n <= scratch_rows_);
+  cuda::copy_to_host_async(x, x_.data(), static_cast<std::size_t>(n) * shape_.dim * sizeof(float), stream_.ref());
+  wait("activations download");
 }
 
 void CudaStage::logits(const float* x, int n, float* logits) {
