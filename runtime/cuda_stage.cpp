@@ -130,8 +130,8 @@ class CudaStage final : public StageBackend {
   void upload_rows(const Row* rows, int n);
   // Queues every layer for rows [0, n) on the compute stream: device data only, so it can be captured.
   void queue_layers(int n);
-  // One layer's attention block (mix = false) or feed-forward block (mix = true) for rows [r0, r1):
-  // reads x_, leaves the block's output, before the TP sum, in out_'s rows.
+  // One layer's attention block or feed-forward block for rows [r0, r1): reads x_, leaves the block's
+  // output, before the TP sum, in out_'s rows [r0, r1).
   void queue_attention(int l, int r0, int r1);
   void queue_ffn(int l, int r0, int r1);
   // Runs queue_layers(n) as a CUDA graph when the policy above allows, else eagerly.
@@ -413,6 +413,9 @@ void CudaStage::run_layers(int n) {
     graphs_failed_ = true;
     log::warn("CUDA graph capture of a {}-row step failed ({}); launching kernels one by one from now on", n, e.what());
     queue_layers(n);
+  } catch (const CommError& e) {
+    // NCCL refused the capture and its communicator is aborted: no eager fallback is possible in this run.
+    throw CommError(fmt::format("{} (while capturing a CUDA graph; rerun with --cuda-graphs off)", e.what()));
   }
 }
 
