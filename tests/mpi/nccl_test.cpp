@@ -182,9 +182,16 @@ TEST_F(NcclCollectives, StreamOrderedAllReducesOverlapComputeAndReplayFromAGraph
   auto comm = make_nccl_group(world_ranks(), options_);
   const auto s = compute.ref();
   const std::size_t count = 1 << 16;
-  auto ones = upload(std::vector<float>(count, 1.0f));
-  auto a = upload(std::vector<float>(count, static_cast<float>(rank)));
-  auto b = upload(std::vector<float>(count, static_cast<float>(10 * rank)));
+  // Uploaded on the compute stream, so the kernels below are ordered after the copies.
+  auto on_stream = [&](const std::vector<float>& host) {
+    cuda::DeviceBuffer buffer(host.size() * sizeof(float));
+    cuda::copy_to_device_async(buffer.data(), host.data(), host.size() * sizeof(float), s);
+    compute.synchronize();
+    return buffer;
+  };
+  auto ones = on_stream(std::vector<float>(count, 1.0f));
+  auto a = on_stream(std::vector<float>(count, static_cast<float>(rank)));
+  auto b = on_stream(std::vector<float>(count, static_cast<float>(10 * rank)));
 
   // Two halves in flight at once, compute queued between start and join (the stage's row-half pipeline).
   cuda::add_inplace(a.as<float>(), ones.as<float>(), count, s);

@@ -296,7 +296,8 @@ TEST_F(CudaOps, KvWriteLandsEachRowInItsBlockAndReplaysAtNewPositions) {
   fill_zero_async(dpool.data(), dpool.bytes(), stream());
   const Graph graph = Graph::capture(*stream_, [&] { kv_write_paged(args, stream()); });
   positions = {11, 4, 12};  // sequence 0 crosses into its second block
-  copy_to_device(dpos.data(), positions.data(), positions.size() * sizeof(int));
+  // On the replay's stream: a blocking copy runs on the legacy stream, unordered with this non-blocking one.
+  copy_to_device_async(dpos.data(), positions.data(), positions.size() * sizeof(int), stream());
   graph.launch(stream());
   expect_rows_at(positions, "replay");
 }
