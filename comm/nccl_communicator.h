@@ -45,8 +45,8 @@ class NcclCommunicator : public Communicator {
   virtual int all_reduce_sum_start(float* data, std::size_t count, void* stream) = 0;
   virtual void all_reduce_join(int ticket, void* stream) = 0;
   // Waits on the host for the work queued on `stream`, bounded by the timeout and watching NCCL's
-  // asynchronous errors (a dead peer), so no NCCL kernel spins forever: on either the communicator is aborted
-  // and CommError names `what`. A failed kernel on `stream` is a ResourceError with CUDA's message.
+  // asynchronous errors (a dead peer), so no NCCL kernel spins forever: on either, or on a failed kernel in
+  // `stream` (CUDA's message), the communicator is aborted and CommError names `what`.
   virtual void synchronize(void* stream, const char* what) = 0;
 
   // The communication stream (cudaStream_t), created with the device's greatest priority.
