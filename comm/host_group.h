@@ -3,6 +3,8 @@
 // its NUMA nodes by this local rank.
 #pragma once
 
+#include <vector>
+
 namespace shardline::comm {
 
 struct HostRanks {
@@ -12,5 +14,10 @@ struct HostRanks {
 
 // Collective over MPI_COMM_WORLD (MPI must be initialised; launch/ owns that scope). CommError on failure.
 HostRanks mpi_host_ranks();
+
+// Every rank of this host contributes one value; all of them get the host's values in local-rank order.
+// Collective over MPI_COMM_WORLD, like mpi_host_ranks. CommError on failure. (GPU placement: each rank
+// knows only its own GPU's NUMA node, and the ranks of a node split its cores.)
+std::vector<int> mpi_host_all_gather(int value);
 
 }  // namespace shardline::comm

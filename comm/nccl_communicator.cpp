@@ -68,6 +68,8 @@ class NcclComm final : public NcclCommunicator {
     check_cuda(cudaStreamCreateWithPriority(&send_stream_, cudaStreamNonBlocking, greatest), "send stream");
     check_cuda(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "event");
     check_cuda(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "event");
+    check_cuda(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming), "event");
+    for (cudaEvent_t& join : joins_) check_cuda(cudaEventCreateWithFlags(&join, cudaEventDisableTiming), "event");
     check_cuda(cudaMalloc(&barrier_word_, sizeof(float)), "cudaMalloc of the barrier word");
   }
 
@@ -87,6 +89,8 @@ class NcclComm final : public NcclCommunicator {
       }
     }
     cudaFree(barrier_word_);
+    for (cudaEvent_t join : joins_) cudaEventDestroy(join);
+    cudaEventDestroy(fork_);
     cudaEventDestroy(done_);
     cudaEventDestroy(ready_);
     cudaStreamDestroy(send_stream_);
@@ -106,6 +110,40 @@ class NcclComm final : public NcclCommunicator {
   void all_reduce_sum(float* data, std::size_t count) override {
     run("all-reduce", -1, stream_,
         [&] { return ncclAllReduce(data, data, count, ncclFloat32, ncclSum, comm_, stream_); });
+  }
+
+  int all_reduce_sum_start(float* data, std::size_t count, void* stream) override {
+    if (aborted_) throw CommError("NCCL all-reduce on a communicator aborted earlier");
+    // cudaSetDevice only when needed: inside a graph capture the fewer runtime calls the better.
+    int current = -1;
+    if (cudaGetDevice(&current) != cudaSuccess || current != options_.device) use_device();
+    const auto compute = static_cast<cudaStream_t>(stream);
+    // Fork: the communication stream waits for the producer of `data`.
+    check_cuda(cudaEventRecord(fork_, compute), "event record");
+    check_cuda(cudaStreamWaitEvent(stream_, fork_, 0), "stream wait");
+    const ncclResult_t queued = ncclAllReduce(data, data, count, ncclFloat32, ncclSum, comm_, stream_);
+    if (queued != ncclSuccess && queued != ncclInProgress) fail("all-reduce", -1, nccl_text(queued, comm_));
+    Poller poller(options_.timeout_s);
+    wait_enqueued("all-reduce", -1, poller);
+    // The join event is recorded now, right behind this all-reduce, so a later join waits for it and not
+    // for all-reduces started after it.
+    const int ticket = next_ticket_;
+    next_ticket_ = (next_ticket_ + 1) % kMaxAllReducesInFlight;
+    check_cuda(cudaEventRecord(joins_[ticket], stream_), "event record");
+    return ticket;
+  }
+
+  void all_reduce_join(int ticket, void* stream) override {
+    SL_CHECK(ticket >= 0 && ticket < kMaxAllReducesInFlight);
+    check_cuda(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), joins_[ticket], 0), "stream wait");
+  }
+
+  void synchronize(void* stream, const char* what) override {
+    if (aborted_) throw CommError(fmt::format("NCCL {} on a communicator aborted earlier", what));
+    Poller poller(options_.timeout_s);
+    check_cuda(cudaEventRecord(done_, static_cast<cudaStream_t>(stream)), "event record");
+    wait_event(done_, what, -1, poller);
+    check_cuda(cudaGetLastError(), "kernel launch");
   }
 
   void all_gather_v(const float* send, float* recv, const std::vector<int>& counts) override {
@@ -214,6 +252,9 @@ class NcclComm final : public NcclCommunicator {
   cudaStream_t send_stream_ = nullptr;  // sends
   cudaEvent_t ready_ = nullptr;         // the compute stream's work before an operation
   cudaEvent_t done_ = nullptr;          // an operation's completion
+  cudaEvent_t fork_ = nullptr;          // all_reduce_sum_start: the compute stream's work before it
+  cudaEvent_t joins_[kMaxAllReducesInFlight] = {};  // all_reduce_sum_start: each one's result, by ticket
+  int next_ticket_ = 0;
   float* barrier_word_ = nullptr;       // (1) the barrier's all-reduce operand
   bool aborted_ = false;
 };

@@ -11,8 +11,9 @@
 //
 // Streams: operations run on the communicator's own high-priority stream, so they overtake queued compute
 // kernels. Each operation first waits (on the device, through an event) for the work already queued on
-// compute_stream, which produced the buffer. Every method returns once the operation has completed, like
-// the MPI communicator: the pointers given to it may be reused at once by any stream or the host.
+// compute_stream, which produced the buffer. Every Communicator method returns once the operation has
+// completed, like the MPI communicator: the pointers given to it may be reused at once by any stream or the
+// host. The stream-ordered all-reduce below is the exception the decode loop uses.
 // Point-to-point tags are accepted for the interface but NCCL has none: messages between two ranks arrive in
 // the order they were sent, which is what the pipeline's schedule relies on anyway.
 #pragma once
@@ -32,6 +33,22 @@ struct NcclCommOptions {
 
 class NcclCommunicator : public Communicator {
  public:
+  // Stream-ordered all-reduce, the CUDA stage's TP point, in two halves so that compute can run while it
+  // is in flight. start: the collective is queued on the high-priority communication stream after the work
+  // `stream` (a cudaStream_t) has queued so far (an event), and a ticket is returned; join: `stream`'s later
+  // work waits for that all-reduce's result (another event). Neither waits on the host, so a layer's kernels
+  // and all-reduces queue back to back and the whole step can be captured in a CUDA graph on `stream` (NCCL
+  // >= 2.9; the events become the graph's edges between the streams). Between start and join, `stream` may
+  // run anything that does not touch `data`. At most kMaxAllReducesInFlight may be started and not joined.
+  // Errors and timeouts surface at synchronize(). Every member queues the same sequence of operations.
+  static constexpr int kMaxAllReducesInFlight = 4;
+  virtual int all_reduce_sum_start(float* data, std::size_t count, void* stream) = 0;
+  virtual void all_reduce_join(int ticket, void* stream) = 0;
+  // Waits on the host for the work queued on `stream`, bounded by the timeout and watching NCCL's
+  // asynchronous errors (a dead peer), so no NCCL kernel spins forever: on either, or on a failed kernel in
+  // `stream` (CUDA's message), the communicator is aborted and CommError names `what`.
+  virtual void synchronize(void* stream, const char* what) = 0;
+
   // The communication stream (cudaStream_t), created with the device's greatest priority.
   virtual void* stream() const = 0;
   // Aborts the NCCL communicator now; every later operation throws CommError. Idempotent.

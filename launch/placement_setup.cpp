@@ -1,11 +1,13 @@
 #include "launch/placement_setup.h"
 
 #include <cstdlib>
+#include <exception>
 #include <optional>
 #include <string>
 
 #include "comm/host_group.h"
 #include "common/log.h"
+#include "memory/device_locality.h"
 
 namespace shardline::launch {
 
@@ -37,7 +39,7 @@ comm::HostRanks host_ranks_from_hints() {
 
 }  // namespace
 
-PlacedRank place_this_rank(const MpiSession& mpi, memory::BindMode mode) {
+PlacedRank place_this_rank(const MpiSession& mpi, memory::BindMode mode, const std::optional<RankGpu>& gpu) {
   const comm::HostRanks hint = host_ranks_from_hints();
   comm::HostRanks ranks = hint;
   if (mpi.active()) {
@@ -50,8 +52,32 @@ PlacedRank place_this_rank(const MpiSession& mpi, memory::BindMode mode) {
     }
   }
   PlacedRank placed;
-  placed.host = memory::discover_host_topology(/*with_devices=*/false);
-  placed.binding = runtime::bind_this_rank(placed.host, ranks.local_rank, ranks.local_size, mode);
+  std::vector<int> gpu_nodes;
+  if (gpu) {
+    // Nothing may throw between here and the host all-gather, or the other ranks would wait in it: a
+    // failure is carried past the collective and rethrown after it.
+    std::exception_ptr failure;
+    memory::DeviceNumaNode mine;
+    try {
+      placed.host = memory::discover_host_topology(/*with_devices=*/true);
+      mine = memory::device_numa_node(placed.host, gpu->pci_bus_id, gpu->driver_numa_node);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    if (mpi.active()) {
+      gpu_nodes = comm::mpi_host_all_gather(mine.numa_node);
+    } else {
+      // A plain process knows only its own GPU: other local ranks' count as unknown (the CPU spread).
+      gpu_nodes.assign(static_cast<std::size_t>(ranks.local_size), -1);
+      gpu_nodes[static_cast<std::size_t>(ranks.local_rank)] = mine.numa_node;
+    }
+    if (failure) std::rethrow_exception(failure);
+    placed.gpu_note = mine.note;
+    if (mine.numa_node < 0) log::warn("{}: this rank is placed as a CPU rank would be", mine.note);
+  } else {
+    placed.host = memory::discover_host_topology(/*with_devices=*/false);
+  }
+  placed.binding = runtime::bind_this_rank(placed.host, ranks.local_rank, ranks.local_size, mode, gpu_nodes);
   return placed;
 }
 

@@ -80,7 +80,7 @@ std::vector<std::string> read_prompts_file(const std::string& path) {
 std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, const MpiSession& mpi) {
   RunConfig c;
   std::string log_level = "info", prompt, prompts_file, layer_split, weights_dtype;
-  std::string bind = "auto", arena_pages = "auto", weights = "map", device = "auto";
+  std::string bind = "auto", arena_pages = "auto", weights = "map", device = "auto", cuda_graphs = "on";
   int steps = 256, batch = 1;
   runtime::SamplerOptions sampler;
   po::options_description options("run options");
@@ -108,6 +108,8 @@ std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, 
       ("threads", po::value<int>(), "kernel threads of this rank (default: one per core of its placement)")
       ("device", po::value(&device)->default_value("auto"),
        "cpu|cuda|auto: where each rank's stage runs (auto: its GPU when it has one, else the CPU)")
+      ("cuda-graphs", po::value(&cuda_graphs)->default_value("on"),
+       "on|off: with --device cuda, replay each decode step from a captured CUDA graph (off: launch every kernel)")
       ("bind", po::value(&bind)->default_value("auto"),
        "where each rank runs: auto|numa|core|none (see `shardline topo`); a launcher's binding is kept")
       ("arena-pages", po::value(&arena_pages)->default_value("auto"),
@@ -138,6 +140,10 @@ std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, 
   if (c.verbose && log_level == "info") log::set_level(log::Level::kDebug);
   c.bind = memory::parse_bind_mode(bind);
   c.device = runtime::parse_device_request(device);
+  if (cuda_graphs != "on" && cuda_graphs != "off") {
+    throw ConfigError(fmt::format("--cuda-graphs expects on or off; got '{}'", cuda_graphs));
+  }
+  c.engine.cuda_graphs = cuda_graphs == "on";
   c.engine.arena_pages = memory::parse_page_policy(arena_pages);
   if (weights != "map" && weights != "arena") throw ConfigError(fmt::format("--weights expects map or arena; got '{}'", weights));
   c.engine.weights_in_arena = weights == "arena";
@@ -384,13 +390,8 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
   std::unique_ptr<runtime::Engine> engine;
   std::optional<PlacedRank> placed;
   runtime::BackendChoice backend;
-  code = agreed_phase(mpi, [&] {
-    placed = place_this_rank(mpi, config->bind);
-    if (!config->threads_given) config->engine.threads = placed->binding.default_threads(placed->host);
-    runtime::start_kernel_threads(placed->binding, config->engine.threads);
-    config->engine.numa_node = placed->binding.placement.numa_node;
-    backend = runtime::choose_backend(config->device, mpi.local_rank());
-  });
+  // The backend comes first: a GPU rank is placed next to its GPU.
+  code = agreed_phase(mpi, [&] { backend = runtime::choose_backend(config->device, mpi.local_rank()); });
   if (code != 0) return code;
   // Every rank runs the same backend (the TP all-reduces of one group are all NCCL or all MPI): auto uses
   // the GPUs only when every rank has one.
@@ -401,6 +402,15 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
     backend.cpu_reason = own_backend.cuda ? fmt::format("rank {} has no usable GPU", all_gpu.first_failed_rank)
                                           : own_backend.cpu_reason;
   }
+  code = agreed_phase(mpi, [&] {
+    std::optional<RankGpu> gpu;
+    if (backend.cuda) gpu = RankGpu{backend.pci_bus_id, backend.driver_numa_node};
+    placed = place_this_rank(mpi, config->bind, gpu);
+    if (!config->threads_given) config->engine.threads = placed->binding.default_threads(placed->host);
+    runtime::start_kernel_threads(placed->binding, config->engine.threads);
+    config->engine.numa_node = placed->binding.placement.numa_node;
+  });
+  if (code != 0) return code;
   config->engine.cuda_device = backend.cuda ? backend.cuda_device : -1;
   config->engine.comm_timeout_s = config->comm_timeout_s;
   code = agreed_phase(mpi, [&] {
@@ -422,6 +432,7 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
     log::note("placement: host {} | {} | arena {} | KV pool {} tokens/block, {}", placed->host.hostname,
               placed->binding.describe(), engine->arena().describe(), config->engine.kv_block_tokens,
               engine->kv_pool().describe());
+    if (!placed->gpu_note.empty()) log::note("GPU placement: {}", placed->gpu_note);
   }
   if (engine->has_host_weights()) {
     log::debug("launched as {}; model {} ({}); this rank maps {} and holds {} repacked", mpi.launcher(),

@@ -16,7 +16,7 @@ void check_hwloc(int code, const char* what);
 class HwlocHandle {
  public:
   enum class Source { kThisSystem, kSynthetic, kXml };
-  // with_io: also discover PCI/OS devices (GPUs); slower, only for reporting.
+  // with_io: also discover PCI/OS devices (GPUs); slower: for reports and for placing GPU ranks.
   HwlocHandle(Source source, const std::string& argument = {}, bool with_io = false);
   HwlocHandle(const HwlocHandle&) = delete;
   HwlocHandle& operator=(const HwlocHandle&) = delete;

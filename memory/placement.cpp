@@ -43,29 +43,15 @@ std::string RankPlacement::describe() const {
                      note.empty() ? "" : "; " + note);
 }
 
-RankPlacement plan_placement(const HostTopology& host, int local_rank, int local_size, BindMode mode) {
-  SL_CHECK(local_size >= 1 && local_rank >= 0 && local_rank < local_size);
-  RankPlacement p;
-  p.local_rank = local_rank;
-  p.local_size = local_size;
-  p.requested = mode;
-  const auto nodes = host.nodes_with_cores();
-  if (nodes.empty()) {
-    throw ResourceError(fmt::format("the topology ({}) has no NUMA node with a usable core", host.source));
-  }
-  const long n_nodes = static_cast<long>(nodes.size());
-  // Contiguous blocks: slot(r) = floor(r * N / size); the first rank of slot k is ceil(k * size / N).
-  const int slot = static_cast<int>(static_cast<long>(local_rank) * n_nodes / local_size);
-  auto first_rank_of = [&](long k) { return static_cast<int>((k * local_size + n_nodes - 1) / n_nodes); };
-  const int first = first_rank_of(slot);
-  const int next_first = first_rank_of(slot + 1);
-  const NumaNodeInfo& node = *nodes[slot];
-  p.ranks_on_node = next_first - first;
-  const int index_on_node = local_rank - first;
+namespace {
+
+// Fills p's node, mode and cores for a rank that is index_on_node of the ranks_on_node ranks placed on node.
+void place_on_node(RankPlacement& p, const NumaNodeInfo& node, int ranks_on_node, int index_on_node, BindMode mode) {
+  p.ranks_on_node = ranks_on_node;
   const int n_cores = static_cast<int>(node.cores.size());
   if (mode == BindMode::kNone) {
     p.applied = BindMode::kNone;
-    return p;
+    return;
   }
   p.numa_node = node.os_index;
   const bool cores_suffice = n_cores >= p.ranks_on_node;
@@ -94,6 +80,64 @@ RankPlacement plan_placement(const HostTopology& host, int local_rank, int local
     }
   }
   std::sort(p.pus.begin(), p.pus.end());
+}
+
+std::vector<const NumaNodeInfo*> usable_nodes(const HostTopology& host) {
+  auto nodes = host.nodes_with_cores();
+  if (nodes.empty()) {
+    throw ResourceError(fmt::format("the topology ({}) has no NUMA node with a usable core", host.source));
+  }
+  return nodes;
+}
+
+}  // namespace
+
+RankPlacement plan_placement(const HostTopology& host, int local_rank, int local_size, BindMode mode) {
+  SL_CHECK(local_size >= 1 && local_rank >= 0 && local_rank < local_size);
+  RankPlacement p;
+  p.local_rank = local_rank;
+  p.local_size = local_size;
+  p.requested = mode;
+  const auto nodes = usable_nodes(host);
+  const long n_nodes = static_cast<long>(nodes.size());
+  // Contiguous blocks: slot(r) = floor(r * N / size); the first rank of slot k is ceil(k * size / N).
+  const int slot = static_cast<int>(static_cast<long>(local_rank) * n_nodes / local_size);
+  auto first_rank_of = [&](long k) { return static_cast<int>((k * local_size + n_nodes - 1) / n_nodes); };
+  const int first = first_rank_of(slot);
+  const int next_first = first_rank_of(slot + 1);
+  place_on_node(p, *nodes[slot], next_first - first, local_rank - first, mode);
+  return p;
+}
+
+RankPlacement plan_gpu_placement(const HostTopology& host, int local_rank, const std::vector<int>& gpu_numa_nodes,
+                                 BindMode mode) {
+  const int local_size = static_cast<int>(gpu_numa_nodes.size());
+  SL_CHECK(local_size >= 1 && local_rank >= 0 && local_rank < local_size);
+  const auto nodes = usable_nodes(host);
+  auto node_with_index = [&](int os_index) -> const NumaNodeInfo* {
+    for (const NumaNodeInfo* n : nodes) {
+      if (n->os_index == os_index) return n;
+    }
+    return nullptr;
+  };
+  for (int r = 0; r < local_size; ++r) {
+    if (node_with_index(gpu_numa_nodes[r]) != nullptr) continue;
+    RankPlacement p = plan_placement(host, local_rank, local_size, mode);
+    const std::string why = fmt::format("the GPU of local rank {} has no known NUMA node, so ranks are spread as "
+                                        "without GPUs",
+                                        r);
+    p.note = p.note.empty() ? why : why + "; " + p.note;
+    return p;
+  }
+  RankPlacement p;
+  p.local_rank = local_rank;
+  p.local_size = local_size;
+  p.requested = mode;
+  const int node = gpu_numa_nodes[local_rank];
+  const int ranks_on_node = static_cast<int>(std::count(gpu_numa_nodes.begin(), gpu_numa_nodes.end(), node));
+  const int index_on_node =
+      static_cast<int>(std::count(gpu_numa_nodes.begin(), gpu_numa_nodes.begin() + local_rank, node));
+  place_on_node(p, *node_with_index(node), ranks_on_node, index_on_node, mode);
   return p;
 }
 

@@ -50,6 +50,15 @@ struct RankPlacement {
 // give every rank a core of its own; ResourceError when the topology has no usable core.
 RankPlacement plan_placement(const HostTopology& host, int local_rank, int local_size, BindMode mode);
 
+// The placement of a rank that drives a GPU: local rank r of gpu_numa_nodes.size() goes to the node its GPU
+// is attached to, gpu_numa_nodes[r] (memory/device_locality.h), and the ranks whose GPUs share a node split
+// that node's cores as above, in local-rank order. Example, 4 ranks with GPUs on nodes {1, 1, 0, 0} of a
+// host with cores 0-3 on node 0 and 4-7 on node 1, --bind core: rank 0 -> cores 4-5, rank 1 -> 6-7,
+// rank 2 -> 0-1, rank 3 -> 2-3. When any rank's GPU has no known node (-1, or a node without cores), every
+// rank falls back to plan_placement's spread (so the ranks' core sets stay disjoint), and note says why.
+RankPlacement plan_gpu_placement(const HostTopology& host, int local_rank, const std::vector<int>& gpu_numa_nodes,
+                                 BindMode mode);
+
 // The launcher bound this process to bound_pus (a strict subset of the CPUs it may use): keep that CPU set,
 // bind memory to the node holding those CPUs if they lie on one node, and record it (launcher_bound).
 RankPlacement adopt_launcher_binding(const HostTopology& host, const RankPlacement& planned,

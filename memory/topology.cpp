@@ -144,6 +144,25 @@ HostTopology summarize(const HwlocHandle& handle, std::string source) {
     if (model) name += fmt::format(" ({})", model);
     host.gpus.push_back(std::move(name));
   }
+
+  for (hwloc_obj_t dev = hwloc_get_next_pcidev(topo, nullptr); dev; dev = hwloc_get_next_pcidev(topo, dev)) {
+    const auto& pci = dev->attr->pcidev;
+    PciDeviceInfo info;
+    info.bus_id = fmt::format("{:04x}:{:02x}:{:02x}.{:x}", pci.domain, pci.bus, pci.dev, pci.func);
+    info.class_id = pci.class_id;
+    const char* vendor = hwloc_obj_get_info_by_name(dev, "PCIVendor");
+    const char* device = hwloc_obj_get_info_by_name(dev, "PCIDevice");
+    if (vendor && device) {
+      info.name = fmt::format("{} {}", vendor, device);
+    } else if (dev->name) {
+      info.name = dev->name;
+    }
+    // I/O objects have no cpuset or nodeset of their own: their locality is that of the first normal object
+    // above them (hwloc attaches a host bridge below the package or NUMA group it is wired to).
+    hwloc_obj_t anchor = hwloc_get_non_io_ancestor_obj(topo, dev);
+    if (anchor && anchor->nodeset) info.numa_nodes = detail::to_indices(anchor->nodeset);
+    host.pci_devices.push_back(std::move(info));
+  }
   return host;
 }
 
@@ -167,8 +186,8 @@ HostTopology load_synthetic_topology(const std::string& description) {
   return summarize(handle, fmt::format("synthetic '{}'", description));
 }
 
-HostTopology load_xml_topology(const std::string& path) {
-  HwlocHandle handle(HwlocHandle::Source::kXml, path);
+HostTopology load_xml_topology(const std::string& path, bool with_devices) {
+  HwlocHandle handle(HwlocHandle::Source::kXml, path, with_devices);
   return summarize(handle, fmt::format("xml '{}'", path));
 }
 

@@ -32,6 +32,18 @@ struct CacheInfo {
   int count = 0;            // instances on the host
 };
 
+// A PCI device hwloc found, with where it is attached: only filled when the topology was loaded with I/O
+// discovery (discover_host_topology(true), load_xml_topology(path, true)). GPUs, NICs and storage
+// controllers are kept (hwloc's "important" I/O filter); bridges and minor devices are not.
+struct PciDeviceInfo {
+  std::string bus_id;           // "0000:17:00.0": domain:bus:device.function, lowercase hex, as hwloc prints it
+  unsigned class_id = 0;        // PCI class: 0x0300 VGA, 0x0302 3D controller (data-centre GPUs), 0x0200 NIC
+  std::string name;             // "NVIDIA Corporation GH100 [H100 SXM5 80GB]" when hwloc knows it
+  // OS indices of the NUMA nodes of the device's first non-I/O ancestor (a package, a die, a NUMA group):
+  // the memory nearest to it. Every node of the machine when the device hangs off the machine as a whole.
+  std::vector<int> numa_nodes;
+};
+
 struct HostTopology {
   std::string source;           // "this host", "synthetic 'pack:2 numa:2 core:4 pu:1'", "xml FILE"
   bool is_this_system = false;  // binding is possible only on the real host
@@ -43,6 +55,7 @@ struct HostTopology {
   std::vector<CacheInfo> caches;         // one entry per cache level and kind
   std::vector<std::string> gpus;         // hwloc OS devices of kind GPU / co-processor: "cuda0 (NVIDIA H100)"
   std::vector<int> allowed_pus;          // OS indices of the PUs this process may run on (cgroup, cpuset)
+  std::vector<PciDeviceInfo> pci_devices;  // with I/O discovery only (see PciDeviceInfo); else empty
 
   // Nodes that own at least one core: where ranks can be placed.
   std::vector<const NumaNodeInfo*> nodes_with_cores() const;
@@ -55,7 +68,8 @@ HostTopology discover_host_topology(bool with_devices = true);
 // ConfigError when hwloc rejects the description.
 HostTopology load_synthetic_topology(const std::string& description);
 // A topology saved by `lstopo FILE.xml` (e.g. hostfiles/*.xml). ConfigError when it cannot be read.
-HostTopology load_xml_topology(const std::string& path);
+// with_devices keeps the file's PCI and OS devices (GPUs, pci_devices), as discover_host_topology(true).
+HostTopology load_xml_topology(const std::string& path, bool with_devices = false);
 
 // "0-3,8,10-11": a sorted list of integers in the compact form Linux and hwloc print cpusets in.
 std::string format_index_list(std::vector<int> values);

@@ -30,6 +30,9 @@ BackendChoice choose_backend(DeviceRequest request, int local_rank) {
   if (devices.count > 0) {
     choice.cuda = true;
     choice.cuda_device = kernels::cuda::device_for_local_rank(local_rank, devices.count);
+    const kernels::cuda::DeviceProperties properties = kernels::cuda::device_properties(choice.cuda_device);
+    choice.pci_bus_id = properties.pci_bus_id;
+    choice.driver_numa_node = properties.host_numa_node;
     return choice;
   }
   if (request == DeviceRequest::kCuda) {

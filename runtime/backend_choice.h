@@ -16,6 +16,8 @@ const char* device_request_name(DeviceRequest request);
 struct BackendChoice {
   bool cuda = false;
   int cuda_device = -1;     // the rank's GPU when cuda: device_for_local_rank(local_rank, devices)
+  std::string pci_bus_id;   // its PCI bus id ("0000:17:00.0") when cuda: where placement finds its NUMA node
+  int driver_numa_node = -1;  // the CUDA driver's idea of its host NUMA node; -1 when unknown
   std::string cpu_reason;   // why auto chose the CPU ("no usable GPU: ..."); empty otherwise
 };
 

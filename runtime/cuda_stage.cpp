@@ -2,13 +2,16 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <vector>
 
 #include <fmt/format.h>
 
 #include "comm/nccl_communicator.h"
 #include "common/error.h"
+#include "common/log.h"
 #include "kernels/cuda/device.h"
+#include "kernels/cuda/graph.h"
 #include "kernels/cuda/ops.h"
 #include "memory/mapped_file.h"
 #include "runtime/checkpoint.h"
@@ -67,6 +70,14 @@ class CudaStage final : public StageBackend {
         vocab_counts_.push_back(partition::split_evenly(shape.vocab_size, mesh.tp_size(), t).size());
       }
     }
+    if (mesh.pp_size() > 1) {
+      // The ranks of equal tp_rank over all stages, in stage order: group rank = pp_rank. Made after the TP
+      // groups on every rank, so the collective set-ups line up.
+      std::vector<int> pp_ranks;
+      for (int p = 0; p < mesh.pp_size(); ++p) pp_ranks.push_back(mesh.rank_of(p, mesh.tp_rank()));
+      pp_comm_ = comm::make_nccl_group(pp_ranks, {options.device, options.comm_timeout_s, stream_.ref().raw});
+      pp_rank_ = mesh.pp_rank();
+    }
     const int hs = shape.head_size();
     q_dim_ = shard.heads.size() * hs;
     kv_dim_ = shard.kv_heads.size() * hs;
@@ -103,17 +114,30 @@ class CudaStage final : public StageBackend {
   int max_rows() const override { return scratch_rows_; }
   void reserve_rows(int max_rows) override;
 
+  bool moves_activations() const override { return pp_comm_ != nullptr; }
+  void recv_activations(int n) override;
+  void forward_resident(const float* x, const Row* rows, int n) override;
+  std::unique_ptr<comm::PendingSend> isend_activations(int n) override;
+  void download_activations(float* x, int n) override;
+
  private:
   const float* file_floats(std::uint64_t offset_bytes) const {
     return reinterpret_cast<const float*>(whole_file_.data() + offset_bytes);
   }
   void upload_weights();
   void make_kv_pool();
-  // Uploads positions, block tables and context lengths of one call; returns the longest context.
-  int upload_rows(const Row* rows, int n);
-  void all_reduce(float* data, std::size_t count) {
-    if (tp_comm_) tp_comm_->all_reduce_sum(data, count);
-  }
+  // Uploads positions, query tables, context lengths and block tables of one call.
+  void upload_rows(const Row* rows, int n);
+  // Queues every layer for rows [0, n) on the compute stream: device data only, so it can be captured.
+  void queue_layers(int n);
+  // One layer's attention block or feed-forward block for rows [r0, r1): reads x_, leaves the block's
+  // output, before the TP sum, in out_'s rows [r0, r1).
+  void queue_attention(int l, int r0, int r1);
+  void queue_ffn(int l, int r0, int r1);
+  // Runs queue_layers(n) as a CUDA graph when the policy above allows, else eagerly.
+  void run_layers(int n);
+  // Waits for the compute stream, bounded by --comm-timeout while NCCL work may be in it.
+  void wait(const char* what);
 
   partition::ModelShape shape_;
   partition::RankShard shard_;
@@ -126,6 +150,12 @@ class CudaStage final : public StageBackend {
   std::string device_name_;
   cuda::Stream stream_;
   std::unique_ptr<comm::NcclCommunicator> tp_comm_;  // null for tp = 1
+  std::unique_ptr<comm::NcclCommunicator> pp_comm_;  // null for pp = 1: activations to and from neighbour stages
+  int pp_rank_ = 0;
+  // Copies of sent activations, (max_rows, dim) each, while their sends are in flight: x_ is the next item's.
+  std::vector<cuda::DeviceBuffer> send_buffers_;
+  std::vector<int> free_send_buffers_;
+  friend struct ActivationSend;
   std::vector<int> vocab_counts_;                    // classifier rows per TP rank
   int q_dim_ = 0, kv_dim_ = 0, hidden_ = 0;
 
@@ -149,6 +179,10 @@ class CudaStage final : public StageBackend {
   cuda::DeviceBuffer gathered_;      // (rows, vocab) in TP rank order, tp > 1 only
   std::vector<float> host_gathered_; // (rows, vocab)
   std::vector<const KvCache*> tables_;  // distinct caches of the current call, in table order
+
+  std::map<int, cuda::Graph> graphs_;  // captured layers by row count
+  std::map<int, int> eager_calls_;     // calls per row count before its capture
+  bool graphs_failed_ = false;         // a capture failed: eager launches from then on
 };
 
 void CudaStage::upload_weights() {
@@ -203,6 +237,9 @@ void CudaStage::make_kv_pool() {
 
 void CudaStage::reserve_rows(int rows) {
   if (rows <= scratch_rows_) return;
+  // Captured graphs hold the old buffers' addresses and row stride.
+  graphs_.clear();
+  eager_calls_.clear();
   const std::size_t r = rows, dim = shape_.dim;
   constexpr std::size_t f = sizeof(float);
   blas_ = std::make_unique<cuda::Blas>(cuda::BlasOptions{rows, max_k_});
@@ -225,14 +262,13 @@ void CudaStage::reserve_rows(int rows) {
   scratch_rows_ = rows;
 }
 
-int CudaStage::upload_rows(const Row* rows, int n) {
+void CudaStage::upload_rows(const Row* rows, int n) {
   const int stride = scratch_rows_;
   int* positions = host_ints_.data();
   int* query_table = positions + stride;
   int* n_ctx = query_table + stride;
   int* tables = n_ctx + stride;
   tables_.clear();
-  int longest = 1;
   for (int r = 0; r < n; ++r) {
     KvCache& cache = *rows[r].cache;
     cache.reserve_through(rows[r].pos);
@@ -242,7 +278,6 @@ int CudaStage::upload_rows(const Row* rows, int n) {
     positions[r] = rows[r].pos;
     query_table[r] = table;
     n_ctx[r] = rows[r].pos + 1;
-    longest = std::max(longest, n_ctx[r]);
   }
   // A cache's table is written after its last row reserved, so it covers every row of the call.
   for (std::size_t t = 0; t < tables_.size(); ++t) {
@@ -251,76 +286,212 @@ int CudaStage::upload_rows(const Row* rows, int n) {
   }
   const std::size_t used = 3 * static_cast<std::size_t>(stride) + tables_.size() * max_blocks_;
   cuda::copy_to_device_async(row_ints_.data(), host_ints_.data(), used * sizeof(int), stream_.ref());
-  return longest;
+}
+
+void CudaStage::queue_attention(int l, int r0, int r1) {
+  const DeviceLayer& w = layers_[l];
+  const auto s = stream_.ref();
+  const int n = r1 - r0, dim = shape_.dim, hs = shape_.head_size();
+  const int n_heads = shard_.heads.size(), n_kv_heads = shard_.kv_heads.size();
+  const int* d_positions = row_ints_.as<int>() + r0;
+  const int* d_query_table = row_ints_.as<int>() + scratch_rows_ + r0;
+  const int* d_n_ctx = row_ints_.as<int>() + 2 * scratch_rows_ + r0;
+  const int* d_tables = row_ints_.as<int>() + 3 * scratch_rows_;
+  const std::size_t x0 = static_cast<std::size_t>(r0) * dim;
+  float* xb = xb_.as<float>() + x0;
+  float* q = q_.as<float>() + static_cast<std::size_t>(r0) * q_dim_;
+  float* k = k_.as<float>() + static_cast<std::size_t>(r0) * kv_dim_;
+  float* v = v_.as<float>() + static_cast<std::size_t>(r0) * kv_dim_;
+  float* att = att_.as<float>() + static_cast<std::size_t>(r0) * q_dim_;
+  cuda::rmsnorm(xb, x_.as<float>() + x0, w.rms_att.as<float>(), n, dim, options_.stage.rms_eps, s);
+  blas_->matmul(q, xb, w.wq.view(), n, s);
+  blas_->matmul(k, xb, w.wk.view(), n, s);
+  blas_->matmul(v, xb, w.wv.view(), n, s);
+  cuda::rope(q, d_positions, n, n_heads, hs, options_.stage.rope_theta, s);
+  cuda::rope(k, d_positions, n, n_kv_heads, hs, options_.stage.rope_theta, s);
+  // Each row's key and value into its block, addressed on the device (a replayed graph's rows move on).
+  cuda::PagedKvWrite kw;
+  kw.kv_pool = kv_pool_.as<float>();
+  kw.block_floats = block_floats_;
+  kw.layer = l;
+  kw.block_tokens = options_.stage.kv_block_tokens;
+  kw.block_tables = d_tables;
+  kw.max_blocks_per_table = max_blocks_;
+  kw.query_table = d_query_table;
+  kw.positions = d_positions;
+  kw.k = k;
+  kw.v = v;
+  kw.n_queries = n;
+  kw.kv_stride = kv_dim_;
+  cuda::kv_write_paged(kw, s);
+  cuda::PagedAttention a;
+  a.out = att;
+  a.q = q;
+  a.kv_pool = kv_pool_.as<float>();
+  a.block_floats = block_floats_;
+  a.layer = l;
+  a.block_tokens = options_.stage.kv_block_tokens;
+  a.block_tables = d_tables;
+  a.max_blocks_per_table = max_blocks_;
+  a.query_table = d_query_table;
+  a.query_n_ctx = d_n_ctx;
+  a.n_queries = n;
+  a.n_heads = n_heads;
+  a.n_kv_heads = n_kv_heads;
+  a.head_size = hs;
+  a.kv_stride = kv_dim_;
+  a.max_ctx = shape_.seq_len;  // the scratch stride: a constant, so a captured step fits every context
+  a.scratch = scores_.as<float>();
+  cuda::attention_paged(a, s);
+  blas_->matmul(out_.as<float>() + x0, att, w.wo.view(), n, s);  // TP: partial sums over heads
+}
+
+void CudaStage::queue_ffn(int l, int r0, int r1) {
+  const DeviceLayer& w = layers_[l];
+  const auto s = stream_.ref();
+  const int n = r1 - r0, dim = shape_.dim;
+  const std::size_t x0 = static_cast<std::size_t>(r0) * dim;
+  float* xb = xb_.as<float>() + x0;
+  float* hb = hb_.as<float>() + static_cast<std::size_t>(r0) * hidden_;
+  float* hb2 = hb2_.as<float>() + static_cast<std::size_t>(r0) * hidden_;
+  cuda::rmsnorm(xb, x_.as<float>() + x0, w.rms_ffn.as<float>(), n, dim, options_.stage.rms_eps, s);
+  blas_->matmul(hb, xb, w.w1.view(), n, s);
+  blas_->matmul(hb2, xb, w.w3.view(), n, s);
+  cuda::swiglu(hb, hb2, static_cast<std::size_t>(n) * hidden_, s);
+  blas_->matmul(out_.as<float>() + x0, hb, w.w2.view(), n, s);  // TP: partial sums over hidden features
+}
+
+void CudaStage::queue_layers(int n) {
+  const auto s = stream_.ref();
+  const int dim = shape_.dim;
+  // Row ranges ("halves") pipelined against their all-reduces: block b of half h is computed while the
+  // all-reduce of block b of the other half (or block b-1 of h's successor) is in flight; h's residual add
+  // waits only for h's own all-reduce. Without TP there is nothing to overlap; decode steps stay whole.
+  const bool split = tp_comm_ && n >= std::max(2, options_.overlap_min_rows);
+  const int bounds[3] = {0, split ? n / 2 : n, n};
+  const int n_halves = split ? 2 : 1;
+  int pending[2] = {-1, -1};  // each half's all-reduce ticket not yet added into x
+  auto finish = [&](int h) {  // the residual add of h's last block, after its TP sum
+    const std::size_t x0 = static_cast<std::size_t>(bounds[h]) * dim;
+    const std::size_t count = static_cast<std::size_t>(bounds[h + 1] - bounds[h]) * dim;
+    if (pending[h] >= 0) tp_comm_->all_reduce_join(pending[h], s.raw);
+    pending[h] = -1;
+    cuda::add_inplace(x_.as<float>() + x0, out_.as<float>() + x0, count, s);
+  };
+  bool first = true;
+  for (int l = 0; l < static_cast<int>(layers_.size()); ++l) {
+    for (int block = 0; block < 2; ++block) {
+      for (int h = 0; h < n_halves; ++h) {
+        if (!first) finish(h);
+        if (block == 0) {
+          queue_attention(l, bounds[h], bounds[h + 1]);
+        } else {
+          queue_ffn(l, bounds[h], bounds[h + 1]);
+        }
+        if (tp_comm_) {
+          pending[h] = tp_comm_->all_reduce_sum_start(out_.as<float>() + static_cast<std::size_t>(bounds[h]) * dim,
+                                                      static_cast<std::size_t>(bounds[h + 1] - bounds[h]) * dim, s.raw);
+        }
+      }
+      first = false;
+    }
+  }
+  for (int h = 0; h < n_halves; ++h) finish(h);
+}
+
+void CudaStage::run_layers(int n) {
+  if (!options_.graphs || graphs_failed_ || n > options_.graph_max_rows) return queue_layers(n);
+  const auto found = graphs_.find(n);
+  if (found != graphs_.end()) return found->second.launch(stream_.ref());
+  if (eager_calls_[n]++ == 0) return queue_layers(n);  // lazy library set-up happens outside any capture
+  try {
+    cuda::Graph graph = cuda::Graph::capture(stream_, [&] { queue_layers(n); });
+    graph.launch(stream_.ref());
+    graphs_.emplace(n, std::move(graph));
+  } catch (const ResourceError& e) {
+    // Nothing ran during the failed capture: run this call eagerly, and every later one.
+    graphs_failed_ = true;
+    log::warn("CUDA graph capture of a {}-row step failed ({}); launching kernels one by one from now on", n, e.what());
+    queue_layers(n);
+  } catch (const CommError& e) {
+    // NCCL refused the capture and its communicator is aborted: no eager fallback is possible in this run.
+    throw CommError(fmt::format("{} (while capturing a CUDA graph; rerun with --cuda-graphs off)", e.what()));
+  }
+}
+
+void CudaStage::wait(const char* what) {
+  if (tp_comm_) {
+    tp_comm_->synchronize(stream_.ref().raw, what);
+  } else {
+    stream_.synchronize();
+  }
 }
 
 void CudaStage::forward(float* x, const Row* rows, int n) {
   SL_CHECK_MSG(n >= 1 && n <= scratch_rows_, "{} rows for a stage sized for {}", n, scratch_rows_);
   const auto s = stream_.ref();
-  const int dim = shape_.dim, hs = shape_.head_size(), bt = options_.stage.kv_block_tokens;
-  const int n_heads = shard_.heads.size(), n_kv_heads = shard_.kv_heads.size();
-  const float eps = options_.stage.rms_eps, theta = options_.stage.rope_theta;
-  const int longest = upload_rows(rows, n);
-  const int* d_positions = row_ints_.as<int>();
-  float* xd = x_.as<float>();
-  float* xb = xb_.as<float>();
-  float* out = out_.as<float>();
-  float* q = q_.as<float>();
-  float* k = k_.as<float>();
-  float* v = v_.as<float>();
-  float* pool = kv_pool_.as<float>();
-  cuda::copy_to_device_async(xd, x, static_cast<std::size_t>(n) * dim * sizeof(float), s);
-  for (int l = 0; l < static_cast<int>(layers_.size()); ++l) {
-    const DeviceLayer& w = layers_[l];
-    cuda::rmsnorm(xb, xd, w.rms_att.as<float>(), n, dim, eps, s);
-    blas_->matmul(q, xb, w.wq.view(), n, s);
-    blas_->matmul(k, xb, w.wk.view(), n, s);
-    blas_->matmul(v, xb, w.wv.view(), n, s);
-    cuda::rope(q, d_positions, n, n_heads, hs, theta, s);
-    cuda::rope(k, d_positions, n, n_kv_heads, hs, theta, s);
-    // Each row's key and value into its block: row p % bt of block table[p / bt], this layer's halves.
-    for (int r = 0; r < n; ++r) {
-      const int pos = rows[r].pos;
-      const std::size_t block = rows[r].cache->block_table()[pos / bt];
-      float* base = pool + block * block_floats_ + static_cast<std::size_t>(pos % bt) * kv_dim_;
-      const std::size_t half = static_cast<std::size_t>(bt) * kv_dim_;
-      const std::size_t row_bytes = static_cast<std::size_t>(kv_dim_) * sizeof(float);
-      cuda::copy_device_to_device_async(base + (2 * l) * half, k + static_cast<std::size_t>(r) * kv_dim_, row_bytes, s);
-      cuda::copy_device_to_device_async(base + (2 * l + 1) * half, v + static_cast<std::size_t>(r) * kv_dim_, row_bytes, s);
-    }
-    cuda::PagedAttention a;
-    a.out = att_.as<float>();
-    a.q = q;
-    a.kv_pool = pool;
-    a.block_floats = block_floats_;
-    a.layer = l;
-    a.block_tokens = bt;
-    a.block_tables = d_positions + 3 * scratch_rows_;
-    a.max_blocks_per_table = max_blocks_;
-    a.query_table = d_positions + scratch_rows_;
-    a.query_n_ctx = d_positions + 2 * scratch_rows_;
-    a.n_queries = n;
-    a.n_heads = n_heads;
-    a.n_kv_heads = n_kv_heads;
-    a.head_size = hs;
-    a.kv_stride = kv_dim_;
-    a.max_ctx = longest;
-    a.scratch = scores_.as<float>();
-    cuda::attention_paged(a, s);
-    blas_->matmul(out, att_.as<float>(), w.wo.view(), n, s);
-    all_reduce(out, static_cast<std::size_t>(n) * dim);  // TP: partial sums over heads
-    cuda::add_inplace(xd, out, static_cast<std::size_t>(n) * dim, s);
+  upload_rows(rows, n);
+  const std::size_t bytes = static_cast<std::size_t>(n) * shape_.dim * sizeof(float);
+  // Host copies stay outside the captured part: x is the caller's pageable memory.
+  cuda::copy_to_device_async(x_.data(), x, bytes, s);
+  run_layers(n);
+  cuda::copy_to_host_async(x, x_.data(), bytes, s);
+  wait("forward");
+}
 
-    cuda::rmsnorm(xb, xd, w.rms_ffn.as<float>(), n, dim, eps, s);
-    blas_->matmul(hb_.as<float>(), xb, w.w1.view(), n, s);
-    blas_->matmul(hb2_.as<float>(), xb, w.w3.view(), n, s);
-    cuda::swiglu(hb_.as<float>(), hb2_.as<float>(), static_cast<std::size_t>(n) * hidden_, s);
-    blas_->matmul(out, hb_.as<float>(), w.w2.view(), n, s);
-    all_reduce(out, static_cast<std::size_t>(n) * dim);  // TP: partial sums over hidden features
-    cuda::add_inplace(xd, out, static_cast<std::size_t>(n) * dim, s);
+void CudaStage::recv_activations(int n) {
+  SL_CHECK(pp_comm_ && pp_rank_ > 0 && n >= 1 && n <= scratch_rows_);
+  // Into x_, the input of the next forward_resident; recv returns once the rows are there.
+  pp_comm_->recv(x_.data(), static_cast<std::size_t>(n) * shape_.dim * sizeof(float), pp_rank_ - 1, 0);
+}
+
+void CudaStage::forward_resident(const float* x, const Row* rows, int n) {
+  SL_CHECK_MSG(n >= 1 && n <= scratch_rows_, "{} rows for a stage sized for {}", n, scratch_rows_);
+  const auto s = stream_.ref();
+  upload_rows(rows, n);
+  if (x) cuda::copy_to_device_async(x_.data(), x, static_cast<std::size_t>(n) * shape_.dim * sizeof(float), s);
+  run_layers(n);
+  wait("forward");
+}
+
+// A send of a copy of the activations; wait() hands the copy's buffer back to the stage.
+struct ActivationSend final : comm::PendingSend {
+  ActivationSend(CudaStage* stage, int buffer, std::unique_ptr<comm::PendingSend> send)
+      : stage(stage), buffer(buffer), send(std::move(send)) {}
+  void wait() override {
+    if (!send) return;
+    send->wait();
+    send.reset();
+    stage->free_send_buffers_.push_back(buffer);
   }
-  cuda::copy_to_host_async(x, xd, static_cast<std::size_t>(n) * dim * sizeof(float), s);
-  stream_.synchronize();
+  CudaStage* stage;
+  int buffer;
+  std::unique_ptr<comm::PendingSend> send;  // null once waited
+};
+
+std::unique_ptr<comm::PendingSend> CudaStage::isend_activations(int n) {
+  SL_CHECK(pp_comm_ && n >= 1 && n <= scratch_rows_);
+  const std::size_t bytes = static_cast<std::size_t>(n) * shape_.dim * sizeof(float);
+  if (free_send_buffers_.empty()) {
+    // One per send in flight: at most the pipeline's window on stage 0, one on later stages.
+    send_buffers_.emplace_back(static_cast<std::size_t>(scratch_rows_) * shape_.dim * sizeof(float));
+    free_send_buffers_.push_back(static_cast<int>(send_buffers_.size()) - 1);
+  }
+  int buffer = free_send_buffers_.back();
+  if (send_buffers_[buffer].bytes() < bytes) {  // sized before reserve_rows grew the stage
+    send_buffers_[buffer] = cuda::DeviceBuffer(static_cast<std::size_t>(scratch_rows_) * shape_.dim * sizeof(float));
+  }
+  free_send_buffers_.pop_back();
+  cuda::copy_device_to_device_async(send_buffers_[buffer].data(), x_.data(), bytes, stream_.ref());
+  // The communicator's send waits (on the device) for the compute stream, so for the copy too.
+  auto send = pp_comm_->isend(send_buffers_[buffer].data(), bytes, pp_rank_ + 1, 0);
+  return std::make_unique<ActivationSend>(this, buffer, std::move(send));
+}
+
+void CudaStage::download_activations(float* x, int n) {
+  SL_CHECK(n >= 1 && n <= scratch_rows_);
+  cuda::copy_to_host_async(x, x_.data(), static_cast<std::size_t>(n) * shape_.dim * sizeof(float), stream_.ref());
+  wait("activations download");
 }
 
 void CudaStage::logits(const float* x, int n, float* logits) {

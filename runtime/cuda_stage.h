@@ -7,7 +7,20 @@
 // stays a host mapping: embed() copies rows on the host, as the activations enter on the host anyway.
 // KV: a device pool with the host KvCache's block ids (a small host id pool does the bookkeeping).
 // Per forward call: x goes to the device, every layer runs there (RMSNorm, cuBLAS matmuls, RoPE, paged
-// attention, SwiGLU, residual adds; TP all-reduces through NCCL on device buffers), and x comes back.
+// attention, SwiGLU, residual adds; TP all-reduces through NCCL on device buffers), and x comes back; the
+// host waits once per call, at the end.
+//
+// Communication: the TP all-reduces run on NCCL's high-priority stream, ordered against the compute stream
+// by events (no host round trip per all-reduce). Calls of at least overlap_min_rows rows (prefill chunks)
+// are split into two halves of rows, software-pipelined: the all-reduce of one half runs while the other
+// half computes. Decode steps are not split: their matmuls read the whole weight matrices, so two halves
+// would read them twice.
+//
+// CUDA graphs: the layers of a call of n rows, n <= graph_max_rows (the decode steps of a micro-batch), are
+// captured into a graph the second time n is seen (the first call runs eagerly, so libraries finish their
+// lazy set-up outside the capture) and replayed from then on: positions, block tables and context lengths
+// are read on the device, so one graph serves every step. If a capture fails (an old NCCL, a driver
+// without the feature), the stage says so once and launches eagerly from then on.
 #pragma once
 
 #include <memory>
@@ -27,6 +40,9 @@ struct CudaStageOptions {
   int device = 0;      // this rank's CUDA device
   kernels::cpu::WeightDtype weights_dtype = kernels::cpu::WeightDtype::kF32;  // fp32 or bf16; int8: ConfigError
   double comm_timeout_s = 120.0;  // the NCCL TP group's bound on waiting for a peer
+  bool graphs = true;             // capture decode steps in CUDA graphs (--cuda-graphs)
+  int graph_max_rows = 64;        // calls of more rows always launch eagerly (prefill chunks)
+  int overlap_min_rows = 64;      // tp > 1: calls of at least this many rows overlap all-reduces with compute
 };
 
 // Collective over the MPI world when tp > 1 (the NCCL TP groups are made here): every rank of the job

@@ -61,6 +61,7 @@ Engine::Engine(const EngineOptions& options, const partition::Mesh& mesh, comm::
     cuda_options.device = options.cuda_device;
     cuda_options.weights_dtype = options.weights_dtype;
     cuda_options.comm_timeout_s = options.comm_timeout_s;
+    cuda_options.graphs = options.cuda_graphs;
     stage_ = make_cuda_stage(options.model_path, shape_, shard, mesh, cuda_options);
   } else {
     // One arena for the weights' copies and the stage's scratch, sized for both up front.

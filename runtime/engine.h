@@ -38,6 +38,7 @@ struct EngineOptions {
   // The backend (runtime/backend_choice.h): the CPU Stage, or the CUDA stage on this device.
   int cuda_device = -1;               // >= 0: run the stage on this CUDA device
   double comm_timeout_s = 120.0;      // the CUDA stage's NCCL TP group waits this long for a peer
+  bool cuda_graphs = true;            // the CUDA stage captures decode steps in CUDA graphs (cuda_stage.h)
 };
 
 struct GenerationRequest {

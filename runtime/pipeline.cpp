@@ -193,7 +193,12 @@ void Pipeline::forward_item(const Item& item, std::vector<SeqState>& seqs, float
   const double start_s = now_s();
   for (int r = 0; r < item.n_rows(); ++r) rows_[r] = {&seqs[item.seq[r]].cache, item.pos[r]};
   if (mesh_.is_first_stage()) stage_.embed(item.token.data(), item.n_rows(), x);
-  stage_.forward(x, rows_.data(), item.n_rows());
+  if (stage_.moves_activations() && mesh_.pp_size() > 1) {
+    // x: the first stage's embedded rows; null on later stages (the rows came through recv_activations).
+    stage_.forward_resident(x, rows_.data(), item.n_rows());
+  } else {
+    stage_.forward(x, rows_.data(), item.n_rows());
+  }
   stats_.items += 1;
   stats_.rows += item.n_rows();
   stats_.busy_s += now_s() - start_s;
@@ -307,8 +312,13 @@ void Pipeline::run_first_stage(std::vector<SeqState>& seqs, std::vector<Sequence
         slot.released_send =
             world_.isend(slot.released.data(), slot.released.size() * sizeof(int), next, kTagReleased);
       }
-      slot.x_send = world_.isend(slot.x.data(), static_cast<std::size_t>(slot.item.n_rows()) * dim * sizeof(float), next,
-                                 kTagActivations);
+      if (stage_.moves_activations()) {
+        // After the header: the next stage posts its receive for the activations once it has read it.
+        slot.x_send = stage_.isend_activations(slot.item.n_rows());
+      } else {
+        slot.x_send = world_.isend(slot.x.data(), static_cast<std::size_t>(slot.item.n_rows()) * dim * sizeof(float),
+                                   next, kTagActivations);
+      }
       in_flight.push_back(static_cast<int>(issued % window));
       ++issued;
     }
@@ -339,6 +349,7 @@ void Pipeline::run_later_stage(std::vector<SeqState>& seqs, std::vector<Sequence
   std::vector<float> x(static_cast<std::size_t>(max_rows_) * dim);  // (max_rows, dim)
   std::vector<int> tokens;
   std::vector<int> reply(1 + static_cast<std::size_t>(max_rows_));
+  const bool resident = stage_.moves_activations();  // activations arrive and leave through the backend
   Item item;
   for (;;) {
     world_.recv(header.data(), header.size() * sizeof(int), prev, kTagHeader);
@@ -356,13 +367,22 @@ void Pipeline::run_later_stage(std::vector<SeqState>& seqs, std::vector<Sequence
         seqs[sequence].cache = KvCache();
       }
     }
-    world_.recv(x.data(), static_cast<std::size_t>(item.n_rows()) * dim * sizeof(float), prev, kTagActivations);
-    forward_item(item, seqs, x.data());
+    if (resident) {
+      stage_.recv_activations(item.n_rows());
+    } else {
+      world_.recv(x.data(), static_cast<std::size_t>(item.n_rows()) * dim * sizeof(float), prev, kTagActivations);
+    }
+    forward_item(item, seqs, resident ? nullptr : x.data());
     if (next >= 0) {
       send_header(header, released, next);
-      world_.send(x.data(), static_cast<std::size_t>(item.n_rows()) * dim * sizeof(float), next, kTagActivations);
+      if (resident) {
+        stage_.isend_activations(item.n_rows())->wait();
+      } else {
+        world_.send(x.data(), static_cast<std::size_t>(item.n_rows()) * dim * sizeof(float), next, kTagActivations);
+      }
       continue;
     }
+    if (resident) stage_.download_activations(x.data(), item.n_rows());
     sample_item(item, seqs, x.data(), outputs, on_token, tokens);
     reply[0] = static_cast<int>(tokens.size());
     std::copy(tokens.begin(), tokens.end(), reply.begin() + 1);

@@ -18,6 +18,9 @@
 //   last stage -> stage 0: reply (the tokens sampled for the item's wants-logits rows)
 // Stage 0 sends activations without blocking and only reuses a buffer whose item has been answered, and
 // replies are received only by stage 0, so the ring of stages cannot deadlock.
+// A backend that moves activations itself (StageBackend::moves_activations: the CUDA stage over NCCL)
+// sends them right after the header, the same way: without blocking on stage 0 (isend_activations), with
+// blocking sends on later stages, so the argument above still holds.
 // The last stage samples (every TP rank of it identically, from the same gathered logits).
 #pragma once
 
@@ -84,6 +87,8 @@ class Pipeline {
   void run_first_stage(std::vector<SeqState>& seqs, std::vector<SequenceOutput>& outputs, const TokenCallback& on_token);
   void run_later_stage(std::vector<SeqState>& seqs, std::vector<SequenceOutput>& outputs, const TokenCallback& on_token);
   bool build_item(std::vector<SeqState>& seqs, Item& item);
+  // x: (rows, dim) host activations in and out; with a backend that moves activations, x is only the first
+  // stage's embedded input (null on later stages) and the output stays with the backend.
   void forward_item(const Item& item, std::vector<SeqState>& seqs, float* x);
   // Last stage: samples every wants-logits row of the item; fills tokens (one per such row).
   void sample_item(const Item& item, std::vector<SeqState>& seqs, const float* x, std::vector<SequenceOutput>& outputs,

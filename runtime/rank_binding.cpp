@@ -47,11 +47,15 @@ std::vector<memory::CoreInfo> cores_within(const memory::HostTopology& host, con
 }
 }  // namespace
 
-RankBinding bind_this_rank(const memory::HostTopology& host, int local_rank, int local_size, memory::BindMode mode) {
+RankBinding bind_this_rank(const memory::HostTopology& host, int local_rank, int local_size, memory::BindMode mode,
+                           const std::vector<int>& gpu_numa_nodes) {
   SL_CHECK(host.is_this_system);
+  SL_CHECK(gpu_numa_nodes.empty() || static_cast<int>(gpu_numa_nodes.size()) == local_size);
   RankBinding b;
   b.initial_pus = memory::process_cpus();
-  const memory::RankPlacement planned = memory::plan_placement(host, local_rank, local_size, mode);
+  const memory::RankPlacement planned = gpu_numa_nodes.empty()
+                                            ? memory::plan_placement(host, local_rank, local_size, mode)
+                                            : memory::plan_gpu_placement(host, local_rank, gpu_numa_nodes, mode);
   const bool launcher_bound = memory::is_launcher_bound(host, b.initial_pus);
   if (launcher_bound && mode != memory::BindMode::kNone) {
     // Do not fight the launcher (mpirun --bind-to, srun --cpu-bind): keep its CPUs, follow them with memory.

@@ -30,8 +30,11 @@ struct RankBinding {
 };
 
 // Plans and applies this rank's placement. ConfigError when the mode cannot be met (--bind core with more
-// ranks than cores on a node); ResourceError when binding fails.
-RankBinding bind_this_rank(const memory::HostTopology& host, int local_rank, int local_size, memory::BindMode mode);
+// ranks than cores on a node); ResourceError when binding fails. gpu_numa_nodes: empty for CPU ranks; for
+// GPU ranks the NUMA node of every local rank's GPU (size local_size, -1 where unknown), so each rank runs
+// next to its GPU (memory::plan_gpu_placement).
+RankBinding bind_this_rank(const memory::HostTopology& host, int local_rank, int local_size, memory::BindMode mode,
+                           const std::vector<int>& gpu_numa_nodes = {});
 
 // Sets the kernel thread count and pins the threads one per core, so each keeps its core and its L2:
 //   - under --bind core, thread t to core t % cores of the placement (always);

@@ -8,7 +8,10 @@
 // with the same ids).
 #pragma once
 
+#include <memory>
 #include <string>
+
+#include "comm/communicator.h"
 
 #include "memory/kv_block_pool.h"
 #include "partition/model_shape.h"
@@ -50,6 +53,26 @@ class StageBackend {
   virtual int max_rows() const = 0;
   // Grows the scratch buffers to take max_rows rows per forward call.
   virtual void reserve_rows(int max_rows) = 0;
+
+  // Activations between pipeline stages. A backend that keeps them on its device may move them itself, so
+  // they never visit the host between stages (the CUDA stage: NCCL send/recv between the same-tp ranks of
+  // neighbouring stages). The pipeline then sends each item's header first, over its own communicator, and
+  // calls, per item: recv_activations (stages after the first), forward_resident, then isend_activations
+  // (stages before the last) or download_activations (the last stage, which samples on the host).
+  // The default backend moves nothing: the pipeline sends forward()'s host rows itself.
+  virtual bool moves_activations() const { return false; }
+  // Receives n rows from the previous stage into the input of the next forward_resident. Blocks until
+  // they have arrived (bounded by --comm-timeout).
+  virtual void recv_activations(int n);
+  // forward() on the input the backend holds: x (n, dim) from the host when x is not null, else the rows
+  // recv_activations received. The output stays with the backend.
+  virtual void forward_resident(const float* x, const Row* rows, int n);
+  // Starts sending the last forward_resident's n output rows to the next stage and returns at once: the
+  // rows are copied aside first, so later forward calls may run while the send is in flight. wait() on the
+  // result returns once they are delivered (bounded by --comm-timeout).
+  virtual std::unique_ptr<comm::PendingSend> isend_activations(int n);
+  // Copies the last forward_resident's n output rows to the host.   x: (n, dim)
+  virtual void download_activations(float* x, int n);
 };
 
 }  // namespace shardline::runtime

@@ -73,7 +73,29 @@ __global__ void attention_paged_kernel(PagedAttention a) {
   }
 }
 
+// One thread block per query row, threads across the row's columns (keys then values, both coalesced).
+__global__ void kv_write_paged_kernel(PagedKvWrite a) {
+  const int query = blockIdx.x;
+  const int pos = a.positions[query];
+  const int* table = a.block_tables + static_cast<std::size_t>(a.query_table[query]) * a.max_blocks_per_table;
+  const std::size_t block = static_cast<std::size_t>(table[pos / a.block_tokens]);
+  const std::size_t half = static_cast<std::size_t>(a.block_tokens) * a.kv_stride;
+  float* keys = a.kv_pool + block * a.block_floats + (2 * a.layer) * half +
+                static_cast<std::size_t>(pos % a.block_tokens) * a.kv_stride;
+  float* values = keys + half;
+  const std::size_t row = static_cast<std::size_t>(query) * a.kv_stride;
+  for (int i = threadIdx.x; i < a.kv_stride; i += blockDim.x) {
+    keys[i] = a.k[row + i];
+    values[i] = a.v[row + i];
+  }
+}
+
 }  // namespace
+
+void kv_write_paged(const PagedKvWrite& args, StreamRef stream) {
+  if (args.n_queries <= 0 || args.kv_stride <= 0) return;
+  kv_write_paged_kernel<<<args.n_queries, kRowThreads, 0, native(stream)>>>(args);
+}
 
 void attention_paged(const PagedAttention& args, StreamRef stream) {
   if (args.n_queries <= 0) return;

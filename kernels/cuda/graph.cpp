@@ -18,13 +18,21 @@ Graph Graph::capture(const Stream& stream, const std::function<void()>& record) 
   } catch (...) {
     cudaStreamEndCapture(native_stream, &graph);  // leave the stream usable, discard the partial graph
     if (graph) cudaGraphDestroy(graph);
+    cudaGetLastError();  // a capture error is not the next kernel's: the caller may fall back to eager launch
     throw;
   }
-  check_cuda(cudaStreamEndCapture(native_stream, &graph), "graph capture");
+  const cudaError_t ended = cudaStreamEndCapture(native_stream, &graph);
+  if (ended != cudaSuccess) {
+    if (graph) cudaGraphDestroy(graph);
+    cudaGetLastError();
+    check_cuda(ended, "graph capture");
+  }
   Graph out;
   out.graph_ = graph;
   cudaGraphExec_t exec = nullptr;
-  check_cuda(cudaGraphInstantiate(&exec, graph, 0), "graph instantiation");
+  const cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
+  if (instantiated != cudaSuccess) cudaGetLastError();
+  check_cuda(instantiated, "graph instantiation");  // out's destructor frees the graph
   out.exec_ = exec;
   return out;
 }

@@ -72,6 +72,27 @@ struct PagedAttention {
 };
 void attention_paged(const PagedAttention& args, StreamRef stream);
 
+// Writes each query row's key and value into its block of the paged cache (the layout above), at its own
+// position: row p % block_tokens of block block_tables[query_table[q]][p / block_tokens], layer `layer`.
+// Positions and tables are read on the device, so a captured decode step writes wherever the replay's
+// positions say (a host-computed address would be frozen into the graph).
+//   k, v: (n_queries, kv_stride)   positions: (n_queries)
+struct PagedKvWrite {
+  float* kv_pool = nullptr;           // (n_blocks, block_floats)
+  std::size_t block_floats = 0;
+  int layer = 0;
+  int block_tokens = 16;
+  const int* block_tables = nullptr;  // (n_tables, max_blocks_per_table)
+  int max_blocks_per_table = 0;
+  const int* query_table = nullptr;   // (n_queries)
+  const int* positions = nullptr;     // (n_queries)
+  const float* k = nullptr;
+  const float* v = nullptr;
+  int n_queries = 1;
+  int kv_stride = 0;
+};
+void kv_write_paged(const PagedKvWrite& args, StreamRef stream);
+
 // Index of the largest value of each row (first on ties, as the CPU argmax).   out: (n_rows)
 // x: (n_rows, size)
 void argmax(int* out, const float* x, int n_rows, int size, StreamRef stream);

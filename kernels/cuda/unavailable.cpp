@@ -80,6 +80,7 @@ void rmsnorm(float*, const float*, const float*, int, int, float, StreamRef) { u
 void rope(float*, const int*, int, int, int, float, StreamRef) { unavailable("CUDA rope"); }
 void swiglu(float*, const float*, std::size_t, StreamRef) { unavailable("CUDA swiglu"); }
 void add_inplace(float*, const float*, std::size_t, StreamRef) { unavailable("CUDA add"); }
+void kv_write_paged(const PagedKvWrite&, StreamRef) { unavailable("CUDA KV write"); }
 void embedding(float*, const float*, const int*, int, int, StreamRef) { unavailable("CUDA embedding"); }
 void convert_to_bf16(std::uint16_t*, const float*, std::size_t, StreamRef) { unavailable("CUDA bf16 conversion"); }
 void attention_paged(const PagedAttention&, StreamRef) { unavailable("CUDA attention"); }

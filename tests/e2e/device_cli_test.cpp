@@ -1,10 +1,13 @@
 // --device cpu|cuda|auto through the real binary (issue #8). The CPU-only tests run everywhere: on a machine
 // without a usable GPU, auto falls back to the CPU with one info line and still reproduces the goldens, and
-// cuda fails with one error line and exit 4 on every rank. The GPU test (label cuda) checks the goldens
-// through the CUDA stage and skips itself, with the reason, where no device exists.
+// cuda fails with one error line and exit 4 on every rank. The GPU tests (label cuda) check the goldens
+// through the CUDA stage and skip themselves, with the reason, where no device exists: with and without
+// CUDA graphs, the GPU's NUMA node in the placement, and (two GPUs or more) TP and PP over NCCL.
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "kernels/cuda/device.h"
 #include "tests/support/golden_run.h"
@@ -76,6 +79,72 @@ TEST_F(DeviceGpu, CudaReproducesTheGoldens) {
   const GoldenRun golden = prepare_golden_run(kModel, path("prompts"));
   const ProcessResult r = run_process(shardline_binary() + " run " + golden.flags + " --device cuda");
   expect_goldens(r, golden.goldens, "--device cuda");
+}
+
+// GPU only (label cuda): the issue #8 features through the real binary. Each skips with the reason where the
+// machine lacks what it needs (a GPU; two for the NCCL layouts, as NCCL refuses two ranks on one GPU).
+class DeviceGpuRuns : public Device {
+ protected:
+  void SetUp() override {
+    Device::SetUp();
+    devices_ = kernels::cuda::device_count().count;
+    if (devices_ == 0) GTEST_SKIP() << "no usable GPU: " << kernels::cuda::device_count().reason;
+  }
+  void need_gpus(int n) {
+    if (devices_ < n) GTEST_SKIP() << "needs " << n << " GPUs (one per rank), this machine has " << devices_;
+  }
+  int devices_ = 0;
+};
+
+TEST_F(DeviceGpuRuns, GraphsOnAndOffBothReproduceTheGoldens) {
+  for (const std::string graphs : {"on", "off"}) {
+    const ProcessResult r = run_process(golden_run(kModel, "--device cuda --cuda-graphs " + graphs));
+    expect_goldens(r, golden_.goldens, "--cuda-graphs " + graphs);
+  }
+}
+
+TEST_F(DeviceGpuRuns, VerbosePlacementNamesTheGpusNumaNode) {
+  const ProcessResult r = run_process(shardline_binary() + " run -v --steps 4 --prompt Hello --device cuda --model " +
+                                      model_file(kModel) + " --tokenizer " + model_file("tokenizer.bin"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  // Where hwloc knows the GPU: "GPU 0000:17:00.0 is on NUMA node 0"; else the documented fallback says why.
+  const auto at = r.err.find("GPU placement: GPU ");
+  ASSERT_NE(at, std::string::npos) << r.err;
+  const std::string line = r.err.substr(at, r.err.find('\n', at) - at);
+  const bool located = line.find(" is on NUMA node ") != std::string::npos;
+  const bool explained = line.find("not among the") != std::string::npos || line.find("alike") != std::string::npos ||
+                         line.find("no NUMA locality") != std::string::npos;
+  EXPECT_TRUE(located || explained) << line;
+}
+
+TEST_F(DeviceGpuRuns, TensorParallelOverNcclReproducesTheGoldens) {
+  need_gpus(2);
+  const ProcessResult r = run_process(mpirun(2) + golden_run(kModel, "--device cuda --tp 2 --pp 1 --plan none"));
+  expect_goldens(r, golden_.goldens, "mpirun -np 2 --device cuda --tp 2");
+}
+
+TEST_F(DeviceGpuRuns, PipelineStagesOverNcclReproduceTheGoldens) {
+  need_gpus(2);
+  // Several micro-batches, so stage 0 has sends in flight while it computes (its copies of the activations).
+  const ProcessResult r =
+      run_process(mpirun(2) + golden_run(kModel, "--device cuda --tp 1 --pp 2 --plan none --micro-batches 2"));
+  expect_goldens(r, golden_.goldens, "mpirun -np 2 --device cuda --pp 2");
+}
+
+TEST_F(DeviceGpuRuns, LongPrefillChunksOverlapTheTpAllReducesAndMatchOneRank) {
+  need_gpus(2);
+  // Chunks of 128 rows: the CUDA stage splits them in two halves whose all-reduces overlap the other half.
+  std::string prompt;
+  for (int i = 0; i < 24; ++i) prompt += "Once upon a time there was a little robot. ";
+  const std::string args = " run --json --steps 32 --chunk-tokens 128 --device cuda --model " + model_file(kModel) +
+                           " --tokenizer " + model_file("tokenizer.bin") + " --prompt \"" + prompt + "\"";
+  const ProcessResult one = run_process(shardline_binary() + args);
+  const ProcessResult two = run_process(mpirun(2) + shardline_binary() + args + " --tp 2 --pp 1 --plan none");
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  ASSERT_EQ(two.exit_code, 0) << two.err;
+  const auto ids = [](const ProcessResult& r) { return nlohmann::json::parse(r.out)["ids"].get<std::vector<int>>(); };
+  EXPECT_EQ(ids(two), ids(one));
+  EXPECT_EQ(nlohmann::json::parse(one.out)["prompt_ids"].size() > 128, true) << "the prompt must fill a chunk";
 }
 
 }  // namespace

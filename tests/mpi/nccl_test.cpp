@@ -2,6 +2,10 @@
 // - NcclSetUp runs everywhere, GPU or not: a rank that cannot use its device fails set-up with
 //   ResourceError on every rank (never a hang in ncclCommInitRank). On this CI machine (no driver) that
 //   is the "no GPU" path; on a GPU machine, a device index that does not exist.
+// - NcclCollectives.StreamOrdered*: the CUDA stage's all-reduce (start on the communication stream, join on
+//   the compute stream, no host wait in between): two all-reduces in flight while compute runs, the same
+//   sequence captured in a CUDA graph and replayed, and a peer that never joins ending in CommError at
+//   synchronize() within the timeout.
 // - NcclCollectives needs one GPU per rank on the node and skips itself with the reason otherwise: every
 //   operation of the Communicator interface on device buffers, and a peer that never joins an all-reduce
 //   ending in CommError and an abort within the timeout instead of a hang. It also runs as a one-rank job,
@@ -18,6 +22,8 @@
 #include "comm/nccl_communicator.h"
 #include "common/error.h"
 #include "kernels/cuda/device.h"
+#include "kernels/cuda/graph.h"
+#include "kernels/cuda/ops.h"
 
 namespace shardline::comm {
 namespace {
@@ -163,6 +169,91 @@ TEST_F(NcclCollectives, APeerThatNeverJoinsTimesOutAndAborts) {
     EXPECT_THROW(comm->barrier(), CommError);  // aborted for good
   }
   MPI_Barrier(MPI_COMM_WORLD);  // the silent rank was never stuck either
+}
+
+// x = Σ_ranks (x + 1) + 1 for every element, as the replayed graph below computes it: exact in floats.
+float after_step(float x, int size) { return static_cast<float>(size) * (x + 1.0f) + 1.0f; }
+
+TEST_F(NcclCollectives, StreamOrderedAllReducesOverlapComputeAndReplayFromAGraph) {
+  const int rank = world_rank();
+  const int size = world_size();
+  cuda::Stream compute;
+  options_.compute_stream = compute.ref().raw;
+  auto comm = make_nccl_group(world_ranks(), options_);
+  const auto s = compute.ref();
+  const std::size_t count = 1 << 16;
+  // Uploaded on the compute stream, so the kernels below are ordered after the copies.
+  auto on_stream = [&](const std::vector<float>& host) {
+    cuda::DeviceBuffer buffer(host.size() * sizeof(float));
+    cuda::copy_to_device_async(buffer.data(), host.data(), host.size() * sizeof(float), s);
+    compute.synchronize();
+    return buffer;
+  };
+  auto ones = on_stream(std::vector<float>(count, 1.0f));
+  auto a = on_stream(std::vector<float>(count, static_cast<float>(rank)));
+  auto b = on_stream(std::vector<float>(count, static_cast<float>(10 * rank)));
+
+  // Two halves in flight at once, compute queued between start and join (the stage's row-half pipeline).
+  cuda::add_inplace(a.as<float>(), ones.as<float>(), count, s);
+  const int ticket_a = comm->all_reduce_sum_start(a.as<float>(), count, s.raw);
+  cuda::add_inplace(b.as<float>(), ones.as<float>(), count, s);  // runs while a's all-reduce is in flight
+  const int ticket_b = comm->all_reduce_sum_start(b.as<float>(), count, s.raw);
+  EXPECT_NE(ticket_a, ticket_b);
+  comm->all_reduce_join(ticket_a, s.raw);
+  cuda::add_inplace(a.as<float>(), ones.as<float>(), count, s);  // after a's sum, whatever b is doing
+  comm->all_reduce_join(ticket_b, s.raw);
+  comm->synchronize(s.raw, "test step");
+  float want_a = 0.0f, want_b = 0.0f;
+  for (int r = 0; r < size; ++r) {
+    want_a += static_cast<float>(r) + 1.0f;
+    want_b += static_cast<float>(10 * r) + 1.0f;
+  }
+  want_a += 1.0f;
+  EXPECT_EQ(download(a, count)[count - 1], want_a);
+  EXPECT_EQ(download(b, count)[0], want_b);
+
+  // The same pattern captured once, replayed three times (NCCL >= 2.9 captures collectives).
+  const cuda::Graph graph = cuda::Graph::capture(compute, [&] {
+    cuda::add_inplace(a.as<float>(), ones.as<float>(), count, s);
+    comm->all_reduce_join(comm->all_reduce_sum_start(a.as<float>(), count, s.raw), s.raw);
+    cuda::add_inplace(a.as<float>(), ones.as<float>(), count, s);
+  });
+  comm->synchronize(s.raw, "capture");
+  EXPECT_EQ(download(a, count)[7], want_a) << "capture must not run the work";
+  float want = want_a;
+  for (int replay = 0; replay < 3; ++replay) {
+    graph.launch(s);
+    comm->synchronize(s.raw, "graph replay");
+    want = after_step(want, size);
+    const auto got = download(a, count);
+    ASSERT_EQ(got[0], want) << "replay " << replay;
+    ASSERT_EQ(got[count - 1], want) << "replay " << replay;
+  }
+  comm->barrier();
+}
+
+TEST_F(NcclCollectives, StreamOrderedAllReduceWithASilentPeerTimesOutAtSynchronize) {
+  if (world_size() < 2) GTEST_SKIP() << "needs two ranks: one stays silent";
+  cuda::Stream compute;
+  options_.compute_stream = compute.ref().raw;
+  options_.timeout_s = 3;
+  auto comm = make_nccl_group(world_ranks(), options_);
+  auto data = upload(std::vector<float>(1024, 1.0f));
+  if (world_rank() == 0) {
+    const auto start = std::chrono::steady_clock::now();
+    comm->all_reduce_join(comm->all_reduce_sum_start(data.as<float>(), 1024, compute.ref().raw), compute.ref().raw);
+    try {
+      comm->synchronize(compute.ref().raw, "forward");
+      ADD_FAILURE() << "all-reduce completed without its peers";
+    } catch (const CommError& e) {
+      EXPECT_NE(std::string(e.what()).find("NCCL forward"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("timed out"), std::string::npos) << e.what();
+    }
+    const double waited_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_LT(waited_s, 20.0);
+    EXPECT_THROW(comm->all_reduce_sum_start(data.as<float>(), 1024, compute.ref().raw), CommError);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
 }
 
 }  // namespace

@@ -240,6 +240,61 @@ TEST_F(CudaOps, PagedAttentionMatchesContiguousCpuAttention) {
   }
 }
 
+TEST_F(CudaOps, KvWriteLandsEachRowInItsBlockAndReplaysAtNewPositions) {
+  const int n_layers = 3, layer = 2, block_tokens = 4, kv_dim = 40, max_blocks = 4, n_blocks = 9;
+  const std::size_t block_floats = static_cast<std::size_t>(n_layers) * 2 * block_tokens * kv_dim;
+  // Two sequences: rows 0 and 2 belong to sequence 1, row 1 to sequence 0 (tables in a shuffled pool).
+  const std::vector<int> tables = {5, 2, 7, -1, 0, 8, 3, 6};  // (2, max_blocks)
+  const std::vector<int> query_table = {1, 0, 1};
+  std::vector<int> positions = {9, 3, 10};
+  const int n = static_cast<int>(query_table.size());
+  const auto k = random_floats(static_cast<std::size_t>(n) * kv_dim, 40);
+  const auto v = random_floats(static_cast<std::size_t>(n) * kv_dim, 41);
+  DeviceBuffer dpool(n_blocks * block_floats * sizeof(float));
+  fill_zero_async(dpool.data(), dpool.bytes(), stream());
+  DeviceBuffer dtables = to_device(tables), dquery = to_device(query_table), dpos = to_device(positions);
+  DeviceBuffer dk = to_device(k), dv = to_device(v);
+  PagedKvWrite args;
+  args.kv_pool = dpool.as<float>();
+  args.block_floats = block_floats;
+  args.layer = layer;
+  args.block_tokens = block_tokens;
+  args.block_tables = dtables.as<int>();
+  args.max_blocks_per_table = max_blocks;
+  args.query_table = dquery.as<int>();
+  args.positions = dpos.as<int>();
+  args.k = dk.as<float>();
+  args.v = dv.as<float>();
+  args.n_queries = n;
+  args.kv_stride = kv_dim;
+  auto expect_rows_at = [&](const std::vector<int>& pos, const char* when) {
+    const auto pool = to_host<float>(dpool, n_blocks * block_floats);
+    for (int r = 0; r < n; ++r) {
+      const int block = tables[query_table[r] * max_blocks + pos[r] / block_tokens];
+      const std::size_t key_row =
+          block * block_floats + (static_cast<std::size_t>(2 * layer) * block_tokens + pos[r] % block_tokens) * kv_dim;
+      const std::size_t value_row = key_row + static_cast<std::size_t>(block_tokens) * kv_dim;
+      for (int i = 0; i < kv_dim; ++i) {
+        ASSERT_EQ(pool[key_row + i], k[r * kv_dim + i]) << when << ": row " << r << " key " << i;
+        ASSERT_EQ(pool[value_row + i], v[r * kv_dim + i]) << when << ": row " << r << " value " << i;
+      }
+    }
+    // Nothing else was written: the pool holds exactly n keys and n values.
+    const auto nonzero = std::count_if(pool.begin(), pool.end(), [](float x) { return x != 0.0f; });
+    EXPECT_LE(nonzero, 2 * n * kv_dim) << when;
+  };
+  kv_write_paged(args, stream());
+  expect_rows_at(positions, "eager");
+  // Captured once, replayed after the positions moved on the device: the rows follow the positions.
+  fill_zero_async(dpool.data(), dpool.bytes(), stream());
+  const Graph graph = Graph::capture(*stream_, [&] { kv_write_paged(args, stream()); });
+  positions = {11, 4, 12};  // sequence 0 crosses into its second block
+  // On the replay's stream: a blocking copy runs on the legacy stream, unordered with this non-blocking one.
+  copy_to_device_async(dpos.data(), positions.data(), positions.size() * sizeof(int), stream());
+  graph.launch(stream());
+  expect_rows_at(positions, "replay");
+}
+
 TEST_F(CudaOps, ArgmaxTakesTheFirstMaximum) {
   const int n_rows = 3, size = 32000;
   auto x = random_floats(static_cast<std::size_t>(n_rows) * size, 40);
