@@ -67,9 +67,7 @@ std::optional<BenchConfig> parse_bench_config(const std::vector<std::string>& ar
       ("statistic", po::value(&statistic)->default_value("median"),
        "median|best: the median run, or the fastest run and highest roofline (for a shared, noisy machine)")
       ("threads", po::value<int>(), "kernel threads of this rank (default: its cores / ranks on the host)")
-      ("isa", po::value(&isa)->default_value("auto"),
-       "kernel instruction set: auto (the best this CPU has) or portable|avx2|avx512|avx512-vnni|amx, to compare "
-       "the kernels of a lower level in the same run")
+      ("isa", po::value(&isa)->default_value("auto"), kIsaFlagHelp)
       ("tp", po::value(&c.tp), "tensor-parallel ranks per stage (default: every rank)")
       ("pp", po::value(&c.pp), "pipeline stages (tp x pp must equal the number of ranks)")
       ("models-dir", po::value(&c.models_dir), "where the generated models are kept (default: <cache>/bench)")
@@ -105,14 +103,7 @@ std::optional<BenchConfig> parse_bench_config(const std::vector<std::string>& ar
     throw ConfigError(fmt::format("--statistic must be median or best, got '{}'", statistic));
   }
   if (c.chunk_tokens < 1) throw ConfigError("--chunk-tokens must be >= 1");
-  if (isa != "auto") {
-    const std::optional<kernels::cpu::Isa> level = kernels::cpu::parse_isa(isa);
-    if (!level) throw ConfigError(fmt::format("--isa must be auto, portable, avx2, avx512, avx512-vnni or amx, got '{}'", isa));
-    if (*level > kernels::cpu::best_isa()) {
-      throw ResourceError(fmt::format("--isa {}: this CPU's best is {}", isa, kernels::cpu::isa_name(kernels::cpu::best_isa())));
-    }
-    kernels::cpu::set_isa(*level);
-  }
+  apply_isa_flag(isa);
   c.threads = vm.count("threads") ? vm["threads"].as<int>() : default_threads();
   if (c.threads < 1) throw ConfigError("--threads must be >= 1");
   if (vm.count("tp") && c.tp < 1) throw ConfigError("--tp must be >= 1");

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "common/error.h"
+#include "kernels/cpu/isa.h"
 
 namespace shardline::launch {
 
@@ -54,6 +55,16 @@ std::vector<int> parse_int_list(const std::string& flag, const std::string& text
 kernels::cpu::WeightDtype parse_weights_dtype_flag(const std::string& text) {
   if (auto dtype = kernels::cpu::parse_weight_dtype(text)) return *dtype;
   throw ConfigError(fmt::format("unknown --weights-dtype '{}' (use fp32, bf16 or int8)", text));
+}
+
+void apply_isa_flag(const std::string& text) {
+  if (text == "auto") return;
+  const std::optional<kernels::cpu::Isa> isa = kernels::cpu::parse_isa(text);
+  if (!isa) throw ConfigError(fmt::format("--isa must be auto, portable, avx2, avx512, avx512-vnni or amx, got '{}'", text));
+  if (*isa > kernels::cpu::best_isa()) {
+    throw ResourceError(fmt::format("--isa {}: this CPU's best is {}", text, kernels::cpu::isa_name(kernels::cpu::best_isa())));
+  }
+  kernels::cpu::set_isa(*isa);
 }
 
 int available_cores() {

@@ -24,6 +24,12 @@ std::vector<int> parse_int_list(const std::string& flag, const std::string& text
 
 // "fp32" | "bf16" | "int8" -> the dtype; ConfigError naming --weights-dtype otherwise.
 kernels::cpu::WeightDtype parse_weights_dtype_flag(const std::string& text);
+// --isa: "auto" keeps the best kernels this CPU has; a named level (kernels/cpu/isa.h) steps down to it.
+// ConfigError for an unknown name, ResourceError for a level this CPU lacks.
+void apply_isa_flag(const std::string& text);
+// What --isa's help says.
+inline constexpr const char* kIsaFlagHelp =
+    "kernel instruction set: auto (the best this CPU has) or portable|avx2|avx512|avx512-vnni|amx";
 
 // Cores this process may run on (its affinity mask), for default thread counts.
 int available_cores();

@@ -79,7 +79,7 @@ std::vector<std::string> read_prompts_file(const std::string& path) {
 // Returns nullopt when --help was printed.
 std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, const MpiSession& mpi) {
   RunConfig c;
-  std::string log_level = "info", prompt, prompts_file, layer_split, weights_dtype;
+  std::string log_level = "info", prompt, prompts_file, layer_split, weights_dtype, isa;
   std::string bind = "auto", arena_pages = "auto", weights = "map", device = "auto", cuda_graphs = "on";
   int steps = 256, batch = 1;
   runtime::SamplerOptions sampler;
@@ -122,6 +122,7 @@ std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, 
        "KV cache blocks per rank (auto: 64 full contexts of address space, committed as used); sequences beyond it wait and start as others finish")
       ("weights-dtype", po::value(&weights_dtype)->default_value("fp32"),
        "convert the weight matrices at load to fp32|bf16|int8 (int8: Q8_0-like, a scale per 32 weights)")
+      ("isa", po::value(&isa)->default_value("auto"), kIsaFlagHelp)
       ("comm-timeout", po::value(&c.comm_timeout_s)->default_value(120.0, "120"),
        "seconds a rank waits for a peer before failing the job")
       ("json", po::bool_switch(&c.json), "print one JSON object per sequence instead of text")
@@ -155,6 +156,7 @@ std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, 
     if (c.engine.threads < 1) throw ConfigError("--threads must be >= 1");
   }
   c.engine.weights_dtype = parse_weights_dtype_flag(weights_dtype);
+  apply_isa_flag(isa);
   if (!layer_split.empty()) c.engine.layers_per_stage = parse_int_list("--layers-per-stage", layer_split);
   if (batch < 1) throw ConfigError("--batch must be >= 1");
   if (vm.count("tp") && c.tp < 1) throw ConfigError("--tp must be >= 1");

@@ -124,6 +124,17 @@ TEST_F(BenchCli, BadFlagsGiveOneLineAndExitCode2) {
   }
 }
 
+TEST_F(BenchCli, RunTakesIsaToo) {
+  const std::string args = " run --json --threads 1 --steps 8 --weights-dtype bf16 --model " + model_file("mini-gqa.bin") +
+                           " --tokenizer " + model_file("tokenizer.bin") + " --prompt Hello";
+  const ProcessResult portable = run_process(shardline_binary() + args + " --isa portable -v", 60);
+  ASSERT_EQ(portable.exit_code, 0) << portable.err;
+  EXPECT_NE(portable.err.find("weights bf16 on portable kernels"), std::string::npos) << portable.err;
+  const ProcessResult bad = run_process(shardline_binary() + args + " --isa sse", 60);
+  EXPECT_EQ(bad.exit_code, 2) << bad.err;
+  EXPECT_NE(bad.err.find("--isa must be auto"), std::string::npos) << bad.err;
+}
+
 TEST_F(BenchCli, RunWithEachWeightDtypeGeneratesTheAskedSteps) {
   SHARDLINE_REQUIRE_MODEL_FILE(model_file("mini-gqa.bin"));
   for (const char* dtype : {"fp32", "bf16", "int8"}) {
