@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Load time and decode tok/s of one rank whose weights live in its arena, for each arena page tier
-# (--weights arena --arena-pages hugetlb|thp|4k), plus the default (--weights map: the file's page cache,
+# (--weights arena --arena-pages hugetlb|thp|4k), plus the default (--weights map: the matrices are converted
+# into the arena with --arena-pages auto, the norms and the embedding stay mapped from the file's page cache,
 # 4 KiB pages). Median of REPEATS runs per row, the tiers interleaved run by run so drift hits them alike,
 # and every row's ratio to the 4 KiB arena measured in the same invocation.
 #
@@ -36,7 +37,8 @@ declare -A FLAGS=(
 )
 ROWS=(map 4k thp hugetlb)
 declare -A LOADS DECODES HUGE
-HUGE=([map]="none (page cache)" [4k]="none" [hugetlb]="all (hugetlb)")
+ARENA_KIND='arena [0-9.]* [KMG]iB ([^,]*'  # "arena 532.0 MiB (THP 2 MiB" in the --verbose placement line
+HUGE=([4k]="none" [hugetlb]="all (hugetlb)")
 for _ in $(seq "$REPEATS"); do
   for row in "${ROWS[@]}"; do
     # shellcheck disable=SC2086
@@ -45,6 +47,11 @@ for _ in $(seq "$REPEATS"); do
     [ -n "$line" ] || { echo "bench-arena: $row run failed: $(tail -1 <<<"$err")" >&2; exit 1; }
     # THP is best effort: the arena reports how much the kernel backed with 2 MiB pages (last run's figure).
     [ "$row" != thp ] || HUGE[thp]=$(grep -o '[0-9.]* [KMG]iB of [0-9.]* [KMG]iB on huge pages' <<<"$err" | head -1)
+    # The default row's arena takes whatever --arena-pages auto chose: say which.
+    if [ "$row" = map ]; then
+      kind=$(grep -o "$ARENA_KIND" <<<"$err" | head -1)
+      HUGE[map]="auto: ${kind#*(}"
+    fi
     LOADS[$row]+="$(sed -n 's/.* info: load \([0-9.]*\) s.*/\1/p' <<<"$line") "
     DECODES[$row]+="$(sed -n 's/.*decode [0-9]* tok in [0-9.]* s (\([0-9.]*\) tok\/s).*/\1/p' <<<"$line") "
   done
