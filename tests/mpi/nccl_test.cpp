@@ -24,22 +24,15 @@
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/graph.h"
 #include "kernels/cuda/ops.h"
+#include "tests/support/mpi_world.h"
 
 namespace shardline::comm {
 namespace {
 
 namespace cuda = kernels::cuda;
 
-int world_rank() {
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  return rank;
-}
-int world_size() {
-  int size = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  return size;
-}
+using test::world_rank;
+using test::world_size;
 std::vector<int> world_ranks() {
   std::vector<int> ranks(world_size());
   std::iota(ranks.begin(), ranks.end(), 0);

@@ -23,20 +23,13 @@
 #include "runtime/shard_weights.h"
 #include "runtime/stage.h"
 #include "tests/support/models.h"
+#include "tests/support/mpi_world.h"
 
 namespace shardline::runtime {
 namespace {
 
-int world_rank() {
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  return rank;
-}
-int world_size() {
-  int size = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  return size;
-}
+using test::world_rank;
+using test::world_size;
 
 // The CPU Stage's arithmetic, with activations held and moved by the backend.
 class ResidentStage final : public StageBackend {
