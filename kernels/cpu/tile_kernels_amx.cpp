@@ -17,6 +17,10 @@
 // fp32 epilogue in the same order: the results are bit-identical to tile_kernels_avx512_vnni.cpp, which
 // therefore also takes the tiles of fewer than 4 rows, where it is faster.
 // AMX rows are independent, so a row's result never depends on the rows that came with it.
+//
+// Measured (BENCHMARKS.md, issue #7): bf16 batch 16 is 1.5-2x the AVX-512 kernel's, but a single bf16 row
+// streams about 10% slower than the AVX-512 widening kernel. Tried without a gain end to end: prefetching
+// 4 blocks ahead, double-buffering the weight tiles, and hi/lo as two A rows (one multiply per block).
 #include <immintrin.h>
 
 #include "kernels/cpu/tile_kernels.h"
