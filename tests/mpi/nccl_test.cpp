@@ -251,11 +251,3 @@ TEST_F(NcclCollectives, StreamOrderedAllReduceWithASilentPeerTimesOutAtSynchroni
 
 }  // namespace
 }  // namespace shardline::comm
-
-int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  ::testing::InitGoogleTest(&argc, argv);
-  const int result = RUN_ALL_TESTS();
-  MPI_Finalize();
-  return result;
-}

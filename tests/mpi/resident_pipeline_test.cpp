@@ -167,11 +167,3 @@ TEST(ResidentPipeline, EveryLayoutGeneratesThePlainPathsTokens) {
 
 }  // namespace
 }  // namespace shardline::runtime
-
-int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  ::testing::InitGoogleTest(&argc, argv);
-  const int result = RUN_ALL_TESTS();
-  MPI_Finalize();
-  return result;
-}
