@@ -98,14 +98,19 @@ std::vector<int> Engine::encode_checked(const GenerationRequest& request) const 
 }
 
 void Engine::check_kv_capacity(const std::vector<GenerationRequest>& requests) const {
-  const auto& pool = stage_->kv_pool();
-  for (const auto& request : requests) {
-    const int positions = static_cast<int>(encode_checked(request).size()) + request.steps - 1;
-    const int needed = stage_->kv_blocks_for(positions);
-    if (needed > pool.free_blocks()) {
+  std::vector<SequenceSpec> specs;
+  for (const auto& request : requests) specs.push_back({encode_checked(request), request.steps});
+  check_kv_fits(specs);
+}
+
+void Engine::check_kv_fits(const std::vector<SequenceSpec>& specs) const {
+  const int free_blocks = stage_->kv_pool().free_blocks();
+  for (const SequenceSpec& spec : specs) {
+    const int needed = pipeline_->kv_blocks_needed(spec);
+    if (needed > free_blocks) {
       throw ResourceError(fmt::format("the KV cache pool has {} free blocks of {} tokens but a {}-position sequence "
                                       "needs {}; pass --kv-blocks {} or more, or run shorter sequences",
-                                      pool.free_blocks(), options_.kv_block_tokens, positions, needed, needed));
+                                      free_blocks, options_.kv_block_tokens, spec.positions(), needed, needed));
     }
   }
 }
@@ -123,7 +128,7 @@ std::vector<GenerationResult> Engine::generate(const std::vector<GenerationReque
                                                          : options_.chunk_policy.chunk_for(n_prompt);
     specs[i] = {results[i].prompt_ids, requests[i].steps, requests[i].sampler, results[i].chunk_tokens};
   }
-  check_kv_capacity(requests);
+  check_kv_fits(specs);
   long needed = 0;
   for (const SequenceSpec& spec : specs) needed += pipeline_->kv_blocks_needed(spec);
   if (needed > stage_->kv_pool().free_blocks() && is_output_rank()) {

@@ -114,6 +114,8 @@ class Engine {
   GenerationResult generate(const GenerationRequest& request, const PieceCallback& on_piece = {});
 
  private:
+  // check_kv_capacity on sequences already encoded.
+  void check_kv_fits(const std::vector<SequenceSpec>& specs) const;
   double created_s_;  // first member: load_s() covers everything the constructor does
   EngineOptions options_;
   partition::Mesh mesh_;

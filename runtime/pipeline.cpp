@@ -91,7 +91,7 @@ int Pipeline::max_rows_for(const PipelineOptions& options, const std::vector<Seq
 }
 
 int Pipeline::kv_blocks_needed(const SequenceSpec& spec) const {
-  return stage_.kv_blocks_for(static_cast<int>(spec.prompt_ids.size()) + spec.steps - 1);
+  return stage_.kv_blocks_for(spec.positions());
 }
 
 std::vector<SequenceOutput> Pipeline::run(const std::vector<SequenceSpec>& sequences, const TokenCallback& on_token) {
@@ -110,9 +110,7 @@ std::vector<SequenceOutput> Pipeline::run(const std::vector<SequenceSpec>& seque
     const SequenceSpec& spec = sequences[i];
     SL_CHECK(!spec.prompt_ids.empty() && spec.steps >= 1 && spec.chunk_tokens >= 1);
     seqs[i].spec = &spec;
-    // Positions used: the prompt, then every generated token but the last.
-    const int positions = static_cast<int>(spec.prompt_ids.size()) + spec.steps - 1;
-    seqs[i].cache = stage_.make_kv_cache(positions);  // takes blocks only as positions are reached
+    seqs[i].cache = stage_.make_kv_cache(spec.positions());  // takes blocks only as positions are reached
     seqs[i].kv_blocks = kv_blocks_needed(spec);
     SL_CHECK_MSG(seqs[i].kv_blocks <= kv_capacity_, "sequence {} needs {} KV blocks, the pool has {} free", i,
                  seqs[i].kv_blocks, kv_capacity_);

@@ -39,6 +39,10 @@ struct SequenceSpec {
   int steps = 1;                // tokens to generate (fewer if BOS is sampled)
   SamplerOptions sampler;
   int chunk_tokens = 64;        // prefill split granularity for this sequence (chosen per prompt length)
+
+  // Positions the sequence uses at its longest: the prompt, then every generated token but the last (which
+  // is never fed back).
+  int positions() const { return static_cast<int>(prompt_ids.size()) + steps - 1; }
 };
 
 struct PipelineOptions {
@@ -76,7 +80,7 @@ class Pipeline {
   // outputs on the last stage, an empty vector elsewhere.
   std::vector<SequenceOutput> run(const std::vector<SequenceSpec>& sequences, const TokenCallback& on_token = {});
 
-  // Blocks one sequence holds at its longest on every stage (prompt + steps - 1 positions).
+  // Blocks one sequence holds at its longest (spec.positions()) on every stage.
   int kv_blocks_needed(const SequenceSpec& spec) const;
 
   const PipelineStats& stats() const { return stats_; }
