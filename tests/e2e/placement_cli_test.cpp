@@ -180,8 +180,11 @@ TEST_F(Placement, SequencesBeyondTheKvPoolWaitAndStillReproduceTheGoldens) {
   // Each golden needs at most 5 blocks of 16 positions; 10 blocks hold two of the four at once, so the
   // others start only when a finished sequence's blocks are back on every stage (pp = 3: the release
   // crosses two stage boundaries).
-  for (const std::string layout : {"--pp 2 --micro-batches 2", "--pp 3", "--tp 2 --pp 2 --micro-batches 2"}) {
-    const int ranks = layout.find("--tp 2") != std::string::npos ? 4 : std::stoi(layout.substr(5, 1));
+  const struct {
+    int ranks;
+    std::string layout;
+  } runs[] = {{2, "--pp 2 --micro-batches 2"}, {3, "--pp 3"}, {4, "--tp 2 --pp 2 --micro-batches 2"}};
+  for (const auto& [ranks, layout] : runs) {
     const ProcessResult r = run_process(mpirun(ranks) + golden_run("tiny-32k.bin", layout + " --kv-blocks 10"), 240);
     expect_goldens(r, golden_.goldens, layout);  // a stage whose pool overflowed would have failed the job
     EXPECT_NE(r.err.find("cannot hold all 4 sequences at their longest"), std::string::npos) << r.err;

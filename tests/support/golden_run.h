@@ -33,11 +33,8 @@ struct GoldenRun {
 inline GoldenRun prepare_golden_run(const std::string& model, const std::string& prompts_path) {
   GoldenRun run;
   std::ofstream prompts(prompts_path);
-  for (const auto& g : load_goldens()) {
-    if (g.model != model) continue;
-    run.goldens.push_back(g);
-    prompts << g.prompt << "\n";
-  }
+  run.goldens = goldens_of(model);
+  for (const auto& g : run.goldens) prompts << g.prompt << "\n";
   run.flags = "--model " + model_file(model) + " --tokenizer " + model_file("tokenizer.bin") + " --prompts-file " +
               prompts_path + " --steps 64 --json --threads 1";
   return run;

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -56,6 +57,15 @@ inline std::vector<Golden> load_goldens() {
                        j["run_c_text"], j["ids"].get<std::vector<int>>(), j["min_margin"]});
   }
   return goldens;
+}
+
+// The goldens of one model (a file name in the models folder), in file order.
+inline std::vector<Golden> goldens_of(const std::string& model) {
+  std::vector<Golden> of_model;
+  for (auto& g : load_goldens()) {
+    if (g.model == model) of_model.push_back(std::move(g));
+  }
+  return of_model;
 }
 
 }  // namespace shardline::test

@@ -38,8 +38,7 @@ TEST_P(EngineGoldens, ReproducesEveryGoldenExactly) {
   for (const std::string model : {"tiny-32k.bin", "mini-gqa.bin"}) {
     SHARDLINE_REQUIRE_MODEL_FILE(test::model_file(model));
     const auto engine = make_engine(model);
-    for (const auto& golden : goldens) {
-      if (golden.model != model) continue;
+    for (const auto& golden : test::goldens_of(model)) {
       GenerationRequest request{golden.prompt, golden.steps, {}};
       const GenerationResult result = engine->generate(request);
       EXPECT_EQ(result.prompt_ids, golden.prompt_ids) << model << " / " << golden.prompt;
@@ -57,13 +56,9 @@ TEST_P(EngineGoldens, BatchedSequencesEachReproduceTheirGolden) {
   for (const std::string model : {"tiny-32k.bin", "mini-gqa.bin"}) {
     SHARDLINE_REQUIRE_MODEL_FILE(test::model_file(model));
     const auto engine = make_engine(model);
+    const std::vector<test::Golden> expected = test::goldens_of(model);
     std::vector<GenerationRequest> requests;
-    std::vector<test::Golden> expected;
-    for (const auto& golden : test::load_goldens()) {
-      if (golden.model != model) continue;
-      requests.push_back({golden.prompt, golden.steps, {}});
-      expected.push_back(golden);
-    }
+    for (const auto& golden : expected) requests.push_back({golden.prompt, golden.steps, {}});
     const auto results = engine->generate(requests);
     ASSERT_EQ(results.size(), expected.size());
     for (std::size_t i = 0; i < results.size(); ++i) {

@@ -71,13 +71,9 @@ TEST(PagedKv, OddBlockSizesAndBatchesReproduceTheGoldens) {
       options.micro_batches = 2;
       options.chunk_tokens = 3;
       Engine engine(options, partition::Mesh::single(), *comm, *comm);
+      const std::vector<test::Golden> expected = test::goldens_of(model);
       std::vector<GenerationRequest> requests;
-      std::vector<test::Golden> expected;
-      for (const auto& golden : test::load_goldens()) {
-        if (golden.model != model) continue;
-        requests.push_back({golden.prompt, golden.steps, {}});
-        expected.push_back(golden);
-      }
+      for (const auto& golden : expected) requests.push_back({golden.prompt, golden.steps, {}});
       const auto results = engine.generate(requests);
       ASSERT_EQ(results.size(), expected.size());
       for (std::size_t i = 0; i < results.size(); ++i) {
