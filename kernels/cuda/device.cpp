@@ -103,34 +103,29 @@ void Stream::synchronize() const {
   check_cuda(cudaStreamSynchronize(static_cast<cudaStream_t>(raw_)), "stream execution");
 }
 
-DeviceBuffer::DeviceBuffer(std::size_t bytes) : bytes_(bytes) {
+CudaAllocation::CudaAllocation(std::size_t bytes, Kind kind) : bytes_(bytes), kind_(kind) {
   if (bytes == 0) return;
-  check_cuda(cudaMalloc(&data_, bytes), fmt::format("cudaMalloc of {}", format_bytes(bytes)));
+  if (kind == Kind::kDevice) {
+    check_cuda(cudaMalloc(&data_, bytes), fmt::format("cudaMalloc of {}", format_bytes(bytes)));
+  } else {
+    check_cuda(cudaMallocHost(&data_, bytes), fmt::format("cudaMallocHost of {}", format_bytes(bytes)));
+  }
 }
-DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept
-    : data_(std::exchange(other.data_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
-DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
+CudaAllocation::CudaAllocation(CudaAllocation&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)), bytes_(std::exchange(other.bytes_, 0)), kind_(other.kind_) {}
+CudaAllocation& CudaAllocation::operator=(CudaAllocation&& other) noexcept {
   std::swap(data_, other.data_);
   std::swap(bytes_, other.bytes_);
+  std::swap(kind_, other.kind_);
   return *this;
 }
-DeviceBuffer::~DeviceBuffer() {
-  if (data_) cudaFree(data_);
-}
-
-PinnedBuffer::PinnedBuffer(std::size_t bytes) : bytes_(bytes) {
-  if (bytes == 0) return;
-  check_cuda(cudaMallocHost(&data_, bytes), fmt::format("cudaMallocHost of {}", format_bytes(bytes)));
-}
-PinnedBuffer::PinnedBuffer(PinnedBuffer&& other) noexcept
-    : data_(std::exchange(other.data_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
-PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& other) noexcept {
-  std::swap(data_, other.data_);
-  std::swap(bytes_, other.bytes_);
-  return *this;
-}
-PinnedBuffer::~PinnedBuffer() {
-  if (data_) cudaFreeHost(data_);
+CudaAllocation::~CudaAllocation() {
+  if (!data_) return;
+  if (kind_ == Kind::kDevice) {
+    cudaFree(data_);
+  } else {
+    cudaFreeHost(data_);
+  }
 }
 
 void copy_to_device(void* device_dst, const void* host_src, std::size_t bytes) {

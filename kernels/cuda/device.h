@@ -76,16 +76,19 @@ class Stream {
   void* raw_ = nullptr;
 };
 
-// Device memory of one allocation (cudaMalloc), freed on destruction. Contents start unspecified.
-class DeviceBuffer {
+// One CUDA allocation, freed on destruction; DeviceBuffer and PinnedBuffer below say which kind. Contents
+// start unspecified.
+class CudaAllocation {
  public:
-  DeviceBuffer() = default;
-  explicit DeviceBuffer(std::size_t bytes);
-  DeviceBuffer(DeviceBuffer&& other) noexcept;
-  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  ~DeviceBuffer();
+  enum class Kind { kDevice, kPinnedHost };
+
+  CudaAllocation() = default;
+  CudaAllocation(std::size_t bytes, Kind kind);
+  CudaAllocation(CudaAllocation&& other) noexcept;
+  CudaAllocation& operator=(CudaAllocation&& other) noexcept;
+  CudaAllocation(const CudaAllocation&) = delete;
+  CudaAllocation& operator=(const CudaAllocation&) = delete;
+  ~CudaAllocation();
 
   void* data() const { return data_; }
   template <typename T>
@@ -95,28 +98,22 @@ class DeviceBuffer {
  private:
   void* data_ = nullptr;
   std::size_t bytes_ = 0;
+  Kind kind_ = Kind::kDevice;
+};
+
+// Device memory (cudaMalloc).
+class DeviceBuffer : public CudaAllocation {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(std::size_t bytes) : CudaAllocation(bytes, Kind::kDevice) {}
 };
 
 // Page-locked host memory (cudaMallocHost): what device<->host copies of activations use, so they run
 // asynchronously at full PCIe/NVLink-C2C speed and MPI can send them directly.
-class PinnedBuffer {
+class PinnedBuffer : public CudaAllocation {
  public:
   PinnedBuffer() = default;
-  explicit PinnedBuffer(std::size_t bytes);
-  PinnedBuffer(PinnedBuffer&& other) noexcept;
-  PinnedBuffer& operator=(PinnedBuffer&& other) noexcept;
-  PinnedBuffer(const PinnedBuffer&) = delete;
-  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
-  ~PinnedBuffer();
-
-  void* data() const { return data_; }
-  template <typename T>
-  T* as() const { return static_cast<T*>(data_); }
-  std::size_t bytes() const { return bytes_; }
-
- private:
-  void* data_ = nullptr;
-  std::size_t bytes_ = 0;
+  explicit PinnedBuffer(std::size_t bytes) : CudaAllocation(bytes, Kind::kPinnedHost) {}
 };
 
 // Blocking copies (weights at load time, test data).

@@ -45,29 +45,18 @@ Stream& Stream::operator=(Stream&& other) noexcept {
 Stream::~Stream() = default;
 void Stream::synchronize() const { unavailable("CUDA stream"); }
 
-DeviceBuffer::DeviceBuffer(std::size_t) { unavailable("CUDA device memory"); }
-DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept : data_(other.data_), bytes_(other.bytes_) {
-  other.data_ = nullptr;
-  other.bytes_ = 0;
+CudaAllocation::CudaAllocation(std::size_t, Kind kind) {
+  unavailable(kind == Kind::kDevice ? "CUDA device memory" : "CUDA pinned memory");
 }
-DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
+CudaAllocation::CudaAllocation(CudaAllocation&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)), bytes_(std::exchange(other.bytes_, 0)), kind_(other.kind_) {}
+CudaAllocation& CudaAllocation::operator=(CudaAllocation&& other) noexcept {
   std::swap(data_, other.data_);
   std::swap(bytes_, other.bytes_);
+  std::swap(kind_, other.kind_);
   return *this;
 }
-DeviceBuffer::~DeviceBuffer() = default;
-
-PinnedBuffer::PinnedBuffer(std::size_t) { unavailable("CUDA pinned memory"); }
-PinnedBuffer::PinnedBuffer(PinnedBuffer&& other) noexcept : data_(other.data_), bytes_(other.bytes_) {
-  other.data_ = nullptr;
-  other.bytes_ = 0;
-}
-PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& other) noexcept {
-  std::swap(data_, other.data_);
-  std::swap(bytes_, other.bytes_);
-  return *this;
-}
-PinnedBuffer::~PinnedBuffer() = default;
+CudaAllocation::~CudaAllocation() = default;
 
 void copy_to_device(void*, const void*, std::size_t) { unavailable("CUDA copy"); }
 void copy_to_host(void*, const void*, std::size_t) { unavailable("CUDA copy"); }
