@@ -99,7 +99,12 @@ std::vector<int> Engine::encode_checked(const GenerationRequest& request) const 
 
 void Engine::check_kv_capacity(const std::vector<GenerationRequest>& requests) const {
   std::vector<SequenceSpec> specs;
-  for (const auto& request : requests) specs.push_back({encode_checked(request), request.steps});
+  for (const auto& request : requests) {
+    SequenceSpec spec;
+    spec.prompt_ids = encode_checked(request);
+    spec.steps = request.steps;
+    specs.push_back(std::move(spec));
+  }
   check_kv_fits(specs);
 }
 

@@ -223,9 +223,14 @@ void Pipeline::sample_item(const Item& item, std::vector<SeqState>& seqs, const 
   for (int r = 0; r < item.n_rows(); ++r) {
     if (!item.wants_logits[r]) continue;
     SeqState& s = seqs[item.seq[r]];
-    const float* logits = logits_.data() + static_cast<std::size_t>(next++) * vocab;
-    probabilities_.assign(logits, logits + vocab);  // the sampler scales in place; callbacks get the raw logits
-    const int token = s.sampler->sample(probabilities_.data());
+    float* logits = logits_.data() + static_cast<std::size_t>(next++) * vocab;
+    int token = 0;
+    if (s.sampler->leaves_logits_unchanged()) {
+      token = s.sampler->sample(logits);
+    } else {
+      probabilities_.assign(logits, logits + vocab);  // the sampler scales in place; callbacks get the raw logits
+      token = s.sampler->sample(probabilities_.data());
+    }
     tokens.push_back(token);
     SequenceOutput& out = outputs[item.seq[r]];
     if (out.ids.empty()) out.first_token_s = now_s() - start_s_;

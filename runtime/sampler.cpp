@@ -25,7 +25,7 @@ float Sampler::random_f32() {
 }
 
 int Sampler::sample(float* logits) {
-  if (options_.temperature == 0.0f || vocab_size_ == 1) return kernels::cpu::argmax(logits, vocab_size_);
+  if (leaves_logits_unchanged()) return kernels::cpu::argmax(logits, vocab_size_);
   for (int i = 0; i < vocab_size_; ++i) logits[i] /= options_.temperature;
   kernels::cpu::softmax(logits, vocab_size_);
   const float coin = random_f32();

@@ -19,6 +19,8 @@ class Sampler {
   Sampler(int vocab_size, const SamplerOptions& options);
   // Picks the next token. Modifies logits in place (scaled and normalised when temperature > 0).
   int sample(float* logits);
+  // Whether sample() only reads the logits (greedy: their argmax), so the caller needs no copy.
+  bool leaves_logits_unchanged() const { return options_.temperature == 0.0f || vocab_size_ == 1; }
 
  private:
   float random_f32();

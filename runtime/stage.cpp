@@ -163,11 +163,11 @@ void Stage::logits(const float* x, int n, float* logits) {
   }
   cpu::rmsnorm(logits_x_.data(), x, weights_.rms_final(), n, s.dim, options_.rms_eps);
   act_.prepare(logits_x_.data(), n, s.dim, weights_.dtype());
-  cpu::matmul(local_logits_.data(), act_, weights_.classifier());  // all n rows in one pass over it
-  if (tp_comm_.size() == 1) {
-    std::memcpy(logits, local_logits_.data(), rows * slice * sizeof(float));
+  if (tp_comm_.size() == 1) {  // the whole vocabulary is here: straight into the caller's rows
+    cpu::matmul(logits, act_, weights_.classifier());  // all n rows in one pass over it
     return;
   }
+  cpu::matmul(local_logits_.data(), act_, weights_.classifier());
   // Each rank contributes its (n, slice) block; the gather stacks the blocks in rank order, and each row's
   // logits are the rank slices of that row side by side.
   for (std::size_t t = 0; t < vocab_counts_.size(); ++t) gather_counts_[t] = vocab_counts_[t] * n;

@@ -5,6 +5,10 @@
 namespace shardline::kernels::cpu {
 
 void rmsnorm(float* out, const float* x, const float* weight, int n, int dim, float eps) {
+  // Rows are independent (a batch's rows go to the kernel threads); within a row the sum of squares keeps
+  // llama2.c's order.
+  const int n_threads = num_threads();
+#pragma omp parallel for num_threads(n_threads) if (n_threads > 1 && n > 1)
   for (int r = 0; r < n; ++r) {
     const float* xr = x + static_cast<std::size_t>(r) * dim;
     float* outr = out + static_cast<std::size_t>(r) * dim;

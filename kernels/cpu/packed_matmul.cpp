@@ -4,10 +4,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "common/error.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/row_kernels.h"
 #include "kernels/cpu/tile_kernels.h"
 
 namespace shardline::kernels::cpu {
@@ -89,16 +91,13 @@ void check_operands(const Activations& x, const PackedMatrix& w) {
   SL_CHECK(w.data != nullptr && x.n() >= 1);
 }
 
-// Copies a tile's valid features (the last panel of a matrix may be padding) into y (n, d).
+// Copies a tile's valid features (the last panel of a matrix may be padding) into y (n, d): the tile's
+// panels are consecutive features, so each row is one contiguous copy.
 void store_tile(const float* tile, float* y, int d, int row, int n_rows, int panel, int n_panels) {
+  const int f0 = panel * kPanelWidth;
+  const std::size_t bytes = sizeof(float) * static_cast<std::size_t>(std::min(n_panels * kPanelWidth, d - f0));
   for (int r = 0; r < n_rows; ++r) {
-    float* yr = y + static_cast<std::size_t>(row + r) * d;
-    for (int p = 0; p < n_panels; ++p) {
-      const int f0 = (panel + p) * kPanelWidth;
-      const int count = std::min(kPanelWidth, d - f0);
-      const float* src = tile + r * tile::kTileStride + p * kPanelWidth;
-      for (int l = 0; l < count; ++l) yr[f0 + l] = src[l];
-    }
+    std::memcpy(y + static_cast<std::size_t>(row + r) * d + f0, tile + r * tile::kTileStride, bytes);
   }
 }
 
@@ -122,30 +121,6 @@ void matmul_panels(float* y, const Activations& x, const PackedMatrix& w, int be
       kernel(t);
       store_tile(tile_out, y, w.d, r, n_rows, p, n_panels);
     }
-  }
-}
-
-// Round to nearest, ties to even, for |v| < 2^22 (activation codes are within ±127.5): adding 1.5 * 2^23
-// pushes the fraction bits out of a float's mantissa under the default rounding mode (the compiler may not
-// fold it away without -ffast-math). Unlike nearbyintf, a library call at the baseline target, it vectorises.
-inline float round_to_nearest_even(float v) {
-  constexpr float kShift = 12582912.0f;  // 1.5 * 2^23
-  return (v + kShift) - kShift;
-}
-
-// x (n, k) as bf16 halves for the AMX kernel: hi = bf16(x), lo = bf16(x - hi) (x - hi is exact in fp32),
-// in rows of padded_k(bf16, k) with zeros past k.
-void split_bf16(const float* x, int n, int k, std::uint16_t* hi, std::uint16_t* lo) {
-  const int kp = padded_k(WeightDtype::kBf16, k);
-  for (int r = 0; r < n; ++r) {
-    const float* xr = x + static_cast<std::size_t>(r) * k;
-    std::uint16_t* h = hi + static_cast<std::size_t>(r) * kp;
-    std::uint16_t* l = lo + static_cast<std::size_t>(r) * kp;
-    for (int j = 0; j < k; ++j) {
-      h[j] = float_to_bf16(xr[j]);
-      l[j] = float_to_bf16(xr[j] - bf16_to_float(h[j]));
-    }
-    for (int j = k; j < kp; ++j) h[j] = l[j] = 0;
   }
 }
 
@@ -195,34 +170,29 @@ void Activations::prepare(const float* x, int n, int k, WeightDtype dtype) {
       // pair past the end (padding) meets zero weights and is never read from x.
       f32_ = x;
       padded_k_ = k;
-      if (dtype == WeightDtype::kBf16 && !bf16_hi_.empty()) split_bf16(x, n, k, bf16_hi_.data(), bf16_lo_.data());
-      return;
-    case WeightDtype::kInt8:
-      // Per row and 32-group: scale = max|x| / 127, q = round(x / scale); the sum of q lets the VNNI kernel
-      // undo the +128 offset of the unsigned weights.
-#pragma omp parallel for num_threads(n_threads) if (n_threads > 1 && static_cast<long>(n) * k > kMinParallelWork)
-      for (int r = 0; r < n; ++r) {
-        const float* xr = x + static_cast<std::size_t>(r) * k;
-        std::int8_t* q = int8_.data() + static_cast<std::size_t>(r) * kp;
-        float* scales = scales_.data() + static_cast<std::size_t>(r) * (kp / kInt8Group);
-        std::int32_t* sums = sums_.data() + static_cast<std::size_t>(r) * (kp / kInt8Group);
-        for (int g = 0; g < kp / kInt8Group; ++g) {
-          const int j0 = g * kInt8Group;
-          const int j1 = std::min(k, j0 + kInt8Group);
-          float amax = 0.0f;
-          for (int j = j0; j < j1; ++j) amax = std::max(amax, std::fabs(xr[j]));
-          const float inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
-          std::int32_t sum = 0;
-          for (int j = j0; j < j0 + kInt8Group; ++j) {
-            const int v = j < j1 ? static_cast<int>(std::clamp(round_to_nearest_even(xr[j] * inverse), -127.0f, 127.0f)) : 0;
-            q[j] = static_cast<std::int8_t>(v);
-            sum += v;
-          }
-          scales[g] = amax / 127.0f;
-          sums[g] = sum;
+      if (dtype == WeightDtype::kBf16 && !bf16_hi_.empty()) {
+        // x as bf16 halves for the AMX kernel, in rows of bf16_stride() with zeros past k.
+        const row::SplitBf16Row split = row::active_row_kernels().split_bf16;
+        const int bf16_kp = padded_k(WeightDtype::kBf16, k);
+        for (int r = 0; r < n; ++r) {
+          const std::size_t offset = static_cast<std::size_t>(r) * bf16_kp;
+          split(x + static_cast<std::size_t>(r) * k, k, bf16_kp, bf16_hi_.data() + offset, bf16_lo_.data() + offset);
         }
       }
       return;
+    case WeightDtype::kInt8: {
+      // Per row and 32-group: scale = max|x| / 127, q = round(x / scale); the sum of q lets the VNNI kernel
+      // undo the +128 offset of the unsigned weights.
+      const row::QuantizeInt8Row quantize = row::active_row_kernels().quantize_int8;
+      // Rows go to the threads from two on (the others would only wait for this one at the next matmul).
+#pragma omp parallel for num_threads(n_threads) if (n_threads > 1 && n > 1)
+      for (int r = 0; r < n; ++r) {
+        const std::size_t groups = static_cast<std::size_t>(r) * (kp / kInt8Group);
+        quantize(x + static_cast<std::size_t>(r) * k, k, kp, int8_.data() + static_cast<std::size_t>(r) * kp,
+                 scales_.data() + groups, sums_.data() + groups);
+      }
+      return;
+    }
   }
 }
 

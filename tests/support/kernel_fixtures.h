@@ -1,4 +1,5 @@
-// Set-up shared by the CPU kernel tests and benchmarks: random inputs and a scoped kernel thread count.
+// Set-up shared by the CPU kernel tests and benchmarks: random inputs, a scoped kernel thread count and a
+// scoped instruction-set level.
 #pragma once
 
 #include <cstddef>
@@ -6,6 +7,7 @@
 #include <random>
 #include <vector>
 
+#include "kernels/cpu/isa.h"
 #include "kernels/cpu/ops.h"
 
 namespace shardline::test {
@@ -35,5 +37,26 @@ class ScopedThreads {
  private:
   int previous_;
 };
+
+// set_isa is process-wide too: steps the kernels down to isa for one scope.
+class ScopedIsa {
+ public:
+  explicit ScopedIsa(kernels::cpu::Isa isa) : previous_(kernels::cpu::set_isa(isa)) {}
+  ~ScopedIsa() { kernels::cpu::set_isa(previous_); }
+  ScopedIsa(const ScopedIsa&) = delete;
+  ScopedIsa& operator=(const ScopedIsa&) = delete;
+
+ private:
+  kernels::cpu::Isa previous_;
+};
+
+// Every level this CPU can run, portable first.
+inline std::vector<kernels::cpu::Isa> runnable_isas() {
+  std::vector<kernels::cpu::Isa> isas;
+  for (int level = 0; level <= static_cast<int>(kernels::cpu::best_isa()); ++level) {
+    isas.push_back(static_cast<kernels::cpu::Isa>(level));
+  }
+  return isas;
+}
 
 }  // namespace shardline::test

@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include "kernels/cpu/ops.h"
+#include "tests/support/kernel_fixtures.h"
 
 namespace shardline::kernels::cpu {
 namespace {
@@ -54,6 +55,33 @@ TEST(AttentionPaged, BitIdenticalToContiguousForEveryBlockSize) {
           << "block_tokens " << block_tokens << ", " << threads << " threads";
     }
     set_num_threads(previous);
+  }
+}
+
+// Attention is compiled for the baseline target and for AVX-512 (row_kernels.h); both must give the same
+// bits, with GQA, a head size that is not a multiple of 16 lanes, and both thread counts.
+TEST(AttentionPaged, BitIdenticalOnEveryIsa) {
+  std::mt19937 rng(8);
+  const int n_heads = 6, n_kv_heads = 3, head_size = 40, kv_stride = n_kv_heads * head_size, n_ctx = 130;
+  const std::vector<float> q = test::random_floats(rng, static_cast<std::size_t>(n_heads) * head_size);
+  const std::vector<float> k = test::random_floats(rng, static_cast<std::size_t>(n_ctx) * kv_stride);
+  const std::vector<float> v = test::random_floats(rng, static_cast<std::size_t>(n_ctx) * kv_stride);
+  std::vector<float> scratch(static_cast<std::size_t>(n_heads) * n_ctx);
+  for (int threads : {1, 2}) {
+    test::ScopedThreads scoped_threads(threads);
+    std::vector<float> want(n_heads * head_size), got(n_heads * head_size);
+    {
+      test::ScopedIsa portable(Isa::kPortable);
+      attention(want.data(), q.data(), k.data(), v.data(), scratch.data(), n_ctx, n_heads, n_kv_heads, head_size,
+                kv_stride);
+    }
+    for (Isa isa : test::runnable_isas()) {
+      test::ScopedIsa scoped(isa);
+      attention(got.data(), q.data(), k.data(), v.data(), scratch.data(), n_ctx, n_heads, n_kv_heads, head_size,
+                kv_stride);
+      EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0)
+          << isa_name(isa) << ", " << threads << " threads";
+    }
   }
 }
 

@@ -39,25 +39,10 @@ namespace {
 using test::nmse;
 using test::nmse_below;
 using test::random_floats;
+using test::runnable_isas;
+using test::ScopedIsa;
 using test::ScopedThreads;
 constexpr WeightDtype kDtypes[] = {WeightDtype::kF32, WeightDtype::kBf16, WeightDtype::kInt8};
-
-class ScopedIsa {
- public:
-  explicit ScopedIsa(Isa isa) : previous_(set_isa(isa)) {}
-  ~ScopedIsa() { set_isa(previous_); }
-  ScopedIsa(const ScopedIsa&) = delete;
-  ScopedIsa& operator=(const ScopedIsa&) = delete;
-
- private:
-  Isa previous_;
-};
-
-std::vector<Isa> runnable_isas() {
-  std::vector<Isa> isas;
-  for (int level = 0; level <= static_cast<int>(best_isa()); ++level) isas.push_back(static_cast<Isa>(level));
-  return isas;
-}
 
 // An aligned packed copy of row-major w (d, k).
 using Packed = test::PackedWeights;
@@ -285,6 +270,51 @@ TEST(Activations, Bf16SplitKeepsSixteenBitsOfXWhereTheCpuHasAmx) {
       EXPECT_EQ(hi, bf16_to_float(float_to_bf16(v)));
       EXPECT_LE(std::fabs(hi + lo - v), std::ldexp(std::fabs(v), -16)) << r << "," << j;
     }
+  }
+}
+
+// The quantisation and the bf16 split are compiled for several ISAs (row_kernels.h): every level must give
+// the same bits, or a layout's tokens would depend on the CPU's level. Values span many magnitudes, with an
+// all-zero group, ties at half a step and a last group that passes k.
+TEST(Activations, PreparedRowsAreIdenticalOnEveryIsa) {
+  std::mt19937 rng(11);
+  const int n = 5, k = 203;
+  std::vector<float> x = random_floats(rng, static_cast<std::size_t>(n) * k, -1.0f, 1.0f);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = std::ldexp(x[i], static_cast<int>(i % 41) - 20);
+  for (int j = 32; j < 64; ++j) x[j] = 0.0f;                  // row 0, group 1
+  for (int j = 0; j < 32; ++j) x[k + j] = (j % 5) * 0.5f;     // row 1, group 0: 127 / 2 codes land on .5
+  struct Prepared {
+    std::vector<std::int8_t> q;
+    std::vector<float> scales;
+    std::vector<std::int32_t> sums;
+    std::vector<std::uint16_t> hi, lo;
+  };
+  auto prepare = [&](Isa isa) {
+    ScopedIsa scoped(isa);
+    Activations a;
+    a.reserve(n, k);
+    Prepared p;
+    a.prepare(x.data(), n, k, WeightDtype::kInt8);
+    const std::size_t groups = static_cast<std::size_t>(n) * a.row_stride() / kInt8Group;
+    p.q.assign(a.int8(), a.int8() + static_cast<std::size_t>(n) * a.row_stride());
+    p.scales.assign(a.int8_scales(), a.int8_scales() + groups);
+    p.sums.assign(a.int8_sums(), a.int8_sums() + groups);
+    a.prepare(x.data(), n, k, WeightDtype::kBf16);
+    if (a.bf16_hi() != nullptr) {
+      p.hi.assign(a.bf16_hi(), a.bf16_hi() + static_cast<std::size_t>(n) * a.bf16_stride());
+      p.lo.assign(a.bf16_lo(), a.bf16_lo() + static_cast<std::size_t>(n) * a.bf16_stride());
+    }
+    return p;
+  };
+  const Prepared want = prepare(Isa::kPortable);
+  for (Isa isa : runnable_isas()) {
+    SCOPED_TRACE(isa_name(isa));
+    const Prepared got = prepare(isa);
+    EXPECT_EQ(got.q, want.q);
+    EXPECT_EQ(std::memcmp(got.scales.data(), want.scales.data(), want.scales.size() * sizeof(float)), 0);
+    EXPECT_EQ(got.sums, want.sums);
+    EXPECT_EQ(got.hi, want.hi);
+    EXPECT_EQ(got.lo, want.lo);
   }
 }
 

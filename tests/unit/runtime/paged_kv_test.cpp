@@ -139,7 +139,9 @@ TEST(PagedKv, SequencesBeyondThePoolWaitForBlocksAndGiveTheSameTokensAndLogits) 
       EXPECT_EQ(waited[i].ids, together[i].ids);
       EXPECT_EQ(waited[i].text, together[i].text);
       EXPECT_EQ(waited_logits[i], together_logits[i]);
-      if (i % 2 == 0) EXPECT_EQ(waited[i].ids.size(), 64u) << "greedy";
+      if (i % 2 == 0) {
+        EXPECT_EQ(waited[i].ids.size(), 64u) << "greedy";
+      }
     }
   }
 }

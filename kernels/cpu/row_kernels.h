@@ -1,0 +1,63 @@
+// Internal to kernels/cpu: per-row loops that run on every matmul's input and every token's attention, and
+// that the compiler vectorises well when it may use wide registers: int8 quantisation of activations, the
+// bf16 split for the AMX kernel, and attention over the cached rows. Like the tile kernels
+// (tile_kernels.h), one source (row_kernels_generic.inl) is compiled for the baseline target and for
+// AVX-512, and the level is chosen at run time.
+//
+// Both builds give bit-identical results: the AVX-512 one is compiled with -ffp-contract=off (a multiply and
+// an add are never fused into an FMA), and every loop keeps its order of additions (the attention dot
+// product spells out its 16 partial sums).
+//
+// The ISA files include nothing but this header: an inline function from a shared header compiled there
+// with AVX-512 could be the copy the linker keeps for everyone, and crash older CPUs.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace shardline::kernels::cpu {
+
+// Defined in elementwise.cpp (baseline target), declared in ops.h.
+void softmax(float* x, int size);
+
+namespace row {
+
+// One row of x (k values) as int8 in groups of 32 (kp = k padded to the group): per group, scale =
+// max|x| / 127 and q = round(x / scale), with the sum of q (the VNNI kernel undoes its +128 weight offset
+// with it); q is zero past k.
+using QuantizeInt8Row = void (*)(const float* x, int k, int kp, std::int8_t* q, float* scales, std::int32_t* sums);
+
+// One row of x (k values) as two bf16 halves, hi = bf16(x) and lo = bf16(x - hi), zero from k to kp.
+using SplitBf16Row = void (*)(const float* x, int k, int kp, std::uint16_t* hi, std::uint16_t* lo);
+
+// Attention of one query token for heads [h0, h1) over n_ctx positions of a paged cache (the arguments of
+// attention_paged in ops.h, plus group = query heads per kv head and inv_sqrt = 1 / sqrt(head_size)).
+struct AttentionHeads {
+  float* out;
+  const float* q;
+  const float* const* k_blocks;
+  const float* const* v_blocks;
+  int block_tokens;
+  float* scratch;
+  int n_ctx;
+  int group;
+  int head_size;
+  int kv_stride;
+  float inv_sqrt;
+};
+using AttentionHeadsKernel = void (*)(const AttentionHeads& a, int h0, int h1);
+
+struct RowKernels {
+  QuantizeInt8Row quantize_int8 = nullptr;
+  SplitBf16Row split_bf16 = nullptr;
+  AttentionHeadsKernel attention_heads = nullptr;
+};
+
+RowKernels portable_row_kernels();
+RowKernels avx512_row_kernels();
+
+// The kernels of the active ISA level (isa.h: AVX-512 from kAvx512 up, else the baseline build).
+const RowKernels& active_row_kernels();
+
+}  // namespace row
+}  // namespace shardline::kernels::cpu
