@@ -4,6 +4,7 @@
 #include <iostream>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
@@ -21,11 +22,7 @@ namespace {
 
 using partition::PlanEstimate;
 
-std::string join(const std::vector<int>& values) {
-  std::string out;
-  for (std::size_t i = 0; i < values.size(); ++i) out += (i ? "," : "") + std::to_string(values[i]);
-  return out;
-}
+std::string join(const std::vector<int>& values) { return fmt::format("{}", fmt::join(values, ",")); }
 
 std::string seconds(double s) {
   if (s >= 1.0) return fmt::format("{:.2f} s", s);
@@ -161,7 +158,7 @@ int plan_command(const std::vector<std::string>& args) {
     w.weight_bytes_per_param = 2.0;
     w.kv_bytes_per_value = 2.0;
   } else if (dtype == "int8") {
-    w.weight_bytes_per_param = 34.0 / 32.0;  // int8 values + one fp16 scale per group of 32
+    w.weight_bytes_per_param = 130.0 / 128.0;  // int8 values + one fp16 scale per group of 128 (weight_format.h)
     w.kv_bytes_per_value = 2.0;
   } else {
     throw ConfigError(fmt::format("shardline plan: --dtype '{}' is not fp32, bf16 or int8", dtype));

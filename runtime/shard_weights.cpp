@@ -9,6 +9,8 @@ namespace shardline::runtime {
 
 namespace {
 constexpr std::uint64_t kF = sizeof(float);
+// int8 k values per scale of the matrices tensor parallelism slices along k (wo, w2): see the constructor.
+constexpr int kSlicedInt8Group = kernels::cpu::kInt8Block;
 }
 
 ShardWeights::ShardWeights(const std::string& path, const partition::ModelShape& shape,
@@ -36,12 +38,16 @@ ShardWeights::ShardWeights(const std::string& path, const partition::ModelShape&
     w.rms_att = map_floats(at.rms_att + l * d * kF, d, true);
     w.rms_ffn = map_floats(at.rms_ffn + l * d * kF, d, true);
     // Row slices (q/k/v, w1/w3: this rank's output features) and column slices (wo, w2: its input features).
+    // int8 scales wo and w2 per 32 k on every layout: a TP slice of their k is then grouped exactly as one
+    // rank groups those columns whatever the slice width (a multiple of 32), so TP ranks quantise the same
+    // weights as one rank; the others are never sliced along k and take groups of 128 where k allows
+    // (kernels/cpu/weight_format.h).
     w.wq = convert(at.wq + (l * d * d + q_begin * d) * kF, q_rows, shape.dim, all_dim);
     w.wk = convert(at.wk + (l * kv * d + kv_begin * d) * kF, kv_rows, shape.dim, all_dim);
     w.wv = convert(at.wv + (l * kv * d + kv_begin * d) * kF, kv_rows, shape.dim, all_dim);
-    w.wo = convert(at.wo + l * d * d * kF, shape.dim, shape.dim, q_columns);
+    w.wo = convert(at.wo + l * d * d * kF, shape.dim, shape.dim, q_columns, kSlicedInt8Group);
     w.w1 = convert(at.w1 + (l * h * d + h_begin * d) * kF, h_rows, shape.dim, all_dim);
-    w.w2 = convert(at.w2 + l * d * h * kF, shape.dim, shape.hidden_dim, shard.hidden);
+    w.w2 = convert(at.w2 + l * d * h * kF, shape.dim, shape.hidden_dim, shard.hidden, kSlicedInt8Group);
     w.w3 = convert(at.w3 + (l * h * d + h_begin * d) * kF, h_rows, shape.dim, all_dim);
     layers_.push_back(w);
   }
@@ -58,9 +64,11 @@ std::uint64_t ShardWeights::arena_bytes_needed(const partition::ModelShape& shap
   const int d = shape.dim, hs = shape.head_size();
   const int q_rows = shard.heads.size() * hs, kv_rows = shard.kv_heads.size() * hs, h_rows = shard.hidden.size();
   const std::uint64_t n_layers = shard.layers.size();
-  auto packed = [&](int rows, int cols) { return kernels::cpu::packed_size_bytes(dtype, rows, cols) + 64; };
-  std::uint64_t bytes = n_layers * (packed(q_rows, d) + 2 * packed(kv_rows, d) + packed(d, q_rows) +
-                                    2 * packed(h_rows, d) + packed(d, h_rows));
+  auto packed = [&](int rows, int cols, int int8_group = 0) {
+    return kernels::cpu::packed_size_bytes(dtype, rows, cols, int8_group) + 64;
+  };
+  std::uint64_t bytes = n_layers * (packed(q_rows, d) + 2 * packed(kv_rows, d) + packed(d, q_rows, kSlicedInt8Group) +
+                                    2 * packed(h_rows, d) + packed(d, h_rows, kSlicedInt8Group));
   if (shard.has_classifier) bytes += packed(shard.vocab.size(), d);
   if (copy_to_arena) {
     std::uint64_t floats = n_layers * 2 * static_cast<std::uint64_t>(d);
@@ -83,12 +91,13 @@ const float* ShardWeights::map_floats(std::uint64_t offset_bytes, std::uint64_t 
   return regions_.back().as<float>();
 }
 
-PackedMatrix ShardWeights::convert(std::uint64_t matrix_offset_bytes, int rows, int cols, partition::Range columns) {
+PackedMatrix ShardWeights::convert(std::uint64_t matrix_offset_bytes, int rows, int cols, partition::Range columns,
+                                   int int8_group) {
   // The mapping is dropped on return: its pages were only read to convert this rank's part, so they do not
   // stay in the rank's resident set. A column slice maps every row whole (its columns are strided).
   const memory::MappedRegion source =
       file_.map(matrix_offset_bytes, static_cast<std::uint64_t>(rows) * cols * kF, {.populate = true});
-  PackedMatrix m{options_.dtype, rows, columns.size(), nullptr};
+  PackedMatrix m{options_.dtype, rows, columns.size(), nullptr, int8_group};
   std::byte* dst = nullptr;
   if (options_.arena) {
     dst = static_cast<std::byte*>(options_.arena->allocate_bytes(m.size_bytes(), kernels::cpu::kPackedAlignment));
@@ -96,7 +105,7 @@ PackedMatrix ShardWeights::convert(std::uint64_t matrix_offset_bytes, int rows, 
     converted_.push_back(allocate_weight_memory(m.size_bytes()));
     dst = converted_.back().get();
   }
-  kernels::cpu::pack_weights(m.dtype, source.as<float>() + columns.begin, cols, m.d, m.k, dst);
+  kernels::cpu::pack_weights(m.dtype, source.as<float>() + columns.begin, cols, m.d, m.k, dst, m.int8_group);
   m.data = dst;
   repacked_bytes_ += m.size_bytes();
   return m;

@@ -77,8 +77,10 @@ class ShardWeights {
 
  private:
   const float* map_floats(std::uint64_t offset_bytes, std::uint64_t n_floats, bool populate);
-  // Converts rows [0, rows) x columns [columns.begin, columns.end) of the (rows, cols) matrix at offset.
-  PackedMatrix convert(std::uint64_t matrix_offset_bytes, int rows, int cols, partition::Range columns);
+  // Converts rows [0, rows) x columns [columns.begin, columns.end) of the (rows, cols) matrix at offset;
+  // int8_group: int8's k values per scale (0: the default for the slice's k).
+  PackedMatrix convert(std::uint64_t matrix_offset_bytes, int rows, int cols, partition::Range columns,
+                       int int8_group = 0);
 
   partition::ModelShape shape_;
   partition::RankShard shard_;

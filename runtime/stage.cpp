@@ -106,7 +106,7 @@ void Stage::attention_block(const LayerWeights& w, float* x, const Row* rows, in
   const int n_local_kv = kv_dim_ / hs;
   cpu::rmsnorm(xb_.data(), x, w.rms_att, n, s.dim, options_.rms_eps);
   // q, k and v read the same normalised rows: prepared once, one parallel pass over the three matrices.
-  act_.prepare(xb_.data(), n, s.dim, weights_.dtype());
+  act_.prepare(xb_.data(), n, w.wq);
   const cpu::MatmulOutput qkv[] = {{q_.data(), &w.wq}, {k_.data(), &w.wk}, {v_.data(), &w.wv}};
   cpu::matmul(act_, qkv);
   // Every row's key and value go into its cache first, so rows of one prefill chunk see each other. Rows
@@ -133,7 +133,7 @@ void Stage::attention_block(const LayerWeights& w, float* x, const Row* rows, in
                          cache.value_blocks(local_layer), cache.block_tokens(), scores_.data() + thread * scores_per_thread,
                          rows[t].pos + 1, n_local_heads, n_local_kv, hs, kv_dim_);
   });
-  act_.prepare(att_.data(), n, q_dim_, weights_.dtype());
+  act_.prepare(att_.data(), n, w.wo);
   cpu::matmul(out_.data(), act_, w.wo);
   tp_comm_.all_reduce_sum(out_.data(), static_cast<std::size_t>(n) * s.dim);  // sum over heads of the group
   cpu::add_inplace(x, out_.data(), n * s.dim);
@@ -142,9 +142,9 @@ void Stage::attention_block(const LayerWeights& w, float* x, const Row* rows, in
 void Stage::mlp_block(const LayerWeights& w, float* x, int n) {
   const auto& s = shape();
   cpu::rmsnorm(xb_.data(), x, w.rms_ffn, n, s.dim, options_.rms_eps);
-  act_.prepare(xb_.data(), n, s.dim, weights_.dtype());
+  act_.prepare(xb_.data(), n, w.w1);
   cpu::matmul_swiglu(hb_.data(), act_, w.w1, w.w3);  // silu(x W1ᵀ) * (x W3ᵀ), gate fused into the matmuls
-  act_.prepare(hb_.data(), n, hidden_, weights_.dtype());
+  act_.prepare(hb_.data(), n, w.w2);
   cpu::matmul(out_.data(), act_, w.w2);
   tp_comm_.all_reduce_sum(out_.data(), static_cast<std::size_t>(n) * s.dim);  // sum over hidden slices
   cpu::add_inplace(x, out_.data(), n * s.dim);
@@ -162,7 +162,7 @@ void Stage::logits(const float* x, int n, float* logits) {
     act_.reserve(n, s.dim);
   }
   cpu::rmsnorm(logits_x_.data(), x, weights_.rms_final(), n, s.dim, options_.rms_eps);
-  act_.prepare(logits_x_.data(), n, s.dim, weights_.dtype());
+  act_.prepare(logits_x_.data(), n, weights_.classifier());
   if (tp_comm_.size() == 1) {  // the whole vocabulary is here: straight into the caller's rows
     cpu::matmul(logits, act_, weights_.classifier());  // all n rows in one pass over it
     return;

@@ -52,7 +52,7 @@ tile::TileKernel tile_kernel(WeightDtype dtype) {
 tile::Tile make_tile(const Activations& x, const PackedMatrix& w, int panel, int n_panels, int row, int n_rows,
                      float* out) {
   tile::Tile t;
-  t.panel_stride = panel_bytes(w.dtype, w.k);
+  t.panel_stride = panel_bytes(w.dtype, w.k, w.int8_group);
   t.panels = w.data + panel * t.panel_stride;
   t.n_panels = n_panels;
   // fp32 activations have exactly k columns; int8 ones are padded to the group like the weights.
@@ -72,7 +72,8 @@ tile::Tile make_tile(const Activations& x, const PackedMatrix& w, int panel, int
       break;
     }
     case WeightDtype::kInt8: {
-      const std::size_t group_offset = static_cast<std::size_t>(row) * (x.row_stride() / kInt8Group);
+      const std::size_t group_offset = static_cast<std::size_t>(row) * x.int8_groups();
+      t.int8_group = x.int8_group();
       t.x = x.int8() + row_offset;
       t.x_scales = x.int8_scales() + group_offset;
       t.x_sums = x.int8_sums() + group_offset;
@@ -88,6 +89,8 @@ void check_operands(const Activations& x, const PackedMatrix& w) {
   SL_CHECK_MSG(w.dtype == x.dtype(), "activations prepared for {} used with {} weights", weight_dtype_name(x.dtype()),
                weight_dtype_name(w.dtype));
   SL_CHECK_MSG(w.k == x.k(), "matrix k {} != activations k {}", w.k, x.k());
+  SL_CHECK_MSG(w.dtype != WeightDtype::kInt8 || w.int8_group_size() == x.int8_group(),
+               "int8 activations in groups of {} used with weights in groups of {}", x.int8_group(), w.int8_group_size());
   SL_CHECK(w.data != nullptr && x.n() >= 1);
 }
 
@@ -106,7 +109,7 @@ void store_tile(const float* tile, float* y, int d, int row, int n_rows, int pan
 // null at the end of the band.
 const std::byte* next_tile(const PackedMatrix& w, int panel, int n_panels, int end) {
   const int next = panel + n_panels;
-  return next + n_panels <= end ? w.data + next * panel_bytes(w.dtype, w.k) : nullptr;
+  return next + n_panels <= end ? w.data + next * panel_bytes(w.dtype, w.k, w.int8_group) : nullptr;
 }
 
 // Panels [begin, end) of w for every row of x, a tile at a time, into y.
@@ -144,8 +147,8 @@ void Activations::reserve(int max_rows, int max_k) {
   const std::size_t kp = padded_k(WeightDtype::kInt8, max_k_);  // the largest padding of any dtype
   const std::size_t rows = max_rows_;
   int8_.resize(rows * kp);
-  scales_.resize(rows * kp / kInt8Group);
-  sums_.resize(rows * kp / kInt8Group);
+  scales_.resize(rows * kp / kInt8Block);  // the most groups any k up to max_k has (groups of 32)
+  sums_.resize(rows * kp / kInt8Block);
   if (best_isa() >= Isa::kAmx) {
     const std::size_t bf16_kp = padded_k(WeightDtype::kBf16, max_k_);
     bf16_hi_.resize(rows * bf16_kp);
@@ -153,7 +156,7 @@ void Activations::reserve(int max_rows, int max_k) {
   }
 }
 
-void Activations::prepare(const float* x, int n, int k, WeightDtype dtype) {
+void Activations::prepare(const float* x, int n, int k, WeightDtype dtype, int int8_group) {
   SL_CHECK_MSG(n >= 1 && n <= max_rows_ && k >= 1 && k <= max_k_, "activations ({}, {}) exceed the reserved ({}, {})",
                n, k, max_rows_, max_k_);
   dtype_ = dtype;
@@ -161,6 +164,7 @@ void Activations::prepare(const float* x, int n, int k, WeightDtype dtype) {
   k_ = k;
   padded_k_ = padded_k(dtype, k);
   f32_ = nullptr;
+  int8_group_ = 0;
   const int kp = padded_k_;
   const int n_threads = num_threads();
   switch (dtype) {
@@ -181,15 +185,17 @@ void Activations::prepare(const float* x, int n, int k, WeightDtype dtype) {
       }
       return;
     case WeightDtype::kInt8: {
-      // Per row and 32-group: scale = max|x| / 127, q = round(x / scale); the sum of q lets the VNNI kernel
-      // undo the +128 offset of the unsigned weights.
+      // Per row and group (the weights' groups, int8_group(k)): scale = max|x| / 127, q = round(x / scale);
+      // the sum of q lets the int8 kernels undo the +128 offset of the unsigned weights.
+      int8_group_ = int8_group > 0 ? int8_group : default_int8_group(k);
+      const int groups = cpu::int8_groups(k, int8_group_);  // checks the group divides the padded k
       const row::QuantizeInt8Row quantize = row::active_row_kernels().quantize_int8;
       // Rows go to the threads from two on (the others would only wait for this one at the next matmul).
 #pragma omp parallel for num_threads(n_threads) if (n_threads > 1 && n > 1)
       for (int r = 0; r < n; ++r) {
-        const std::size_t groups = static_cast<std::size_t>(r) * (kp / kInt8Group);
-        quantize(x + static_cast<std::size_t>(r) * k, k, kp, int8_.data() + static_cast<std::size_t>(r) * kp,
-                 scales_.data() + groups, sums_.data() + groups);
+        const std::size_t at = static_cast<std::size_t>(r) * groups;
+        quantize(x + static_cast<std::size_t>(r) * k, k, kp, int8_group_, int8_.data() + static_cast<std::size_t>(r) * kp,
+                 scales_.data() + at, sums_.data() + at);
       }
       return;
     }

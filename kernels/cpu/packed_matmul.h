@@ -5,7 +5,7 @@
 // Activations are prepared once per input and reused by every matrix that reads it (wq, wk and wv share
 // the normalised x; w1 and w3 share it too). fp32 and bf16 weights multiply fp32 activations as they are
 // (bf16 weights are widened to fp32 in registers: exact, and no rounding of x); int8 weights need x
-// quantised to int8 per group of 32 (scale and sum per group), as Q8_0 does, for vpdpbusd. On AMX, bf16
+// quantised to int8 in the weights' groups of 128 k (scale and sum per group), for vpdpbusd / TDPBSUD. On AMX, bf16
 // weights multiply x split into two bf16 halves (hi + lo keeps 16 significant bits of x, and each product
 // of two bf16 values is exact in fp32), so AMX does not round the activations to bf16 either.
 //
@@ -28,8 +28,11 @@ class Activations {
  public:
   void reserve(int max_rows, int max_k);
   // x: (n, k). For fp32 and bf16 weights the pointer is kept as is: x must stay valid and unchanged while
-  // it is used.
-  void prepare(const float* x, int n, int k, WeightDtype dtype);
+  // it is used. int8 quantises in groups of int8_group k values, the group of the weights it will meet
+  // (PackedMatrix::int8_group_size(); 0: default_int8_group(k)).
+  void prepare(const float* x, int n, int k, WeightDtype dtype, int int8_group = 0);
+  // The same for the matrix w (its dtype, k and int8 group).
+  void prepare(const float* x, int n, const PackedMatrix& w) { prepare(x, n, w.k, w.dtype, w.int8_group_size()); }
 
   WeightDtype dtype() const { return dtype_; }
   int n() const { return n_; }
@@ -38,8 +41,10 @@ class Activations {
 
   const float* f32() const { return f32_; }                       // (n, k): fp32 and bf16 weights
   const std::int8_t* int8() const { return int8_.data(); }        // (n, padded k)
-  const float* int8_scales() const { return scales_.data(); }     // (n, padded k / 32)
-  const std::int32_t* int8_sums() const { return sums_.data(); }  // (n, padded k / 32): sum of q per group
+  const float* int8_scales() const { return scales_.data(); }     // (n, int8_groups())
+  const std::int32_t* int8_sums() const { return sums_.data(); }  // (n, int8_groups()): sum of q per group
+  int int8_group() const { return int8_group_; }                  // k values per group
+  int int8_groups() const { return padded_k_ / int8_group_; }
   // bf16 weights on AMX (empty otherwise): x split into bf16 halves hi = bf16(x), lo = bf16(x - hi), rows of
   // bf16_stride() elements (k padded to kBf16Block with zeros). Prepared whenever the CPU has AMX, so a
   // kernel choice made after prepare() (tests step the ISA down) finds what it needs.
@@ -52,6 +57,7 @@ class Activations {
   int n_ = 0;
   int k_ = 0;
   int padded_k_ = 0;
+  int int8_group_ = 0;
   int max_rows_ = 0;
   int max_k_ = 0;
   const float* f32_ = nullptr;

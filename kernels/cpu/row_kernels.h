@@ -22,10 +22,11 @@ void softmax(float* x, int size);
 
 namespace row {
 
-// One row of x (k values) as int8 in groups of 32 (kp = k padded to the group): per group, scale =
-// max|x| / 127 and q = round(x / scale), with the sum of q (the VNNI kernel undoes its +128 weight offset
-// with it); q is zero past k.
-using QuantizeInt8Row = void (*)(const float* x, int k, int kp, std::int8_t* q, float* scales, std::int32_t* sums);
+// One row of x (k values) as int8 in groups of `group` (32 or 128, dividing kp = k padded to 32): per group,
+// scale = max|x| / 127 and q = round(x / scale), with the sum of q (the int8 kernels undo their +128 weight
+// offset with it); q is zero past k.
+using QuantizeInt8Row = void (*)(const float* x, int k, int kp, int group, std::int8_t* q, float* scales,
+                                 std::int32_t* sums);
 
 // One row of x (k values) as two bf16 halves, hi = bf16(x) and lo = bf16(x - hi), zero from k to kp.
 using SplitBf16Row = void (*)(const float* x, int k, int kp, std::uint16_t* hi, std::uint16_t* lo);

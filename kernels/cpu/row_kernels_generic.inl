@@ -2,7 +2,7 @@
 // row_kernels_avx512.cpp. Plain loops with fixed trip counts where the compiler should vectorise, and no
 // standard-library templates (see row_kernels.h on why the ISA files share no inline code).
 
-constexpr int kGroup = 32;  // k values per int8 scale (weight_format.h: kInt8Group)
+constexpr int kMaxGroup = 128;  // k values per int8 scale: 32 or 128 (weight_format.h: int8_group)
 constexpr int kLanes = 16;  // partial sums of the attention dot product
 
 inline float max_of(float a, float b) { return a > b ? a : b; }
@@ -15,26 +15,29 @@ inline float round_to_nearest_even(float v) {
   return (v + kShift) - kShift;
 }
 
-// The largest |x| of a whole group, as 16 lane maxima folded in halves (max is exact in any order).
-inline float group_amax(const float* x) {
-  float m[kLanes];
-  for (int l = 0; l < kLanes; ++l) m[l] = max_of(__builtin_fabsf(x[l]), __builtin_fabsf(x[kLanes + l]));
+// The largest |x| of n values (a multiple of 32), as 16 lane maxima folded in halves (max is exact in any
+// order).
+inline float group_amax(const float* x, int n) {
+  float m[kLanes] = {};
+  for (int i = 0; i < n; i += kLanes) {
+    for (int l = 0; l < kLanes; ++l) m[l] = max_of(m[l], __builtin_fabsf(x[i + l]));
+  }
   for (int width = kLanes / 2; width > 0; width /= 2) {
     for (int l = 0; l < width; ++l) m[l] = max_of(m[l], m[l + width]);
   }
   return m[0];
 }
 
-void quantize_int8_row(const float* x, int k, int kp, std::int8_t* q, float* scales, std::int32_t* sums) {
-  for (int g = 0; g < kp / kGroup; ++g) {
-    const int j0 = g * kGroup;
-    const int valid = k - j0 < kGroup ? k - j0 : kGroup;  // the last group may pass k
-    float v[kGroup];
-    for (int i = 0; i < kGroup; ++i) v[i] = i < valid ? x[j0 + i] : 0.0f;
-    const float amax = group_amax(v);
+void quantize_int8_row(const float* x, int k, int kp, int group, std::int8_t* q, float* scales, std::int32_t* sums) {
+  const int n = group;
+  for (int g = 0, j0 = 0; j0 < kp; ++g, j0 += n) {
+    const int valid = k - j0 < n ? k - j0 : n;  // the last group may pass k
+    float v[kMaxGroup];
+    for (int i = 0; i < n; ++i) v[i] = i < valid ? x[j0 + i] : 0.0f;
+    const float amax = group_amax(v, n);
     const float inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
     std::int32_t sum = 0;
-    for (int i = 0; i < kGroup; ++i) {
+    for (int i = 0; i < n; ++i) {
       float c = round_to_nearest_even(v[i] * inverse);
       c = c < -127.0f ? -127.0f : (c > 127.0f ? 127.0f : c);
       const std::int32_t code = static_cast<std::int32_t>(c);

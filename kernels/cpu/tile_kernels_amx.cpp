@@ -6,21 +6,23 @@
 // 16 rows cost nearly 16 times one row. One AMX tile multiply does up to 16 rows x 16 features x 32 k.
 //
 // The packed panels already are AMX's B operand (weight_format.h): 32 k of a bf16 panel are a 16-row tile of
-// [16 features][2] pairs, as TDPBF16PS reads them, and one 32-group of an int8 panel is an 8-row tile of
-// [16][4] quads, as TDPBSUD reads them. A is up to 16 rows of prepared activations; C is those rows x the
+// [16 features][2] pairs, as TDPBF16PS reads them, and 32 k of an int8 panel are an 8-row tile of [16][4]
+// quads, as TDPBSUD reads them. A is up to 16 rows of prepared activations; C is those rows x the
 // panel's 16 features. Tiles 0-3 hold C for up to 4 panels, the others A and B.
 //
 // bf16: x comes split into two bf16 halves, hi = bf16(x) and lo = bf16(x - hi), and C += hi·W + lo·W. A
 // product of two bf16 values is exact in fp32 and hi + lo keeps 16 significant bits of x, so the
 // activations are not rounded to bf16 (relative error <= 2^-17 rather than 2^-9); the sums are fp32.
-// int8: per 32-group, C = Σ x_q (w_q + 128), the exact integer vpdpbusd computes, then the VNNI kernel's
-// fp32 epilogue in the same order: the results are bit-identical to tile_kernels_avx512_vnni.cpp, which
-// therefore also takes the tiles of fewer than 4 rows, where it is faster.
+// int8: per group (32 or 128 k: 1 or 4 tile multiplies into one C), C = Σ x_q (w_q + 128), the exact integer
+// vpdpbusd computes, then the VNNI kernel's fp32 epilogue in the same order: the results are bit-identical
+// to tile_kernels_avx512_vnni.cpp, which therefore also takes the tiles of fewer than 4 rows, where it is
+// faster. Storing C and scaling it in the epilogue is what an int8 tile spends its time on (a tile store
+// costs about four tile multiplies), hence groups of 128 k wherever k allows (weight_format.h).
 // AMX rows are independent, so a row's result never depends on the rows that came with it.
 //
-// Measured (BENCHMARKS.md, issue #7): bf16 batch 16 is 1.5-2x the AVX-512 kernel's, but a single bf16 row
-// streams about 10% slower than the AVX-512 widening kernel. Tried without a gain end to end: prefetching
-// 4 blocks ahead, double-buffering the weight tiles, and hi/lo as two A rows (one multiply per block).
+// Measured (BENCHMARKS.md, issue #7): bf16 batch 16 is 1.5-2x the AVX-512 kernel's. A single row needs
+// software prefetching to stream (below); double-buffering the weight tiles and hi/lo as two A rows (one
+// multiply per block) were tried without a gain end to end.
 #include <immintrin.h>
 
 #include "kernels/cpu/tile_kernels.h"
@@ -59,13 +61,24 @@ void use_tile_config(const TileConfig& config) {
   loaded = true;
 }
 
+inline void prefetch_lines(const char* at, int lines) {
+  for (int line = 0; line < lines; ++line) _mm_prefetch(at + line * 64, _MM_HINT_T0);
+}
+
 // ---- bf16 -------------------------------------------------------------------------------------------
+
+// Each panel's weights kBf16PrefetchBlocks blocks ahead (8 KiB) are prefetched (or the start of the next
+// tile): a tile load waits for its lines, and with two weight tiles only two loads are in flight, too few to
+// stream from memory. Measured on the 110M shape: a single row went from 0.71 to 0.80-0.86 of the
+// bandwidth roofline (4 KiB ahead: 0.79-0.83); batch 16 unchanged.
+constexpr int kBf16PrefetchBlocks = 8;
 
 // One bf16 k block of panel P: tiles 4/5 hold this block's x halves; B alternates between tiles 6 and 7 so
 // one panel's load can overlap the previous panel's multiplies.
 #define SHARDLINE_AMX_BF16_PANEL(P, B)                                                                 \
   do {                                                                                                 \
     _tile_loadd(B, w + (P) * t.panel_stride + block * 1024, 64);                                       \
+    if (ahead != nullptr) prefetch_lines(ahead + (P) * t.panel_stride, 16);                           \
     _tile_dpbf16ps(P, 4, B);                                                                           \
     _tile_dpbf16ps(P, 5, B);                                                                           \
   } while (0)
@@ -89,6 +102,11 @@ void bf16_rows(const Tile& t, int r0, int m) {
   if constexpr (P > 3) _tile_zero(3);
   const int blocks = (t.k + 31) / 32;  // the panels and x are zero past k up to the block
   for (int block = 0; block < blocks; ++block) {
+    const int next = block + kBf16PrefetchBlocks;
+    const char* ahead = next < blocks ? w + static_cast<std::size_t>(next) * 1024
+                        : t.prefetch != nullptr && r0 + m == t.n_rows && next - blocks < blocks
+                            ? reinterpret_cast<const char*>(t.prefetch) + static_cast<std::size_t>(next - blocks) * 1024
+                            : nullptr;
     _tile_loadd(4, hi + block * 64, x_bytes);
     _tile_loadd(5, lo + block * 64, x_bytes);
     SHARDLINE_AMX_BF16_PANEL(0, 6);
@@ -120,16 +138,19 @@ void bf16_tile(const Tile& t) {
 
 // ---- int8 -------------------------------------------------------------------------------------------
 
-// The exact integer dots of group g for panel P into dots[gi][P] (m rows x 16 int32): C_P = A (tile 4) x B.
+// 32 k (block b) of panel P added to C_P (tile P): A (tile 4: those 32 k of x) x B. The block
+// kInt8PrefetchBlocks ahead (or the start of the next tile) is prefetched, as for bf16: +35% for batch-16
+// decode on the 110M shape.
 #define SHARDLINE_AMX_INT8_PANEL(P, B)                                                                 \
   do {                                                                                                 \
-    _tile_zero(P);                                                                                     \
-    _tile_loadd(B, w + (P) * t.panel_stride + static_cast<std::size_t>(g) * 512, 64);                  \
+    _tile_loadd(B, w + (P) * t.panel_stride + static_cast<std::size_t>(b) * 512, 64);                  \
+    if (ahead != nullptr) prefetch_lines(ahead + (P) * t.panel_stride, 8);                             \
     _tile_dpbsud(P, 4, B);                                                                             \
-    _tile_stored(P, dots[gi][P], 64);                                                                  \
   } while (0)
 
-// Groups per epilogue pass: the tile multiplies of 8 groups land in a 32 KiB buffer, then each row's P
+constexpr int kInt8PrefetchBlocks = 8;  // 4 KiB ahead in each panel
+
+// Groups per epilogue pass: the integer dots of 8 groups land in a 32 KiB buffer, then each row's P
 // accumulators stay in registers across those 8 groups instead of going through memory after each.
 constexpr int kInt8GroupsPerPass = 8;
 
@@ -142,7 +163,9 @@ void int8_rows(const Tile& t, int r0, int m) {
   config.shape(7, 8, 64);
   use_tile_config(config);
   const char* w = reinterpret_cast<const char*>(t.panels);
-  const int groups = t.k / 32;
+  const int groups = t.k / t.int8_group;
+  const int blocks = t.k / 32;
+  const int blocks_per_group = t.int8_group / 32;
   const std::size_t scales_offset = static_cast<std::size_t>(t.k) * 16;
   const char* x = static_cast<const char*>(t.x) + static_cast<std::size_t>(r0) * t.x_stride;
   const float* x_scales = t.x_scales + static_cast<std::size_t>(r0) * groups;
@@ -154,11 +177,26 @@ void int8_rows(const Tile& t, int r0, int m) {
     const int n_groups = groups - g0 < kInt8GroupsPerPass ? groups - g0 : kInt8GroupsPerPass;
     for (int gi = 0; gi < n_groups; ++gi) {
       const int g = g0 + gi;
-      _tile_loadd(4, x + g * 32, t.x_stride);
-      SHARDLINE_AMX_INT8_PANEL(0, 6);
-      if constexpr (P > 1) SHARDLINE_AMX_INT8_PANEL(1, 7);
-      if constexpr (P > 2) SHARDLINE_AMX_INT8_PANEL(2, 6);
-      if constexpr (P > 3) SHARDLINE_AMX_INT8_PANEL(3, 7);
+      _tile_zero(0);
+      if constexpr (P > 1) _tile_zero(1);
+      if constexpr (P > 2) _tile_zero(2);
+      if constexpr (P > 3) _tile_zero(3);
+      for (int b = g * blocks_per_group; b < (g + 1) * blocks_per_group; ++b) {
+        const int next = b + kInt8PrefetchBlocks;
+        const char* ahead = next < blocks                 ? w + static_cast<std::size_t>(next) * 512
+                            : t.prefetch != nullptr && r0 + m == t.n_rows && next - blocks < blocks
+                                ? reinterpret_cast<const char*>(t.prefetch) + static_cast<std::size_t>(next - blocks) * 512
+                                : nullptr;
+        _tile_loadd(4, x + b * 32, t.x_stride);
+        SHARDLINE_AMX_INT8_PANEL(0, 6);
+        if constexpr (P > 1) SHARDLINE_AMX_INT8_PANEL(1, 7);
+        if constexpr (P > 2) SHARDLINE_AMX_INT8_PANEL(2, 6);
+        if constexpr (P > 3) SHARDLINE_AMX_INT8_PANEL(3, 7);
+      }
+      _tile_stored(0, dots[gi][0], 64);
+      if constexpr (P > 1) _tile_stored(1, dots[gi][1], 64);
+      if constexpr (P > 2) _tile_stored(2, dots[gi][2], 64);
+      if constexpr (P > 3) _tile_stored(3, dots[gi][3], 64);
 #pragma GCC unroll 4
       for (int p = 0; p < P; ++p) {
         _mm512_store_ps(w_scales[gi][p], _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(

@@ -1,8 +1,8 @@
 // The AVX512_VNNI int8 tile kernel (compiled with -mavx512vnni and AVX-512 F/BW/VL/DQ).
 //
 // vpdpbusd multiplies 16 features x one k quad (unsigned weights q + 128) by the row's broadcast signed
-// int8 quad into int32. After each 32-group the exact integer dot, corrected for the +128 offset (128 * the
-// group's sum of x), is scaled by weight scale * x scale and added in fp32.
+// int8 quad into int32. After each group (32 or 128 k) the exact integer dot, corrected for the +128 offset (128 *
+// the group's sum of x), is scaled by weight scale * x scale and added in fp32.
 // Register blocks as in the fp32 kernel (tile_kernels_avx512.cpp); int8 keeps both an int32 and an fp32
 // accumulator per (row, panel), hence R x P <= 12.
 #include <immintrin.h>
@@ -29,7 +29,8 @@ void int8_block(const Tile& t, const std::int8_t* x, const float* x_scales, cons
                 int g0, int g1, bool accumulate, const PrefetchPlan& plan) {
   const std::uint8_t* w = reinterpret_cast<const std::uint8_t*>(t.panels);
   const std::size_t stride = t.panel_stride;
-  const int groups = t.k / 32;
+  const int groups = t.k / t.int8_group;
+  const int blocks_per_group = t.int8_group / 32;  // 32 k: 8 quads, 512 bytes of a panel
   const std::size_t scales_offset = static_cast<std::size_t>(t.k) * 16;
   __m512 acc[R][P];
 #pragma GCC unroll 4
@@ -47,44 +48,50 @@ void int8_block(const Tile& t, const std::int8_t* x, const float* x_scales, cons
 #pragma GCC unroll 4
       for (int p = 0; p < P; ++p) dot[r][p] = _mm512_setzero_si512();
     }
-    const std::uint8_t* wg = w + static_cast<std::size_t>(g) * 512;
+    const int b1 = (g + 1) * blocks_per_group;
     if constexpr (R == 1) {
       // A GEMV: two interleaved integer chains per panel halve the wait on vpdpbusd's latency. Integer sums
       // are exact, so this changes no result.
       __m512i odd[P];
 #pragma GCC unroll 4
       for (int p = 0; p < P; ++p) odd[p] = _mm512_setzero_si512();
+      for (int b = g * blocks_per_group; b < b1; ++b) {
+        const std::uint8_t* wb = w + static_cast<std::size_t>(b) * 512;
 #pragma GCC unroll 4
-      for (int q = 0; q < 8; q += 2) {
-        const __m512i x0 = _mm512_set1_epi32(load_i32(x + g * 32 + q * 4));
-        const __m512i x1 = _mm512_set1_epi32(load_i32(x + g * 32 + q * 4 + 4));
+        for (int q = 0; q < 8; q += 2) {
+          const __m512i x0 = _mm512_set1_epi32(load_i32(x + b * 32 + q * 4));
+          const __m512i x1 = _mm512_set1_epi32(load_i32(x + b * 32 + q * 4 + 4));
 #pragma GCC unroll 4
-        for (int p = 0; p < P; ++p) {
-          dot[0][p] = _mm512_dpbusd_epi32(dot[0][p], _mm512_load_si512(wg + p * stride + q * 64), x0);
-          odd[p] = _mm512_dpbusd_epi32(odd[p], _mm512_load_si512(wg + p * stride + q * 64 + 64), x1);
+          for (int p = 0; p < P; ++p) {
+            dot[0][p] = _mm512_dpbusd_epi32(dot[0][p], _mm512_load_si512(wb + p * stride + q * 64), x0);
+            odd[p] = _mm512_dpbusd_epi32(odd[p], _mm512_load_si512(wb + p * stride + q * 64 + 64), x1);
+          }
         }
       }
 #pragma GCC unroll 4
       for (int p = 0; p < P; ++p) dot[0][p] = _mm512_add_epi32(dot[0][p], odd[p]);
     } else {
+      for (int b = g * blocks_per_group; b < b1; ++b) {
+        const std::uint8_t* wb = w + static_cast<std::size_t>(b) * 512;
 #pragma GCC unroll 8
-      for (int q = 0; q < 8; ++q) {
-        __m512i wv[P];
+        for (int q = 0; q < 8; ++q) {
+          __m512i wv[P];
 #pragma GCC unroll 4
-        for (int p = 0; p < P; ++p) wv[p] = _mm512_load_si512(wg + p * stride + q * 64);
-        if (plan.next != nullptr && countdown-- == 0) {
-          countdown = plan.passes - 1;
-          const int line = (g - g0) * 8 + q;
-          if (line < plan.lines) {
+          for (int p = 0; p < P; ++p) wv[p] = _mm512_load_si512(wb + p * stride + q * 64);
+          if (plan.next != nullptr && countdown-- == 0) {
+            countdown = plan.passes - 1;
+            const int line = (b - g0 * blocks_per_group) * 8 + q;
+            if (line < plan.lines) {
 #pragma GCC unroll 4
-            for (int p = 0; p < P; ++p) _mm_prefetch(plan.next + p * stride + static_cast<std::size_t>(line) * 64, _MM_HINT_T1);
+              for (int p = 0; p < P; ++p) _mm_prefetch(plan.next + p * stride + static_cast<std::size_t>(line) * 64, _MM_HINT_T1);
+            }
           }
-        }
 #pragma GCC unroll 4
-        for (int r = 0; r < R; ++r) {
-          const __m512i xb = _mm512_set1_epi32(load_i32(x + static_cast<std::size_t>(r) * t.x_stride + g * 32 + q * 4));
+          for (int r = 0; r < R; ++r) {
+            const __m512i xb = _mm512_set1_epi32(load_i32(x + static_cast<std::size_t>(r) * t.x_stride + b * 32 + q * 4));
 #pragma GCC unroll 4
-          for (int p = 0; p < P; ++p) dot[r][p] = _mm512_dpbusd_epi32(dot[r][p], wv[p], xb);
+            for (int p = 0; p < P; ++p) dot[r][p] = _mm512_dpbusd_epi32(dot[r][p], wv[p], xb);
+          }
         }
       }
     }
@@ -133,23 +140,25 @@ Int8BlockFn int8_block_for(int rows, int n_panels) {
   }
 }
 
-// The tile in k chunks of kChunkLines quads (64 groups), every chunk in passes of up to 3 rows; see
+// The tile in k chunks of kChunkLines quads (16 or 64 groups), every chunk in passes of up to 3 rows; see
 // PrefetchPlan in tile_kernels.h.
 void int8_tile(const Tile& t) {
   const std::int8_t* x = static_cast<const std::int8_t*>(t.x);
-  const int groups = t.k / 32;
-  const int chunk_groups = kChunkLines / 8;
+  const int groups = t.k / t.int8_group;
+  const int group_lines = t.int8_group / 4;  // 64-byte lines of a whole group in one panel
+  const int total_lines = t.k / 4;
+  const int chunk_groups = kChunkLines / group_lines;
   const int passes = (t.n_rows + kInt8MaxRows - 1) / kInt8MaxRows;
   for (int g0 = 0; g0 < groups; g0 += chunk_groups) {
     const int g1 = g0 + chunk_groups < groups ? g0 + chunk_groups : groups;
     PrefetchPlan plan;
     if (passes > 1) {
       if (g1 < groups) {
-        plan.next = reinterpret_cast<const char*>(t.panels) + static_cast<std::size_t>(g1) * 512;
-        plan.lines = (groups - g1 < chunk_groups ? groups - g1 : chunk_groups) * 8;
+        plan.next = reinterpret_cast<const char*>(t.panels) + static_cast<std::size_t>(g1) * group_lines * 64;
+        plan.lines = total_lines - g1 * group_lines < kChunkLines ? total_lines - g1 * group_lines : kChunkLines;
       } else if (t.prefetch != nullptr) {
         plan.next = reinterpret_cast<const char*>(t.prefetch);
-        plan.lines = (groups < chunk_groups ? groups : chunk_groups) * 8;
+        plan.lines = total_lines < kChunkLines ? total_lines : kChunkLines;
       }
       plan.passes = passes;
     }

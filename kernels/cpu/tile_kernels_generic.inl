@@ -98,21 +98,24 @@ void bf16_tile(const Tile& t) {
   }
 }
 
-// Integer dot products per 32-group are exact; each group's sum is then scaled by (weight scale * x scale)
-// and added in float, in the same order as the VNNI kernel.
+// Integer dot products per group (32 or 128 k) are exact; each group's sum is then scaled by (weight scale *
+// x scale) and added in float, in the same order as the VNNI kernel.
 template <int R>
-void int8_rows(const std::uint8_t* w, const std::int8_t* x, int x_stride, const float* x_scales, int k, float* out) {
-  const int groups = k / 32;
+void int8_rows(const std::uint8_t* w, const std::int8_t* x, int x_stride, const float* x_scales, int k, int group,
+               float* out) {
+  const int groups = k / group;
   const std::uint16_t* w_scales = reinterpret_cast<const std::uint16_t*>(w + static_cast<std::size_t>(k) * kLanes);
   float acc[R][kLanes] = {};
   for (int g = 0; g < groups; ++g) {
-    const std::uint8_t* wg = w + static_cast<std::size_t>(g) * 32 * kLanes;  // (8 quads, 16 lanes, 4)
     std::int32_t dot[R][kLanes] = {};
-    for (int q = 0; q < 8; ++q) {
-      for (int j = 0; j < 4; ++j) {
-        for (int r = 0; r < R; ++r) {
-          const std::int32_t xv = x[static_cast<std::size_t>(r) * x_stride + g * 32 + q * 4 + j];
-          for (int l = 0; l < kLanes; ++l) dot[r][l] += (static_cast<std::int32_t>(wg[q * 64 + l * 4 + j]) - 128) * xv;
+    for (int j0 = g * group; j0 < (g + 1) * group; j0 += 32) {
+      const std::uint8_t* wb = w + static_cast<std::size_t>(j0) * kLanes;  // 32 k: (8 quads, 16 lanes, 4)
+      for (int q = 0; q < 8; ++q) {
+        for (int j = 0; j < 4; ++j) {
+          for (int r = 0; r < R; ++r) {
+            const std::int32_t xv = x[static_cast<std::size_t>(r) * x_stride + j0 + q * 4 + j];
+            for (int l = 0; l < kLanes; ++l) dot[r][l] += (static_cast<std::int32_t>(wb[q * 64 + l * 4 + j]) - 128) * xv;
+          }
         }
       }
     }
@@ -130,17 +133,17 @@ void int8_rows(const std::uint8_t* w, const std::int8_t* x, int x_stride, const 
 
 void int8_tile(const Tile& t) {
   const std::int8_t* x = static_cast<const std::int8_t*>(t.x);
-  const int groups = t.k / 32;
+  const int groups = t.k / t.int8_group;
   for (int p = 0; p < t.n_panels; ++p) {
     const std::uint8_t* w = reinterpret_cast<const std::uint8_t*>(t.panels + p * t.panel_stride);
     int r = 0;
     for (; r + kRowBlock <= t.n_rows; r += kRowBlock) {
       int8_rows<kRowBlock>(w, x + static_cast<std::size_t>(r) * t.x_stride, t.x_stride,
-                           t.x_scales + static_cast<std::size_t>(r) * groups, t.k, t.out + r * kTileStride + p * kLanes);
+                           t.x_scales + static_cast<std::size_t>(r) * groups, t.k, t.int8_group, t.out + r * kTileStride + p * kLanes);
     }
     for (; r < t.n_rows; ++r) {
       int8_rows<1>(w, x + static_cast<std::size_t>(r) * t.x_stride, t.x_stride,
-                   t.x_scales + static_cast<std::size_t>(r) * groups, t.k, t.out + r * kTileStride + p * kLanes);
+                   t.x_scales + static_cast<std::size_t>(r) * groups, t.k, t.int8_group, t.out + r * kTileStride + p * kLanes);
     }
   }
 }

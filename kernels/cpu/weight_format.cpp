@@ -50,24 +50,24 @@ void pack_panel_bf16(const Source& s, int panel, std::uint16_t* dst) {
   }
 }
 
-// Q8_0-like: per feature and 32-group, scale = max|w| / 127 (stored as fp16) and q = round(w / scale).
-void pack_panel_int8(const Source& s, int panel, std::byte* dst) {
+// Per feature and group of `group` k values: scale = max|w| / 127 (stored as fp16) and q = round(w / scale).
+void pack_panel_int8(const Source& s, int panel, int group, std::byte* dst) {
   const int kp = padded_k(WeightDtype::kInt8, s.k);
   auto* quads = reinterpret_cast<std::uint8_t*>(dst);
   auto* scales = reinterpret_cast<std::uint16_t*>(dst + static_cast<std::size_t>(kp) * kPanelWidth);
-  for (int g = 0; g < kp / kInt8Group; ++g) {
+  for (int g = 0; g < kp / group; ++g) {
+    const int j0 = g * group, j1 = j0 + group;
     for (int l = 0; l < kPanelWidth; ++l) {
       const int f = panel * kPanelWidth + l;
       float amax = 0.0f;
-      for (int j = 0; j < kInt8Group; ++j) amax = std::max(amax, std::fabs(s.at(f, g * kInt8Group + j)));
+      for (int j = j0; j < j1; ++j) amax = std::max(amax, std::fabs(s.at(f, j)));
       const std::uint16_t scale_bits = float_to_fp16(amax / 127.0f);
       const float scale = fp16_to_float(scale_bits);
       const float inverse = scale > 0.0f ? 1.0f / scale : 0.0f;
       scales[g * kPanelWidth + l] = scale_bits;
-      for (int j = 0; j < kInt8Group; ++j) {
-        const float q = std::clamp(std::nearbyint(s.at(f, g * kInt8Group + j) * inverse), -127.0f, 127.0f);
-        quads[static_cast<std::size_t>(g) * kInt8Group * kPanelWidth + (j / 4) * 4 * kPanelWidth + l * 4 + j % 4] =
-            static_cast<std::uint8_t>(static_cast<int>(q) + 128);
+      for (int j = j0; j < j1; ++j) {
+        const float q = std::clamp(std::nearbyint(s.at(f, j) * inverse), -127.0f, 127.0f);
+        quads[static_cast<std::size_t>(j / 4) * 4 * kPanelWidth + l * 4 + j % 4] = static_cast<std::uint8_t>(static_cast<int>(q) + 128);
       }
     }
   }
@@ -87,7 +87,7 @@ const char* weight_dtype_name(WeightDtype dtype) {
 std::optional<WeightDtype> parse_weight_dtype(std::string_view name) {
   if (name == "fp32" || name == "f32") return WeightDtype::kF32;
   if (name == "bf16") return WeightDtype::kBf16;
-  if (name == "int8" || name == "q8_0") return WeightDtype::kInt8;
+  if (name == "int8") return WeightDtype::kInt8;
   return std::nullopt;
 }
 
@@ -95,34 +95,48 @@ int padded_k(WeightDtype dtype, int k) {
   switch (dtype) {
     case WeightDtype::kF32: return k;
     case WeightDtype::kBf16: return static_cast<int>(round_up(k, kBf16Block));
-    case WeightDtype::kInt8: return static_cast<int>(round_up(k, kInt8Group));
+    case WeightDtype::kInt8: return static_cast<int>(round_up(k, kInt8Block));
   }
   return k;
 }
 
 int panel_count(int d) { return (d + kPanelWidth - 1) / kPanelWidth; }
 
-std::size_t panel_bytes(WeightDtype dtype, int k) {
+int default_int8_group(int k) { return k % kInt8WideGroup == 0 ? kInt8WideGroup : kInt8Block; }
+
+int int8_groups(int k, int group) {
+  if (group == 0) group = default_int8_group(k);
+  SL_CHECK_MSG(group == kInt8Block || group == kInt8WideGroup, "int8 group of {} k values (32 or 128)", group);
+  const int kp = padded_k(WeightDtype::kInt8, k);
+  SL_CHECK_MSG(kp % group == 0, "int8 groups of {} do not divide k = {} (padded to {})", group, k, kp);
+  return kp / group;
+}
+
+std::size_t panel_bytes(WeightDtype dtype, int k, int int8_group) {
   const std::size_t kp = padded_k(dtype, k);
   switch (dtype) {
     case WeightDtype::kF32: return kp * kPanelWidth * sizeof(float);
     case WeightDtype::kBf16: return kp * kPanelWidth * sizeof(std::uint16_t);
     // Quads, then one fp16 scale per feature and group.
-    case WeightDtype::kInt8: return round_up(kp * kPanelWidth + kp / kInt8Group * kPanelWidth * 2, kPackedAlignment);
+    case WeightDtype::kInt8:
+      return round_up(kp * kPanelWidth + static_cast<std::size_t>(int8_groups(k, int8_group)) * kPanelWidth * 2,
+                      kPackedAlignment);
   }
   return 0;
 }
 
-std::size_t packed_size_bytes(WeightDtype dtype, int d, int k) {
-  return static_cast<std::size_t>(panel_count(d)) * panel_bytes(dtype, k);
+std::size_t packed_size_bytes(WeightDtype dtype, int d, int k, int int8_group) {
+  return static_cast<std::size_t>(panel_count(d)) * panel_bytes(dtype, k, int8_group);
 }
 
-void pack_weights(WeightDtype dtype, const float* w, std::size_t w_row_stride, int d, int k, std::byte* dst) {
+void pack_weights(WeightDtype dtype, const float* w, std::size_t w_row_stride, int d, int k, std::byte* dst,
+                  int int8_group) {
   SL_CHECK(d >= 1 && k >= 1 && w_row_stride >= static_cast<std::size_t>(k));
   SL_CHECK(reinterpret_cast<std::uintptr_t>(dst) % kPackedAlignment == 0);
   const Source source{w, w_row_stride, d, k};
   const int panels = panel_count(d);
-  const std::size_t stride = panel_bytes(dtype, k);
+  const std::size_t stride = panel_bytes(dtype, k, int8_group);
+  const int group = int8_group > 0 ? int8_group : default_int8_group(k);
   const int n_threads = num_threads();
 #pragma omp parallel for num_threads(n_threads) schedule(static) if (n_threads > 1 && panels > 1)
   for (int p = 0; p < panels; ++p) {
@@ -131,13 +145,13 @@ void pack_weights(WeightDtype dtype, const float* w, std::size_t w_row_stride, i
     switch (dtype) {
       case WeightDtype::kF32: pack_panel_f32(source, p, reinterpret_cast<float*>(panel)); break;
       case WeightDtype::kBf16: pack_panel_bf16(source, p, reinterpret_cast<std::uint16_t*>(panel)); break;
-      case WeightDtype::kInt8: pack_panel_int8(source, p, panel); break;
+      case WeightDtype::kInt8: pack_panel_int8(source, p, group, panel); break;
     }
   }
 }
 
 void unpack_weights(const PackedMatrix& w, float* out) {
-  const std::size_t stride = panel_bytes(w.dtype, w.k);
+  const std::size_t stride = panel_bytes(w.dtype, w.k, w.int8_group);
   const int kp = padded_k(w.dtype, w.k);
   for (int f = 0; f < w.d; ++f) {
     const std::byte* panel = w.data + (f / kPanelWidth) * stride;
@@ -152,9 +166,8 @@ void unpack_weights(const PackedMatrix& w, float* out) {
           value = bf16_to_float(reinterpret_cast<const std::uint16_t*>(panel)[static_cast<std::size_t>(j / 2) * 2 * kPanelWidth + l * 2 + j % 2]);
           break;
         case WeightDtype::kInt8: {
-          const int g = j / kInt8Group, i = j % kInt8Group;
-          const auto q = reinterpret_cast<const std::uint8_t*>(panel)[static_cast<std::size_t>(g) * kInt8Group * kPanelWidth +
-                                                                      (i / 4) * 4 * kPanelWidth + l * 4 + i % 4];
+          const int g = j / w.int8_group_size();
+          const auto q = reinterpret_cast<const std::uint8_t*>(panel)[static_cast<std::size_t>(j / 4) * 4 * kPanelWidth + l * 4 + j % 4];
           const auto scale = reinterpret_cast<const std::uint16_t*>(panel + static_cast<std::size_t>(kp) * kPanelWidth)[g * kPanelWidth + l];
           value = fp16_to_float(scale) * static_cast<float>(static_cast<int>(q) - 128);
           break;

@@ -13,18 +13,20 @@
 
 namespace shardline::test {
 
-// An aligned packed copy of row-major w (d, k); matrix points into buffer.
+// An aligned packed copy of row-major w (d, k); matrix points into buffer. int8_group: int8's k values per
+// scale (0: the default for k).
 struct PackedWeights {
   std::unique_ptr<std::byte, decltype(&std::free)> buffer{nullptr, &std::free};
   kernels::cpu::PackedMatrix matrix;
 };
 
-inline PackedWeights pack_row_major(kernels::cpu::WeightDtype dtype, const float* w, int d, int k) {
+inline PackedWeights pack_row_major(kernels::cpu::WeightDtype dtype, const float* w, int d, int k,
+                                    int int8_group = 0) {
   PackedWeights p;
-  const std::size_t bytes = kernels::cpu::packed_size_bytes(dtype, d, k);
+  const std::size_t bytes = kernels::cpu::packed_size_bytes(dtype, d, k, int8_group);
   p.buffer.reset(static_cast<std::byte*>(std::aligned_alloc(kernels::cpu::kPackedAlignment, bytes)));
-  kernels::cpu::pack_weights(dtype, w, k, d, k, p.buffer.get());
-  p.matrix = {dtype, d, k, p.buffer.get()};
+  kernels::cpu::pack_weights(dtype, w, k, d, k, p.buffer.get(), int8_group);
+  p.matrix = {dtype, d, k, p.buffer.get(), int8_group};
   return p;
 }
 

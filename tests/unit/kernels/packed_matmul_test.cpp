@@ -46,8 +46,8 @@ constexpr WeightDtype kDtypes[] = {WeightDtype::kF32, WeightDtype::kBf16, Weight
 
 // An aligned packed copy of row-major w (d, k).
 using Packed = test::PackedWeights;
-Packed pack(WeightDtype dtype, const std::vector<float>& w, int d, int k) {
-  return test::pack_row_major(dtype, w.data(), d, k);
+Packed pack(WeightDtype dtype, const std::vector<float>& w, int d, int k, int int8_group = 0) {
+  return test::pack_row_major(dtype, w.data(), d, k, int8_group);
 }
 
 std::vector<float> unpack(const PackedMatrix& m) {
@@ -67,7 +67,7 @@ std::vector<double> prepared_values(const Activations& a) {
         case WeightDtype::kF32:
         case WeightDtype::kBf16: v = a.f32()[static_cast<std::size_t>(r) * a.k() + j]; break;
         case WeightDtype::kInt8:
-          v = static_cast<double>(a.int8_scales()[static_cast<std::size_t>(r) * (a.row_stride() / kInt8Group) + j / kInt8Group]) *
+          v = static_cast<double>(a.int8_scales()[static_cast<std::size_t>(r) * a.int8_groups() + j / a.int8_group()]) *
               a.int8()[at];
           break;
       }
@@ -143,8 +143,15 @@ TEST(WeightFormat, PackedSizesArePanelsOfAlignedBytes) {
   EXPECT_EQ(packed_size_bytes(WeightDtype::kF32, 17, 10), 2u * 16 * 10 * 4);
   EXPECT_EQ(packed_size_bytes(WeightDtype::kBf16, 16, 768), 16u * 768 * 2);
   EXPECT_EQ(packed_size_bytes(WeightDtype::kBf16, 16, 3), 16u * 32 * 2);  // k padded to one AMX block
-  // int8 at k = 768: 16 x 768 quads + 24 groups x 16 fp16 scales = 1.0625 bytes per weight, as Q8_0.
-  EXPECT_EQ(packed_size_bytes(WeightDtype::kInt8, 16, 768), 16u * 768 + 24 * 16 * 2);
+  // int8 at k = 768: 16 x 768 quads + 6 groups of 128 x 16 fp16 scales = 1.016 bytes per weight.
+  EXPECT_EQ(default_int8_group(768), 128);
+  EXPECT_EQ(packed_size_bytes(WeightDtype::kInt8, 16, 768), 16u * 768 + 6 * 16 * 2);
+  // k = 288 is no multiple of 128: groups of 32, as Q8_0 (1.0625 bytes per weight).
+  EXPECT_EQ(default_int8_group(288), 32);
+  EXPECT_EQ(int8_groups(288), 9);
+  EXPECT_EQ(packed_size_bytes(WeightDtype::kInt8, 16, 288), 4928u);  // 4608 + 288 bytes, 64-byte aligned
+  // k = 45: padded to 64, two groups of 32.
+  EXPECT_EQ(int8_groups(45), 2);
   for (WeightDtype dtype : kDtypes) {
     for (int k : {1, 3, 31, 33, 288, 5632}) EXPECT_EQ(panel_bytes(dtype, k) % kPackedAlignment, 0u) << k;
   }
@@ -165,26 +172,32 @@ TEST(WeightFormat, Bf16PackingRoundsEachWeight) {
   for (std::size_t i = 0; i < w.size(); ++i) ASSERT_EQ(got[i], bf16_to_float(float_to_bf16(w[i]))) << i;
 }
 
+// Both group sizes: k = 384 takes groups of 128, k = 70 groups of 32 (the last one past k).
 TEST(WeightFormat, Int8PackingKeepsEveryWeightWithinHalfAStep) {
   std::mt19937 rng(4);
-  const int d = 21, k = 70;  // a partial last group and a partial last panel
-  std::vector<float> w = random_floats(rng, static_cast<std::size_t>(d) * k, -0.05f, 0.05f);
-  for (int j = 0; j < k; ++j) w[5 * k + j] = 0.0f;  // an all-zero row: scale 0, no division by zero
-  w[7 * k + 3] = 3.0f;                              // an outlier: only its own group gets the coarse step
-  const std::vector<float> got = unpack(pack(WeightDtype::kInt8, w, d, k).matrix);
-  for (int f = 0; f < d; ++f) {
-    for (int g = 0; g * kInt8Group < k; ++g) {
-      float amax = 0;
-      for (int j = g * kInt8Group; j < std::min(k, (g + 1) * kInt8Group); ++j) amax = std::max(amax, std::fabs(w[f * k + j]));
-      const float step = fp16_to_float(float_to_fp16(amax / 127.0f));
-      for (int j = g * kInt8Group; j < std::min(k, (g + 1) * kInt8Group); ++j) {
-        ASSERT_LE(std::fabs(got[f * k + j] - w[f * k + j]), step * 0.5f * 1.001f + 1e-12f)
-            << "feature " << f << " k " << j;
+  for (const int k : {384, 70}) {
+    SCOPED_TRACE(::testing::Message() << "k " << k);
+    const int d = 21;  // a partial last panel
+    const int group = default_int8_group(k);
+    ASSERT_EQ(group, k == 384 ? 128 : 32);
+    std::vector<float> w = random_floats(rng, static_cast<std::size_t>(d) * k, -0.05f, 0.05f);
+    for (int j = 0; j < k; ++j) w[5 * k + j] = 0.0f;  // an all-zero row: scale 0, no division by zero
+    w[7 * k + 3] = 3.0f;                              // an outlier: only its own group gets the coarse step
+    const std::vector<float> got = unpack(pack(WeightDtype::kInt8, w, d, k).matrix);
+    for (int f = 0; f < d; ++f) {
+      for (int g = 0; g * group < k; ++g) {
+        float amax = 0;
+        for (int j = g * group; j < std::min(k, (g + 1) * group); ++j) amax = std::max(amax, std::fabs(w[f * k + j]));
+        const float step = fp16_to_float(float_to_fp16(amax / 127.0f));
+        for (int j = g * group; j < std::min(k, (g + 1) * group); ++j) {
+          ASSERT_LE(std::fabs(got[f * k + j] - w[f * k + j]), step * 0.5f * 1.001f + 1e-12f)
+              << "feature " << f << " k " << j;
+        }
       }
     }
+    for (int j = 0; j < k; ++j) EXPECT_EQ(got[5 * k + j], 0.0f);
+    EXPECT_NEAR(got[7 * k + 3], 3.0f, 3.0f / 127 / 2);
   }
-  for (int j = 0; j < k; ++j) EXPECT_EQ(got[5 * k + j], 0.0f);
-  EXPECT_NEAR(got[7 * k + 3], 3.0f, 3.0f / 127 / 2);
 }
 
 TEST(WeightFormat, PacksAColumnSliceThroughTheRowStride) {
@@ -207,33 +220,39 @@ TEST(WeightFormat, PacksAColumnSliceThroughTheRowStride) {
 // ---------------------------------------------------------------------------------------------------------
 // activations
 
+// Groups of 128 (k = 256) and of 32 (k = 45, padded to 64), each with an all-zero group.
 TEST(Activations, Int8QuantisationKeepsHalfAStepAndSums) {
   std::mt19937 rng(6);
-  const int n = 3, k = 45;
-  std::vector<float> x = random_floats(rng, static_cast<std::size_t>(n) * k, -4.0f, 4.0f);
-  for (int j = 0; j < 32; ++j) x[k + j] = 0.0f;  // row 1, group 0 all zero
-  Activations a;
-  a.reserve(n, k);
-  a.prepare(x.data(), n, k, WeightDtype::kInt8);
-  ASSERT_EQ(a.row_stride(), 64);
-  for (int r = 0; r < n; ++r) {
-    for (int g = 0; g < 2; ++g) {
-      const float scale = a.int8_scales()[r * 2 + g];
-      int sum = 0;
-      for (int j = g * 32; j < g * 32 + 32; ++j) {
-        const int q = a.int8()[r * 64 + j];
-        sum += q;
-        if (j >= k) {
-          EXPECT_EQ(q, 0) << "padding must be zero";
-          continue;
+  for (const int k : {256, 45}) {
+    SCOPED_TRACE(::testing::Message() << "k " << k);
+    const int n = 3;
+    const int group = default_int8_group(k), kp = padded_k(WeightDtype::kInt8, k), groups = kp / group;
+    std::vector<float> x = random_floats(rng, static_cast<std::size_t>(n) * k, -4.0f, 4.0f);
+    for (int j = 0; j < group; ++j) x[k + j] = 0.0f;  // row 1, group 0 all zero
+    Activations a;
+    a.reserve(n, k);
+    a.prepare(x.data(), n, k, WeightDtype::kInt8);
+    ASSERT_EQ(a.row_stride(), kp);
+    ASSERT_EQ(a.int8_groups(), groups);
+    for (int r = 0; r < n; ++r) {
+      for (int g = 0; g < groups; ++g) {
+        const float scale = a.int8_scales()[r * groups + g];
+        int sum = 0;
+        for (int j = g * group; j < (g + 1) * group; ++j) {
+          const int q = a.int8()[r * kp + j];
+          sum += q;
+          if (j >= k) {
+            EXPECT_EQ(q, 0) << "padding must be zero";
+            continue;
+          }
+          EXPECT_LE(std::abs(q), 127);
+          EXPECT_LE(std::fabs(scale * q - x[r * k + j]), scale * 0.5f * 1.001f + 1e-7f);
         }
-        EXPECT_LE(std::abs(q), 127);
-        EXPECT_LE(std::fabs(scale * q - x[r * k + j]), scale * 0.5f * 1.001f + 1e-7f);
+        EXPECT_EQ(a.int8_sums()[r * groups + g], sum);
       }
-      EXPECT_EQ(a.int8_sums()[r * 2 + g], sum);
     }
+    EXPECT_EQ(a.int8_scales()[1 * groups + 0], 0.0f);
   }
-  EXPECT_EQ(a.int8_scales()[1 * 2 + 0], 0.0f);
 }
 
 TEST(Activations, Fp32AndBf16WeightsUseTheActivationsInPlace) {
@@ -278,43 +297,46 @@ TEST(Activations, Bf16SplitKeepsSixteenBitsOfXWhereTheCpuHasAmx) {
 // all-zero group, ties at half a step and a last group that passes k.
 TEST(Activations, PreparedRowsAreIdenticalOnEveryIsa) {
   std::mt19937 rng(11);
-  const int n = 5, k = 203;
-  std::vector<float> x = random_floats(rng, static_cast<std::size_t>(n) * k, -1.0f, 1.0f);
-  for (std::size_t i = 0; i < x.size(); ++i) x[i] = std::ldexp(x[i], static_cast<int>(i % 41) - 20);
-  for (int j = 32; j < 64; ++j) x[j] = 0.0f;                  // row 0, group 1
-  for (int j = 0; j < 32; ++j) x[k + j] = (j % 5) * 0.5f;     // row 1, group 0: 127 / 2 codes land on .5
-  struct Prepared {
-    std::vector<std::int8_t> q;
-    std::vector<float> scales;
-    std::vector<std::int32_t> sums;
-    std::vector<std::uint16_t> hi, lo;
-  };
-  auto prepare = [&](Isa isa) {
-    ScopedIsa scoped(isa);
-    Activations a;
-    a.reserve(n, k);
-    Prepared p;
-    a.prepare(x.data(), n, k, WeightDtype::kInt8);
-    const std::size_t groups = static_cast<std::size_t>(n) * a.row_stride() / kInt8Group;
-    p.q.assign(a.int8(), a.int8() + static_cast<std::size_t>(n) * a.row_stride());
-    p.scales.assign(a.int8_scales(), a.int8_scales() + groups);
-    p.sums.assign(a.int8_sums(), a.int8_sums() + groups);
-    a.prepare(x.data(), n, k, WeightDtype::kBf16);
-    if (a.bf16_hi() != nullptr) {
-      p.hi.assign(a.bf16_hi(), a.bf16_hi() + static_cast<std::size_t>(n) * a.bf16_stride());
-      p.lo.assign(a.bf16_lo(), a.bf16_lo() + static_cast<std::size_t>(n) * a.bf16_stride());
+  for (const int k : {203, 384}) {  // int8 groups of 32 and of 128
+    SCOPED_TRACE(::testing::Message() << "k " << k);
+    const int n = 5;
+    std::vector<float> x = random_floats(rng, static_cast<std::size_t>(n) * k, -1.0f, 1.0f);
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] = std::ldexp(x[i], static_cast<int>(i % 41) - 20);
+    for (int j = 32; j < 64; ++j) x[j] = 0.0f;                  // row 0, group 1
+    for (int j = 0; j < 32; ++j) x[k + j] = (j % 5) * 0.5f;     // row 1, group 0: 127 / 2 codes land on .5
+    struct Prepared {
+      std::vector<std::int8_t> q;
+      std::vector<float> scales;
+      std::vector<std::int32_t> sums;
+      std::vector<std::uint16_t> hi, lo;
+    };
+    auto prepare = [&](Isa isa) {
+      ScopedIsa scoped(isa);
+      Activations a;
+      a.reserve(n, k);
+      Prepared p;
+      a.prepare(x.data(), n, k, WeightDtype::kInt8);
+      const std::size_t groups = static_cast<std::size_t>(n) * a.int8_groups();
+      p.q.assign(a.int8(), a.int8() + static_cast<std::size_t>(n) * a.row_stride());
+      p.scales.assign(a.int8_scales(), a.int8_scales() + groups);
+      p.sums.assign(a.int8_sums(), a.int8_sums() + groups);
+      a.prepare(x.data(), n, k, WeightDtype::kBf16);
+      if (a.bf16_hi() != nullptr) {
+        p.hi.assign(a.bf16_hi(), a.bf16_hi() + static_cast<std::size_t>(n) * a.bf16_stride());
+        p.lo.assign(a.bf16_lo(), a.bf16_lo() + static_cast<std::size_t>(n) * a.bf16_stride());
+      }
+      return p;
+    };
+    const Prepared want = prepare(Isa::kPortable);
+    for (Isa isa : runnable_isas()) {
+      SCOPED_TRACE(isa_name(isa));
+      const Prepared got = prepare(isa);
+      EXPECT_EQ(got.q, want.q);
+      EXPECT_EQ(std::memcmp(got.scales.data(), want.scales.data(), want.scales.size() * sizeof(float)), 0);
+      EXPECT_EQ(got.sums, want.sums);
+      EXPECT_EQ(got.hi, want.hi);
+      EXPECT_EQ(got.lo, want.lo);
     }
-    return p;
-  };
-  const Prepared want = prepare(Isa::kPortable);
-  for (Isa isa : runnable_isas()) {
-    SCOPED_TRACE(isa_name(isa));
-    const Prepared got = prepare(isa);
-    EXPECT_EQ(got.q, want.q);
-    EXPECT_EQ(std::memcmp(got.scales.data(), want.scales.data(), want.scales.size() * sizeof(float)), 0);
-    EXPECT_EQ(got.sums, want.sums);
-    EXPECT_EQ(got.hi, want.hi);
-    EXPECT_EQ(got.lo, want.lo);
   }
 }
 
@@ -326,13 +348,14 @@ struct Shape {
 };
 
 // n: every remainder of the 6-row (fp32), 5-row (bf16) and 3-row (int8) register blocks, and more than a 64-row
-// tile. k: below, at and past a bf16 pair and an int8 group, and long enough (2100) for several k chunks
-// of 512 lines per panel in every dtype, with several row passes prefetching the next chunk. d: part, one
+// tile. k: below, at and past a bf16 pair and an int8 group of 32, multiples of 128 (int8 groups of 128),
+// and long enough (2100, 2560) for several k chunks of 512 lines per panel in every dtype and both int8
+// group sizes, with several row passes prefetching the next chunk. d: part, one
 // and several panels, a partial last panel, and enough panels that 2 threads split a 4-panel tile.
 constexpr Shape kShapes[] = {
     {1, 1, 1},    {1, 3, 15},   {2, 31, 16},  {3, 32, 17},  {4, 33, 33},  {5, 64, 64},   {6, 100, 100},
     {7, 288, 47}, {8, 65, 129}, {13, 40, 70}, {16, 768, 48}, {64, 96, 20}, {65, 70, 33}, {1, 2048, 200},
-    {16, 300, 256}, {7, 2100, 40},
+    {16, 300, 256}, {7, 2100, 40}, {5, 128, 64}, {65, 384, 33}, {7, 2560, 40},
 };
 
 TEST(PackedMatmul, MatchesReferenceForEveryDtypeIsaAndThreadCount) {
@@ -389,6 +412,35 @@ TEST(PackedMatmul, QuantisedResultsStayCloseToFp32) {
     EXPECT_TRUE(nmse_below(y, exact, c.max_nmse)) << weight_dtype_name(c.dtype);
     std::printf("%s GEMV NMSE against exact fp32: %.2g\n", weight_dtype_name(c.dtype), nmse(y, exact));
   }
+}
+
+// The runtime packs wo and w2 in int8 groups of 32 even where k would take 128 (runtime/shard_weights.cpp):
+// that grouping runs on every ISA, matches the reference, and activations prepared in the other grouping are
+// refused rather than misread.
+TEST(PackedMatmul, Int8GroupsOf32WhereKWouldTake128) {
+  std::mt19937 rng(16);
+  const int n = 6, k = 512, d = 40;
+  ASSERT_EQ(default_int8_group(k), 128);
+  const std::vector<float> x = random_floats(rng, static_cast<std::size_t>(n) * k, -2.0f, 2.0f);
+  const Packed packed = pack(WeightDtype::kInt8, random_floats(rng, static_cast<std::size_t>(d) * k), d, k, kInt8Block);
+  EXPECT_EQ(packed.matrix.size_bytes(), packed_size_bytes(WeightDtype::kInt8, d, k, 32));
+  EXPECT_GT(packed.matrix.size_bytes(), packed_size_bytes(WeightDtype::kInt8, d, k));
+  Activations a;
+  a.reserve(n, k);
+  a.prepare(x.data(), n, packed.matrix);
+  ASSERT_EQ(a.int8_group(), 32);
+  const std::vector<double> want = reference(prepared_values(a), unpack(packed.matrix), n, k, d);
+  for (Isa isa : runnable_isas()) {
+    SCOPED_TRACE(isa_name(isa));
+    ScopedIsa scoped(isa);
+    std::vector<float> y(static_cast<std::size_t>(n) * d);
+    matmul(y.data(), a, packed.matrix);
+    EXPECT_TRUE(nmse_below(y, want, 1e-10));
+  }
+  a.prepare(x.data(), n, k, WeightDtype::kInt8);  // the default grouping: 128
+  std::vector<float> y(static_cast<std::size_t>(n) * d);
+  GTEST_FLAG_SET(death_test_style, "threadsafe");  // the kernel threads exist by now
+  EXPECT_DEATH(matmul(y.data(), a, packed.matrix), "groups of 128 used with weights in groups of 32");
 }
 
 TEST(PackedMatmul, ARowsResultDoesNotDependOnItsBatchOrTheThreadCount) {
