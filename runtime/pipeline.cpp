@@ -8,6 +8,7 @@
 
 #include "common/error.h"
 #include "common/units.h"
+#include "kernels/cpu/ops.h"
 #include "runtime/tokenizer.h"
 
 namespace shardline::runtime {
@@ -219,15 +220,25 @@ void Pipeline::sample_item(const Item& item, std::vector<SeqState>& seqs, const 
     ++n_logits;
   }
   if (n_logits > 0) stage_.logits(logit_rows_.data(), n_logits, logits_.data());
+  // Greedy rows only read their logits (an argmax over the vocabulary each), so they pick their tokens on
+  // the kernel threads; sampled rows share one scratch buffer and go one by one below.
+  logit_seqs_.clear();
+  for (int r = 0; r < item.n_rows(); ++r) {
+    if (item.wants_logits[r]) logit_seqs_.push_back(item.seq[r]);
+  }
+  greedy_tokens_.assign(logit_seqs_.size(), -1);
+  kernels::cpu::parallel_for(static_cast<int>(logit_seqs_.size()), [&](int i, int) {
+    Sampler& sampler = *seqs[logit_seqs_[i]].sampler;
+    if (sampler.leaves_logits_unchanged()) greedy_tokens_[i] = sampler.sample(logits_.data() + i * vocab);
+  });
   int next = 0;
   for (int r = 0; r < item.n_rows(); ++r) {
     if (!item.wants_logits[r]) continue;
     SeqState& s = seqs[item.seq[r]];
-    float* logits = logits_.data() + static_cast<std::size_t>(next++) * vocab;
-    int token = 0;
-    if (s.sampler->leaves_logits_unchanged()) {
-      token = s.sampler->sample(logits);
-    } else {
+    const int i = next++;
+    float* logits = logits_.data() + static_cast<std::size_t>(i) * vocab;
+    int token = greedy_tokens_[i];
+    if (token < 0) {
       probabilities_.assign(logits, logits + vocab);  // the sampler scales in place; callbacks get the raw logits
       token = s.sampler->sample(probabilities_.data());
     }

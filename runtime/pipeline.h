@@ -122,6 +122,8 @@ class Pipeline {
   std::vector<float> logit_rows_;     // (rows that want logits, dim): an item's rows to sample
   std::vector<float> logits_;         // (rows that want logits, vocab)
   std::vector<float> probabilities_;  // (vocab)
+  std::vector<int> logit_seqs_;       // the sequence of each row that wants logits, in order
+  std::vector<int> greedy_tokens_;    // their greedy tokens, or -1 for rows that sample
 };
 
 }  // namespace shardline::runtime
