@@ -1,5 +1,6 @@
-// Which instruction set the packed matmul kernels use. Detected once at start-up (the best this CPU has);
-// tests and benchmarks may step down to compare every path on one machine.
+// Which instruction set the CPU kernels use: the packed matmul's tile kernels (tile_kernels.h) and, from
+// kAvx512 up, the AVX-512 build of the row kernels (row_kernels.h). Detected once at start-up (the best this
+// CPU has); tests and benchmarks may step down to compare every path on one machine.
 #pragma once
 
 #include <optional>
