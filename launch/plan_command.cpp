@@ -10,6 +10,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "common/units.h"
+#include "kernels/cpu/weight_format.h"
 #include "launch/cli_options.h"
 #include "partition/model_presets.h"
 #include "partition/planner.h"
@@ -158,9 +159,7 @@ int plan_command(const std::vector<std::string>& args) {
     w.weight_bytes_per_param = 2.0;
     w.kv_bytes_per_value = 2.0;
   } else if (dtype == "int8") {
-    // int8 values + fp16 scales: per 128 weights, per 32 for wo and w2 (kernels/cpu/weight_format.h);
-    // about 1.03 bytes per parameter on Llama shapes, whose wo and w2 are about a third of the weights.
-    w.weight_bytes_per_param = 1.03;
+    w.weight_bytes_per_param = kernels::cpu::typical_bytes_per_weight(kernels::cpu::WeightDtype::kInt8);
     w.kv_bytes_per_value = 2.0;
   } else {
     throw ConfigError(fmt::format("shardline plan: --dtype '{}' is not fp32, bf16 or int8", dtype));

@@ -342,8 +342,7 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
       runtime::AutoPlanRequest request{*shape, static_cast<int>(config->requests.size()),
                                        longest_prompt + config->requests[0].steps, longest_prompt, config->tp,
                                        config->pp, config->engine.micro_batches,
-                                       kernels::cpu::packed_size_bytes(config->engine.weights_dtype, 1024, 1024) /
-                                           (1024.0 * 1024.0)};
+                                       kernels::cpu::typical_bytes_per_weight(config->engine.weights_dtype)};
       plan = runtime::plan_job(*world, request);
       RunConfig planned = *config;
       planned.tp = plan->tp;

@@ -228,8 +228,8 @@ void Pipeline::sample_item(const Item& item, std::vector<SeqState>& seqs, const 
   }
   greedy_tokens_.assign(logit_seqs_.size(), -1);
   kernels::cpu::parallel_for(static_cast<int>(logit_seqs_.size()), [&](int i, int) {
-    Sampler& sampler = *seqs[logit_seqs_[i]].sampler;
-    if (sampler.leaves_logits_unchanged()) greedy_tokens_[i] = sampler.sample(logits_.data() + i * vocab);
+    const Sampler& sampler = *seqs[logit_seqs_[i]].sampler;
+    if (sampler.leaves_logits_unchanged()) greedy_tokens_[i] = sampler.greedy_token(logits_.data() + i * vocab);
   });
   int next = 0;
   for (int r = 0; r < item.n_rows(); ++r) {

@@ -24,8 +24,10 @@ float Sampler::random_f32() {
   return static_cast<float>(u32 >> 8) / 16777216.0f;
 }
 
+int Sampler::greedy_token(const float* logits) const { return kernels::cpu::argmax(logits, vocab_size_); }
+
 int Sampler::sample(float* logits) {
-  if (leaves_logits_unchanged()) return kernels::cpu::argmax(logits, vocab_size_);
+  if (leaves_logits_unchanged()) return greedy_token(logits);
   for (int i = 0; i < vocab_size_; ++i) logits[i] /= options_.temperature;
   kernels::cpu::softmax(logits, vocab_size_);
   const float coin = random_f32();

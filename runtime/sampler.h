@@ -21,6 +21,8 @@ class Sampler {
   int sample(float* logits);
   // Whether sample() only reads the logits (greedy: their argmax), so the caller needs no copy.
   bool leaves_logits_unchanged() const { return options_.temperature == 0.0f || vocab_size_ == 1; }
+  // The greedy token (what sample() returns when leaves_logits_unchanged()); safe from several threads.
+  int greedy_token(const float* logits) const;
 
  private:
   float random_f32();

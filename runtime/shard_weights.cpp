@@ -38,10 +38,11 @@ ShardWeights::ShardWeights(const std::string& path, const partition::ModelShape&
     w.rms_att = map_floats(at.rms_att + l * d * kF, d, true);
     w.rms_ffn = map_floats(at.rms_ffn + l * d * kF, d, true);
     // Row slices (q/k/v, w1/w3: this rank's output features) and column slices (wo, w2: its input features).
-    // int8 scales wo and w2 per 32 k on every layout: a TP slice of their k is then grouped exactly as one
-    // rank groups those columns whatever the slice width (a multiple of 32), so TP ranks quantise the same
-    // weights as one rank; the others are never sliced along k and take groups of 128 where k allows
-    // (kernels/cpu/weight_format.h).
+    // int8 scales wo and w2 per 32 k on every layout: a TP slice of their k that starts on a multiple of 32
+    // (every head slice of wo when the head size is a multiple of 32, and w2's slices when hidden / tp is)
+    // is then grouped exactly as one rank groups those columns, so TP ranks quantise the same weights as one
+    // rank. Other slices are grouped from their own start and differ by quantisation noise. The other
+    // matrices are never sliced along k and take groups of 128 where k allows (kernels/cpu/weight_format.h).
     w.wq = convert(at.wq + (l * d * d + q_begin * d) * kF, q_rows, shape.dim, all_dim);
     w.wk = convert(at.wk + (l * kv * d + kv_begin * d) * kF, kv_rows, shape.dim, all_dim);
     w.wv = convert(at.wv + (l * kv * d + kv_begin * d) * kF, kv_rows, shape.dim, all_dim);
@@ -97,7 +98,8 @@ PackedMatrix ShardWeights::convert(std::uint64_t matrix_offset_bytes, int rows, 
   // stay in the rank's resident set. A column slice maps every row whole (its columns are strided).
   const memory::MappedRegion source =
       file_.map(matrix_offset_bytes, static_cast<std::uint64_t>(rows) * cols * kF, {.populate = true});
-  PackedMatrix m{options_.dtype, rows, columns.size(), nullptr, int8_group};
+  PackedMatrix m{options_.dtype, rows, columns.size(), nullptr,
+                 options_.dtype == kernels::cpu::WeightDtype::kInt8 ? int8_group : 0};
   std::byte* dst = nullptr;
   if (options_.arena) {
     dst = static_cast<std::byte*>(options_.arena->allocate_bytes(m.size_bytes(), kernels::cpu::kPackedAlignment));

@@ -157,8 +157,10 @@ void Stage::logits(const float* x, int n, float* logits) {
   const std::size_t rows = static_cast<std::size_t>(n);
   if (logits_x_.size() < rows * s.dim) {
     logits_x_.resize(rows * s.dim);
-    local_logits_.resize(rows * slice);
-    gathered_.resize(rows * s.vocab_size);
+    if (tp_comm_.size() > 1) {  // one rank writes the caller's rows directly
+      local_logits_.resize(rows * slice);
+      gathered_.resize(rows * s.vocab_size);
+    }
     act_.reserve(n, s.dim);
   }
   cpu::rmsnorm(logits_x_.data(), x, weights_.rms_final(), n, s.dim, options_.rms_eps);

@@ -55,7 +55,7 @@ tile::Tile make_tile(const Activations& x, const PackedMatrix& w, int panel, int
   t.panel_stride = panel_bytes(w.dtype, w.k, w.int8_group);
   t.panels = w.data + panel * t.panel_stride;
   t.n_panels = n_panels;
-  // fp32 activations have exactly k columns; int8 ones are padded to the group like the weights.
+  // fp32 activations have exactly k columns; int8 ones are padded to 32 (kInt8Block) like the weights.
   t.k = w.dtype == WeightDtype::kInt8 ? padded_k(w.dtype, w.k) : w.k;
   t.x_stride = x.row_stride();
   const std::size_t row_offset = static_cast<std::size_t>(row) * x.row_stride();

@@ -5,7 +5,7 @@
 // Activations are prepared once per input and reused by every matrix that reads it (wq, wk and wv share
 // the normalised x; w1 and w3 share it too). fp32 and bf16 weights multiply fp32 activations as they are
 // (bf16 weights are widened to fp32 in registers: exact, and no rounding of x); int8 weights need x
-// quantised to int8 in the weights' groups of 128 k (scale and sum per group), for vpdpbusd / TDPBSUD. On AMX, bf16
+// quantised to int8 in the weights' groups of 32 or 128 k (scale and sum per group), for vpdpbusd / TDPBSUD. On AMX, bf16
 // weights multiply x split into two bf16 halves (hi + lo keeps 16 significant bits of x, and each product
 // of two bf16 values is exact in fp32), so AMX does not round the activations to bf16 either.
 //
@@ -43,8 +43,8 @@ class Activations {
   const std::int8_t* int8() const { return int8_.data(); }        // (n, padded k)
   const float* int8_scales() const { return scales_.data(); }     // (n, int8_groups())
   const std::int32_t* int8_sums() const { return sums_.data(); }  // (n, int8_groups()): sum of q per group
-  int int8_group() const { return int8_group_; }                  // k values per group
-  int int8_groups() const { return padded_k_ / int8_group_; }
+  int int8_group() const { return int8_group_; }                  // k values per group (0 unless int8)
+  int int8_groups() const { return int8_group_ > 0 ? padded_k_ / int8_group_ : 0; }
   // bf16 weights on AMX (empty otherwise): x split into bf16 halves hi = bf16(x), lo = bf16(x - hi), rows of
   // bf16_stride() elements (k padded to kBf16Block with zeros). Prepared whenever the CPU has AMX, so a
   // kernel choice made after prepare() (tests step the ISA down) finds what it needs.

@@ -4,9 +4,9 @@
 // (tile_kernels.h), one source (row_kernels_generic.inl) is compiled for the baseline target and for
 // AVX-512, and the level is chosen at run time.
 //
-// Both builds give bit-identical results: the AVX-512 one is compiled with -ffp-contract=off (a multiply and
-// an add are never fused into an FMA), and every loop keeps its order of additions (the attention dot
-// product spells out its 16 partial sums).
+// Both builds give bit-identical results: both are compiled with -ffp-contract=off (a multiply and an add are
+// never fused into an FMA), and every loop keeps its order of additions (the attention dot product spells
+// out its 16 partial sums).
 //
 // The ISA files include nothing but this header: an inline function from a shared header compiled there
 // with AVX-512 could be the copy the linker keeps for everyone, and crash older CPUs.

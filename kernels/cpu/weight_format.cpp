@@ -102,6 +102,15 @@ int padded_k(WeightDtype dtype, int k) {
 
 int panel_count(int d) { return (d + kPanelWidth - 1) / kPanelWidth; }
 
+double typical_bytes_per_weight(WeightDtype dtype) {
+  switch (dtype) {
+    case WeightDtype::kF32: return 4.0;
+    case WeightDtype::kBf16: return 2.0;
+    case WeightDtype::kInt8: return 1.03;
+  }
+  return 4.0;
+}
+
 int default_int8_group(int k) { return k % kInt8WideGroup == 0 ? kInt8WideGroup : kInt8Block; }
 
 int int8_groups(int k, int group) {

@@ -2,7 +2,7 @@
 // same dtype.
 //  - bf16: the same tokens on every TP / PP layout. A TP rank converts only its own slices, bf16 rounds each
 //    weight alone and the activations stay fp32, so only the order of the partial sums changes, as for fp32.
-//  - int8: the activations are quantised too (per 128 values), and rounding is discontinuous: a
+//  - int8: the activations are quantised too (per 32 or 128 values), and rounding is discontinuous: a
 //    partial-sum order that moves a value by one fp32 ulp can move its int8 code by a whole step. So a
 //    layout's logits differ from one rank's by quantisation noise (measured: up to 2% of the largest logit),
 //    not by float rounding, and a token can flip where one rank's top two logits are that close. The test

@@ -302,8 +302,14 @@ TEST(Activations, PreparedRowsAreIdenticalOnEveryIsa) {
     const int n = 5;
     std::vector<float> x = random_floats(rng, static_cast<std::size_t>(n) * k, -1.0f, 1.0f);
     for (std::size_t i = 0; i < x.size(); ++i) x[i] = std::ldexp(x[i], static_cast<int>(i % 41) - 20);
-    for (int j = 32; j < 64; ++j) x[j] = 0.0f;                  // row 0, group 1
-    for (int j = 0; j < 32; ++j) x[k + j] = (j % 5) * 0.5f;     // row 1, group 0: 127 / 2 codes land on .5
+    const int group = default_int8_group(k);
+    for (int j = group; j < 2 * group; ++j) x[j] = 0.0f;        // row 0, group 1
+    for (int j = 0; j < group; ++j) x[k + j] = (j % 5) * 0.5f;  // row 1, group 0: 127 / 2 codes land on .5
+    // Row 2, group 0: amax 1, and values whose product with 127 lands so near .5 that a fused multiply-add
+    // (one rounding instead of two) picks the other code: a build that contracted would differ here.
+    for (int j = 0; j < group; ++j) x[2 * k + j] = 0.001f * static_cast<float>(j);
+    const float near_ties[] = {1.0f, -0x1.08102p-1f, 0x1.20408p-1f, -0x1.f5ebd8p-1f};
+    for (int j = 0; j < 4; ++j) x[2 * k + j] = near_ties[j];
     struct Prepared {
       std::vector<std::int8_t> q;
       std::vector<float> scales;
@@ -483,13 +489,19 @@ TEST(PackedMatmul, ARowsResultDoesNotDependOnItsBatchOrTheThreadCount) {
 TEST(PackedMatmul, Int8ResultsAreIdenticalOnVnniAndAmx) {
   // The AMX int8 kernel computes the same exact integer dots as vpdpbusd and then the VNNI kernel's fp32
   // epilogue, operation for operation: every bit agrees (on a CPU without AMX this compares VNNI with itself).
+  // Every shape in its default grouping, and k = 512 also in groups of 32 (the runtime's wo and w2).
   std::mt19937 rng(15);
-  for (const Shape& s : kShapes) {
+  std::vector<std::pair<Shape, int>> cases;
+  for (const Shape& s : kShapes) cases.push_back({s, 0});
+  cases.push_back({{16, 512, 64}, kInt8Block});
+  cases.push_back({{5, 512, 40}, kInt8Block});
+  for (const auto& [s, group] : cases) {
     const std::vector<float> x = random_floats(rng, static_cast<std::size_t>(s.n) * s.k, -2.0f, 2.0f);
-    const Packed packed = pack(WeightDtype::kInt8, random_floats(rng, static_cast<std::size_t>(s.d) * s.k), s.d, s.k);
+    const Packed packed =
+        pack(WeightDtype::kInt8, random_floats(rng, static_cast<std::size_t>(s.d) * s.k), s.d, s.k, group);
     Activations a;
     a.reserve(s.n, s.k);
-    a.prepare(x.data(), s.n, s.k, WeightDtype::kInt8);
+    a.prepare(x.data(), s.n, packed.matrix);
     std::vector<float> vnni(static_cast<std::size_t>(s.n) * s.d), best(vnni.size());
     {
       ScopedIsa isa(Isa::kAvx512Vnni);
@@ -497,7 +509,7 @@ TEST(PackedMatmul, Int8ResultsAreIdenticalOnVnniAndAmx) {
     }
     matmul(best.data(), a, packed.matrix);
     EXPECT_EQ(0, std::memcmp(vnni.data(), best.data(), vnni.size() * sizeof(float)))
-        << isa_name(active_isa()) << " n=" << s.n << " k=" << s.k << " d=" << s.d;
+        << isa_name(active_isa()) << " n=" << s.n << " k=" << s.k << " d=" << s.d << " group=" << a.int8_group();
   }
 }
 
