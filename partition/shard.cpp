@@ -17,6 +17,13 @@ Range split_evenly(int n, int parts, int index) {
   return {begin, begin + size};
 }
 
+Range split_in_blocks(int n, int parts, int index, int unit) {
+  SL_CHECK(unit >= 1);
+  if (n % unit != 0 || n / unit < parts) return split_evenly(n, parts, index);
+  const Range blocks = split_evenly(n / unit, parts, index);
+  return {blocks.begin * unit, blocks.end * unit};
+}
+
 std::optional<std::string> find_layout_problem(const ModelShape& shape, int tp_size, int pp_size) {
   if (tp_size < 1 || pp_size < 1) return fmt::format("tp and pp must be >= 1 (tp={} pp={})", tp_size, pp_size);
   if (shape.n_kv_heads % tp_size != 0) {
@@ -67,7 +74,7 @@ RankShard shard_for(const ModelShape& shape, const Mesh& mesh, const std::vector
   shard.kv_heads = split_evenly(shape.n_kv_heads, mesh.tp_size(), mesh.tp_rank());
   const int group = shape.n_heads / shape.n_kv_heads;
   shard.heads = {shard.kv_heads.begin * group, shard.kv_heads.end * group};
-  shard.hidden = split_evenly(shape.hidden_dim, mesh.tp_size(), mesh.tp_rank());
+  shard.hidden = split_in_blocks(shape.hidden_dim, mesh.tp_size(), mesh.tp_rank(), kHiddenSplitBlock);
   shard.has_embedding = mesh.is_first_stage();
   shard.has_classifier = mesh.is_last_stage();
   if (shard.has_classifier) shard.vocab = split_evenly(shape.vocab_size, mesh.tp_size(), mesh.tp_rank());

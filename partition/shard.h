@@ -3,7 +3,8 @@
 // Megatron-style TP (one all-reduce after attention, one after the MLP):
 //   wq, wk, wv  split by output rows = whole heads      (kv heads too: tp must divide n_kv_heads)
 //   wo          split by input columns = the same heads  -> partial sums, all-reduce
-//   w1, w3      split by output rows of the hidden dim   (uneven allowed: 260 over 3 = 87, 87, 86)
+//   w1, w3      split by output rows of the hidden dim   (uneven allowed: 260 over 3 = 87, 87, 86; in
+//               whole blocks of 32 where the width allows: 2048 over 3 = 704, 672, 672)
 //   w2          split by input columns of the hidden dim -> partial sums, all-reduce
 //   classifier  split by vocab rows across the last stage's TP ranks, logits gathered
 // PP: contiguous layer ranges per stage, uneven allowed (7 layers over 3 stages = 3, 2, 2).
@@ -29,6 +30,15 @@ struct Range {
 
 // Part `index` of n items cut into `parts` contiguous pieces; the first n % parts pieces get one more.
 Range split_evenly(int n, int parts, int index);
+
+// The same in whole blocks of `unit` items when n is a multiple of unit and there are at least `parts`
+// blocks (every piece then starts and ends on a block boundary), else split_evenly.
+Range split_in_blocks(int n, int parts, int index, int unit);
+
+// The hidden dim's TP split is in blocks of this many features: w2's column slices then start on
+// multiples of 32, which is the int8 scale group of w2 (kernels/cpu/weight_format.h), so every rank's
+// slice quantises exactly as one rank quantises those columns.
+inline constexpr int kHiddenSplitBlock = 32;
 
 // One rank's share of the model.
 struct RankShard {

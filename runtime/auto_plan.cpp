@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "comm/link_probe.h"
 #include "common/error.h"
@@ -97,10 +98,8 @@ AutoPlan plan_job(comm::Communicator& world, const AutoPlanRequest& request) {
 }
 
 std::string describe(const AutoPlan& plan) {
-  std::string layers;
-  for (std::size_t i = 0; i < plan.layers_per_stage.size(); ++i) layers += (i ? "," : "") + std::to_string(plan.layers_per_stage[i]);
   return fmt::format("tp={} pp={} layers/stage {} micro-batches {}; predicted {:.1f} tok/s ({:.1f} ms per token)",
-                     plan.tp, plan.pp, layers, plan.micro_batches, plan.predicted_tok_s,
+                     plan.tp, plan.pp, fmt::join(plan.layers_per_stage, ","), plan.micro_batches, plan.predicted_tok_s,
                      plan.predicted_token_latency_s * 1e3);
 }
 

@@ -39,9 +39,10 @@ ShardWeights::ShardWeights(const std::string& path, const partition::ModelShape&
     w.rms_ffn = map_floats(at.rms_ffn + l * d * kF, d, true);
     // Row slices (q/k/v, w1/w3: this rank's output features) and column slices (wo, w2: its input features).
     // int8 scales wo and w2 per 32 k on every layout: a TP slice of their k that starts on a multiple of 32
-    // (every head slice of wo when the head size is a multiple of 32, and w2's slices when hidden / tp is)
-    // is then grouped exactly as one rank groups those columns, so TP ranks quantise the same weights as one
-    // rank. Other slices are grouped from their own start and differ by quantisation noise. The other
+    // (every head slice of wo when the head size is a multiple of 32; w2's slices whenever hidden is, since
+    // partition/shard.h splits it in blocks of 32) is then grouped exactly as one rank groups those columns,
+    // so TP ranks quantise the same weights as one rank. Other slices are grouped from their own start and
+    // differ by quantisation noise. The other
     // matrices are never sliced along k and take groups of 128 where k allows (kernels/cpu/weight_format.h).
     w.wq = convert(at.wq + (l * d * d + q_begin * d) * kF, q_rows, shape.dim, all_dim);
     w.wk = convert(at.wk + (l * kv * d + kv_begin * d) * kF, kv_rows, shape.dim, all_dim);

@@ -31,10 +31,18 @@ Workload throughput_of(const std::string& preset, int batch) {
   return w;
 }
 
+// A search over exactly `world` ranks (0: any) returning the `top` best plans.
+PlanSearch search(int world, int top) {
+  PlanSearch s;
+  s.world = world;
+  s.top = top;
+  return s;
+}
+
 TEST(Planner, FastInsideSlowBetweenPutsTpInsideAndPpAcross) {
   // llama2-13b fp32 (52 GB + KV) does not fit one host's 4 x 24 GB, so the plan must span hosts.
   const auto c = four_by_four(200e-6, 0.125e9);  // 1 GbE between hosts
-  const auto plans = search_plans(c, throughput_of("llama2-13b", 16), {.world = 16, .top = 3});
+  const auto plans = search_plans(c, throughput_of("llama2-13b", 16), search(16, 3));
   ASSERT_FALSE(plans.empty());
   const auto& best = plans.front();
   EXPECT_TRUE(best.feasible) << best.infeasible_reason;
@@ -48,7 +56,7 @@ TEST(Planner, FastLinksEverywhereAllowTpAcrossHostsForLatency) {
   const auto c = four_by_four(1e-6, 40e9);
   Workload w = throughput_of("llama2-13b", 1);
   w.objective = Objective::kLatency;
-  const auto plans = search_plans(c, w, {.world = 0, .top = 1});
+  const auto plans = search_plans(c, w, search(0, 1));
   ASSERT_FALSE(plans.empty());
   EXPECT_EQ(plans.front().layout.tp, 10);  // 40 kv heads: the widest tp within 16 slots is 10
   EXPECT_EQ(plans.front().layout.pp, 1);
@@ -56,7 +64,7 @@ TEST(Planner, FastLinksEverywhereAllowTpAcrossHostsForLatency) {
 
 TEST(Planner, ThroughputUsesEnoughMicroBatchesToFillThePipeline) {
   const auto c = four_by_four(50e-6, 1.25e9);
-  const auto plans = search_plans(c, throughput_of("llama2-13b", 32), {.world = 16, .top = 1});
+  const auto plans = search_plans(c, throughput_of("llama2-13b", 32), search(16, 1));
   ASSERT_FALSE(plans.empty());
   EXPECT_GE(plans.front().layout.micro_batches, plans.front().layout.pp);
 }
@@ -65,7 +73,7 @@ TEST(Planner, InfeasibleEverywhereStillRanksByBytesShort) {
   auto c = four_by_four(50e-6, 1.25e9);
   c.nodes = 1;
   c.domain.memory_bytes = 8e9;
-  const auto plans = search_plans(c, throughput_of("llama2-70b", 1), {.world = 0, .top = 3});
+  const auto plans = search_plans(c, throughput_of("llama2-70b", 1), search(0, 3));
   ASSERT_FALSE(plans.empty());
   EXPECT_FALSE(plans.front().feasible);
   for (std::size_t i = 1; i < plans.size(); ++i) EXPECT_LE(plans[0].bytes_short, plans[i].bytes_short);
@@ -73,11 +81,11 @@ TEST(Planner, InfeasibleEverywhereStillRanksByBytesShort) {
 
 TEST(Planner, ExactWorldOnlyReturnsLayoutsOfThatSize) {
   const auto c = four_by_four(50e-6, 1.25e9);
-  for (const auto& p : search_plans(c, throughput_of("110m", 4), {.world = 6, .top = 0})) {
+  for (const auto& p : search_plans(c, throughput_of("110m", 4), search(6, 0))) {
     EXPECT_EQ(p.layout.world(), 6);
   }
-  EXPECT_TRUE(search_plans(c, throughput_of("1.1b", 4), {.world = 7, .top = 0}).empty() ||
-              search_plans(c, throughput_of("1.1b", 4), {.world = 7, .top = 0}).front().layout.pp == 7);
+  EXPECT_TRUE(search_plans(c, throughput_of("1.1b", 4), search(7, 0)).empty() ||
+              search_plans(c, throughput_of("1.1b", 4), search(7, 0)).front().layout.pp == 7);
 }
 
 }  // namespace

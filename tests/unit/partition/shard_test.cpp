@@ -37,6 +37,19 @@ TEST(SplitEvenly, CoversEverythingOnceAndDiffersByAtMostOne) {
   EXPECT_EQ(split_evenly(260, 3, 2), (Range{174, 260}));
 }
 
+// In whole blocks where the width is a multiple of the block and has enough of them; evenly otherwise.
+TEST(SplitInBlocks, WholeBlocksWhereTheWidthAllows) {
+  EXPECT_EQ(split_in_blocks(2048, 3, 0, 32), (Range{0, 704}));
+  EXPECT_EQ(split_in_blocks(2048, 3, 1, 32), (Range{704, 1376}));
+  EXPECT_EQ(split_in_blocks(2048, 3, 2, 32), (Range{1376, 2048}));
+  EXPECT_EQ(split_in_blocks(2048, 2, 1, 32), (Range{1024, 2048}));
+  EXPECT_EQ(split_in_blocks(260, 3, 1, 32), split_evenly(260, 3, 1));  // not a multiple of 32
+  EXPECT_EQ(split_in_blocks(64, 3, 2, 32), split_evenly(64, 3, 2));    // two blocks for three parts
+  // A shard's hidden slice uses it.
+  const auto s = shape(64, 2048, 2, 6, 3, 300);
+  EXPECT_EQ(shard_for(s, Mesh(3, 2, 3, 1), stage_layer_ranges(s, 1)).hidden, (Range{1376, 2048}));
+}
+
 TEST(StageLayerRanges, EvenUnevenAndExplicit) {
   const auto s = shape(64, 172, 7, 8, 4, 300);
   const auto even = stage_layer_ranges(s, 3);
