@@ -65,6 +65,16 @@ inline void prefetch_lines(const char* at, int lines) {
   for (int line = 0; line < lines; ++line) _mm_prefetch(at + line * 64, _MM_HINT_T0);
 }
 
+// Panel 0's k block `next` (of `blocks`, block_bytes each) for the kernels to prefetch: in this tile, or past
+// its end the start of the next tile (only from the last row block, which is the last to read this one), or
+// null.
+inline const char* block_ahead(const Tile& t, const char* w, int next, int blocks, std::size_t block_bytes,
+                               bool last_rows) {
+  if (next < blocks) return w + static_cast<std::size_t>(next) * block_bytes;
+  if (t.prefetch == nullptr || !last_rows || next - blocks >= blocks) return nullptr;
+  return reinterpret_cast<const char*>(t.prefetch) + static_cast<std::size_t>(next - blocks) * block_bytes;
+}
+
 // ---- bf16 -------------------------------------------------------------------------------------------
 
 // Each panel's weights kBf16PrefetchBlocks blocks ahead (8 KiB) are prefetched (or the start of the next
@@ -102,11 +112,7 @@ void bf16_rows(const Tile& t, int r0, int m) {
   if constexpr (P > 3) _tile_zero(3);
   const int blocks = (t.k + 31) / 32;  // the panels and x are zero past k up to the block
   for (int block = 0; block < blocks; ++block) {
-    const int next = block + kBf16PrefetchBlocks;
-    const char* ahead = next < blocks ? w + static_cast<std::size_t>(next) * 1024
-                        : t.prefetch != nullptr && r0 + m == t.n_rows && next - blocks < blocks
-                            ? reinterpret_cast<const char*>(t.prefetch) + static_cast<std::size_t>(next - blocks) * 1024
-                            : nullptr;
+    const char* ahead = block_ahead(t, w, block + kBf16PrefetchBlocks, blocks, 1024, r0 + m == t.n_rows);
     _tile_loadd(4, hi + block * 64, x_bytes);
     _tile_loadd(5, lo + block * 64, x_bytes);
     SHARDLINE_AMX_BF16_PANEL(0, 6);
@@ -182,11 +188,7 @@ void int8_rows(const Tile& t, int r0, int m) {
       if constexpr (P > 2) _tile_zero(2);
       if constexpr (P > 3) _tile_zero(3);
       for (int b = g * blocks_per_group; b < (g + 1) * blocks_per_group; ++b) {
-        const int next = b + kInt8PrefetchBlocks;
-        const char* ahead = next < blocks                 ? w + static_cast<std::size_t>(next) * 512
-                            : t.prefetch != nullptr && r0 + m == t.n_rows && next - blocks < blocks
-                                ? reinterpret_cast<const char*>(t.prefetch) + static_cast<std::size_t>(next - blocks) * 512
-                                : nullptr;
+        const char* ahead = block_ahead(t, w, b + kInt8PrefetchBlocks, blocks, 512, r0 + m == t.n_rows);
         _tile_loadd(4, x + b * 32, t.x_stride);
         SHARDLINE_AMX_INT8_PANEL(0, 6);
         if constexpr (P > 1) SHARDLINE_AMX_INT8_PANEL(1, 7);
