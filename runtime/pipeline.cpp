@@ -212,30 +212,25 @@ void Pipeline::sample_item(const Item& item, std::vector<SeqState>& seqs, const 
   tokens.clear();
   // Every row that wants logits goes through the classifier in one batch: B sequences decoding together
   // share one pass over it, as they share one pass over the layers.
-  int n_logits = 0;
+  logit_seqs_.clear();
   for (int r = 0; r < item.n_rows(); ++r) {
     if (!item.wants_logits[r]) continue;
     std::copy(x + static_cast<std::size_t>(r) * dim, x + static_cast<std::size_t>(r + 1) * dim,
-              logit_rows_.begin() + static_cast<std::size_t>(n_logits) * dim);
-    ++n_logits;
+              logit_rows_.begin() + logit_seqs_.size() * dim);
+    logit_seqs_.push_back(item.seq[r]);
   }
+  const int n_logits = static_cast<int>(logit_seqs_.size());
   if (n_logits > 0) stage_.logits(logit_rows_.data(), n_logits, logits_.data());
   // Greedy rows only read their logits (an argmax over the vocabulary each), so they pick their tokens on
   // the kernel threads; sampled rows share one scratch buffer and go one by one below.
-  logit_seqs_.clear();
-  for (int r = 0; r < item.n_rows(); ++r) {
-    if (item.wants_logits[r]) logit_seqs_.push_back(item.seq[r]);
-  }
-  greedy_tokens_.assign(logit_seqs_.size(), -1);
-  kernels::cpu::parallel_for(static_cast<int>(logit_seqs_.size()), [&](int i, int) {
+  greedy_tokens_.assign(n_logits, -1);
+  kernels::cpu::parallel_for(n_logits, [&](int i, int) {
     const Sampler& sampler = *seqs[logit_seqs_[i]].sampler;
     if (sampler.leaves_logits_unchanged()) greedy_tokens_[i] = sampler.greedy_token(logits_.data() + i * vocab);
   });
-  int next = 0;
-  for (int r = 0; r < item.n_rows(); ++r) {
-    if (!item.wants_logits[r]) continue;
-    SeqState& s = seqs[item.seq[r]];
-    const int i = next++;
+  for (int i = 0; i < n_logits; ++i) {
+    const int seq = logit_seqs_[i];
+    SeqState& s = seqs[seq];
     float* logits = logits_.data() + static_cast<std::size_t>(i) * vocab;
     int token = greedy_tokens_[i];
     if (token < 0) {
@@ -243,11 +238,11 @@ void Pipeline::sample_item(const Item& item, std::vector<SeqState>& seqs, const 
       token = s.sampler->sample(probabilities_.data());
     }
     tokens.push_back(token);
-    SequenceOutput& out = outputs[item.seq[r]];
+    SequenceOutput& out = outputs[seq];
     if (out.ids.empty()) out.first_token_s = now_s() - start_s_;
     if (token != kBosId) {
       out.ids.push_back(token);
-      if (on_token) on_token(item.seq[r], token, logits);
+      if (on_token) on_token(seq, token, logits);
     }
     if (token == kBosId || static_cast<int>(out.ids.size()) == s.spec->steps) out.done_s = now_s() - start_s_;
   }
