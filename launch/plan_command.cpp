@@ -152,18 +152,10 @@ int plan_command(const std::vector<std::string>& args) {
   partition::Workload w;
   if (model.empty() == preset.empty()) throw ConfigError("shardline plan: give exactly one of --model or --preset");
   w.shape = preset.empty() ? runtime::read_checkpoint_shape(model) : partition::find_model_preset(preset).shape;
-  if (dtype == "fp32") {
-    w.weight_bytes_per_param = 4.0;
-    w.kv_bytes_per_value = 4.0;
-  } else if (dtype == "bf16") {
-    w.weight_bytes_per_param = 2.0;
-    w.kv_bytes_per_value = 2.0;
-  } else if (dtype == "int8") {
-    w.weight_bytes_per_param = kernels::cpu::typical_bytes_per_weight(kernels::cpu::WeightDtype::kInt8);
-    w.kv_bytes_per_value = 2.0;
-  } else {
-    throw ConfigError(fmt::format("shardline plan: --dtype '{}' is not fp32, bf16 or int8", dtype));
-  }
+  const std::optional<kernels::cpu::WeightDtype> weight_dtype = kernels::cpu::parse_weight_dtype(dtype);
+  if (!weight_dtype) throw ConfigError(fmt::format("shardline plan: --dtype '{}' is not fp32, bf16 or int8", dtype));
+  w.weight_bytes_per_param = kernels::cpu::typical_bytes_per_weight(*weight_dtype);
+  w.kv_bytes_per_value = *weight_dtype == kernels::cpu::WeightDtype::kF32 ? 4.0 : 2.0;
   if (objective == "latency") {
     w.objective = partition::Objective::kLatency;
   } else if (objective == "throughput") {
