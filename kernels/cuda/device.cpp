@@ -87,11 +87,6 @@ Stream::Stream(StreamPriority priority) {
              "cudaStreamCreateWithPriority");
   raw_ = stream;
 }
-Stream::Stream(Stream&& other) noexcept : raw_(std::exchange(other.raw_, nullptr)) {}
-Stream& Stream::operator=(Stream&& other) noexcept {
-  std::swap(raw_, other.raw_);
-  return *this;
-}
 Stream::~Stream() {
   if (raw_) cudaStreamDestroy(static_cast<cudaStream_t>(raw_));
 }
@@ -110,14 +105,6 @@ CudaAllocation::CudaAllocation(std::size_t bytes, Kind kind) : bytes_(bytes), ki
   } else {
     check_cuda(cudaMallocHost(&data_, bytes), fmt::format("cudaMallocHost of {}", format_bytes(bytes)));
   }
-}
-CudaAllocation::CudaAllocation(CudaAllocation&& other) noexcept
-    : data_(std::exchange(other.data_, nullptr)), bytes_(std::exchange(other.bytes_, 0)), kind_(other.kind_) {}
-CudaAllocation& CudaAllocation::operator=(CudaAllocation&& other) noexcept {
-  std::swap(data_, other.data_);
-  std::swap(bytes_, other.bytes_);
-  std::swap(kind_, other.kind_);
-  return *this;
 }
 CudaAllocation::~CudaAllocation() {
   if (!data_) return;

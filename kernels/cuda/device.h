@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 namespace shardline::kernels::cuda {
 
@@ -62,8 +63,12 @@ enum class StreamPriority { kNormal, kHigh };
 class Stream {
  public:
   explicit Stream(StreamPriority priority = StreamPriority::kNormal);
-  Stream(Stream&& other) noexcept;
-  Stream& operator=(Stream&& other) noexcept;
+  // Moves are plain handle moves, the same with and without CUDA (so defined here, once).
+  Stream(Stream&& other) noexcept : raw_(std::exchange(other.raw_, nullptr)) {}
+  Stream& operator=(Stream&& other) noexcept {
+    std::swap(raw_, other.raw_);
+    return *this;
+  }
   Stream(const Stream&) = delete;
   Stream& operator=(const Stream&) = delete;
   ~Stream();
@@ -84,8 +89,15 @@ class CudaAllocation {
 
   CudaAllocation() = default;
   CudaAllocation(std::size_t bytes, Kind kind);
-  CudaAllocation(CudaAllocation&& other) noexcept;
-  CudaAllocation& operator=(CudaAllocation&& other) noexcept;
+  // Moves are plain pointer moves, the same with and without CUDA (so defined here, once).
+  CudaAllocation(CudaAllocation&& other) noexcept
+      : data_(std::exchange(other.data_, nullptr)), bytes_(std::exchange(other.bytes_, 0)), kind_(other.kind_) {}
+  CudaAllocation& operator=(CudaAllocation&& other) noexcept {
+    std::swap(data_, other.data_);
+    std::swap(bytes_, other.bytes_);
+    std::swap(kind_, other.kind_);
+    return *this;
+  }
   CudaAllocation(const CudaAllocation&) = delete;
   CudaAllocation& operator=(const CudaAllocation&) = delete;
   ~CudaAllocation();

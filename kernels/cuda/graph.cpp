@@ -37,13 +37,6 @@ Graph Graph::capture(const Stream& stream, const std::function<void()>& record) 
   return out;
 }
 
-Graph::Graph(Graph&& other) noexcept
-    : graph_(std::exchange(other.graph_, nullptr)), exec_(std::exchange(other.exec_, nullptr)) {}
-Graph& Graph::operator=(Graph&& other) noexcept {
-  std::swap(graph_, other.graph_);
-  std::swap(exec_, other.exec_);
-  return *this;
-}
 Graph::~Graph() {
   if (exec_) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
   if (graph_) cudaGraphDestroy(static_cast<cudaGraph_t>(graph_));

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <functional>
+#include <utility>
 
 #include "kernels/cuda/device.h"
 
@@ -16,8 +17,14 @@ class Graph {
   // ResourceError with CUDA's message when the work is not capturable (e.g. it synchronises).
   static Graph capture(const Stream& stream, const std::function<void()>& record);
 
-  Graph(Graph&& other) noexcept;
-  Graph& operator=(Graph&& other) noexcept;
+  // Moves are plain handle moves, the same with and without CUDA (so defined here, once).
+  Graph(Graph&& other) noexcept
+      : graph_(std::exchange(other.graph_, nullptr)), exec_(std::exchange(other.exec_, nullptr)) {}
+  Graph& operator=(Graph&& other) noexcept {
+    std::swap(graph_, other.graph_);
+    std::swap(exec_, other.exec_);
+    return *this;
+  }
   Graph(const Graph&) = delete;
   Graph& operator=(const Graph&) = delete;
   ~Graph();

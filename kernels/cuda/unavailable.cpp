@@ -37,24 +37,11 @@ DeviceProperties device_properties(int) { unavailable("CUDA device query"); }
 void select_device(int) { unavailable("CUDA device selection"); }
 
 Stream::Stream(StreamPriority) { unavailable("CUDA stream"); }
-Stream::Stream(Stream&& other) noexcept : raw_(other.raw_) { other.raw_ = nullptr; }
-Stream& Stream::operator=(Stream&& other) noexcept {
-  std::swap(raw_, other.raw_);
-  return *this;
-}
 Stream::~Stream() = default;
 void Stream::synchronize() const { unavailable("CUDA stream"); }
 
 CudaAllocation::CudaAllocation(std::size_t, Kind kind) {
   unavailable(kind == Kind::kDevice ? "CUDA device memory" : "CUDA pinned memory");
-}
-CudaAllocation::CudaAllocation(CudaAllocation&& other) noexcept
-    : data_(std::exchange(other.data_, nullptr)), bytes_(std::exchange(other.bytes_, 0)), kind_(other.kind_) {}
-CudaAllocation& CudaAllocation::operator=(CudaAllocation&& other) noexcept {
-  std::swap(data_, other.data_);
-  std::swap(bytes_, other.bytes_);
-  std::swap(kind_, other.kind_);
-  return *this;
 }
 CudaAllocation::~CudaAllocation() = default;
 
@@ -94,15 +81,6 @@ TokenSampler::~TokenSampler() = default;
 void TokenSampler::sample(int*, float*, const float*, int, float, float, StreamRef) { unavailable("CUDA sampler"); }
 
 Graph Graph::capture(const Stream&, const std::function<void()>&) { unavailable("CUDA graph"); }
-Graph::Graph(Graph&& other) noexcept : graph_(other.graph_), exec_(other.exec_) {
-  other.graph_ = nullptr;
-  other.exec_ = nullptr;
-}
-Graph& Graph::operator=(Graph&& other) noexcept {
-  std::swap(graph_, other.graph_);
-  std::swap(exec_, other.exec_);
-  return *this;
-}
 Graph::~Graph() = default;
 void Graph::launch(StreamRef) const { unavailable("CUDA graph"); }
 
