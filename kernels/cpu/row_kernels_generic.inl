@@ -29,15 +29,14 @@ inline float group_amax(const float* x, int n) {
 }
 
 void quantize_int8_row(const float* x, int k, int kp, int group, std::int8_t* q, float* scales, std::int32_t* sums) {
-  const int n = group;
-  for (int g = 0, j0 = 0; j0 < kp; ++g, j0 += n) {
-    const int valid = k - j0 < n ? k - j0 : n;  // the last group may pass k
+  for (int g = 0, j0 = 0; j0 < kp; ++g, j0 += group) {
+    const int valid = k - j0 < group ? k - j0 : group;  // the last group may pass k
     float v[kMaxGroup];
-    for (int i = 0; i < n; ++i) v[i] = i < valid ? x[j0 + i] : 0.0f;
-    const float amax = group_amax(v, n);
+    for (int i = 0; i < group; ++i) v[i] = i < valid ? x[j0 + i] : 0.0f;
+    const float amax = group_amax(v, group);
     const float inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
     std::int32_t sum = 0;
-    for (int i = 0; i < n; ++i) {
+    for (int i = 0; i < group; ++i) {
       float c = round_to_nearest_even(v[i] * inverse);
       c = c < -127.0f ? -127.0f : (c > 127.0f ? 127.0f : c);
       const std::int32_t code = static_cast<std::int32_t>(c);
