@@ -19,37 +19,64 @@
 
 namespace shardline::memory {
 
+namespace {
+
+std::uint64_t round_up(std::uint64_t value, std::uint64_t step) { return (value + step - 1) / step * step; }
+
+bool kernel_allows_thp() {
+  const std::string mode = transparent_hugepage_mode();
+  return (mode == "always" || mode == "madvise") && !thp_disabled_for_process();
+}
+
+}  // namespace
+
 KvBlockPool::KvBlockPool(const KvBlockPoolOptions& options)
     : block_bytes_((options.block_bytes + kSmallPageBytes - 1) / kSmallPageBytes * kSmallPageBytes),
       n_blocks_(options.n_blocks),
       numa_node_(options.numa_node) {
   SL_CHECK(options.block_bytes > 0 && options.n_blocks > 0);
+  const bool huge = options.transparent_huge_pages && kernel_allows_thp();
   // PROT_NONE + MAP_NORESERVE: address space only; nothing is charged or touched until a block is committed.
-  void* base = mmap(nullptr, reserved_bytes(), PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (base == MAP_FAILED) {
+  // On THP one more step of address space lets the pool start on a 2 MiB boundary.
+  mapping_bytes_ = huge ? round_up(reserved_bytes(), kHugeStep) + kHugeStep : reserved_bytes();
+  mapping_ = mmap(nullptr, mapping_bytes_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (mapping_ == MAP_FAILED) {
+    mapping_ = nullptr;
     throw ResourceError(fmt::format("cannot reserve {} of address space for {} KV blocks: {}; use fewer --kv-blocks",
-                                    format_bytes(static_cast<double>(reserved_bytes())), n_blocks_, std::strerror(errno)));
+                                    format_bytes(static_cast<double>(mapping_bytes_)), n_blocks_, std::strerror(errno)));
   }
-  base_ = static_cast<std::byte*>(base);
+  base_ = static_cast<std::byte*>(mapping_);
+  if (huge) {
+    const auto at = reinterpret_cast<std::uintptr_t>(mapping_);
+    base_ += round_up(at, kHugeStep) - at;
+    // Without the advice (the kernel's "madvise" mode) the steps would stay 4 KiB pages: keep 4 KiB steps then.
+    if (madvise(base_, round_up(reserved_bytes(), kHugeStep), MADV_HUGEPAGE) == 0) commit_step_ = kHugeStep;
+  }
   if (numa_node_ >= 0) node_bound_ = bind_range_to_node(base_, reserved_bytes(), numa_node_, false);
   in_use_.assign(static_cast<std::size_t>(n_blocks_), 0);
   free_.reserve(static_cast<std::size_t>(n_blocks_));
 }
 
 KvBlockPool::~KvBlockPool() {
-  if (base_) munmap(base_, reserved_bytes());
+  if (mapping_) munmap(mapping_, mapping_bytes_);
 }
 
 void KvBlockPool::commit(int block) {
-  std::byte* at = data(block);
-  if (mprotect(at, block_bytes_, PROT_READ | PROT_WRITE) != 0) {
+  const std::uint64_t end = static_cast<std::uint64_t>(block + 1) * block_bytes_;
+  if (end <= committed_bytes_) return;  // the last step already covered it
+  // The step may pass the last block: the reservation was rounded up to whole steps.
+  const std::uint64_t new_end = round_up(end, commit_step_);
+  std::byte* at = base_ + committed_bytes_;
+  const std::uint64_t bytes = new_end - committed_bytes_;
+  if (mprotect(at, bytes, PROT_READ | PROT_WRITE) != 0) {
     throw ResourceError(fmt::format("cannot commit KV block {} ({}): {}", block,
-                                    format_bytes(static_cast<double>(block_bytes_)), std::strerror(errno)));
+                                    format_bytes(static_cast<double>(bytes)), std::strerror(errno)));
   }
-  if (madvise(at, block_bytes_, MADV_POPULATE_WRITE) != 0 && errno != EINVAL) {
+  if (madvise(at, bytes, MADV_POPULATE_WRITE) != 0 && errno != EINVAL) {
     throw ResourceError(fmt::format("cannot fault in KV block {} ({}) on node {}: {}", block,
-                                    format_bytes(static_cast<double>(block_bytes_)), numa_node_, std::strerror(errno)));
+                                    format_bytes(static_cast<double>(bytes)), numa_node_, std::strerror(errno)));
   }
+  committed_bytes_ = new_end;
 }
 
 std::optional<int> KvBlockPool::try_allocate() {
@@ -84,9 +111,9 @@ void KvBlockPool::release(int block) {
 }
 
 std::string KvBlockPool::describe() const {
-  return fmt::format("{} used, {} free of {} blocks (peak {} used; {} committed = {} of {} reserved{})", used_,
+  return fmt::format("{} used, {} free of {} blocks (peak {} used; {} committed = {} of {} reserved{}{})", used_,
                      free_blocks(), n_blocks_, peak_used_, committed_, format_bytes(static_cast<double>(committed_bytes())),
-                     format_bytes(static_cast<double>(reserved_bytes())),
+                     format_bytes(static_cast<double>(reserved_bytes())), huge_page_steps() ? " in THP steps" : "",
                      numa_node_ < 0 ? "" : node_bound_ ? fmt::format(", node {}", numa_node_) : ", node binding unsupported");
 }
 

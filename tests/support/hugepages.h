@@ -10,6 +10,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -85,6 +86,14 @@ class HugepagePool {
   int lock_fd_ = -1;
   long old_pages_ = 0;
   long obtained_ = 0;
+};
+
+// Refuses transparent hugepages for this process (prctl PR_SET_THP_DISABLE) for the lifetime of an object,
+// and allows them again on scope exit.
+struct ThpRefused {
+  ThpRefused() { refused = ::prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0) == 0; }
+  ~ThpRefused() { ::prctl(PR_SET_THP_DISABLE, 0, 0, 0, 0); }
+  bool refused = false;
 };
 
 }  // namespace shardline::test

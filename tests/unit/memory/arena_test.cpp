@@ -2,7 +2,6 @@
 // with THP refused by the process (4 KiB), and forced tiers. Each must report the tier it got, be backed by
 // that kind of page (checked independently in /proc/self/smaps) and hold what is written to it.
 #include <numaif.h>
-#include <sys/prctl.h>
 
 #include <cstring>
 #include <vector>
@@ -52,11 +51,7 @@ void expect_bound_to(const void* p, int node) {
   EXPECT_EQ(node_of_page(p), node);
 }
 
-// Restores the process's THP setting on scope exit.
-struct ThpRefused {
-  ThpRefused() { EXPECT_EQ(prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0), 0); }
-  ~ThpRefused() { prctl(PR_SET_THP_DISABLE, 0, 0, 0, 0); }
-};
+using test::ThpRefused;
 
 constexpr std::uint64_t kBytes = 8ull << 20;
 

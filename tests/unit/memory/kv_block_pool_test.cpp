@@ -13,6 +13,7 @@
 #include "memory/kv_block_pool.h"
 #include "memory/system_memory.h"
 #include "memory/topology.h"
+#include "tests/support/hugepages.h"
 
 namespace shardline::memory {
 namespace {
@@ -95,6 +96,47 @@ TEST(KvBlockPool, BlockBytesRoundUpToPages) {
   KvBlockPool pool({.block_bytes = 100, .n_blocks = 2});
   EXPECT_EQ(pool.block_bytes(), kSmallPageBytes);
   EXPECT_EQ(pool.data(1) - pool.data(0), static_cast<std::ptrdiff_t>(kSmallPageBytes));
+}
+
+// Blocks of 1.5 MiB: the first 2 MiB step covers block 0 only, the second block ends at 3 MiB.
+constexpr std::uint64_t kOddBlockBytes = 3ull << 19;
+
+TEST(KvBlockPool, TransparentHugePagesCommitWholeAlignedSteps) {
+  const std::string mode = transparent_hugepage_mode();
+  ASSERT_TRUE(mode == "madvise" || mode == "always") << "this test needs THP enabled; it is '" << mode << "'";
+  KvBlockPool pool({.block_bytes = kOddBlockBytes, .n_blocks = 6, .transparent_huge_pages = true});
+  ASSERT_TRUE(pool.huge_page_steps());
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(pool.data(0)) % kHugePageBytes, 0u);
+  EXPECT_EQ(pool.committed_bytes(), 0u);
+  const int a = pool.allocate();
+  EXPECT_EQ(pool.committed_bytes(), kHugePageBytes);  // block 0 and the start of block 1
+  EXPECT_GT(backing_of(pool.data(a), kHugePageBytes).anon_huge_bytes, 0u) << "a 2 MiB aligned, advised step";
+  const int b = pool.allocate();
+  EXPECT_EQ(pool.committed_bytes(), 2 * kHugePageBytes);
+  EXPECT_EQ(pool.committed_blocks(), 2);
+  std::memset(pool.data(a), 0xAB, kOddBlockBytes);
+  std::memset(pool.data(b), 0xCD, kOddBlockBytes);
+  EXPECT_EQ(static_cast<unsigned char>(pool.data(a)[kOddBlockBytes - 1]), 0xAB);
+  EXPECT_EQ(static_cast<unsigned char>(pool.data(b)[0]), 0xCD);
+  // The last block's step passes the pool's end; it lies inside the rounded-up reservation.
+  for (int i = 2; i < 6; ++i) pool.allocate();
+  EXPECT_EQ(pool.committed_bytes(), 5 * kHugePageBytes);  // 9 MiB of blocks in whole 2 MiB steps
+  std::memset(pool.data(5), 0xEF, kOddBlockBytes);
+  EXPECT_NE(pool.describe().find("THP"), std::string::npos) << pool.describe();
+}
+
+TEST(KvBlockPool, SmallPageStepsWithoutThp) {
+  // Not asked for, or refused by the process: block by block, exactly as before.
+  for (bool asked : {false, true}) {
+    test::ThpRefused refused;
+    ASSERT_TRUE(refused.refused);
+    KvBlockPool pool({.block_bytes = kOddBlockBytes, .n_blocks = 4, .transparent_huge_pages = asked});
+    EXPECT_FALSE(pool.huge_page_steps());
+    pool.allocate();
+    EXPECT_EQ(pool.committed_bytes(), kOddBlockBytes);
+    EXPECT_EQ(backing_of(pool.data(0), pool.reserved_bytes()).resident_bytes, kOddBlockBytes);
+    EXPECT_EQ(pool.describe().find("THP"), std::string::npos) << pool.describe();
+  }
 }
 
 }  // namespace
