@@ -26,7 +26,8 @@ Stage::Stage(const ShardWeights& weights, comm::Communicator& tp_comm, const Sta
   const int n_layers = weights.n_local_layers();
   const int kv_blocks = options.kv_blocks > 0 ? options.kv_blocks : kDefaultKvContexts * kv_blocks_for(s.seq_len);
   kv_pool_ = std::make_unique<memory::KvBlockPool>(memory::KvBlockPoolOptions{
-      KvCache::block_bytes(n_layers, kv_dim_, options.kv_block_tokens), kv_blocks, options.numa_node});
+      KvCache::block_bytes(n_layers, kv_dim_, options.kv_block_tokens), kv_blocks, options.numa_node,
+      /*transparent_huge_pages=*/true});
   scores_ = arena_->allocate_array<float>(static_cast<std::size_t>(shard.heads.size()) * s.seq_len *
                                           cpu::num_threads());
   reserve_rows(options.max_rows);
@@ -42,10 +43,10 @@ std::size_t Stage::scratch_bytes(const partition::ModelShape& s, const partition
   const std::size_t rows = static_cast<std::size_t>(max_rows);
   const std::size_t q_dim = shard.heads.size() * s.head_size(), kv_dim = shard.kv_heads.size() * s.head_size();
   const std::size_t hidden = shard.hidden.size();
-  const std::size_t floats = rows * (3 * s.dim + 2 * q_dim + 2 * kv_dim + 2 * hidden) +
+  const std::size_t floats = rows * (3 * s.dim + 2 * q_dim + 2 * kv_dim + 2 * hidden + s.head_size()) +
                              static_cast<std::size_t>(shard.heads.size()) * s.seq_len +
                              (shard.has_classifier ? shard.vocab.size() : 0);
-  return floats * sizeof(float) + rows * sizeof(Row) + 16 * 64;  // + one alignment pad per buffer
+  return floats * sizeof(float) + rows * sizeof(Row) + 17 * 64;  // + one alignment pad per buffer
 }
 
 void Stage::reserve_rows(int max_rows) {
@@ -61,6 +62,7 @@ void Stage::reserve_rows(int max_rows) {
   k_ = arena_->allocate_array<float>(rows * kv_dim_);
   v_ = arena_->allocate_array<float>(rows * kv_dim_);
   att_ = arena_->allocate_array<float>(rows * q_dim_);
+  rope_ = arena_->allocate_array<float>(rows * shape().head_size());
   hb_ = arena_->allocate_array<float>(rows * hidden_);
   out_ = arena_->allocate_array<float>(rows * dim);
   act_.reserve(max_rows, std::max({dim, q_dim_, hidden_}));
@@ -92,6 +94,10 @@ void Stage::forward(float* x, const Row* rows, int n) {
   SL_CHECK(n >= 1 && n <= options_.max_rows);
   // Blocks for every row's position first: an exhausted pool fails here, before any layer ran.
   for (int t = 0; t < n; ++t) rows[t].cache->reserve_through(rows[t].pos);
+  const int hs = shape().head_size();
+  cpu::parallel_for(n, [&](int t, int) {
+    cpu::rope_angles(rope_.data() + static_cast<std::size_t>(t) * hs, hs, rows[t].pos, options_.rope_theta);
+  });
   for (int l = 0; l < weights_.n_local_layers(); ++l) {
     const LayerWeights& w = weights_.layer(l);
     attention_block(w, x, rows, n, l);
@@ -115,8 +121,9 @@ void Stage::attention_block(const LayerWeights& w, float* x, const Row* rows, in
     const int pos = rows[t].pos;
     float* qt = q_.data() + static_cast<std::size_t>(t) * q_dim_;
     float* kt = k_.data() + static_cast<std::size_t>(t) * kv_dim_;
-    cpu::rope(qt, n_local_heads, hs, pos, options_.rope_theta);
-    cpu::rope(kt, n_local_kv, hs, pos, options_.rope_theta);
+    const float* angles = rope_.data() + static_cast<std::size_t>(t) * hs;
+    cpu::rope_rotate(qt, n_local_heads, hs, angles);
+    cpu::rope_rotate(kt, n_local_kv, hs, angles);
     std::memcpy(rows[t].cache->key_row(local_layer, pos), kt, sizeof(float) * kv_dim_);
     std::memcpy(rows[t].cache->value_row(local_layer, pos), v_.data() + static_cast<std::size_t>(t) * kv_dim_,
                 sizeof(float) * kv_dim_);

@@ -96,6 +96,7 @@ class Stage : public StageBackend {
   memory::ArenaArray<float> k_;      // (max_rows, kv_dim)
   memory::ArenaArray<float> v_;      // (max_rows, kv_dim)
   memory::ArenaArray<float> att_;    // (max_rows, q_dim)
+  memory::ArenaArray<float> rope_;   // (max_rows, head_size): each row's rotary cos/sin, once per forward
   memory::ArenaArray<float> scores_; // (kernel threads, local heads, seq_len): one scratch per thread
   memory::ArenaArray<float> hb_;     // (max_rows, hidden)
   memory::ArenaArray<float> out_;    // (max_rows, dim)

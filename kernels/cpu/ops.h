@@ -35,6 +35,12 @@ void rmsnorm(float* out, const float* x, const float* weight, int n, int dim, fl
 // Rotary embedding on adjacent pairs within each head, for one token at position pos.
 //   vec: (n_heads, head_size); theta_base = 10000 for Llama.
 void rope(float* vec, int n_heads, int head_size, int pos, float theta_base);
+// The same in two halves, for a batch: the rotation depends on (pos, pair) only, so a forward pass computes
+// each row's angles once (a pow, a cos and a sin per pair) and rotates q and k of every layer with them.
+// rope() is exactly rope_angles() then rope_rotate().
+//   cos_sin: (head_size / 2, 2): cos and sin of pair i at 2i and 2i + 1.
+void rope_angles(float* cos_sin, int head_size, int pos, float theta_base);
+void rope_rotate(float* vec, int n_heads, int head_size, const float* cos_sin);
 
 // In-place numerically stable softmax over size values.
 void softmax(float* x, int size);

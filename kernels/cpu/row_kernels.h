@@ -1,12 +1,13 @@
-// Internal to kernels/cpu: per-row loops that run on every matmul's input and every token's attention, and
-// that the compiler vectorises well when it may use wide registers: int8 quantisation of activations, the
-// bf16 split for the AMX kernel, and attention over the cached rows. Like the tile kernels
-// (tile_kernels.h), one source (row_kernels_generic.inl) is compiled for the baseline target and for
-// AVX-512, and the level is chosen at run time.
+// Internal to kernels/cpu: per-row loops that run on every matmul's input and every token's attention:
+// int8 quantisation of activations, the bf16 split for the AMX kernel, attention over the cached rows and
+// the rotary embedding of q and k. Like the tile kernels (tile_kernels.h), one source
+// (row_kernels_generic.inl) is compiled for the baseline target and for AVX-512, and the level is chosen at
+// run time. Where the compiler's vectorisation fell short (attention, rope), the AVX-512 build replaces a
+// kernel with intrinsics that perform the generic code's operations in the generic code's order.
 //
-// Both builds give bit-identical results: both are compiled with -ffp-contract=off (a multiply and an add are
-// never fused into an FMA), and every loop keeps its order of additions (the attention dot product spells
-// out its 16 partial sums).
+// Both builds give bit-identical results (tests: every ISA against the portable build): both are compiled
+// with -ffp-contract=off (a multiply and an add are never fused into an FMA), and every loop keeps its
+// order of additions (the attention dot product spells out its 16 partial sums).
 //
 // The ISA files include nothing but this header: an inline function from a shared header compiled there
 // with AVX-512 could be the copy the linker keeps for everyone, and crash older CPUs.
@@ -48,10 +49,15 @@ struct AttentionHeads {
 };
 using AttentionHeadsKernel = void (*)(const AttentionHeads& a, int h0, int h1);
 
+// Rotary embedding of pairs [i0, i1) (float indices, even) of every head of vec (n_heads, head_size), by
+// cos_sin[i - i0] and cos_sin[i - i0 + 1] (the layout of ops.h rope_angles), as llama2.c computes it.
+using RopeRotate = void (*)(float* vec, int n_heads, int head_size, const float* cos_sin, int i0, int i1);
+
 struct RowKernels {
   QuantizeInt8Row quantize_int8 = nullptr;
   SplitBf16Row split_bf16 = nullptr;
   AttentionHeadsKernel attention_heads = nullptr;
+  RopeRotate rope_rotate = nullptr;
 };
 
 RowKernels portable_row_kernels();

@@ -1,13 +1,88 @@
 // The row kernels compiled for AVX-512 F/BW/VL/DQ (see kernels/CMakeLists.txt), called only on CPUs that
-// have it: 16 floats per instruction in the dot products, the quantisation and the bf16 split.
+// have it: 16 floats per instruction in the quantisation and the bf16 split, and attention in registers.
+#include <immintrin.h>
+
 #include "kernels/cpu/row_kernels.h"
 
 namespace shardline::kernels::cpu::row {
 
 namespace {
 #include "kernels/cpu/row_kernels_generic.inl"
+
+// Attention for head sizes that are a multiple of 16, operation for operation the generic dot() and value
+// sum, with the compiler's bookkeeping taken out of the way: the compiled generic dot() folded its 16
+// partial sums through the stack (a store, then narrower loads that wait for it) for every position and
+// head, and the value sum loaded and stored a head's output for every position. That made attention
+// arithmetic-bound at about 100 cycles per position and head; here the fold stays in registers and a head's
+// output is up to four accumulators (64 floats) per pass over the positions.
+float dot16(const float* q, const float* k, int n) {
+  __m512 partial = _mm512_setzero_ps();
+  for (int i = 0; i < n; i += 16) {
+    partial = _mm512_add_ps(partial, _mm512_mul_ps(_mm512_loadu_ps(q + i), _mm512_loadu_ps(k + i)));
+  }
+  // dot()'s fold: lane l gets lane l + 8, then l + 4, l + 2, l + 1 (float addition commutes exactly).
+  const __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(partial), _mm512_extractf32x8_ps(partial, 1));
+  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
+}
+
+constexpr int kValueRegisters = 4;  // 64 floats of a head's output per pass over the positions
+
+void attention_heads_avx512(const AttentionHeads& a, int h0, int h1) {
+  const int hs = a.head_size;
+  if (hs % 16 != 0) {
+    attention_heads(a, h0, h1);
+    return;
+  }
+  attention_heads_with(a, h0, h1, dot16, [&](float* out, const float* weights, int h) {
+    const int offset = (h / a.group) * hs;
+    for (int i0 = 0; i0 < hs; i0 += 16 * kValueRegisters) {
+      const int n_regs = (hs - i0) / 16 < kValueRegisters ? (hs - i0) / 16 : kValueRegisters;
+      __m512 acc[kValueRegisters] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                                     _mm512_setzero_ps()};
+      for_each_cached_row(a.v_blocks, a.block_tokens, a.n_ctx, a.kv_stride, [&](int t, const float* v_row) {
+        const __m512 weight = _mm512_set1_ps(weights[t]);
+        const float* v = v_row + offset + i0;
+        for (int j = 0; j < n_regs; ++j) {
+          acc[j] = _mm512_add_ps(acc[j], _mm512_mul_ps(weight, _mm512_loadu_ps(v + 16 * j)));
+        }
+      });
+      for (int j = 0; j < n_regs; ++j) _mm512_storeu_ps(out + i0 + 16 * j, acc[j]);
+    }
+  });
+}
+
+// rope_rotate on 8 pairs per instruction: with C = (c0, c0, c1, c1, ...) and S = (-s0, s0, -s1, s1, ...),
+// out = v * C + swap_pairs(v) * S gives v0 c - v1 s and v1 c + v0 s, the generic expressions bit for bit
+// (a - b is a + (-b), and addition commutes). The compiled generic loop stayed scalar (pairs interleave).
+// A head's last pairs go through a masked vector too, not the generic loop: compiled here, GCC 12 turns
+// that loop's multiplies and alternating add/subtract into VFMADDSUB despite -ffp-contract=off, which
+// rounds once instead of twice (1 ulp off the portable build; caught by CpuRope.BitIdenticalOnEveryIsa).
+void rope_rotate_avx512(float* vec, int n_heads, int head_size, const float* cos_sin, int i0, int i1) {
+  const __m512 negate_even = _mm512_castsi512_ps(_mm512_set4_epi32(0, static_cast<int>(0x80000000u), 0,
+                                                                   static_cast<int>(0x80000000u)));
+  for (int h = 0; h < n_heads; ++h) {
+    float* head = vec + static_cast<std::size_t>(h) * head_size;
+    for (int i = i0; i < i1; i += 16) {
+      const __mmask16 lanes = i1 - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (i1 - i)) - 1);
+      const __m512 angles = _mm512_maskz_loadu_ps(lanes, cos_sin + (i - i0));
+      const __m512 c = _mm512_moveldup_ps(angles);
+      const __m512 s = _mm512_xor_ps(_mm512_movehdup_ps(angles), negate_even);
+      const __m512 v = _mm512_maskz_loadu_ps(lanes, head + i);
+      const __m512 swapped = _mm512_permute_ps(v, 0xB1);  // (v1, v0, v3, v2, ...)
+      _mm512_mask_storeu_ps(head + i, lanes, _mm512_add_ps(_mm512_mul_ps(v, c), _mm512_mul_ps(swapped, s)));
+    }
+  }
+}
+
 }  // namespace
 
-RowKernels avx512_row_kernels() { return row_kernels(); }
+RowKernels avx512_row_kernels() {
+  RowKernels kernels = row_kernels();
+  kernels.attention_heads = attention_heads_avx512;
+  kernels.rope_rotate = rope_rotate_avx512;
+  return kernels;
+}
 
 }  // namespace shardline::kernels::cpu::row

@@ -68,10 +68,68 @@ void split_bf16_row(const float* x, int k, int kp, std::uint16_t* hi, std::uint1
   for (int j = k; j < kp; ++j) hi[j] = lo[j] = 0;
 }
 
+// Position t's row of a paged cache (a key or a value block list).
+inline const float* cached_row(const float* const* blocks, int block_tokens, int t, int stride) {
+  return blocks[t / block_tokens] + static_cast<std::size_t>(t % block_tokens) * stride;
+}
+
+// fn(t, row) for positions t = 0 .. n_ctx - 1 in order, row = position t's cached row.
+template <typename Fn>
+inline void for_each_cached_row(const float* const* blocks, int block_tokens, int n_ctx, int stride, Fn&& fn) {
+  for (int b = 0, t0 = 0; t0 < n_ctx; ++b, t0 += block_tokens) {
+    const int rows = n_ctx - t0 < block_tokens ? n_ctx - t0 : block_tokens;
+    for (int r = 0; r < rows; ++r) fn(t0 + r, blocks[b] + static_cast<std::size_t>(r) * stride);
+  }
+}
+
+inline void prefetch_floats(const float* p, int n) {
+  for (int i = 0; i < n; i += 16) __builtin_prefetch(p + i);  // one 64-byte line per 16 floats
+}
+
+// Positions the key loop prefetches ahead. A sequence's cache is a few short runs of rows (a block per
+// 16 positions, a few KiB per row) that the weights of the layer before have pushed out of the caches, and
+// the hardware prefetcher stops at every 4 KiB page: without software prefetching the loops waited on
+// memory for most rows.
+constexpr int kAttentionPrefetchRows = 4;
+
+// Attention of heads [h0, h1), with the score dot product and the value accumulation of one head as
+// parameters (the AVX-512 build passes register versions of both; every version keeps the same order of
+// operations, so the bits do not change):
+//   dot(q, k, head_size) -> q . k, as dot() below;
+//   values(out, weights, h): out (head_size) = sum over positions t, in order, of weights[t] * value row t
+//   of head h's kv head, from out = 0, as in attention_heads() below.
+// Scores go position-major: each cached key row (every kv head's slice of one position, contiguous) is
+// read once, front to back, for all the heads, and the keys kAttentionPrefetchRows positions ahead and the
+// values of the position are prefetched (only the kv heads of [h0, h1)). Values then go head by head, out of
+// cache, so a head's output stays in registers (or L1) across the positions.
+template <typename Dot, typename Values>
+void attention_heads_with(const AttentionHeads& a, int h0, int h1, Dot&& dot, Values&& values) {
+  const int n_ctx = a.n_ctx, hs = a.head_size;
+  const int span_begin = (h0 / a.group) * hs, span_floats = ((h1 - 1) / a.group + 1) * hs - span_begin;
+  for (int t = 0; t < kAttentionPrefetchRows && t < n_ctx; ++t) {
+    prefetch_floats(cached_row(a.k_blocks, a.block_tokens, t, a.kv_stride) + span_begin, span_floats);
+  }
+  for_each_cached_row(a.k_blocks, a.block_tokens, n_ctx, a.kv_stride, [&](int t, const float* k_row) {
+    if (t + kAttentionPrefetchRows < n_ctx) {
+      prefetch_floats(cached_row(a.k_blocks, a.block_tokens, t + kAttentionPrefetchRows, a.kv_stride) + span_begin,
+                      span_floats);
+    }
+    prefetch_floats(cached_row(a.v_blocks, a.block_tokens, t, a.kv_stride) + span_begin, span_floats);
+    for (int h = h0; h < h1; ++h) {
+      a.scratch[static_cast<std::size_t>(h) * n_ctx + t] =
+          dot(a.q + static_cast<std::size_t>(h) * hs, k_row + (h / a.group) * hs, hs) * a.inv_sqrt;
+    }
+  });
+  for (int h = h0; h < h1; ++h) {
+    float* weights = a.scratch + static_cast<std::size_t>(h) * n_ctx;
+    softmax(weights, n_ctx);
+    values(a.out + static_cast<std::size_t>(h) * hs, weights, h);
+  }
+}
+
 // q . k over head_size floats in 16 interleaved partial sums, added up in a fixed order at the end. One
-// running sum is a chain of dependent multiply-adds the compiler may not reorder (no -ffast-math): it cost
-// a third of a batch-16 decode step on the 110M shape. The order is fixed, so every layout, batch and ISA
-// computes the same score.
+// running sum is a chain of dependent multiply-adds the compiler may not reorder (no -ffast-math). The
+// order is fixed, so every layout, batch and ISA computes the same score.
 inline float dot(const float* a, const float* b, int n) {
   float partial[kLanes] = {};
   int i = 0;
@@ -85,39 +143,30 @@ inline float dot(const float* a, const float* b, int n) {
   return partial[0];
 }
 
-// Position-major: each cached key and value row (every kv head's slice of one position, contiguous) is read
-// once, front to back, for all the heads, so the cache streams from memory; head-major order read 256
-// bytes per position at a 3 KiB stride and waited on memory for each. Every score and every output element
-// still accumulates over positions in increasing order, exactly as a head-by-head loop would.
 void attention_heads(const AttentionHeads& a, int h0, int h1) {
-  const int n_ctx = a.n_ctx, hs = a.head_size;
-  for (int b = 0, t0 = 0; t0 < n_ctx; ++b, t0 += a.block_tokens) {
-    const int rows = n_ctx - t0 < a.block_tokens ? n_ctx - t0 : a.block_tokens;
-    for (int r = 0; r < rows; ++r) {
-      const float* k_row = a.k_blocks[b] + static_cast<std::size_t>(r) * a.kv_stride;
-      for (int h = h0; h < h1; ++h) {
-        a.scratch[static_cast<std::size_t>(h) * n_ctx + t0 + r] =
-            dot(a.q + static_cast<std::size_t>(h) * hs, k_row + (h / a.group) * hs, hs) * a.inv_sqrt;
-      }
-    }
-  }
-  for (int h = h0; h < h1; ++h) {
-    softmax(a.scratch + static_cast<std::size_t>(h) * n_ctx, n_ctx);
-    float* oh = a.out + static_cast<std::size_t>(h) * hs;
-    for (int i = 0; i < hs; ++i) oh[i] = 0.0f;
-  }
-  for (int b = 0, t0 = 0; t0 < n_ctx; ++b, t0 += a.block_tokens) {
-    const int rows = n_ctx - t0 < a.block_tokens ? n_ctx - t0 : a.block_tokens;
-    for (int r = 0; r < rows; ++r) {
-      const float* v_row = a.v_blocks[b] + static_cast<std::size_t>(r) * a.kv_stride;
-      for (int h = h0; h < h1; ++h) {
-        const float weight = a.scratch[static_cast<std::size_t>(h) * n_ctx + t0 + r];
-        const float* vt = v_row + (h / a.group) * hs;
-        float* oh = a.out + static_cast<std::size_t>(h) * hs;
-        for (int i = 0; i < hs; ++i) oh[i] += weight * vt[i];
-      }
+  const int hs = a.head_size;
+  attention_heads_with(a, h0, h1, dot, [&](float* out, const float* weights, int h) {
+    for (int i = 0; i < hs; ++i) out[i] = 0.0f;
+    const int offset = (h / a.group) * hs;
+    for_each_cached_row(a.v_blocks, a.block_tokens, a.n_ctx, a.kv_stride, [&](int t, const float* v_row) {
+      const float weight = weights[t];
+      for (int i = 0; i < hs; ++i) out[i] += weight * v_row[offset + i];
+    });
+  });
+}
+
+// llama2.c recomputes the rotation per head; the values are identical for every head.
+void rope_rotate(float* vec, int n_heads, int head_size, const float* cos_sin, int i0, int i1) {
+  for (int h = 0; h < n_heads; ++h) {
+    float* head = vec + static_cast<std::size_t>(h) * head_size;
+    for (int i = i0; i < i1; i += 2) {
+      const float fcr = cos_sin[i - i0], fci = cos_sin[i - i0 + 1];
+      const float v0 = head[i];
+      const float v1 = head[i + 1];
+      head[i] = v0 * fcr - v1 * fci;
+      head[i + 1] = v0 * fci + v1 * fcr;
     }
   }
 }
 
-RowKernels row_kernels() { return {quantize_int8_row, split_bf16_row, attention_heads}; }
+RowKernels row_kernels() { return {quantize_int8_row, split_bf16_row, attention_heads, rope_rotate}; }

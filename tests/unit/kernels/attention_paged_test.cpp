@@ -58,11 +58,14 @@ TEST(AttentionPaged, BitIdenticalToContiguousForEveryBlockSize) {
   }
 }
 
-// Attention is compiled for the baseline target and for AVX-512 (row_kernels.h); both must give the same
-// bits, with GQA, a head size that is not a multiple of 16 lanes, and both thread counts.
+// Attention is compiled for the baseline target and, with intrinsics, for AVX-512 (row_kernels.h); both
+// must give the same bits, with GQA, both thread counts, head sizes that are multiples of 16 (64; 80 and 128
+// pass the AVX-512 kernel's 64-float value registers) and one that is not (40: the generic code on both).
 TEST(AttentionPaged, BitIdenticalOnEveryIsa) {
   std::mt19937 rng(8);
-  const int n_heads = 6, n_kv_heads = 3, head_size = 40, kv_stride = n_kv_heads * head_size, n_ctx = 130;
+  for (int head_size : {40, 64, 80, 128}) {
+  SCOPED_TRACE(::testing::Message() << "head_size " << head_size);
+  const int n_heads = 6, n_kv_heads = 3, kv_stride = n_kv_heads * head_size, n_ctx = 130;
   const std::vector<float> q = test::random_floats(rng, static_cast<std::size_t>(n_heads) * head_size);
   const std::vector<float> k = test::random_floats(rng, static_cast<std::size_t>(n_ctx) * kv_stride);
   const std::vector<float> v = test::random_floats(rng, static_cast<std::size_t>(n_ctx) * kv_stride);
@@ -82,6 +85,7 @@ TEST(AttentionPaged, BitIdenticalOnEveryIsa) {
       EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0)
           << isa_name(isa) << ", " << threads << " threads";
     }
+  }
   }
 }
 

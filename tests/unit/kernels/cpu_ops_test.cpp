@@ -179,6 +179,54 @@ TEST(CpuRope, MatchesFormulaAtLaterPositions) {
   }
 }
 
+TEST(CpuRope, AnglesOnceThenRotateIsRopeBitForBit) {
+  // The stage computes a row's angles once per forward pass and rotates every layer's q and k with them:
+  // it must be the very rope() each layer ran before. head_size 600 passes rope()'s 256-float chunks.
+  std::mt19937 rng(13);
+  for (int head_size : {2, 64, 128, 600}) {
+    for (int pos : {0, 1, 37, 2047}) {
+      SCOPED_TRACE(::testing::Message() << "head_size=" << head_size << " pos=" << pos);
+      const int n_heads = 3;
+      const std::vector<float> vec = random_floats(rng, static_cast<std::size_t>(n_heads) * head_size);
+      std::vector<float> whole = vec, halves = vec, angles(head_size);
+      rope(whole.data(), n_heads, head_size, pos, 10000.0f);
+      rope_angles(angles.data(), head_size, pos, 10000.0f);
+      rope_rotate(halves.data(), n_heads, head_size, angles.data());
+      EXPECT_EQ(halves, whole);
+      if (pos > 0) {
+        EXPECT_TRUE(nmse_below(whole, ref_rope(vec, n_heads, head_size, pos, 10000.0), 1e-8));
+      }
+    }
+  }
+}
+
+TEST(CpuRope, BitIdenticalOnEveryIsa) {
+  // The rotation is a row kernel (row_kernels.h), with AVX-512 intrinsics on 8 pairs at a time and the
+  // generic loop for what is left of a head (head sizes 6 and 600 leave tails; 600 also takes rope()'s chunks).
+  std::mt19937 rng(14);
+  for (int head_size : {6, 64, 128, 600}) {
+    const int n_heads = 3, pos = 123;
+    const std::vector<float> vec = random_floats(rng, static_cast<std::size_t>(n_heads) * head_size);
+    std::vector<float> angles(head_size), want = vec, want_rope = vec;
+    rope_angles(angles.data(), head_size, pos, 10000.0f);
+    {
+      test::ScopedIsa portable(Isa::kPortable);
+      rope_rotate(want.data(), n_heads, head_size, angles.data());
+      rope(want_rope.data(), n_heads, head_size, pos, 10000.0f);
+    }
+    for (Isa isa : test::runnable_isas()) {
+      SCOPED_TRACE(::testing::Message() << "head_size=" << head_size << " " << isa_name(isa));
+      test::ScopedIsa scoped(isa);
+      std::vector<float> got = vec, got_rope = vec;
+      rope_rotate(got.data(), n_heads, head_size, angles.data());
+      rope(got_rope.data(), n_heads, head_size, pos, 10000.0f);
+      EXPECT_EQ(got, want);
+      EXPECT_EQ(got_rope, want_rope);
+      EXPECT_EQ(got_rope, got);
+    }
+  }
+}
+
 TEST(CpuRope, FirstPairRotatesByPosRadians) {
   // freq for i = 0 is theta^0 = 1: the first pair of every head turns by exactly pos radians.
   std::vector<float> vec = {1.0f, 0.0f, 0.0f, 0.0f, /*head 1*/ 0.0f, 1.0f, 0.0f, 0.0f};
@@ -334,6 +382,30 @@ TEST(CpuArgmax, PicksLargestFirstOnTies) {
   EXPECT_EQ(argmax(logits.data(), 32000), 31999);
   logits[123] = 2.0f;  // an equal value earlier wins
   EXPECT_EQ(argmax(logits.data(), 32000), 123);
+}
+
+TEST(CpuArgmax, SameIndexAsAPlainScanWithTiesAndNaNs) {
+  // argmax skips blocks of 64 that cannot win; this holds it to llama2.c's one-by-one scan on every
+  // length around the block (tails, a winner in the tail), with many equal values and NaNs, which never win.
+  auto scan = [](const std::vector<float>& x) {
+    int best = 0;
+    for (int i = 1; i < static_cast<int>(x.size()); ++i) {
+      if (x[i] > x[best]) best = i;
+    }
+    return best;
+  };
+  std::mt19937 rng(62);
+  std::uniform_int_distribution<int> level(0, 40);
+  for (int size = 1; size <= 200; ++size) {
+    for (int trial = 0; trial < 20; ++trial) {
+      std::vector<float> x(size);
+      for (float& v : x) v = static_cast<float>(level(rng) % 8);  // few distinct values: ties everywhere
+      if (trial % 3 == 0) x[level(rng) % size] = std::numeric_limits<float>::quiet_NaN();
+      if (trial % 5 == 0) x[0] = std::numeric_limits<float>::quiet_NaN();
+      if (trial % 4 == 0) x[size - 1] = 100.0f;
+      ASSERT_EQ(argmax(x.data(), size), scan(x)) << "size " << size << " trial " << trial;
+    }
+  }
 }
 
 }  // namespace
