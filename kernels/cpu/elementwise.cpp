@@ -56,24 +56,9 @@ void rope(float* vec, int n_heads, int head_size, int pos, float theta_base) {
   }
 }
 
-void softmax(float* x, int size) {
-  float max_val = x[0];
-  for (int i = 1; i < size; ++i) max_val = x[i] > max_val ? x[i] : max_val;
-  float sum = 0.0f;
-  for (int i = 0; i < size; ++i) {
-    x[i] = std::exp(x[i] - max_val);
-    sum += x[i];
-  }
-  const float inv = 1.0f / sum;
-  for (int i = 0; i < size; ++i) x[i] *= inv;
-}
+void softmax(float* x, int size) { row::active_row_kernels().softmax(x, size); }
 
-void swiglu(float* h1, const float* h3, int size) {
-  for (int i = 0; i < size; ++i) {
-    const float v = h1[i];
-    h1[i] = v * (1.0f / (1.0f + std::exp(-v))) * h3[i];
-  }
-}
+void swiglu(float* h1, const float* h3, int size) { row::active_row_kernels().silu_mul(h1, h3, size); }
 
 void add_inplace(float* y, const float* x, int size) {
   for (int i = 0; i < size; ++i) y[i] += x[i];

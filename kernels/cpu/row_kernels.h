@@ -16,12 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace shardline::kernels::cpu {
-
-// Defined in elementwise.cpp (baseline target), declared in ops.h.
-void softmax(float* x, int size);
-
-namespace row {
+namespace shardline::kernels::cpu::row {
 
 // One row of x (k values) as int8 in groups of `group` (32 or 128, dividing kp = k padded to 32): per group,
 // scale = max|x| / 127 and q = round(x / scale), with the sum of q (the int8 kernels undo their +128 weight
@@ -53,11 +48,18 @@ using AttentionHeadsKernel = void (*)(const AttentionHeads& a, int h0, int h1);
 // cos_sin[i - i0] and cos_sin[i - i0 + 1] (the layout of ops.h rope_angles), as llama2.c computes it.
 using RopeRotate = void (*)(float* vec, int n_heads, int head_size, const float* cos_sin, int i0, int i1);
 
+// In-place softmax of n values (ops.h softmax), with the row kernels' own exp (row_kernels_generic.inl).
+using Softmax = void (*)(float* x, int n);
+// The SwiGLU gate, h = silu(h) * u over n values (ops.h swiglu), with the same exp.
+using SiluMul = void (*)(float* h, const float* u, int n);
+
 struct RowKernels {
   QuantizeInt8Row quantize_int8 = nullptr;
   SplitBf16Row split_bf16 = nullptr;
   AttentionHeadsKernel attention_heads = nullptr;
   RopeRotate rope_rotate = nullptr;
+  Softmax softmax = nullptr;
+  SiluMul silu_mul = nullptr;
 };
 
 RowKernels portable_row_kernels();
@@ -66,5 +68,4 @@ RowKernels avx512_row_kernels();
 // The kernels of the active ISA level (isa.h: AVX-512 from kAvx512 up, else the baseline build).
 const RowKernels& active_row_kernels();
 
-}  // namespace row
-}  // namespace shardline::kernels::cpu
+}  // namespace shardline::kernels::cpu::row

@@ -15,16 +15,78 @@ namespace {
 // head, and the value sum loaded and stored a head's output for every position. That made attention
 // arithmetic-bound at about 100 cycles per position and head; here the fold stays in registers and a head's
 // output is up to four accumulators (64 floats) per pass over the positions.
+// dot()'s fold of 16 partial sums: lane l gets lane l + 8, then l + 4, l + 2, l + 1 (float addition commutes
+// exactly).
+inline float fold16(__m512 partial) {
+  const __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(partial), _mm512_extractf32x8_ps(partial, 1));
+  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
+}
+
 float dot16(const float* q, const float* k, int n) {
   __m512 partial = _mm512_setzero_ps();
   for (int i = 0; i < n; i += 16) {
     partial = _mm512_add_ps(partial, _mm512_mul_ps(_mm512_loadu_ps(q + i), _mm512_loadu_ps(k + i)));
   }
-  // dot()'s fold: lane l gets lane l + 8, then l + 4, l + 2, l + 1 (float addition commutes exactly).
-  const __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(partial), _mm512_extractf32x8_ps(partial, 1));
-  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
+  return fold16(partial);
+}
+
+// exp_kernel() on 16 lanes, operation for operation (the clamp differs only for NaN, which is put back).
+__m512 exp16(__m512 x) {
+  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+  const __m512 c = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(kExpMin)), _mm512_set1_ps(kExpMax));
+  const __m512 shift = _mm512_set1_ps(12582912.0f);  // round_to_nearest_even's 1.5 * 2^23
+  const __m512 n = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(c, _mm512_set1_ps(kLog2e)), shift), shift);
+  __m512 r = _mm512_sub_ps(c, _mm512_mul_ps(n, _mm512_set1_ps(kLn2Hi)));
+  r = _mm512_sub_ps(r, _mm512_mul_ps(n, _mm512_set1_ps(kLn2Lo)));
+  __m512 p = _mm512_set1_ps(kExpPoly[0]);
+  for (int i = 1; i < kExpTerms; ++i) p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(kExpPoly[i]));
+  const __m512 y = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(p, _mm512_mul_ps(r, r)), r), _mm512_set1_ps(1.0f));
+  const __m512i e = _mm512_cvttps_epi32(n);
+  const __m512i e1 = _mm512_srai_epi32(e, 1);
+  const __m512i bias = _mm512_set1_epi32(127);
+  const __m512 pow1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(e1, bias), 23));
+  const __m512 pow2 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_sub_epi32(e, e1), bias), 23));
+  return _mm512_mask_blend_ps(nan, _mm512_mul_ps(_mm512_mul_ps(y, pow1), pow2), x);
+}
+
+// 16 lanes (the first `lanes` of them) from x, zeros elsewhere.
+inline __mmask16 first_lanes(int n) {
+  return n >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << n) - 1);
+}
+
+// softmax_row(): the maximum is exact in any order (lane maxima), the sum's 16 partial sums are dot()'s.
+void softmax_avx512(float* x, int n) {
+  __m512 lane_max = _mm512_set1_ps(x[0]);
+  for (int i = 0; i < n; i += 16) {
+    const __m512 v = _mm512_mask_loadu_ps(lane_max, first_lanes(n - i), x + i);
+    lane_max = _mm512_max_ps(v, lane_max);
+  }
+  const __m512 max_val = _mm512_set1_ps(_mm512_reduce_max_ps(lane_max));
+  __m512 partial = _mm512_setzero_ps();
+  for (int i = 0; i < n; i += 16) {
+    const __mmask16 lanes = first_lanes(n - i);
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(lanes, x + i), max_val));
+    _mm512_mask_storeu_ps(x + i, lanes, e);
+    partial = _mm512_mask_add_ps(partial, lanes, partial, e);
+  }
+  const __m512 inv = _mm512_set1_ps(1.0f / fold16(partial));
+  for (int i = 0; i < n; i += 16) {
+    const __mmask16 lanes = first_lanes(n - i);
+    _mm512_mask_storeu_ps(x + i, lanes, _mm512_mul_ps(_mm512_maskz_loadu_ps(lanes, x + i), inv));
+  }
+}
+
+void silu_mul_avx512(float* h, const float* u, int n) {
+  const __m512 one = _mm512_set1_ps(1.0f);
+  const __m512 sign = _mm512_set1_ps(-0.0f);
+  for (int i = 0; i < n; i += 16) {
+    const __mmask16 lanes = first_lanes(n - i);
+    const __m512 g = _mm512_maskz_loadu_ps(lanes, h + i);
+    const __m512 gate = _mm512_div_ps(one, _mm512_add_ps(one, exp16(_mm512_xor_ps(g, sign))));
+    _mm512_mask_storeu_ps(h + i, lanes, _mm512_mul_ps(_mm512_mul_ps(g, gate), _mm512_maskz_loadu_ps(lanes, u + i)));
+  }
 }
 
 constexpr int kValueRegisters = 4;  // 64 floats of a head's output per pass over the positions
@@ -35,7 +97,7 @@ void attention_heads_avx512(const AttentionHeads& a, int h0, int h1) {
     attention_heads(a, h0, h1);
     return;
   }
-  attention_heads_with(a, h0, h1, dot16, [&](float* out, const float* weights, int h) {
+  attention_heads_with(a, h0, h1, dot16, softmax_avx512, [&](float* out, const float* weights, int h) {
     const int offset = (h / a.group) * hs;
     for (int i0 = 0; i0 < hs; i0 += 16 * kValueRegisters) {
       const int n_regs = (hs - i0) / 16 < kValueRegisters ? (hs - i0) / 16 : kValueRegisters;
@@ -82,6 +144,8 @@ RowKernels avx512_row_kernels() {
   RowKernels kernels = row_kernels();
   kernels.attention_heads = attention_heads_avx512;
   kernels.rope_rotate = rope_rotate_avx512;
+  kernels.softmax = softmax_avx512;
+  kernels.silu_mul = silu_mul_avx512;
   return kernels;
 }
 

@@ -15,6 +15,37 @@ inline float round_to_nearest_even(float v) {
   return (v + kShift) - kShift;
 }
 
+// exp(x) in single precision, the same bits in every build (the C library's expf is a call the AVX-512 build
+// cannot vectorise, and one implementation for both builds keeps them identical): Cephes' expf, with
+// x = n ln2 + r (n = round(x log2 e), ln2 in two parts so n ln2 is exact), e^r from its degree-7 polynomial
+// on |r| <= ln2 / 2, times 2^n as two exact power-of-two multiplies (so results overflow to +inf past 88.72
+// and fall to subnormals and 0 below -87.3, as expf's do). Within 2 ulp of the true value (tested against
+// double precision). x is clamped to [-104, 89] first, where 2^n's two halves stay normal floats.
+constexpr float kExpMin = -104.0f, kExpMax = 89.0f;
+constexpr float kLog2e = 1.44269504088896341f;
+constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
+constexpr int kExpTerms = 6;
+constexpr float kExpPoly[kExpTerms] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+                                       4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
+
+inline float pow2i(int e) {  // 2^e for e in [-126, 127]
+  return __builtin_bit_cast(float, static_cast<std::uint32_t>(e + 127) << 23);
+}
+
+inline float exp_kernel(float x) {
+  if (!(x == x)) return x;  // NaN
+  x = x < kExpMin ? kExpMin : (x > kExpMax ? kExpMax : x);
+  const float n = round_to_nearest_even(x * kLog2e);
+  float r = x - n * kLn2Hi;
+  r = r - n * kLn2Lo;
+  float p = kExpPoly[0];
+  for (int i = 1; i < kExpTerms; ++i) p = p * r + kExpPoly[i];
+  const float y = (p * (r * r) + r) + 1.0f;
+  const int e = static_cast<int>(n);
+  const int e1 = e >> 1;  // arithmetic shift: e1 + e2 = e, both in [-75, 64]
+  return (y * pow2i(e1)) * pow2i(e - e1);
+}
+
 // The largest |x| of n values (a multiple of 32), as 16 lane maxima folded in halves (max is exact in any
 // order).
 inline float group_amax(const float* x, int n) {
@@ -68,6 +99,31 @@ void split_bf16_row(const float* x, int k, int kp, std::uint16_t* hi, std::uint1
   for (int j = k; j < kp; ++j) hi[j] = lo[j] = 0;
 }
 
+// x = exp(x - max) / sum, in place. The sum gathers the values in 16 interleaved partial sums, folded as
+// dot() folds them (which the AVX-512 build keeps in one register).
+void softmax_row(float* x, int n) {
+  float max_val = x[0];
+  for (int i = 1; i < n; ++i) max_val = x[i] > max_val ? x[i] : max_val;
+  float partial[kLanes] = {};
+  for (int i = 0; i < n; ++i) {
+    x[i] = exp_kernel(x[i] - max_val);
+    partial[i % kLanes] += x[i];
+  }
+  for (int width = kLanes / 2; width > 0; width /= 2) {
+    for (int l = 0; l < width; ++l) partial[l] += partial[l + width];
+  }
+  const float inv = 1.0f / partial[0];
+  for (int i = 0; i < n; ++i) x[i] *= inv;
+}
+
+// The SwiGLU gate: h = silu(h) * u = h * (1 / (1 + exp(-h))) * u.
+void silu_mul(float* h, const float* u, int n) {
+  for (int i = 0; i < n; ++i) {
+    const float g = h[i];
+    h[i] = g * (1.0f / (1.0f + exp_kernel(-g))) * u[i];
+  }
+}
+
 // Position t's row of a paged cache (a key or a value block list).
 inline const float* cached_row(const float* const* blocks, int block_tokens, int t, int stride) {
   return blocks[t / block_tokens] + static_cast<std::size_t>(t % block_tokens) * stride;
@@ -92,18 +148,19 @@ inline void prefetch_floats(const float* p, int n) {
 // memory for most rows.
 constexpr int kAttentionPrefetchRows = 4;
 
-// Attention of heads [h0, h1), with the score dot product and the value accumulation of one head as
-// parameters (the AVX-512 build passes register versions of both; every version keeps the same order of
+// Attention of heads [h0, h1), with the score dot product, the softmax and the value accumulation of one
+// head as parameters (the AVX-512 build passes register versions; every version keeps the same order of
 // operations, so the bits do not change):
 //   dot(q, k, head_size) -> q . k, as dot() below;
+//   softmax(x, n) as softmax_row();
 //   values(out, weights, h): out (head_size) = sum over positions t, in order, of weights[t] * value row t
 //   of head h's kv head, from out = 0, as in attention_heads() below.
 // Scores go position-major: each cached key row (every kv head's slice of one position, contiguous) is
 // read once, front to back, for all the heads, and the keys kAttentionPrefetchRows positions ahead and the
 // values of the position are prefetched (only the kv heads of [h0, h1)). Values then go head by head, out of
 // cache, so a head's output stays in registers (or L1) across the positions.
-template <typename Dot, typename Values>
-void attention_heads_with(const AttentionHeads& a, int h0, int h1, Dot&& dot, Values&& values) {
+template <typename Dot, typename Softmax, typename Values>
+void attention_heads_with(const AttentionHeads& a, int h0, int h1, Dot&& dot, Softmax&& softmax, Values&& values) {
   const int n_ctx = a.n_ctx, hs = a.head_size;
   const int span_begin = (h0 / a.group) * hs, span_floats = ((h1 - 1) / a.group + 1) * hs - span_begin;
   for (int t = 0; t < kAttentionPrefetchRows && t < n_ctx; ++t) {
@@ -145,7 +202,7 @@ inline float dot(const float* a, const float* b, int n) {
 
 void attention_heads(const AttentionHeads& a, int h0, int h1) {
   const int hs = a.head_size;
-  attention_heads_with(a, h0, h1, dot, [&](float* out, const float* weights, int h) {
+  attention_heads_with(a, h0, h1, dot, softmax_row, [&](float* out, const float* weights, int h) {
     for (int i = 0; i < hs; ++i) out[i] = 0.0f;
     const int offset = (h / a.group) * hs;
     for_each_cached_row(a.v_blocks, a.block_tokens, a.n_ctx, a.kv_stride, [&](int t, const float* v_row) {
@@ -169,4 +226,6 @@ void rope_rotate(float* vec, int n_heads, int head_size, const float* cos_sin, i
   }
 }
 
-RowKernels row_kernels() { return {quantize_int8_row, split_bf16_row, attention_heads, rope_rotate}; }
+RowKernels row_kernels() {
+  return {quantize_int8_row, split_bf16_row, attention_heads, rope_rotate, softmax_row, silu_mul};
+}

@@ -270,8 +270,70 @@ TEST(CpuSoftmax, StableForLargeInputs) {
   EXPECT_TRUE(nmse_below(p, std::vector<double>(4, 0.25)));
 }
 
+// The kernels' own exp (row_kernels_generic.inl) is within 2 ulp of the true value. softmax of (0, x)
+// gives e^x / (1 + e^x) in its second entry, so for x <= 0 its relative error is exp's (plus a division,
+// an addition and a multiplication, each half an ulp): bounded here by 4 ulp over [-87, 0], subnormal results
+// excluded. Positive arguments go through swiglu below.
+TEST(CpuSoftmax, ExpIsWithinUlpsOfTheTrueValue) {
+  constexpr double kUlp = 1.0 / (1 << 23);
+  double worst = 0;
+  for (double x = -87.0; x <= 0.0; x += 0.0137) {
+    std::vector<float> p = {0.0f, static_cast<float>(x)};
+    softmax(p.data(), 2);
+    const double ex = std::exp(static_cast<double>(static_cast<float>(x)));
+    const double want = ex / (1.0 + ex);
+    worst = std::max(worst, std::fabs(p[1] - want) / want);
+  }
+  EXPECT_LT(worst, 4 * kUlp) << "worst relative error " << worst / kUlp << " ulp";
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // swiglu, add_inplace
+
+TEST(CpuSwiglu, ExpIsWithinUlpsOfTheTrueValue) {
+  // silu(h) with u = 1 is h / (1 + e^-h): for h <= -1 its relative error is nearly all of exp(-h)'s, on
+  // [1, 87]. Bound: 4 ulp (exp's 2 plus the addition, division and two multiplications).
+  constexpr double kUlp = 1.0 / (1 << 23);
+  std::vector<float> h, u;
+  for (double x = -87.0; x <= -1.0; x += 0.0093) h.push_back(static_cast<float>(x));
+  u.assign(h.size(), 1.0f);
+  std::vector<float> got = h;
+  swiglu(got.data(), u.data(), static_cast<int>(got.size()));
+  double worst = 0;
+  for (std::size_t i = 0; i < h.size(); ++i) {
+    const double want = h[i] / (1.0 + std::exp(-static_cast<double>(h[i])));
+    worst = std::max(worst, std::fabs(got[i] - want) / std::fabs(want));
+  }
+  EXPECT_LT(worst, 4 * kUlp) << "worst relative error " << worst / kUlp << " ulp";
+}
+
+TEST(CpuSwiglu, SoftmaxAndSwigluBitIdenticalOnEveryIsa) {
+  // Both are row kernels (AVX-512 intrinsics, the generic loops on the baseline build) with their own exp:
+  // every level must give the portable bits, on lengths around the 16 lanes and with values past exp's
+  // clamps (+-120), its overflow and underflow.
+  std::mt19937 rng(32);
+  for (int size : {1, 5, 16, 17, 100, 32000}) {
+    std::vector<float> x = random_floats(rng, size, -120.0f, 120.0f);
+    const std::vector<float> u = random_floats(rng, size, -2.0f, 2.0f);
+    std::vector<float> want_softmax = x, want_swiglu = x;
+    for (float& v : want_softmax) v *= 0.1f;  // a spread softmax can resolve
+    const std::vector<float> scores = want_softmax;
+    {
+      test::ScopedIsa portable(Isa::kPortable);
+      softmax(want_softmax.data(), size);
+      swiglu(want_swiglu.data(), u.data(), size);
+    }
+    for (Isa isa : test::runnable_isas()) {
+      SCOPED_TRACE(::testing::Message() << "size=" << size << " " << isa_name(isa));
+      test::ScopedIsa scoped(isa);
+      std::vector<float> got_softmax = scores, got_swiglu = x;
+      softmax(got_softmax.data(), size);
+      swiglu(got_swiglu.data(), u.data(), size);
+      EXPECT_EQ(got_softmax, want_softmax);
+      EXPECT_EQ(got_swiglu, want_swiglu);
+    }
+  }
+}
 
 TEST(CpuSwiglu, MatchesReference) {
   std::mt19937 rng(31);
