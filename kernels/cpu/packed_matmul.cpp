@@ -3,7 +3,6 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 
 #include "common/error.h"
@@ -178,6 +177,7 @@ void Activations::prepare(const float* x, int n, int k, WeightDtype dtype, int i
         // x as bf16 halves for the AMX kernel, in rows of bf16_stride() with zeros past k.
         const row::SplitBf16Row split = row::active_row_kernels().split_bf16;
         const int bf16_kp = padded_k(WeightDtype::kBf16, k);
+#pragma omp parallel for num_threads(n_threads) if (n_threads > 1 && n > 1)
         for (int r = 0; r < n; ++r) {
           const std::size_t offset = static_cast<std::size_t>(r) * bf16_kp;
           split(x + static_cast<std::size_t>(r) * k, k, bf16_kp, bf16_hi_.data() + offset, bf16_lo_.data() + offset);
@@ -190,7 +190,8 @@ void Activations::prepare(const float* x, int n, int k, WeightDtype dtype, int i
       int8_group_ = int8_group > 0 ? int8_group : default_int8_group(k);
       const int groups = cpu::int8_groups(k, int8_group_);  // checks the group divides the padded k
       const row::QuantizeInt8Row quantize = row::active_row_kernels().quantize_int8;
-      // Rows go to the threads from two on (the others would only wait for this one at the next matmul).
+      // Rows go to the threads from two on (the others would only wait for this one at the next matmul), as
+      // the bf16 split's above.
 #pragma omp parallel for num_threads(n_threads) if (n_threads > 1 && n > 1)
       for (int r = 0; r < n; ++r) {
         const std::size_t at = static_cast<std::size_t>(r) * groups;

@@ -89,6 +89,40 @@ void silu_mul_avx512(float* h, const float* u, int n) {
   }
 }
 
+// quantize_int8_row() 16 values at a time: the group's max |x| is exact in any order, the codes are the
+// generic expressions (round to nearest even by the 1.5 * 2^23 shift, clamp, truncate), and the code sum is
+// an exact integer sum. The compiled generic loop copied each group to the stack and back (measured: the
+// quantisation of a batch-16 step's activations went from 0.6 to 0.2 ms on the 110M shape).
+void quantize_int8_row_avx512(const float* x, int k, int kp, int group, std::int8_t* q, float* scales,
+                              std::int32_t* sums) {
+  const __m512 shift = _mm512_set1_ps(12582912.0f);
+  const __m512 lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
+  const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+  for (int g = 0, j0 = 0; j0 < kp; ++g, j0 += group) {
+    __m512 amax = _mm512_setzero_ps();
+    for (int i = 0; i < group; i += 16) {
+      const int valid = k - (j0 + i);
+      const __m512 v = valid > 0 ? _mm512_maskz_loadu_ps(first_lanes(valid), x + j0 + i) : _mm512_setzero_ps();
+      amax = _mm512_max_ps(amax, _mm512_and_ps(v, abs_mask));
+    }
+    const float group_max = _mm512_reduce_max_ps(amax);
+    const float inverse = group_max > 0.0f ? 127.0f / group_max : 0.0f;
+    const __m512 inv = _mm512_set1_ps(inverse);
+    __m512i sum = _mm512_setzero_si512();
+    for (int i = 0; i < group; i += 16) {
+      const int valid = k - (j0 + i);
+      const __m512 v = valid > 0 ? _mm512_maskz_loadu_ps(first_lanes(valid), x + j0 + i) : _mm512_setzero_ps();
+      __m512 c = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(v, inv), shift), shift);
+      c = _mm512_min_ps(_mm512_max_ps(c, lo), hi);
+      const __m512i code = _mm512_cvttps_epi32(c);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + j0 + i), _mm512_cvtepi32_epi8(code));
+      sum = _mm512_add_epi32(sum, code);
+    }
+    scales[g] = group_max / 127.0f;
+    sums[g] = _mm512_reduce_add_epi32(sum);
+  }
+}
+
 constexpr int kValueRegisters = 4;  // 64 floats of a head's output per pass over the positions
 
 void attention_heads_avx512(const AttentionHeads& a, int h0, int h1) {
@@ -143,6 +177,7 @@ void rope_rotate_avx512(float* vec, int n_heads, int head_size, const float* cos
 RowKernels avx512_row_kernels() {
   RowKernels kernels = row_kernels();
   kernels.attention_heads = attention_heads_avx512;
+  kernels.quantize_int8 = quantize_int8_row_avx512;
   kernels.rope_rotate = rope_rotate_avx512;
   kernels.softmax = softmax_avx512;
   kernels.silu_mul = silu_mul_avx512;
