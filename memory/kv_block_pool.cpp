@@ -52,7 +52,9 @@ KvBlockPool::KvBlockPool(const KvBlockPoolOptions& options)
     // Without the advice (the kernel's "madvise" mode) the steps would stay 4 KiB pages: keep 4 KiB steps then.
     if (madvise(base_, round_up(reserved_bytes(), kHugeStep), MADV_HUGEPAGE) == 0) commit_step_ = kHugeStep;
   }
-  if (numa_node_ >= 0) node_bound_ = bind_range_to_node(base_, reserved_bytes(), numa_node_, false);
+  // The last step may pass the last block: bind all that can be committed.
+  const std::uint64_t committable = round_up(reserved_bytes(), commit_step_);
+  if (numa_node_ >= 0) node_bound_ = bind_range_to_node(base_, committable, numa_node_, false);
   in_use_.assign(static_cast<std::size_t>(n_blocks_), 0);
   free_.reserve(static_cast<std::size_t>(n_blocks_));
 }

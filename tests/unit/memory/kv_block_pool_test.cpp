@@ -104,7 +104,8 @@ constexpr std::uint64_t kOddBlockBytes = 3ull << 19;
 TEST(KvBlockPool, TransparentHugePagesCommitWholeAlignedSteps) {
   const std::string mode = transparent_hugepage_mode();
   ASSERT_TRUE(mode == "madvise" || mode == "always") << "this test needs THP enabled; it is '" << mode << "'";
-  KvBlockPool pool({.block_bytes = kOddBlockBytes, .n_blocks = 6, .transparent_huge_pages = true});
+  const int node = discover_host_topology(false).nodes_with_cores().front()->os_index;
+  KvBlockPool pool({.block_bytes = kOddBlockBytes, .n_blocks = 6, .numa_node = node, .transparent_huge_pages = true});
   ASSERT_TRUE(pool.huge_page_steps());
   EXPECT_EQ(reinterpret_cast<std::uintptr_t>(pool.data(0)) % kHugePageBytes, 0u);
   EXPECT_EQ(pool.committed_bytes(), 0u);
@@ -122,6 +123,10 @@ TEST(KvBlockPool, TransparentHugePagesCommitWholeAlignedSteps) {
   for (int i = 2; i < 6; ++i) pool.allocate();
   EXPECT_EQ(pool.committed_bytes(), 5 * kHugePageBytes);  // 9 MiB of blocks in whole 2 MiB steps
   std::memset(pool.data(5), 0xEF, kOddBlockBytes);
+  // Bound to the node up to the end of that last step, past the last block.
+  std::byte* past_last_block = pool.data(5) + kOddBlockBytes;
+  EXPECT_EQ(range_policy(past_last_block).mode, MPOL_BIND);
+  EXPECT_EQ(node_of_page(past_last_block), node);
   EXPECT_NE(pool.describe().find("THP"), std::string::npos) << pool.describe();
 }
 
