@@ -2,8 +2,9 @@
 // int8 quantisation of activations, the bf16 split for the AMX kernel, attention over the cached rows and
 // the rotary embedding of q and k. Like the tile kernels (tile_kernels.h), one source
 // (row_kernels_generic.inl) is compiled for the baseline target and for AVX-512, and the level is chosen at
-// run time. Where the compiler's vectorisation fell short (attention, rope), the AVX-512 build replaces a
-// kernel with intrinsics that perform the generic code's operations in the generic code's order.
+// run time. Where the compiler's vectorisation fell short (attention, RoPE, softmax, SwiGLU, the int8
+// quantisation), the AVX-512 build replaces a kernel with intrinsics that perform the generic code's
+// operations in the generic code's order.
 //
 // Both builds give bit-identical results (tests: every ISA against the portable build): both are compiled
 // with -ffp-contract=off (a multiply and an add are never fused into an FMA), and every loop keeps its

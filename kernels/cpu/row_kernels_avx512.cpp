@@ -152,9 +152,8 @@ void attention_heads_avx512(const AttentionHeads& a, int h0, int h1) {
 // rope_rotate on 8 pairs per instruction: with C = (c0, c0, c1, c1, ...) and S = (-s0, s0, -s1, s1, ...),
 // out = v * C + swap_pairs(v) * S gives v0 c - v1 s and v1 c + v0 s, the generic expressions bit for bit
 // (a - b is a + (-b), and addition commutes). The compiled generic loop stayed scalar (pairs interleave).
-// A head's last pairs go through a masked vector too, not the generic loop: compiled here, GCC 12 turns
-// that loop's multiplies and alternating add/subtract into VFMADDSUB despite -ffp-contract=off, which
-// rounds once instead of twice (1 ulp off the portable build; caught by CpuRope.BitIdenticalOnEveryIsa).
+// A head's last pairs go through a masked vector too, not the generic loop (which GCC 12 would fuse into
+// VFMADDSUB here despite -ffp-contract=off, were it vectorised: see rope_rotate in the generic file).
 void rope_rotate_avx512(float* vec, int n_heads, int head_size, const float* cos_sin, int i0, int i1) {
   const __m512 negate_even = _mm512_castsi512_ps(_mm512_set4_epi32(0, static_cast<int>(0x80000000u), 0,
                                                                    static_cast<int>(0x80000000u)));

@@ -69,7 +69,7 @@ void quantize_int8_row(const float* x, int k, int kp, int group, std::int8_t* q,
     std::int32_t sum = 0;
     for (int i = 0; i < group; ++i) {
       float c = round_to_nearest_even(v[i] * inverse);
-      c = c < -127.0f ? -127.0f : (c > 127.0f ? 127.0f : c);
+      c = c >= -127.0f ? (c <= 127.0f ? c : 127.0f) : -127.0f;  // a NaN (from a non-finite x) becomes -127
       const std::int32_t code = static_cast<std::int32_t>(c);
       q[j0 + i] = static_cast<std::int8_t>(code);
       sum += code;
@@ -212,8 +212,12 @@ void attention_heads(const AttentionHeads& a, int h0, int h1) {
   });
 }
 
-// llama2.c recomputes the rotation per head; the values are identical for every head.
-void rope_rotate(float* vec, int n_heads, int head_size, const float* cos_sin, int i0, int i1) {
+// llama2.c recomputes the rotation per head; the values are identical for every head. Not vectorised: where
+// the build may use FMA (the AVX-512 file, or a baseline built with -march=native), GCC 12's vectoriser
+// fuses the alternating subtract/add of the pairs into VFMADDSUB despite -ffp-contract=off, which rounds
+// once instead of twice. The AVX-512 build has its own kernel; this loop is the baseline's.
+__attribute__((optimize("no-tree-loop-vectorize"))) void rope_rotate(float* vec, int n_heads, int head_size,
+                                                                     const float* cos_sin, int i0, int i1) {
   for (int h = 0; h < n_heads; ++h) {
     float* head = vec + static_cast<std::size_t>(h) * head_size;
     for (int i = i0; i < i1; i += 2) {

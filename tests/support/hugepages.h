@@ -89,10 +89,15 @@ class HugepagePool {
 };
 
 // Refuses transparent hugepages for this process (prctl PR_SET_THP_DISABLE) for the lifetime of an object,
-// and allows them again on scope exit.
+// and puts the process's previous setting back on scope exit. `refused` says whether the prctl took.
 struct ThpRefused {
-  ThpRefused() { refused = ::prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0) == 0; }
-  ~ThpRefused() { ::prctl(PR_SET_THP_DISABLE, 0, 0, 0, 0); }
+  ThpRefused() : previous(::prctl(PR_GET_THP_DISABLE, 0, 0, 0, 0) == 1) {
+    refused = ::prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0) == 0;
+  }
+  ~ThpRefused() { ::prctl(PR_SET_THP_DISABLE, previous ? 1 : 0, 0, 0, 0); }
+  ThpRefused(const ThpRefused&) = delete;
+  ThpRefused& operator=(const ThpRefused&) = delete;
+  bool previous;
   bool refused = false;
 };
 

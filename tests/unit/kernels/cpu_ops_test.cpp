@@ -201,8 +201,8 @@ TEST(CpuRope, AnglesOnceThenRotateIsRopeBitForBit) {
 }
 
 TEST(CpuRope, BitIdenticalOnEveryIsa) {
-  // The rotation is a row kernel (row_kernels.h), with AVX-512 intrinsics on 8 pairs at a time and the
-  // generic loop for what is left of a head (head sizes 6 and 600 leave tails; 600 also takes rope()'s chunks).
+  // The rotation is a row kernel (row_kernels.h), with AVX-512 intrinsics on 8 pairs at a time and a masked
+  // vector for what is left of a head (head sizes 6 and 600 leave tails; 600 also takes rope()'s chunks).
   std::mt19937 rng(14);
   for (int head_size : {6, 64, 128, 600}) {
     const int n_heads = 3, pos = 123;
@@ -309,8 +309,8 @@ TEST(CpuSwiglu, ExpIsWithinUlpsOfTheTrueValue) {
 
 TEST(CpuSwiglu, SoftmaxAndSwigluBitIdenticalOnEveryIsa) {
   // Both are row kernels (AVX-512 intrinsics, the generic loops on the baseline build) with their own exp:
-  // every level must give the portable bits, on lengths around the 16 lanes and with values past exp's
-  // clamps (+-120), its overflow and underflow.
+  // every level must give the portable bits, on lengths around the 16 lanes; the SwiGLU inputs pass exp's
+  // clamps (+-120), its overflow and underflow, softmax's spread over +-12.
   std::mt19937 rng(32);
   for (int size : {1, 5, 16, 17, 100, 32000}) {
     std::vector<float> x = random_floats(rng, size, -120.0f, 120.0f);

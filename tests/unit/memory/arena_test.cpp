@@ -97,6 +97,7 @@ TEST(Arena, SmallPagesWhenTheProcessRefusesThp) {
   REQUIRE_HUGEPAGE_CONTROL();
   HugepagePool pool(0);
   ThpRefused refused;
+  ASSERT_TRUE(refused.refused);
   ASSERT_TRUE(thp_disabled_for_process());
   Arena arena({.initial_bytes = kBytes, .numa_node = first_node()});
   EXPECT_EQ(arena.page_kind(), PageKind::kSmall) << arena.describe();
