@@ -140,6 +140,8 @@ TEST_F(Placement, ArenaTiersAreChosenAndReported) {
   {
     // Weights copied into the arena (34 MiB for mini-gqa): enough 2 MiB pages for them and the scratch.
     HugepagePool pool(32, HugepagePool::Change::kAdd);
+    ASSERT_GE(pool.obtained(), pool.old_pages() + 32) << "the kernel granted only " << pool.obtained() - pool.old_pages()
+                                                      << " of 32 hugepages (memory too fragmented)";
     for (const Tier& t : {Tier{"hugetlb", "(hugetlb 2 MiB, bound to node"}, Tier{"auto", "(hugetlb 2 MiB, bound to node"},
                           Tier{"thp", "(THP 2 MiB, bound to node"}, Tier{"4k", "(4 KiB, bound to node"}}) {
       const ProcessResult r = run_process(golden_run("mini-gqa.bin", "--verbose --weights arena --arena-pages " + t.flag), 120);

@@ -71,14 +71,16 @@ class HugepagePool {
 
  private:
   static void write_pool(long pages) {
-    // Lowering the pool frees pages at once; raising it may need compaction, so the kernel is asked again
-    // a few times when it grants fewer pages than asked.
+    // Lowering the pool frees pages at once; raising it needs free 2 MiB ranges, which transparent hugepages
+    // and the page cache fragment, so when the kernel grants fewer pages than asked it is asked to compact
+    // memory (/proc/sys/vm/compact_memory) and asked again, a few times.
     for (int attempt = 0; attempt < 5; ++attempt) {
       std::ofstream out(kControl);
       out << pages << "\n";
       out.close();
       if (!out) throw std::runtime_error(std::string("cannot write ") + kControl + " (needs root)");
       if (read_pool() >= pages) return;
+      std::ofstream("/proc/sys/vm/compact_memory") << "1\n";
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
   }
