@@ -24,8 +24,6 @@ namespace shardline::memory {
 
 namespace {
 
-std::uint64_t round_up(std::uint64_t value, std::uint64_t multiple) { return (value + multiple - 1) / multiple * multiple; }
-
 // Faults every page of a fresh writable mapping in now. MADV_POPULATE_WRITE (Linux 5.14+) reports a
 // shortage as an error instead of a SIGBUS on first touch; older kernels get a plain touch of each page.
 bool populate(std::byte* base, std::uint64_t bytes, std::uint64_t page_bytes, std::string& why_not) {

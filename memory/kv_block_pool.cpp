@@ -21,8 +21,6 @@ namespace shardline::memory {
 
 namespace {
 
-std::uint64_t round_up(std::uint64_t value, std::uint64_t step) { return (value + step - 1) / step * step; }
-
 bool kernel_allows_thp() {
   const std::string mode = transparent_hugepage_mode();
   return (mode == "always" || mode == "madvise") && !thp_disabled_for_process();
@@ -31,14 +29,14 @@ bool kernel_allows_thp() {
 }  // namespace
 
 KvBlockPool::KvBlockPool(const KvBlockPoolOptions& options)
-    : block_bytes_((options.block_bytes + kSmallPageBytes - 1) / kSmallPageBytes * kSmallPageBytes),
+    : block_bytes_(round_up(options.block_bytes, kSmallPageBytes)),
       n_blocks_(options.n_blocks),
       numa_node_(options.numa_node) {
   SL_CHECK(options.block_bytes > 0 && options.n_blocks > 0);
   const bool huge = options.transparent_huge_pages && kernel_allows_thp();
   // PROT_NONE + MAP_NORESERVE: address space only; nothing is charged or touched until a block is committed.
   // On THP one more step of address space lets the pool start on a 2 MiB boundary.
-  mapping_bytes_ = huge ? round_up(reserved_bytes(), kHugeStep) + kHugeStep : reserved_bytes();
+  mapping_bytes_ = huge ? round_up(reserved_bytes(), kHugePageBytes) + kHugePageBytes : reserved_bytes();
   mapping_ = mmap(nullptr, mapping_bytes_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (mapping_ == MAP_FAILED) {
     mapping_ = nullptr;
@@ -48,9 +46,9 @@ KvBlockPool::KvBlockPool(const KvBlockPoolOptions& options)
   base_ = static_cast<std::byte*>(mapping_);
   if (huge) {
     const auto at = reinterpret_cast<std::uintptr_t>(mapping_);
-    base_ += round_up(at, kHugeStep) - at;
+    base_ += round_up(at, kHugePageBytes) - at;
     // Without the advice (the kernel's "madvise" mode) the steps would stay 4 KiB pages: keep 4 KiB steps then.
-    if (madvise(base_, round_up(reserved_bytes(), kHugeStep), MADV_HUGEPAGE) == 0) commit_step_ = kHugeStep;
+    if (madvise(base_, round_up(reserved_bytes(), kHugePageBytes), MADV_HUGEPAGE) == 0) commit_step_ = kHugePageBytes;
   }
   // The last step may pass the last block: bind all that can be committed.
   const std::uint64_t committable = round_up(reserved_bytes(), commit_step_);

@@ -24,6 +24,8 @@
 #include <string>
 #include <vector>
 
+#include "memory/system_memory.h"
+
 namespace shardline::memory {
 
 struct KvBlockPoolOptions {
@@ -58,7 +60,7 @@ class KvBlockPool {
   // Memory made writable and faulted in: the committed blocks, rounded up to the commit step.
   std::uint64_t committed_bytes() const { return committed_bytes_; }
   // True when the pool commits in 2 MiB steps with MADV_HUGEPAGE (asked for, and the kernel allows THP).
-  bool huge_page_steps() const { return commit_step_ == kHugeStep; }
+  bool huge_page_steps() const { return commit_step_ == kHugePageBytes; }
   int numa_node() const { return numa_node_; }
   bool node_bound() const { return node_bound_; }
 
@@ -66,12 +68,11 @@ class KvBlockPool {
   std::string describe() const;
 
  private:
-  static constexpr std::uint64_t kHugeStep = 2ull << 20;
   void commit(int block);
   std::byte* base_ = nullptr;
   void* mapping_ = nullptr;           // what munmap takes back (base_ may sit above it, 2 MiB aligned)
   std::uint64_t mapping_bytes_ = 0;
-  std::uint64_t commit_step_ = 4096;  // 4 KiB, or kHugeStep on THP
+  std::uint64_t commit_step_ = kSmallPageBytes;  // or kHugePageBytes on THP
   std::uint64_t committed_bytes_ = 0; // [base_, base_ + committed_bytes_) is writable
   std::uint64_t block_bytes_ = 0;
   int n_blocks_ = 0;

@@ -11,6 +11,11 @@ namespace shardline::memory {
 inline constexpr std::uint64_t kHugePageBytes = 2ull << 20;  // the hugetlb page size the arena uses
 inline constexpr std::uint64_t kSmallPageBytes = 4096;
 
+// value rounded up to a multiple of `multiple` (a page size, an alignment).
+inline constexpr std::uint64_t round_up(std::uint64_t value, std::uint64_t multiple) {
+  return (value + multiple - 1) / multiple * multiple;
+}
+
 struct MemInfo {
   std::uint64_t total_bytes = 0;      // MemTotal
   std::uint64_t available_bytes = 0;  // MemAvailable
