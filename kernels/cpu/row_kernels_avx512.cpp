@@ -1,5 +1,6 @@
 // The row kernels compiled for AVX-512 F/BW/VL/DQ (see kernels/CMakeLists.txt), called only on CPUs that
-// have it: 16 floats per instruction in the quantisation and the bf16 split, and attention in registers.
+// have it: the generic bf16 split vectorised by the compiler, and intrinsics for the int8 quantisation,
+// attention, RoPE, softmax and the SwiGLU gate.
 #include <immintrin.h>
 
 #include "kernels/cpu/row_kernels.h"
@@ -9,13 +10,7 @@ namespace shardline::kernels::cpu::row {
 namespace {
 #include "kernels/cpu/row_kernels_generic.inl"
 
-// Attention for head sizes that are a multiple of 16, operation for operation the generic dot() and value
-// sum, with the compiler's bookkeeping taken out of the way: the compiled generic dot() folded its 16
-// partial sums through the stack (a store, then narrower loads that wait for it) for every position and
-// head, and the value sum loaded and stored a head's output for every position. That made attention
-// arithmetic-bound at about 100 cycles per position and head; here the fold stays in registers and a head's
-// output is up to four accumulators (64 floats) per pass over the positions.
-// dot()'s fold of 16 partial sums: lane l gets lane l + 8, then l + 4, l + 2, l + 1 (float addition commutes
+// fold_lanes() in registers: lane l gets lane l + 8, then l + 4, l + 2, l + 1 (float addition commutes
 // exactly).
 inline float fold16(__m512 partial) {
   const __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(partial), _mm512_extractf32x8_ps(partial, 1));
@@ -36,7 +31,7 @@ float dot16(const float* q, const float* k, int n) {
 __m512 exp16(__m512 x) {
   const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
   const __m512 c = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(kExpMin)), _mm512_set1_ps(kExpMax));
-  const __m512 shift = _mm512_set1_ps(12582912.0f);  // round_to_nearest_even's 1.5 * 2^23
+  const __m512 shift = _mm512_set1_ps(kRoundShift);  // round_to_nearest_even()
   const __m512 n = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(c, _mm512_set1_ps(kLog2e)), shift), shift);
   __m512 r = _mm512_sub_ps(c, _mm512_mul_ps(n, _mm512_set1_ps(kLn2Hi)));
   r = _mm512_sub_ps(r, _mm512_mul_ps(n, _mm512_set1_ps(kLn2Lo)));
@@ -51,7 +46,7 @@ __m512 exp16(__m512 x) {
   return _mm512_mask_blend_ps(nan, _mm512_mul_ps(_mm512_mul_ps(y, pow1), pow2), x);
 }
 
-// 16 lanes (the first `lanes` of them) from x, zeros elsewhere.
+// The first n of 16 lanes (all of them from n = 16 on; n >= 1).
 inline __mmask16 first_lanes(int n) {
   return n >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << n) - 1);
 }
@@ -95,24 +90,21 @@ void silu_mul_avx512(float* h, const float* u, int n) {
 // quantisation of a batch-16 step's activations went from 0.6 to 0.2 ms on the 110M shape).
 void quantize_int8_row_avx512(const float* x, int k, int kp, int group, std::int8_t* q, float* scales,
                               std::int32_t* sums) {
-  const __m512 shift = _mm512_set1_ps(12582912.0f);
+  const __m512 shift = _mm512_set1_ps(kRoundShift);
   const __m512 lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
   const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+  auto load = [&](int j) {  // x[j .. j + 16), zero from k on (the padding of the last group)
+    return j < k ? _mm512_maskz_loadu_ps(first_lanes(k - j), x + j) : _mm512_setzero_ps();
+  };
   for (int g = 0, j0 = 0; j0 < kp; ++g, j0 += group) {
     __m512 amax = _mm512_setzero_ps();
-    for (int i = 0; i < group; i += 16) {
-      const int valid = k - (j0 + i);
-      const __m512 v = valid > 0 ? _mm512_maskz_loadu_ps(first_lanes(valid), x + j0 + i) : _mm512_setzero_ps();
-      amax = _mm512_max_ps(amax, _mm512_and_ps(v, abs_mask));
-    }
+    for (int i = 0; i < group; i += 16) amax = _mm512_max_ps(amax, _mm512_and_ps(load(j0 + i), abs_mask));
     const float group_max = _mm512_reduce_max_ps(amax);
     const float inverse = group_max > 0.0f ? 127.0f / group_max : 0.0f;
     const __m512 inv = _mm512_set1_ps(inverse);
     __m512i sum = _mm512_setzero_si512();
     for (int i = 0; i < group; i += 16) {
-      const int valid = k - (j0 + i);
-      const __m512 v = valid > 0 ? _mm512_maskz_loadu_ps(first_lanes(valid), x + j0 + i) : _mm512_setzero_ps();
-      __m512 c = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(v, inv), shift), shift);
+      __m512 c = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(load(j0 + i), inv), shift), shift);
       c = _mm512_min_ps(_mm512_max_ps(c, lo), hi);
       const __m512i code = _mm512_cvttps_epi32(c);
       _mm_storeu_si128(reinterpret_cast<__m128i*>(q + j0 + i), _mm512_cvtepi32_epi8(code));
@@ -125,6 +117,12 @@ void quantize_int8_row_avx512(const float* x, int k, int kp, int group, std::int
 
 constexpr int kValueRegisters = 4;  // 64 floats of a head's output per pass over the positions
 
+// Attention for head sizes that are a multiple of 16, operation for operation the generic dot() and value
+// sum, with the compiler's bookkeeping taken out of the way: the compiled generic dot() folded its 16
+// partial sums through the stack (a store, then narrower loads that wait for it) for every position and
+// head, and the value sum loaded and stored a head's output for every position. That made attention
+// arithmetic-bound at about 100 cycles per position and head; here the fold stays in registers and a head's
+// output is up to four accumulators (64 floats) per pass over the positions.
 void attention_heads_avx512(const AttentionHeads& a, int h0, int h1) {
   const int hs = a.head_size;
   if (hs % 16 != 0) {
@@ -160,7 +158,7 @@ void rope_rotate_avx512(float* vec, int n_heads, int head_size, const float* cos
   for (int h = 0; h < n_heads; ++h) {
     float* head = vec + static_cast<std::size_t>(h) * head_size;
     for (int i = i0; i < i1; i += 16) {
-      const __mmask16 lanes = i1 - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (i1 - i)) - 1);
+      const __mmask16 lanes = first_lanes(i1 - i);
       const __m512 angles = _mm512_maskz_loadu_ps(lanes, cos_sin + (i - i0));
       const __m512 c = _mm512_moveldup_ps(angles);
       const __m512 s = _mm512_xor_ps(_mm512_movehdup_ps(angles), negate_even);

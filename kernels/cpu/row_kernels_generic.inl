@@ -10,9 +10,16 @@ inline float max_of(float a, float b) { return a > b ? a : b; }
 // Round to nearest, ties to even, for |v| < 2^22 (activation codes are within ±127.5): adding 1.5 * 2^23
 // pushes the fraction bits out of a float's mantissa under the default rounding mode (the compiler may not
 // fold it away without -ffast-math). Unlike nearbyintf, a library call at the baseline target, it vectorises.
-inline float round_to_nearest_even(float v) {
-  constexpr float kShift = 12582912.0f;  // 1.5 * 2^23
-  return (v + kShift) - kShift;
+constexpr float kRoundShift = 12582912.0f;  // 1.5 * 2^23
+inline float round_to_nearest_even(float v) { return (v + kRoundShift) - kRoundShift; }
+
+// The sum of 16 partial sums in a fixed order: lane l gets lane l + 8, then l + 4, l + 2, l + 1 (the AVX-512
+// build does the same in registers).
+inline float fold_lanes(float (&partial)[kLanes]) {
+  for (int width = kLanes / 2; width > 0; width /= 2) {
+    for (int l = 0; l < width; ++l) partial[l] += partial[l + width];
+  }
+  return partial[0];
 }
 
 // exp(x) in single precision, the same bits in every build (the C library's expf is a call the AVX-512 build
@@ -109,10 +116,7 @@ void softmax_row(float* x, int n) {
     x[i] = exp_kernel(x[i] - max_val);
     partial[i % kLanes] += x[i];
   }
-  for (int width = kLanes / 2; width > 0; width /= 2) {
-    for (int l = 0; l < width; ++l) partial[l] += partial[l + width];
-  }
-  const float inv = 1.0f / partial[0];
+  const float inv = 1.0f / fold_lanes(partial);
   for (int i = 0; i < n; ++i) x[i] *= inv;
 }
 
@@ -194,10 +198,7 @@ inline float dot(const float* a, const float* b, int n) {
     for (int l = 0; l < kLanes; ++l) partial[l] += a[i + l] * b[i + l];
   }
   for (; i < n; ++i) partial[i % kLanes] += a[i] * b[i];
-  for (int width = kLanes / 2; width > 0; width /= 2) {
-    for (int l = 0; l < width; ++l) partial[l] += partial[l + width];
-  }
-  return partial[0];
+  return fold_lanes(partial);
 }
 
 void attention_heads(const AttentionHeads& a, int h0, int h1) {
