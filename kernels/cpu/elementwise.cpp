@@ -67,8 +67,9 @@ void add_inplace(float* y, const float* x, int size) {
 int argmax(const float* x, int size) {
   // llama2.c's scan (the first of equal maxima; a NaN never wins), 64 values at a time: a block is walked
   // one by one only when some value in it beats the best so far, which 16 independent running maxima tell
-  // (a NaN never enters them). Over a vocabulary that happens a handful of times, so the scan costs a
-  // quarter of the one-by-one loop's dependent compare per value (measured on 16 x 32000 logits).
+  // (a NaN never enters them). Over a vocabulary that happens a handful of times, so most values cost an
+  // independent compare instead of one chained to the last (measured on 16 x 32000 logits: 1.6-1.7x faster
+  // than the one-by-one loop).
   constexpr int kBlock = 64, kLanes = 16;
   int best = 0;
   int i = 1;
