@@ -131,6 +131,35 @@ TEST(CpuRmsnorm, MatchesReference) {
   }
 }
 
+// The kernel sums the squares of several rows side by side; each row must still be llama2.c's float
+// computation bit for bit (one sequential sum per row), whatever the batch and the thread count.
+TEST(CpuRmsnorm, EveryBatchGivesLlama2cBits) {
+  std::mt19937 rng(9);
+  const int dim = 288;
+  const float eps = 1e-5f;
+  const std::vector<float> x = random_floats(rng, static_cast<std::size_t>(20) * dim, -3.0f, 3.0f);
+  const std::vector<float> weight = random_floats(rng, dim, 0.5f, 1.5f);
+  std::vector<float> want(x.size());
+  for (int r = 0; r < 20; ++r) {
+    const float* xr = x.data() + static_cast<std::size_t>(r) * dim;
+    float ss = 0.0f;
+    for (int j = 0; j < dim; ++j) ss += xr[j] * xr[j];
+    ss /= static_cast<float>(dim);
+    ss += eps;
+    const float scale = 1.0f / std::sqrt(ss);
+    for (int j = 0; j < dim; ++j) want[static_cast<std::size_t>(r) * dim + j] = weight[j] * (scale * xr[j]);
+  }
+  for (int threads : {1, 2, 3}) {
+    ScopedThreads scoped(threads);
+    for (int n = 1; n <= 20; ++n) {
+      SCOPED_TRACE(::testing::Message() << "n=" << n << " threads=" << threads);
+      std::vector<float> out(static_cast<std::size_t>(n) * dim);
+      rmsnorm(out.data(), x.data(), weight.data(), n, dim, eps);
+      EXPECT_TRUE(std::equal(out.begin(), out.end(), want.begin()));
+    }
+  }
+}
+
 TEST(CpuRmsnorm, OutMayAliasX) {
   std::mt19937 rng(8);
   const int n = 3, dim = 37;
