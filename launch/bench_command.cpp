@@ -31,6 +31,7 @@ namespace {
 struct BenchConfig {
   std::vector<std::string> presets;
   std::vector<kernels::cpu::WeightDtype> dtypes;
+  std::optional<kernels::cpu::KvDtype> kv_dtype;  // unset: each dtype's default (runtime::resolve_kv_dtype)
   runtime::RooflineBenchOptions bench;
   int threads = 1;
   int chunk_tokens = 64;
@@ -52,12 +53,13 @@ std::vector<std::string> split_list(const std::string& text) {
 
 std::optional<BenchConfig> parse_bench_config(const std::vector<std::string>& args, const MpiSession& mpi) {
   BenchConfig c;
-  std::string presets, dtypes, batches, log_level, statistic, isa;
+  std::string presets, dtypes, batches, log_level, statistic, isa, kv_dtype;
   po::options_description options("bench options");
   options.add_options()
       ("presets", po::value(&presets)->default_value("15m,110m,1.1b"),
        fmt::format("model shapes to generate and measure (of {})", partition::model_preset_names()).c_str())
       ("dtypes", po::value(&dtypes)->default_value("fp32,bf16,int8"), "weight dtypes to measure, in order")
+      ("kv-dtype", po::value(&kv_dtype)->default_value("auto"), kKvDtypeFlagHelp)
       ("batches", po::value(&batches)->default_value("1,4,16"), "decode batch sizes (sequences in one micro-batch)")
       ("steps", po::value(&c.bench.decode_steps)->default_value(32), "decode steps per sequence")
       ("prompt-tokens", po::value(&c.bench.decode_prompt_tokens)->default_value(8), "prompt tokens per decoded sequence")
@@ -85,6 +87,7 @@ std::optional<BenchConfig> parse_bench_config(const std::vector<std::string>& ar
   c.presets = split_list(presets);
   for (const auto& name : c.presets) partition::find_model_preset(name);  // ConfigError listing the known names
   for (const auto& name : split_list(dtypes)) c.dtypes.push_back(parse_weights_dtype_flag(name));
+  c.kv_dtype = parse_kv_dtype_flag(kv_dtype);
   c.bench.batches = parse_int_list("--batches", batches);
   if (c.presets.empty() || c.dtypes.empty()) throw ConfigError("--presets and --dtypes need at least one entry each");
   for (int b : c.bench.batches) {
@@ -150,16 +153,17 @@ void print_header(const BenchConfig& c, const partition::Mesh& mesh, bool pinned
       c.bench.prefill_tokens, c.chunk_tokens,
       c.bench.statistic == runtime::RooflineBenchOptions::Statistic::kBest ? "best" : "median", c.bench.repeats,
       c.bench.repeats == 1 ? "" : "s");
-  std::string line = fmt::format("{:<6} {:<5} {:>10} {:>9} ", "model", "dtype", "weights", "read GB/s");
+  std::string line = fmt::format("{:<6} {:<5} {:<4} {:>10} {:>9} ", "model", "dtype", "kv", "weights", "read GB/s");
   for (int b : c.bench.batches) line += fmt::format(" {:>16}", fmt::format("decode b={} tok/s", b));
   line += fmt::format(" {:>18} {:>14} {:>7}\n", "prefill tok/s", "prefill GFLOP/s", "load s");
   std::cout << line;
 }
 
-void print_row(const std::string& preset, kernels::cpu::WeightDtype dtype, const runtime::RooflineBenchResult& r,
-               double load_s) {
-  std::string line = fmt::format("{:<6} {:<5} {:>10} {:>9.1f} ", preset, kernels::cpu::weight_dtype_name(dtype),
-                                 format_bytes(static_cast<double>(r.weight_bytes)), r.read_gbps);
+void print_row(const std::string& preset, kernels::cpu::WeightDtype dtype, kernels::cpu::KvDtype kv_dtype,
+               const runtime::RooflineBenchResult& r, double load_s) {
+  std::string line = fmt::format("{:<6} {:<5} {:<4} {:>10} {:>9.1f} ", preset, kernels::cpu::weight_dtype_name(dtype),
+                                 kernels::cpu::kv_dtype_name(kv_dtype), format_bytes(static_cast<double>(r.weight_bytes)),
+                                 r.read_gbps);
   for (const auto& m : r.decode) line += fmt::format(" {:>16}", fraction_cell(m));
   line += fmt::format(" {:>18} {:>14.1f} {:>7.2f}\n", fraction_cell(r.prefill), r.prefill.gflops, load_s);
   std::cout << line << std::flush;
@@ -190,14 +194,16 @@ void print_ratios(const std::string& preset, const std::vector<kernels::cpu::Wei
   std::cout << line << std::flush;
 }
 
-nlohmann::json to_json(const std::string& preset, kernels::cpu::WeightDtype dtype, const runtime::RooflineBenchResult& r,
-                       const BenchConfig& c, const partition::Mesh& mesh, double load_s) {
+nlohmann::json to_json(const std::string& preset, kernels::cpu::WeightDtype dtype, kernels::cpu::KvDtype kv_dtype,
+                       const runtime::RooflineBenchResult& r, const BenchConfig& c, const partition::Mesh& mesh,
+                       double load_s) {
   auto measurement = [](const runtime::ThroughputMeasurement& m) {
     return nlohmann::json{{"rows", m.rows}, {"tok_s", m.tok_s}, {"roofline_tok_s", m.roofline_tok_s},
                           {"fraction", m.fraction()}, {"gflops", m.gflops}};
   };
   nlohmann::json j{{"model", preset},
                    {"dtype", kernels::cpu::weight_dtype_name(dtype)},
+                   {"kv_dtype", kernels::cpu::kv_dtype_name(kv_dtype)},
                    {"tp", mesh.tp_size()},
                    {"pp", mesh.pp_size()},
                    {"threads", c.threads},
@@ -274,6 +280,7 @@ int bench_command(const std::vector<std::string>& args, const MpiSession& mpi) {
       options.chunk_tokens = c.chunk_tokens;
       options.micro_batches = 1;  // a batch decodes as one micro-batch: one pass over the weights per step
       options.weights_dtype = dtype;
+      options.kv_dtype = c.kv_dtype;
       runtime::Engine engine(options, *mesh, *groups.world, *groups.tp);
       if (output && !c.json && !header_printed) {
         print_header(c, *mesh, placed.binding.pinned_threads > 0);
@@ -282,9 +289,10 @@ int bench_command(const std::vector<std::string>& args, const MpiSession& mpi) {
       results.push_back(runtime::run_roofline_bench(engine, *groups.world, c.bench));
       if (!output) continue;
       if (c.json) {
-        std::cout << to_json(preset, dtype, results.back(), c, *mesh, engine.load_s()).dump() << std::endl;
+        std::cout << to_json(preset, dtype, engine.kv_dtype(), results.back(), c, *mesh, engine.load_s()).dump()
+                  << std::endl;
       } else {
-        print_row(preset, dtype, results.back(), engine.load_s());
+        print_row(preset, dtype, engine.kv_dtype(), results.back(), engine.load_s());
       }
     }
     if (output && !c.json) print_ratios(preset, c.dtypes, results);

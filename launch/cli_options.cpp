@@ -57,6 +57,12 @@ kernels::cpu::WeightDtype parse_weights_dtype_flag(const std::string& text) {
   throw ConfigError(fmt::format("unknown --weights-dtype '{}' (use fp32, bf16 or int8)", text));
 }
 
+std::optional<kernels::cpu::KvDtype> parse_kv_dtype_flag(const std::string& text) {
+  if (text == "auto") return std::nullopt;
+  if (auto dtype = kernels::cpu::parse_kv_dtype(text)) return *dtype;
+  throw ConfigError(fmt::format("unknown --kv-dtype '{}' (use auto, fp32 or fp16)", text));
+}
+
 void apply_isa_flag(const std::string& text) {
   if (text == "auto") return;
   const std::optional<kernels::cpu::Isa> isa = kernels::cpu::parse_isa(text);

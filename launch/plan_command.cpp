@@ -15,6 +15,7 @@
 #include "partition/model_presets.h"
 #include "partition/planner.h"
 #include "runtime/checkpoint.h"
+#include "runtime/kv_cache.h"
 #include "runtime/machine_probe.h"
 
 namespace shardline::launch {
@@ -117,7 +118,7 @@ exec srun --mpi=pmix --distribution=block --kill-on-bad-exit=1 "$SHARDLINE" run 
 }  // namespace
 
 int plan_command(const std::vector<std::string>& args) {
-  std::string model, preset, cluster_file, probe_file, objective = "latency", dtype = "fp32", tp_list, pp_list, m_list;
+  std::string model, preset, cluster_file, probe_file, objective = "latency", dtype = "fp32", kv_dtype = "auto", tp_list, pp_list, m_list;
   int batch = 1, context = 0, prompt_tokens = 0, top = 5, ranks = 0, ranks_per_domain = 0;
   bool json = false;
   std::string emit;
@@ -132,6 +133,7 @@ int plan_command(const std::vector<std::string>& args) {
       ("context", po::value(&context)->default_value(0, "min(seq_len, 2048)"), "positions per sequence (prompt + generated)")
       ("prompt-tokens", po::value(&prompt_tokens)->default_value(0, "context/2"), "prompt length, for TTFT and the chunk size")
       ("dtype", po::value(&dtype)->default_value("fp32"), "weight dtype: fp32 | bf16 | int8")
+      ("kv-dtype", po::value(&kv_dtype)->default_value("auto"), kKvDtypeFlagHelp)
       ("np", po::value(&ranks)->default_value(0, "any"), "plan for exactly this many ranks")
       ("ranks-per-domain", po::value(&ranks_per_domain)->default_value(0, "from the cluster"),
        "rank slots per domain (e.g. to plan an oversubscribed run)")
@@ -155,7 +157,8 @@ int plan_command(const std::vector<std::string>& args) {
   const std::optional<kernels::cpu::WeightDtype> weight_dtype = kernels::cpu::parse_weight_dtype(dtype);
   if (!weight_dtype) throw ConfigError(fmt::format("shardline plan: --dtype '{}' is not fp32, bf16 or int8", dtype));
   w.weight_bytes_per_param = kernels::cpu::typical_bytes_per_weight(*weight_dtype);
-  w.kv_bytes_per_value = *weight_dtype == kernels::cpu::WeightDtype::kF32 ? 4.0 : 2.0;
+  w.kv_bytes_per_value = static_cast<double>(
+      kernels::cpu::kv_value_bytes(runtime::resolve_kv_dtype(parse_kv_dtype_flag(kv_dtype), *weight_dtype, false)));
   if (objective == "latency") {
     w.objective = partition::Objective::kLatency;
   } else if (objective == "throughput") {
@@ -220,7 +223,8 @@ int plan_command(const std::vector<std::string>& args) {
                             {"batch", w.batch},
                             {"context", w.context},
                             {"prompt_tokens", w.prompt()},
-                            {"dtype", dtype}}},
+                            {"dtype", dtype},
+                            {"kv_bytes_per_value", w.kv_bytes_per_value}}},
                           {"plans", nlohmann::json::array()}};
     for (const auto& p : plans) out["plans"].push_back(plan_to_json(p));
     std::cout << out.dump(2) << "\n";

@@ -79,7 +79,7 @@ std::vector<std::string> read_prompts_file(const std::string& path) {
 // Returns nullopt when --help was printed.
 std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, const MpiSession& mpi) {
   RunConfig c;
-  std::string log_level = "info", prompt, prompts_file, layer_split, weights_dtype, isa;
+  std::string log_level = "info", prompt, prompts_file, layer_split, weights_dtype, kv_dtype, isa;
   std::string bind = "auto", arena_pages = "auto", weights = "map", device = "auto", cuda_graphs = "on";
   int steps = 256, batch = 1;
   runtime::SamplerOptions sampler;
@@ -122,6 +122,7 @@ std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, 
        "KV cache blocks per rank (auto: 64 full contexts of address space, committed as used); sequences beyond it wait and start as others finish")
       ("weights-dtype", po::value(&weights_dtype)->default_value("fp32"),
        "convert the weight matrices at load to fp32|bf16|int8 (int8: a fp16 scale per 128 weights, per 32 for wo and w2)")
+      ("kv-dtype", po::value(&kv_dtype)->default_value("auto"), kKvDtypeFlagHelp)
       ("isa", po::value(&isa)->default_value("auto"), kIsaFlagHelp)
       ("comm-timeout", po::value(&c.comm_timeout_s)->default_value(120.0, "120"),
        "seconds a rank waits for a peer before failing the job")
@@ -156,6 +157,7 @@ std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, 
     if (c.engine.threads < 1) throw ConfigError("--threads must be >= 1");
   }
   c.engine.weights_dtype = parse_weights_dtype_flag(weights_dtype);
+  c.engine.kv_dtype = parse_kv_dtype_flag(kv_dtype);
   apply_isa_flag(isa);
   if (!layer_split.empty()) c.engine.layers_per_stage = parse_int_list("--layers-per-stage", layer_split);
   if (batch < 1) throw ConfigError("--batch must be >= 1");
@@ -343,6 +345,8 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
                                        longest_prompt + config->requests[0].steps, longest_prompt, config->tp,
                                        config->pp, config->engine.micro_batches,
                                        kernels::cpu::typical_bytes_per_weight(config->engine.weights_dtype)};
+      request.kv_bytes_per_value = static_cast<double>(kernels::cpu::kv_value_bytes(runtime::resolve_kv_dtype(
+          config->engine.kv_dtype, config->engine.weights_dtype, config->device == runtime::DeviceRequest::kCuda)));
       plan = runtime::plan_job(*world, request);
       RunConfig planned = *config;
       planned.tp = plan->tp;
@@ -368,7 +372,7 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
           "model: {}\ntokenizer: {}\nsequences: {}\nsteps: {}\ntemperature: {}\ntop_p: {}\nseed: {}\nthreads: {}\n"
           "chunk_tokens: {}\nmicro_batches: {}\nlauncher: {}\nworld_size: {}\ntp: {}\npp: {}\ncomm_timeout_s: {}\n"
           "plan: {}\nbind: {}\narena_pages: {}\nweights: {}\nkv_block_tokens: {}\nkv_blocks: {}\n"
-          "weights_dtype: {}\nkernel_isa: {}\ndevice: {}\n",
+          "weights_dtype: {}\nkv_dtype: {}\nkernel_isa: {}\ndevice: {}\n",
           config->engine.model_path, config->engine.tokenizer_path, config->requests.size(),
           config->requests[0].steps, config->requests[0].sampler.temperature, config->requests[0].sampler.top_p,
           config->requests[0].sampler.seed,
@@ -380,6 +384,10 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
           config->engine.kv_block_tokens, config->engine.kv_blocks == 0 ? std::string("auto")
                                                                          : std::to_string(config->engine.kv_blocks),
           kernels::cpu::weight_dtype_name(config->engine.weights_dtype),
+          config->engine.kv_dtype ? kernels::cpu::kv_dtype_name(*config->engine.kv_dtype)
+                                  : fmt::format("auto ({} on the CPU)",
+                                                kernels::cpu::kv_dtype_name(runtime::resolve_kv_dtype(
+                                                    std::nullopt, config->engine.weights_dtype, false))),
           kernels::cpu::isa_name(kernels::cpu::active_isa()), runtime::device_request_name(config->device));
     }
     return 0;
@@ -430,9 +438,9 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
               "--cpu-bind=none to let --bind place the ranks)");
   }
   if (config->verbose) {
-    log::note("placement: host {} | {} | arena {} | KV pool {} tokens/block, {}", placed->host.hostname,
+    log::note("placement: host {} | {} | arena {} | KV pool {} tokens/block of {}, {}", placed->host.hostname,
               placed->binding.describe(), engine->arena().describe(), config->engine.kv_block_tokens,
-              engine->kv_pool().describe());
+              kernels::cpu::kv_dtype_name(engine->kv_dtype()), engine->kv_pool().describe());
     if (!placed->gpu_note.empty()) log::note("GPU placement: {}", placed->gpu_note);
   }
   if (engine->has_host_weights()) {

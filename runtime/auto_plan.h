@@ -21,6 +21,7 @@ struct AutoPlanRequest {
   int pp = 0;             // 0 = choose; else fixed
   int micro_batches = 0;  // 0 = choose
   double weight_bytes_per_param = 4.0;  // of the dtype the weights are converted to (run --weights-dtype)
+  double kv_bytes_per_value = 4.0;      // of the KV cache's dtype (run --kv-dtype, resolved)
 };
 
 struct AutoPlan {

@@ -49,6 +49,8 @@ Engine::Engine(const EngineOptions& options, const partition::Mesh& mesh, comm::
   stage_options.kv_block_tokens = options.kv_block_tokens;
   stage_options.kv_blocks = options.kv_blocks;
   stage_options.numa_node = options.numa_node;
+  kv_dtype_ = resolve_kv_dtype(options.kv_dtype, options.weights_dtype, options.cuda_device >= 0);
+  stage_options.kv_dtype = kv_dtype_;
   memory::ArenaOptions arena_options;
   arena_options.numa_node = options.numa_node;
   arena_options.pages = options.arena_pages;

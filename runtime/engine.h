@@ -4,6 +4,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,8 @@ struct EngineOptions {
   int kv_block_tokens = 16;           // positions per KV cache block
   int kv_blocks = 0;                  // KV pool blocks per rank; 0: kDefaultKvContexts full contexts
   kernels::cpu::WeightDtype weights_dtype = kernels::cpu::WeightDtype::kF32;  // converted to at load
+  // The KV cache's values (run --kv-dtype); unset: resolve_kv_dtype's default for the weights and backend.
+  std::optional<kernels::cpu::KvDtype> kv_dtype;
   // The backend (runtime/backend_choice.h): the CPU Stage, or the CUDA stage on this device.
   int cuda_device = -1;               // >= 0: run the stage on this CUDA device
   double comm_timeout_s = 120.0;      // the CUDA stage's NCCL TP group waits this long for a peer
@@ -84,6 +87,7 @@ class Engine {
   const ShardWeights& weights() const { return *weights_; }
   // "cpu" or the CUDA device.
   std::string backend() const { return stage_->describe(); }
+  kernels::cpu::KvDtype kv_dtype() const { return kv_dtype_; }
   const partition::Mesh& mesh() const { return mesh_; }
   const partition::RankShard& shard() const { return shard_; }
   const EngineOptions& options() const { return options_; }
@@ -122,6 +126,7 @@ class Engine {
   comm::Communicator& world_;
   partition::ModelShape shape_;
   partition::RankShard shard_;
+  kernels::cpu::KvDtype kv_dtype_ = kernels::cpu::KvDtype::kF32;
   Tokenizer tokenizer_;
   std::unique_ptr<memory::Arena> arena_;  // before the weights and stage, which point into it
   std::unique_ptr<ShardWeights> weights_;

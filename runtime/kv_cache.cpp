@@ -6,16 +6,32 @@
 
 namespace shardline::runtime {
 
-KvCache::KvCache(memory::KvBlockPool& pool, int n_layers, int kv_dim, int block_tokens, int max_positions)
+kernels::cpu::KvDtype resolve_kv_dtype(std::optional<kernels::cpu::KvDtype> requested,
+                                       kernels::cpu::WeightDtype weights, bool cuda) {
+  using kernels::cpu::KvDtype;
+  if (cuda) {
+    if (requested == KvDtype::kF16) {
+      throw ConfigError("--kv-dtype fp16 runs on the CPU only (the CUDA backend keeps its KV cache in fp32); use "
+                        "--kv-dtype fp32 or auto with --device cuda");
+    }
+    return KvDtype::kF32;
+  }
+  if (requested) return *requested;
+  return weights == kernels::cpu::WeightDtype::kF32 ? KvDtype::kF32 : KvDtype::kF16;
+}
+
+KvCache::KvCache(memory::KvBlockPool& pool, int n_layers, int kv_dim, int block_tokens, int max_positions,
+                 kernels::cpu::KvDtype dtype)
     : pool_(&pool),
       n_layers_(n_layers),
       kv_dim_(kv_dim),
       block_tokens_(block_tokens),
       max_positions_(max_positions),
-      max_blocks_(blocks_for(max_positions, block_tokens)) {
+      max_blocks_(blocks_for(max_positions, block_tokens)),
+      dtype_(dtype) {
   SL_CHECK(n_layers >= 1 && kv_dim >= 1 && block_tokens >= 1 && max_positions >= 1);
-  SL_CHECK_MSG(pool.block_bytes() >= block_bytes(n_layers, kv_dim, block_tokens), "pool blocks of {} bytes, need {}",
-               pool.block_bytes(), block_bytes(n_layers, kv_dim, block_tokens));
+  SL_CHECK_MSG(pool.block_bytes() >= block_bytes(n_layers, kv_dim, block_tokens, dtype),
+               "pool blocks of {} bytes, need {}", pool.block_bytes(), block_bytes(n_layers, kv_dim, block_tokens, dtype));
   blocks_.reserve(static_cast<std::size_t>(max_blocks_));
   k_tables_.assign(static_cast<std::size_t>(n_layers) * max_blocks_, nullptr);
   v_tables_.assign(static_cast<std::size_t>(n_layers) * max_blocks_, nullptr);
@@ -30,6 +46,7 @@ KvCache& KvCache::operator=(KvCache&& other) noexcept {
     block_tokens_ = other.block_tokens_;
     max_positions_ = std::exchange(other.max_positions_, 0);
     max_blocks_ = std::exchange(other.max_blocks_, 0);
+    dtype_ = other.dtype_;
     blocks_ = std::move(other.blocks_);
     k_tables_ = std::move(other.k_tables_);
     v_tables_ = std::move(other.v_tables_);
@@ -45,10 +62,11 @@ void KvCache::reserve_through(int pos) {
     const int id = pool_->allocate();
     const int b = static_cast<int>(blocks_.size());
     blocks_.push_back(id);  // within the reserved capacity: no allocation
-    const float* base = reinterpret_cast<const float*>(pool_->data(id));
+    const std::byte* base = pool_->data(id);
+    const std::size_t part_bytes = static_cast<std::size_t>(block_tokens_) * kv_dim_ * kernels::cpu::kv_value_bytes(dtype_);
     for (int l = 0; l < n_layers_; ++l) {
-      k_tables_[static_cast<std::size_t>(l) * max_blocks_ + b] = base + static_cast<std::size_t>(2 * l) * block_tokens_ * kv_dim_;
-      v_tables_[static_cast<std::size_t>(l) * max_blocks_ + b] = base + static_cast<std::size_t>(2 * l + 1) * block_tokens_ * kv_dim_;
+      k_tables_[static_cast<std::size_t>(l) * max_blocks_ + b] = base + static_cast<std::size_t>(2 * l) * part_bytes;
+      v_tables_[static_cast<std::size_t>(l) * max_blocks_ + b] = base + static_cast<std::size_t>(2 * l + 1) * part_bytes;
     }
   }
 }

@@ -2,7 +2,8 @@
 // fixed-size blocks from the rank's KvBlockPool, found through the sequence's block table.
 //
 // Block layout, for block_tokens positions of every local layer:   (n_layers, 2, block_tokens, kv_dim)
-//   keys of layer l at offset (2l) * block_tokens * kv_dim, values at (2l + 1) * block_tokens * kv_dim.
+//   keys of layer l at offset (2l) * block_tokens * kv_dim, values at (2l + 1) * block_tokens * kv_dim,
+//   in values of the cache's dtype (fp32, or fp16: half the bytes; kernels/cpu/ops.h KvDtype).
 // Position p is row p % block_tokens of block table[p / block_tokens].
 //
 // Blocks are taken as positions are reached (reserve_through) and returned to the pool when the cache is
@@ -11,17 +12,27 @@
 #pragma once
 
 #include <cstddef>
+#include <optional>
 #include <vector>
 
+#include "kernels/cpu/ops.h"
+#include "kernels/cpu/weight_format.h"
 #include "memory/kv_block_pool.h"
 
 namespace shardline::runtime {
+
+// The KV cache dtype a run gets: the requested one, else fp32 for fp32 weights (the reference arithmetic,
+// bit for bit) and fp16 for bf16 and int8 weights (their rounding dwarfs fp16's, and attention then streams
+// half the bytes). The CUDA backend keeps an fp32 cache: fp16 there is a ConfigError.
+kernels::cpu::KvDtype resolve_kv_dtype(std::optional<kernels::cpu::KvDtype> requested,
+                                       kernels::cpu::WeightDtype weights, bool cuda);
 
 class KvCache {
  public:
   KvCache() = default;
   // Positions [0, max_positions) of one sequence; nothing is taken from the pool yet.
-  KvCache(memory::KvBlockPool& pool, int n_layers, int kv_dim, int block_tokens, int max_positions);
+  KvCache(memory::KvBlockPool& pool, int n_layers, int kv_dim, int block_tokens, int max_positions,
+          kernels::cpu::KvDtype dtype = kernels::cpu::KvDtype::kF32);
   KvCache(KvCache&& other) noexcept { *this = std::move(other); }
   KvCache& operator=(KvCache&& other) noexcept;
   KvCache(const KvCache&) = delete;
@@ -29,8 +40,9 @@ class KvCache {
   ~KvCache() { release(); }
 
   // Bytes of one block for this shape: what the pool's blocks must hold.
-  static std::size_t block_bytes(int n_layers, int kv_dim, int block_tokens) {
-    return static_cast<std::size_t>(n_layers) * 2 * block_tokens * kv_dim * sizeof(float);
+  static std::size_t block_bytes(int n_layers, int kv_dim, int block_tokens,
+                                 kernels::cpu::KvDtype dtype = kernels::cpu::KvDtype::kF32) {
+    return static_cast<std::size_t>(n_layers) * 2 * block_tokens * kv_dim * kernels::cpu::kv_value_bytes(dtype);
   }
   static int blocks_for(int positions, int block_tokens) { return (positions + block_tokens - 1) / block_tokens; }
 
@@ -38,13 +50,15 @@ class KvCache {
   // is exhausted (the cache keeps the blocks it has).
   void reserve_through(int pos);
 
-  // One position's row, (kv_dim) floats; pos must be reserved.
-  float* key_row(int layer, int pos) { return row(layer, 0, pos); }
-  float* value_row(int layer, int pos) { return row(layer, 1, pos); }
-  // Block base pointers of one layer, for attention_paged: (blocks_held) pointers to (block_tokens, kv_dim).
-  const float* const* key_blocks(int layer) const { return k_tables_.data() + static_cast<std::size_t>(layer) * max_blocks_; }
-  const float* const* value_blocks(int layer) const { return v_tables_.data() + static_cast<std::size_t>(layer) * max_blocks_; }
+  // One position's row, (kv_dim) values of kv_dtype(); pos must be reserved.
+  void* key_row(int layer, int pos) { return row(layer, 0, pos); }
+  void* value_row(int layer, int pos) { return row(layer, 1, pos); }
+  // Block base pointers of one layer, for attention_paged: (blocks_held) pointers to (block_tokens, kv_dim)
+  // values of kv_dtype().
+  const void* const* key_blocks(int layer) const { return k_tables_.data() + static_cast<std::size_t>(layer) * max_blocks_; }
+  const void* const* value_blocks(int layer) const { return v_tables_.data() + static_cast<std::size_t>(layer) * max_blocks_; }
 
+  kernels::cpu::KvDtype kv_dtype() const { return dtype_; }
   int kv_dim() const { return kv_dim_; }
   int seq_len() const { return max_positions_; }  // positions this cache may hold
   int block_tokens() const { return block_tokens_; }
@@ -53,9 +67,10 @@ class KvCache {
   const std::vector<int>& block_table() const { return blocks_; }
 
  private:
-  float* row(int layer, int kind, int pos) {
-    float* block = reinterpret_cast<float*>(pool_->data(blocks_[pos / block_tokens_]));
-    return block + (static_cast<std::size_t>(2 * layer + kind) * block_tokens_ + pos % block_tokens_) * kv_dim_;
+  void* row(int layer, int kind, int pos) {
+    std::byte* block = pool_->data(blocks_[pos / block_tokens_]);
+    return block + (static_cast<std::size_t>(2 * layer + kind) * block_tokens_ + pos % block_tokens_) * kv_dim_ *
+                       kernels::cpu::kv_value_bytes(dtype_);
   }
   void release();
 
@@ -65,9 +80,10 @@ class KvCache {
   int block_tokens_ = 1;
   int max_positions_ = 0;
   int max_blocks_ = 0;
-  std::vector<int> blocks_;              // the block table: pool block ids, in position order
-  std::vector<const float*> k_tables_;   // (n_layers, max_blocks): key base pointer of each held block
-  std::vector<const float*> v_tables_;   // (n_layers, max_blocks)
+  kernels::cpu::KvDtype dtype_ = kernels::cpu::KvDtype::kF32;
+  std::vector<int> blocks_;             // the block table: pool block ids, in position order
+  std::vector<const void*> k_tables_;   // (n_layers, max_blocks): key base pointer of each held block
+  std::vector<const void*> v_tables_;   // (n_layers, max_blocks)
 };
 
 }  // namespace shardline::runtime

@@ -26,7 +26,7 @@ Stage::Stage(const ShardWeights& weights, comm::Communicator& tp_comm, const Sta
   const int n_layers = weights.n_local_layers();
   const int kv_blocks = options.kv_blocks > 0 ? options.kv_blocks : kDefaultKvContexts * kv_blocks_for(s.seq_len);
   kv_pool_ = std::make_unique<memory::KvBlockPool>(memory::KvBlockPoolOptions{
-      KvCache::block_bytes(n_layers, kv_dim_, options.kv_block_tokens), kv_blocks, options.numa_node,
+      KvCache::block_bytes(n_layers, kv_dim_, options.kv_block_tokens, options.kv_dtype), kv_blocks, options.numa_node,
       /*transparent_huge_pages=*/true});
   scores_ = arena_->allocate_array<float>(static_cast<std::size_t>(shard.heads.size()) * s.seq_len *
                                           cpu::num_threads());
@@ -71,7 +71,7 @@ void Stage::reserve_rows(int max_rows) {
 KvCache Stage::make_kv_cache(int n_positions) {
   SL_CHECK(n_positions >= 0 && n_positions <= shape().seq_len);
   return KvCache(*kv_pool_, weights_.n_local_layers(), kv_dim_, options_.kv_block_tokens,
-                 n_positions > 0 ? n_positions : shape().seq_len);
+                 n_positions > 0 ? n_positions : shape().seq_len, options_.kv_dtype);
 }
 
 void Stage::embed(const int* tokens, int n, float* x) {
@@ -124,9 +124,10 @@ void Stage::attention_block(const LayerWeights& w, float* x, const Row* rows, in
     const float* angles = rope_.data() + static_cast<std::size_t>(t) * hs;
     cpu::rope_rotate(qt, n_local_heads, hs, angles);
     cpu::rope_rotate(kt, n_local_kv, hs, angles);
-    std::memcpy(rows[t].cache->key_row(local_layer, pos), kt, sizeof(float) * kv_dim_);
-    std::memcpy(rows[t].cache->value_row(local_layer, pos), v_.data() + static_cast<std::size_t>(t) * kv_dim_,
-                sizeof(float) * kv_dim_);
+    KvCache& cache = *rows[t].cache;
+    cpu::store_kv_row(cache.key_row(local_layer, pos), kt, kv_dim_, cache.kv_dtype());
+    cpu::store_kv_row(cache.value_row(local_layer, pos), v_.data() + static_cast<std::size_t>(t) * kv_dim_, kv_dim_,
+                      cache.kv_dtype());
   });
   const std::size_t scores_per_thread = static_cast<std::size_t>(n_local_heads) * s.seq_len;
   if (scores_.size() < scores_per_thread * cpu::num_threads()) {
@@ -137,7 +138,7 @@ void Stage::attention_block(const LayerWeights& w, float* x, const Row* rows, in
     const KvCache& cache = *rows[t].cache;
     cpu::attention_paged(att_.data() + static_cast<std::size_t>(t) * q_dim_,
                          q_.data() + static_cast<std::size_t>(t) * q_dim_, cache.key_blocks(local_layer),
-                         cache.value_blocks(local_layer), cache.block_tokens(), scores_.data() + thread * scores_per_thread,
+                         cache.value_blocks(local_layer), cache.kv_dtype(), cache.block_tokens(), scores_.data() + thread * scores_per_thread,
                          rows[t].pos + 1, n_local_heads, n_local_kv, hs, kv_dim_);
   });
   act_.prepare(att_.data(), n, w.wo);

@@ -29,6 +29,7 @@ struct StageOptions {
   float rope_theta = 10000.0f;
   int kv_block_tokens = 16;        // positions per KV cache block
   int kv_blocks = 0;               // blocks in this rank's KV pool; 0: kDefaultKvContexts full contexts
+  kernels::cpu::KvDtype kv_dtype = kernels::cpu::KvDtype::kF32;  // the KV cache's values (run --kv-dtype)
   int numa_node = -1;              // the KV pool's node (-1: unbound)
   memory::Arena* arena = nullptr;  // scratch comes from it (it must outlive the Stage); nullptr: a private one
 };

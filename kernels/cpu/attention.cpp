@@ -1,4 +1,6 @@
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 
 #include <omp.h>
 
@@ -7,13 +9,47 @@
 
 namespace shardline::kernels::cpu {
 
+const char* kv_dtype_name(KvDtype dtype) { return dtype == KvDtype::kF16 ? "fp16" : "fp32"; }
 
-void attention_paged(float* out, const float* q, const float* const* k_blocks, const float* const* v_blocks,
-                     int block_tokens, float* scratch, int n_ctx, int n_heads, int n_kv_heads, int head_size,
-                     int kv_stride) {
-  const row::AttentionHeads args{out,    q,         k_blocks,  v_blocks, block_tokens,
-                                 scratch, n_ctx, n_heads / n_kv_heads,  // query heads per kv head (GQA)
-                                 head_size, kv_stride, 1.0f / std::sqrt(static_cast<float>(head_size))};
+std::optional<KvDtype> parse_kv_dtype(std::string_view name) {
+  if (name == "fp32") return KvDtype::kF32;
+  if (name == "fp16") return KvDtype::kF16;
+  return std::nullopt;
+}
+
+std::size_t kv_value_bytes(KvDtype dtype) { return dtype == KvDtype::kF16 ? 2 : 4; }
+
+void store_kv_row(void* dst, const float* x, int n, KvDtype dtype) {
+  if (dtype == KvDtype::kF16) {
+    row::active_row_kernels().to_half(x, n, static_cast<std::uint16_t*>(dst));
+  } else {
+    std::memcpy(dst, x, sizeof(float) * static_cast<std::size_t>(n));
+  }
+}
+
+void load_kv_row(float* x, const void* src, int n, KvDtype dtype) {
+  if (dtype == KvDtype::kF16) {
+    row::active_row_kernels().from_half(static_cast<const std::uint16_t*>(src), n, x);
+  } else {
+    std::memcpy(x, src, sizeof(float) * static_cast<std::size_t>(n));
+  }
+}
+
+void attention_paged(float* out, const float* q, const void* const* k_blocks, const void* const* v_blocks,
+                     KvDtype dtype, int block_tokens, float* scratch, int n_ctx, int n_heads, int n_kv_heads,
+                     int head_size, int kv_stride) {
+  const row::AttentionHeads args{out,
+                                 q,
+                                 k_blocks,
+                                 v_blocks,
+                                 dtype == KvDtype::kF16,
+                                 block_tokens,
+                                 scratch,
+                                 n_ctx,
+                                 n_heads / n_kv_heads,  // query heads per kv head (GQA)
+                                 head_size,
+                                 kv_stride,
+                                 1.0f / std::sqrt(static_cast<float>(head_size))};
   const row::AttentionHeadsKernel attention_heads = row::active_row_kernels().attention_heads;
   const int n_threads = num_threads();
   // Long contexts split the heads over the kernel threads in contiguous bands (short ones are not worth
@@ -31,7 +67,9 @@ void attention_paged(float* out, const float* q, const float* const* k_blocks, c
 void attention(float* out, const float* q, const float* k_cache, const float* v_cache, float* scratch,
                int n_ctx, int n_heads, int n_kv_heads, int head_size, int kv_stride) {
   // A contiguous cache is one block holding every position.
-  attention_paged(out, q, &k_cache, &v_cache, n_ctx > 0 ? n_ctx : 1, scratch, n_ctx, n_heads, n_kv_heads, head_size,
+  const void* k_block = k_cache;
+  const void* v_block = v_cache;
+  attention_paged(out, q, &k_block, &v_block, KvDtype::kF32, n_ctx > 0 ? n_ctx : 1, scratch, n_ctx, n_heads, n_kv_heads, head_size,
                   kv_stride);
 }
 

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstddef>
+#include <optional>
+#include <string_view>
 #include <type_traits>
 
 namespace shardline::kernels::cpu {
@@ -51,6 +53,20 @@ void swiglu(float* h1, const float* h3, int size);
 // y += x, elementwise over size values.
 void add_inplace(float* y, const float* x, int size);
 
+// The element of a KV cache's rows: fp32, or fp16 (IEEE binary16, rounded to nearest even when stored).
+// fp16 halves the bytes attention streams per position; its relative rounding error is at most 2^-11, and
+// values past 65504 become infinite (the run's --kv-dtype; see docs/kv-cache.md).
+enum class KvDtype { kF32, kF16 };
+// "fp32", "fp16": what --kv-dtype takes.
+const char* kv_dtype_name(KvDtype dtype);
+std::optional<KvDtype> parse_kv_dtype(std::string_view name);
+std::size_t kv_value_bytes(KvDtype dtype);
+
+// Stores n floats as one cache row of dtype (dst: n values of it). The same bits on every ISA.
+void store_kv_row(void* dst, const float* x, int n, KvDtype dtype);
+// Reads n values of a cache row of dtype back as floats (exact).
+void load_kv_row(float* x, const void* src, int n, KvDtype dtype);
+
 // Causal grouped-query attention for one query token over n_ctx cached positions.
 //   out: (n_heads, head_size)    q: (n_heads, head_size)
 //   k_cache, v_cache: (n_ctx, kv_stride); head h reads kv head h / (n_heads / n_kv_heads) at column
@@ -62,9 +78,12 @@ void attention(float* out, const float* q, const float* k_cache, const float* v_
 // kv_stride (values alike), so a sequence's positions may live in blocks anywhere in memory.
 //   k_blocks, v_blocks: (ceil(n_ctx / block_tokens)) pointers to (block_tokens, kv_stride) blocks.
 // Same arithmetic in the same order as the contiguous form: both give bit-identical results.
-void attention_paged(float* out, const float* q, const float* const* k_blocks, const float* const* v_blocks,
-                     int block_tokens, float* scratch, int n_ctx, int n_heads, int n_kv_heads, int head_size,
-                     int kv_stride);
+// The blocks hold values of dtype (kv_stride counts values): an fp16 cache's are converted to fp32 exactly as
+// they are read, and the arithmetic is the fp32 cache's, so attention over fp16 rows equals fp32 attention
+// over those rows' rounded values, bit for bit.
+void attention_paged(float* out, const float* q, const void* const* k_blocks, const void* const* v_blocks,
+                     KvDtype dtype, int block_tokens, float* scratch, int n_ctx, int n_heads, int n_kv_heads,
+                     int head_size, int kv_stride);
 
 // Index of the largest value (first on ties), as llama2.c's argmax.
 int argmax(const float* x, int size);

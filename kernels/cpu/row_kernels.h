@@ -28,13 +28,21 @@ using QuantizeInt8Row = void (*)(const float* x, int k, int kp, int group, std::
 // One row of x (k values) as two bf16 halves, hi = bf16(x) and lo = bf16(x - hi), zero from k to kp.
 using SplitBf16Row = void (*)(const float* x, int k, int kp, std::uint16_t* hi, std::uint16_t* lo);
 
+// n floats as IEEE binary16 bits, rounded to nearest even, as F16C's VCVTPS2PH does (NaN stays NaN, quiet,
+// with the top of its payload): the rows of an fp16 KV cache.
+using ToHalfRow = void (*)(const float* x, int n, std::uint16_t* h);
+// n binary16 values as floats (exact), as VCVTPH2PS does: how the attention kernels read an fp16 cache.
+using FromHalfRow = void (*)(const std::uint16_t* h, int n, float* x);
+
 // Attention of one query token for heads [h0, h1) over n_ctx positions of a paged cache (the arguments of
 // attention_paged in ops.h, plus group = query heads per kv head and inv_sqrt = 1 / sqrt(head_size)).
+// The blocks hold floats, or binary16 bits (std::uint16_t) when half_cache is set.
 struct AttentionHeads {
   float* out;
   const float* q;
-  const float* const* k_blocks;
-  const float* const* v_blocks;
+  const void* const* k_blocks;
+  const void* const* v_blocks;
+  bool half_cache;
   int block_tokens;
   float* scratch;
   int n_ctx;
@@ -59,6 +67,8 @@ struct RowKernels {
   SplitBf16Row split_bf16 = nullptr;
   AttentionHeadsKernel attention_heads = nullptr;
   RopeRotate rope_rotate = nullptr;
+  ToHalfRow to_half = nullptr;
+  FromHalfRow from_half = nullptr;
   Softmax softmax = nullptr;
   SiluMul silu_mul = nullptr;
 };

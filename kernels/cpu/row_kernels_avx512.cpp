@@ -19,10 +19,17 @@ inline float fold16(__m512 partial) {
   return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
 }
 
-float dot16(const float* q, const float* k, int n) {
+// 16 cached values as floats: an fp16 cache's through VCVTPH2PS (exact, as from_half()).
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const std::uint16_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+template <typename T>
+float dot16(const float* q, const T* k, int n) {
   __m512 partial = _mm512_setzero_ps();
   for (int i = 0; i < n; i += 16) {
-    partial = _mm512_add_ps(partial, _mm512_mul_ps(_mm512_loadu_ps(q + i), _mm512_loadu_ps(k + i)));
+    partial = _mm512_add_ps(partial, _mm512_mul_ps(_mm512_loadu_ps(q + i), load16(k + i)));
   }
   return fold16(partial);
 }
@@ -123,28 +130,52 @@ constexpr int kValueRegisters = 4;  // 64 floats of a head's output per pass ove
 // head, and the value sum loaded and stored a head's output for every position. That made attention
 // arithmetic-bound at about 100 cycles per position and head; here the fold stays in registers and a head's
 // output is up to four accumulators (64 floats) per pass over the positions.
-void attention_heads_avx512(const AttentionHeads& a, int h0, int h1) {
+template <typename T>
+void attention_heads_avx512_of(const AttentionHeads& a, int h0, int h1) {
   const int hs = a.head_size;
-  if (hs % 16 != 0) {
-    attention_heads(a, h0, h1);
-    return;
-  }
-  attention_heads_with(a, h0, h1, dot16, softmax_avx512, [&](float* out, const float* weights, int h) {
+  attention_heads_with<T>(a, h0, h1, dot16<T>, softmax_avx512, [&](float* out, const float* weights, int h) {
     const int offset = (h / a.group) * hs;
     for (int i0 = 0; i0 < hs; i0 += 16 * kValueRegisters) {
       const int n_regs = (hs - i0) / 16 < kValueRegisters ? (hs - i0) / 16 : kValueRegisters;
       __m512 acc[kValueRegisters] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
                                      _mm512_setzero_ps()};
-      for_each_cached_row(a.v_blocks, a.block_tokens, a.n_ctx, a.kv_stride, [&](int t, const float* v_row) {
+      for_each_cached_row<T>(a.v_blocks, a.block_tokens, a.n_ctx, a.kv_stride, [&](int t, const T* v_row) {
         const __m512 weight = _mm512_set1_ps(weights[t]);
-        const float* v = v_row + offset + i0;
+        const T* v = v_row + offset + i0;
         for (int j = 0; j < n_regs; ++j) {
-          acc[j] = _mm512_add_ps(acc[j], _mm512_mul_ps(weight, _mm512_loadu_ps(v + 16 * j)));
+          acc[j] = _mm512_add_ps(acc[j], _mm512_mul_ps(weight, load16(v + 16 * j)));
         }
       });
       for (int j = 0; j < n_regs; ++j) _mm512_storeu_ps(out + i0 + 16 * j, acc[j]);
     }
   });
+}
+
+void attention_heads_avx512(const AttentionHeads& a, int h0, int h1) {
+  if (a.head_size % 16 != 0) {
+    attention_heads(a, h0, h1);
+  } else if (a.half_cache) {
+    attention_heads_avx512_of<std::uint16_t>(a, h0, h1);
+  } else {
+    attention_heads_avx512_of<float>(a, h0, h1);
+  }
+}
+
+// to_half_row() and from_half_row() through F16C's conversions (AVX-512 F forms), which the generic code
+// computes bit for bit; the tail is masked.
+void to_half_row_avx512(const float* x, int n, std::uint16_t* h) {
+  for (int i = 0; i < n; i += 16) {
+    const __mmask16 lanes = first_lanes(n - i);
+    const __m256i half = _mm512_cvtps_ph(_mm512_maskz_loadu_ps(lanes, x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm256_mask_storeu_epi16(h + i, lanes, half);
+  }
+}
+
+void from_half_row_avx512(const std::uint16_t* h, int n, float* x) {
+  for (int i = 0; i < n; i += 16) {
+    const __mmask16 lanes = first_lanes(n - i);
+    _mm512_mask_storeu_ps(x + i, lanes, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes, h + i)));
+  }
 }
 
 // rope_rotate on 8 pairs per instruction: with C = (c0, c0, c1, c1, ...) and S = (-s0, s0, -s1, s1, ...),
@@ -176,6 +207,8 @@ RowKernels avx512_row_kernels() {
   kernels.attention_heads = attention_heads_avx512;
   kernels.quantize_int8 = quantize_int8_row_avx512;
   kernels.rope_rotate = rope_rotate_avx512;
+  kernels.to_half = to_half_row_avx512;
+  kernels.from_half = from_half_row_avx512;
   kernels.softmax = softmax_avx512;
   kernels.silu_mul = silu_mul_avx512;
   return kernels;

@@ -106,6 +106,49 @@ void split_bf16_row(const float* x, int k, int kp, std::uint16_t* hi, std::uint1
   for (int j = k; j < kp; ++j) hi[j] = lo[j] = 0;
 }
 
+// binary32 -> binary16 bits, round to nearest even, on integers (the C library has no conversion, and the
+// compiler's _Float16 one is a slow call at the baseline target): what VCVTPS2PH computes, NaN included.
+inline std::uint16_t to_half(float value) {
+  const std::uint32_t bits = __builtin_bit_cast(std::uint32_t, value);
+  const std::uint32_t sign = (bits >> 16) & 0x8000u, magnitude = bits & 0x7fffffffu;
+  if (magnitude > 0x7f800000u) return static_cast<std::uint16_t>(sign | 0x7e00u | ((magnitude >> 13) & 0x3ffu));
+  if (magnitude >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // 65520 and up round to inf
+  if (magnitude >= 0x38800000u) {  // a normal half (2^-14 and up): rebias the exponent, round off 13 bits
+    const std::uint32_t rebiased = magnitude - 0x38000000u;
+    return static_cast<std::uint16_t>(sign | ((rebiased + 0xfffu + ((rebiased >> 13) & 1u)) >> 13));
+  }
+  if (magnitude <= 0x33000000u) return static_cast<std::uint16_t>(sign);  // up to 2^-25 (a tie) rounds to 0
+  // A subnormal half: m 2^-24 with m = the float's significand shifted right by 126 - exponent (14 to 24),
+  // rounded to nearest even (m = 1024 is the smallest normal half, the right bits too).
+  const std::uint32_t significand = (magnitude & 0x7fffffu) | 0x800000u;
+  const int shift = 126 - static_cast<int>(magnitude >> 23);
+  const std::uint32_t m = significand >> shift, rest = significand & ((1u << shift) - 1u), half = 1u << (shift - 1);
+  return static_cast<std::uint16_t>(sign | (m + (rest > half || (rest == half && (m & 1u)) ? 1u : 0u)));
+}
+
+// binary16 bits -> binary32, exact: what VCVTPH2PS computes (a signalling NaN comes back quiet).
+inline float from_half(std::uint16_t half) {
+  const std::uint32_t sign = static_cast<std::uint32_t>(half & 0x8000u) << 16;
+  const std::uint32_t exponent = (half >> 10) & 0x1fu, mantissa = half & 0x3ffu;
+  std::uint32_t bits;
+  if (exponent == 0x1fu) {
+    bits = sign | 0x7f800000u | (mantissa << 13) | (mantissa != 0 ? 0x400000u : 0u);
+  } else if (exponent != 0) {
+    bits = sign | ((exponent + 112u) << 23) | (mantissa << 13);
+  } else {  // zero or subnormal: mantissa 2^-24, a normal float (exact: the product is a power-of-two scaling)
+    bits = sign | __builtin_bit_cast(std::uint32_t, static_cast<float>(mantissa) * 5.9604644775390625e-8f);
+  }
+  return __builtin_bit_cast(float, bits);
+}
+
+void to_half_row(const float* x, int n, std::uint16_t* h) {
+  for (int i = 0; i < n; ++i) h[i] = to_half(x[i]);
+}
+
+void from_half_row(const std::uint16_t* h, int n, float* x) {
+  for (int i = 0; i < n; ++i) x[i] = from_half(h[i]);
+}
+
 // x = exp(x - max) / sum, in place. The sum gathers the values in 16 interleaved partial sums, folded as
 // dot() folds them (which the AVX-512 build keeps in one register).
 void softmax_row(float* x, int n) {
@@ -128,22 +171,28 @@ void silu_mul(float* h, const float* u, int n) {
   }
 }
 
-// Position t's row of a paged cache (a key or a value block list).
-inline const float* cached_row(const float* const* blocks, int block_tokens, int t, int stride) {
-  return blocks[t / block_tokens] + static_cast<std::size_t>(t % block_tokens) * stride;
+// A cached value as a float: T is float, or std::uint16_t for an fp16 cache's binary16 bits.
+inline float cached_value(const float* p) { return *p; }
+inline float cached_value(const std::uint16_t* p) { return from_half(*p); }
+
+// Position t's row of a paged cache (a key or a value block list) of T.
+template <typename T>
+inline const T* cached_row(const void* const* blocks, int block_tokens, int t, int stride) {
+  return static_cast<const T*>(blocks[t / block_tokens]) + static_cast<std::size_t>(t % block_tokens) * stride;
 }
 
-// fn(t, row) for positions t = 0 .. n_ctx - 1 in order, row = position t's cached row.
-template <typename Fn>
-inline void for_each_cached_row(const float* const* blocks, int block_tokens, int n_ctx, int stride, Fn&& fn) {
+// fn(t, row) for positions t = 0 .. n_ctx - 1 in order, row = position t's cached row (of T).
+template <typename T, typename Fn>
+inline void for_each_cached_row(const void* const* blocks, int block_tokens, int n_ctx, int stride, Fn&& fn) {
   for (int b = 0, t0 = 0; t0 < n_ctx; ++b, t0 += block_tokens) {
     const int rows = n_ctx - t0 < block_tokens ? n_ctx - t0 : block_tokens;
-    for (int r = 0; r < rows; ++r) fn(t0 + r, blocks[b] + static_cast<std::size_t>(r) * stride);
+    const T* block = static_cast<const T*>(blocks[b]);
+    for (int r = 0; r < rows; ++r) fn(t0 + r, block + static_cast<std::size_t>(r) * stride);
   }
 }
 
-inline void prefetch_floats(const float* p, int n) {
-  for (int i = 0; i < n; i += 16) __builtin_prefetch(p + i);  // one 64-byte line per 16 floats
+inline void prefetch_bytes(const void* p, int n) {
+  for (int i = 0; i < n; i += 64) __builtin_prefetch(static_cast<const char*>(p) + i);  // one line per 64 bytes
 }
 
 // Positions the key loop prefetches ahead. A sequence's cache is a few short runs of rows (a block per
@@ -163,19 +212,20 @@ constexpr int kAttentionPrefetchRows = 4;
 // read once, front to back, for all the heads, and the keys kAttentionPrefetchRows positions ahead and the
 // values of the position are prefetched (only the kv heads of [h0, h1)). Values then go head by head, out of
 // cache, so a head's output stays in registers (or L1) across the positions.
-template <typename Dot, typename Softmax, typename Values>
+template <typename T, typename Dot, typename Softmax, typename Values>
 void attention_heads_with(const AttentionHeads& a, int h0, int h1, Dot&& dot, Softmax&& softmax, Values&& values) {
   const int n_ctx = a.n_ctx, hs = a.head_size;
-  const int span_begin = (h0 / a.group) * hs, span_floats = ((h1 - 1) / a.group + 1) * hs - span_begin;
+  const int span_begin = (h0 / a.group) * hs;
+  const int span_bytes = (((h1 - 1) / a.group + 1) * hs - span_begin) * static_cast<int>(sizeof(T));
   for (int t = 0; t < kAttentionPrefetchRows && t < n_ctx; ++t) {
-    prefetch_floats(cached_row(a.k_blocks, a.block_tokens, t, a.kv_stride) + span_begin, span_floats);
+    prefetch_bytes(cached_row<T>(a.k_blocks, a.block_tokens, t, a.kv_stride) + span_begin, span_bytes);
   }
-  for_each_cached_row(a.k_blocks, a.block_tokens, n_ctx, a.kv_stride, [&](int t, const float* k_row) {
+  for_each_cached_row<T>(a.k_blocks, a.block_tokens, n_ctx, a.kv_stride, [&](int t, const T* k_row) {
     if (t + kAttentionPrefetchRows < n_ctx) {
-      prefetch_floats(cached_row(a.k_blocks, a.block_tokens, t + kAttentionPrefetchRows, a.kv_stride) + span_begin,
-                      span_floats);
+      prefetch_bytes(cached_row<T>(a.k_blocks, a.block_tokens, t + kAttentionPrefetchRows, a.kv_stride) + span_begin,
+                     span_bytes);
     }
-    prefetch_floats(cached_row(a.v_blocks, a.block_tokens, t, a.kv_stride) + span_begin, span_floats);
+    prefetch_bytes(cached_row<T>(a.v_blocks, a.block_tokens, t, a.kv_stride) + span_begin, span_bytes);
     for (int h = h0; h < h1; ++h) {
       a.scratch[static_cast<std::size_t>(h) * n_ctx + t] =
           dot(a.q + static_cast<std::size_t>(h) * hs, k_row + (h / a.group) * hs, hs) * a.inv_sqrt;
@@ -191,26 +241,36 @@ void attention_heads_with(const AttentionHeads& a, int h0, int h1, Dot&& dot, So
 // q . k over head_size floats in 16 interleaved partial sums, added up in a fixed order at the end. One
 // running sum is a chain of dependent multiply-adds the compiler may not reorder (no -ffast-math). The
 // order is fixed, so every layout, batch and ISA computes the same score.
-inline float dot(const float* a, const float* b, int n) {
+template <typename T>
+inline float dot(const float* a, const T* b, int n) {
   float partial[kLanes] = {};
   int i = 0;
   for (; i + kLanes <= n; i += kLanes) {
-    for (int l = 0; l < kLanes; ++l) partial[l] += a[i + l] * b[i + l];
+    for (int l = 0; l < kLanes; ++l) partial[l] += a[i + l] * cached_value(b + i + l);
   }
-  for (; i < n; ++i) partial[i % kLanes] += a[i] * b[i];
+  for (; i < n; ++i) partial[i % kLanes] += a[i] * cached_value(b + i);
   return fold_lanes(partial);
 }
 
-void attention_heads(const AttentionHeads& a, int h0, int h1) {
+template <typename T>
+void attention_heads_of(const AttentionHeads& a, int h0, int h1) {
   const int hs = a.head_size;
-  attention_heads_with(a, h0, h1, dot, softmax_row, [&](float* out, const float* weights, int h) {
+  attention_heads_with<T>(a, h0, h1, dot<T>, softmax_row, [&](float* out, const float* weights, int h) {
     for (int i = 0; i < hs; ++i) out[i] = 0.0f;
     const int offset = (h / a.group) * hs;
-    for_each_cached_row(a.v_blocks, a.block_tokens, a.n_ctx, a.kv_stride, [&](int t, const float* v_row) {
+    for_each_cached_row<T>(a.v_blocks, a.block_tokens, a.n_ctx, a.kv_stride, [&](int t, const T* v_row) {
       const float weight = weights[t];
-      for (int i = 0; i < hs; ++i) out[i] += weight * v_row[offset + i];
+      for (int i = 0; i < hs; ++i) out[i] += weight * cached_value(v_row + offset + i);
     });
   });
+}
+
+void attention_heads(const AttentionHeads& a, int h0, int h1) {
+  if (a.half_cache) {
+    attention_heads_of<std::uint16_t>(a, h0, h1);
+  } else {
+    attention_heads_of<float>(a, h0, h1);
+  }
 }
 
 // llama2.c recomputes the rotation per head; the values are identical for every head. Not vectorised: where
@@ -232,5 +292,6 @@ __attribute__((optimize("no-tree-loop-vectorize"))) void rope_rotate(float* vec,
 }
 
 RowKernels row_kernels() {
-  return {quantize_int8_row, split_bf16_row, attention_heads, rope_rotate, softmax_row, silu_mul};
+  return {quantize_int8_row, split_bf16_row, attention_heads, rope_rotate, to_half_row, from_half_row, softmax_row,
+          silu_mul};
 }

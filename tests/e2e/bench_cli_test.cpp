@@ -47,6 +47,8 @@ class BenchCli : public ::testing::Test {
     ASSERT_EQ(rows.size(), 2u);
     EXPECT_EQ(rows[0]["dtype"], "fp32");
     EXPECT_EQ(rows[1]["dtype"], "int8");
+    EXPECT_EQ(rows[0]["kv_dtype"], "fp32");  // --kv-dtype auto: fp32 with fp32 weights, fp16 with int8
+    EXPECT_EQ(rows[1]["kv_dtype"], "fp16");
     for (const auto& row : rows) {
       EXPECT_EQ(row["model"], "15m");
       EXPECT_EQ(row["tp"], tp);
@@ -84,9 +86,19 @@ TEST_F(BenchCli, TablePrintsTheRooflineAndSameRunRatios) {
   const ProcessResult r = run_process(quick_bench(""), 300);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   for (const char* text : {"# shardline bench: tp=1 pp=1", "read GB/s", "decode b=1 tok/s", "decode b=2 tok/s",
-                           "prefill tok/s", "15m    fp32", "15m    int8", "# 15m ratios:", "int8/fp32 at b=1"}) {
+                           "prefill tok/s", "15m    fp32  fp32", "15m    int8  fp16", "# 15m ratios:",
+                           "int8/fp32 at b=1"}) {
     EXPECT_NE(r.out.find(text), std::string::npos) << text << "\n" << r.out;
   }
+}
+
+// --kv-dtype fixes the cache's dtype for every row; the roofline then counts that cache's bytes.
+TEST_F(BenchCli, KvDtypeAppliesToEveryRow) {
+  const ProcessResult r = run_process(quick_bench("--json --kv-dtype fp16"), 300);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto rows = json_lines(r.out);
+  ASSERT_EQ(rows.size(), 2u);
+  for (const auto& row : rows) EXPECT_EQ(row["kv_dtype"], "fp16") << row.dump();
 }
 
 TEST_F(BenchCli, IsaStepsTheKernelsDownForAComparisonInOneRun) {
@@ -113,6 +125,7 @@ TEST_F(BenchCli, BadFlagsGiveOneLineAndExitCode2) {
   for (const auto& [args, expect] : std::vector<std::pair<std::string, std::string>>{
            {"--presets 7b", "unknown model preset '7b'"},
            {"--dtypes fp32,fp4", "unknown --weights-dtype 'fp4'"},
+           {"--kv-dtype bf16", "unknown --kv-dtype 'bf16' (use auto, fp32 or fp16)"},
            {"--batches 1,0", "--batches entries must be >= 1"},
            {"--steps 1", "--steps must be >= 2"},
            {"--statistic mean", "--statistic must be median or best"},
@@ -147,6 +160,29 @@ TEST_F(BenchCli, RunWithEachWeightDtypeGeneratesTheAskedSteps) {
   const ProcessResult bad = run_process(shardline_binary() + " run --weights-dtype fp8", 60);
   EXPECT_EQ(bad.exit_code, 2);
   EXPECT_NE(bad.err.find("unknown --weights-dtype 'fp8' (use fp32, bf16 or int8)"), std::string::npos) << bad.err;
+}
+
+// --kv-dtype on run: each value generates, --print-config says what auto resolves to, -v names the cache's
+// dtype, and a bad value is one line with exit code 2 before anything loads.
+TEST_F(BenchCli, RunTakesKvDtype) {
+  SHARDLINE_REQUIRE_MODEL_FILE(model_file("mini-gqa.bin"));
+  const std::string base = shardline_binary() + " run --threads 1 --model " + model_file("mini-gqa.bin") +
+                           " --tokenizer " + model_file("tokenizer.bin") + " --prompt A --steps 16 ";
+  for (const char* kv : {"auto", "fp32", "fp16"}) {
+    const ProcessResult r = run_process(base + "--json --kv-dtype " + kv, 60);
+    ASSERT_EQ(r.exit_code, 0) << kv << "\n" << r.err;
+    EXPECT_EQ(nlohmann::json::parse(r.out)["ids"].size(), 16u) << kv;
+  }
+  const ProcessResult config = run_process(base + "--weights-dtype int8 --print-config", 60);
+  ASSERT_EQ(config.exit_code, 0) << config.err;
+  EXPECT_NE(config.out.find("kv_dtype: auto (fp16 on the CPU)"), std::string::npos) << config.out;
+  const ProcessResult verbose = run_process(base + "--kv-dtype fp16 -v", 60);
+  ASSERT_EQ(verbose.exit_code, 0) << verbose.err;
+  EXPECT_NE(verbose.err.find("tokens/block of fp16"), std::string::npos) << verbose.err;
+  const ProcessResult bad = run_process(base + "--kv-dtype fp8", 60);
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_EQ(std::count(bad.err.begin(), bad.err.end(), '\n'), 1) << bad.err;
+  EXPECT_NE(bad.err.find("unknown --kv-dtype 'fp8' (use auto, fp32 or fp16)"), std::string::npos) << bad.err;
 }
 
 }  // namespace

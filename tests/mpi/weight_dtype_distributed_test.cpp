@@ -1,7 +1,9 @@
-// bf16 and int8 weights under real mpirun, on every golden prompt of mini-gqa, against one rank with the
-// same dtype.
+// bf16 and int8 weights, and an fp16 KV cache, under real mpirun, on every golden prompt of mini-gqa, against
+// one rank with the same dtypes (bf16 and int8 run with their default fp16 KV cache).
 //  - bf16: the same tokens on every TP / PP layout. A TP rank converts only its own slices, bf16 rounds each
 //    weight alone and the activations stay fp32, so only the order of the partial sums changes, as for fp32.
+//  - an fp16 KV cache (with fp32 or bf16 weights): the same tokens too. A head's keys and values come from
+//    one rank's whole column slice, the same bits as on one rank, and round to the same fp16 values.
 //  - int8: the activations are quantised too (per 32 or 128 values), and rounding is discontinuous: a
 //    partial-sum order that moves a value by one fp32 ulp can move its int8 code by a whole step. So a
 //    layout's logits differ from one rank's by quantisation noise (measured: up to 2% of the largest logit),
@@ -32,6 +34,7 @@ constexpr int kSteps = 64;
 
 struct Case {
   std::string dtype;
+  std::string kv;  // --kv-dtype
   int tp, pp;
 };
 
@@ -50,7 +53,7 @@ class WeightDtypeLayouts : public ::testing::TestWithParam<Case> {
   }
   void TearDown() override { fs::remove_all(dir_); }
 
-  LayoutRun run_layout(const std::string& dtype, int tp, int pp) {
+  LayoutRun run_layout(const std::string& dtype, const std::string& kv, int tp, int pp) {
     const std::string prompts = (dir_ / "prompts").string();
     const std::string logits = (dir_ / ("tp" + std::to_string(tp) + "pp" + std::to_string(pp) + ".logits")).string();
     std::ofstream out(prompts);
@@ -62,7 +65,7 @@ class WeightDtypeLayouts : public ::testing::TestWithParam<Case> {
         "mpirun --oversubscribe --bind-to none -np " + std::to_string(tp * pp) + " " + shardline_binary() +
             " run --json --threads 1 --model " + model_file("mini-gqa.bin") + " --tokenizer " +
             model_file("tokenizer.bin") + " --prompts-file " + prompts + " --steps " + std::to_string(kSteps) +
-            " --weights-dtype " + dtype + " --tp " + std::to_string(tp) + " --pp " + std::to_string(pp) +
+            " --weights-dtype " + dtype + " --kv-dtype " + kv + " --tp " + std::to_string(tp) + " --pp " + std::to_string(pp) +
             " --dump-logits " + logits,
         180);
     EXPECT_EQ(r.exit_code, 0) << r.err;
@@ -82,11 +85,11 @@ class WeightDtypeLayouts : public ::testing::TestWithParam<Case> {
 TEST_P(WeightDtypeLayouts, MatchOneRank) {
   SHARDLINE_REQUIRE_MODEL_FILE(model_file("mini-gqa.bin"));
   const Case& c = GetParam();
-  const LayoutRun one = run_layout(c.dtype, 1, 1);
-  const LayoutRun many = run_layout(c.dtype, c.tp, c.pp);
+  const LayoutRun one = run_layout(c.dtype, c.kv, 1, 1);
+  const LayoutRun many = run_layout(c.dtype, c.kv, c.tp, c.pp);
   ASSERT_EQ(one.ids.size(), 4u);
   ASSERT_EQ(many.ids.size(), one.ids.size());
-  if (c.dtype == "bf16") {
+  if (c.dtype != "int8") {
     for (std::size_t i = 0; i < one.ids.size(); ++i) EXPECT_EQ(many.ids[i], one.ids[i]) << "sequence " << i;
     return;
   }
@@ -122,11 +125,13 @@ TEST_P(WeightDtypeLayouts, MatchOneRank) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, WeightDtypeLayouts,
-                         ::testing::Values(Case{"bf16", 2, 1}, Case{"bf16", 1, 2}, Case{"bf16", 2, 2},
-                                           Case{"int8", 2, 1}, Case{"int8", 1, 2}, Case{"int8", 2, 2}),
+                         ::testing::Values(Case{"bf16", "auto", 2, 1}, Case{"bf16", "auto", 1, 2},
+                                           Case{"bf16", "auto", 2, 2}, Case{"int8", "auto", 2, 1},
+                                           Case{"int8", "auto", 1, 2}, Case{"int8", "auto", 2, 2},
+                                           Case{"fp32", "fp16", 2, 1}, Case{"fp32", "fp16", 2, 2}),
                          [](const auto& info) {
-                           return info.param.dtype + "_tp" + std::to_string(info.param.tp) + "_pp" +
-                                  std::to_string(info.param.pp);
+                           return info.param.dtype + "_kv_" + info.param.kv + "_tp" + std::to_string(info.param.tp) +
+                                  "_pp" + std::to_string(info.param.pp);
                          });
 
 }  // namespace

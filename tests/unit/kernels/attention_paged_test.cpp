@@ -3,6 +3,8 @@
 // the same order; only the addressing differs), with 1 and 2 threads. The contiguous kernel itself is
 // checked against a double reference in cpu_ops_test.cpp.
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -38,7 +40,7 @@ TEST(AttentionPaged, BitIdenticalToContiguousForEveryBlockSize) {
       std::shuffle(slot.begin(), slot.end(), rng);
       const std::size_t block_floats = static_cast<std::size_t>(block_tokens) * kv_stride;
       std::vector<float> k_pool(n_blocks * block_floats, NAN), v_pool(n_blocks * block_floats, NAN);
-      std::vector<const float*> k_blocks(n_blocks), v_blocks(n_blocks);
+      std::vector<const void*> k_blocks(n_blocks), v_blocks(n_blocks);
       for (int b = 0; b < n_blocks; ++b) {
         float* kb = k_pool.data() + slot[b] * block_floats;
         float* vb = v_pool.data() + slot[b] * block_floats;
@@ -49,8 +51,8 @@ TEST(AttentionPaged, BitIdenticalToContiguousForEveryBlockSize) {
         v_blocks[b] = vb;
       }
       std::vector<float> got(n_heads * head_size, -1.0f);
-      attention_paged(got.data(), q.data(), k_blocks.data(), v_blocks.data(), block_tokens, scratch.data(), n_ctx,
-                      n_heads, n_kv_heads, head_size, kv_stride);
+      attention_paged(got.data(), q.data(), k_blocks.data(), v_blocks.data(), KvDtype::kF32, block_tokens,
+                      scratch.data(), n_ctx, n_heads, n_kv_heads, head_size, kv_stride);
       EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0)
           << "block_tokens " << block_tokens << ", " << threads << " threads";
     }
@@ -58,25 +60,49 @@ TEST(AttentionPaged, BitIdenticalToContiguousForEveryBlockSize) {
   }
 }
 
+// The cache as rows of dtype: fp32 as is, fp16 through store_kv_row (each ISA's own conversion, which must
+// agree too).
+std::vector<std::uint16_t> to_fp16(const std::vector<float>& x) {
+  std::vector<std::uint16_t> h(x.size());
+  store_kv_row(h.data(), x.data(), static_cast<int>(x.size()), KvDtype::kF16);
+  return h;
+}
+
 // Attention is compiled for the baseline target and, with intrinsics, for AVX-512 (row_kernels.h); both
 // must give the same bits, with GQA, both thread counts, head sizes that are multiples of 16 (64; 80 and 128
 // pass the AVX-512 kernel's 64-float value registers) and one that is not (40: the generic code on both),
-// on a contiguous cache and on blocks of 7 and 16 positions.
-void expect_bit_identical_on_every_isa(int head_size, int block_tokens, std::mt19937& rng) {
-  SCOPED_TRACE(::testing::Message() << "head_size " << head_size << ", block_tokens " << block_tokens);
+// on a contiguous cache and on blocks of 7 and 16 positions, for fp32 and fp16 caches.
+void expect_bit_identical_on_every_isa(int head_size, int block_tokens, KvDtype dtype, std::mt19937& rng) {
+  SCOPED_TRACE(::testing::Message() << "head_size " << head_size << ", block_tokens " << block_tokens << ", "
+                                    << kv_dtype_name(dtype));
   const int n_heads = 6, n_kv_heads = 3, kv_stride = n_kv_heads * head_size, n_ctx = 130;
   const std::vector<float> q = test::random_floats(rng, static_cast<std::size_t>(n_heads) * head_size);
   const std::vector<float> k = test::random_floats(rng, static_cast<std::size_t>(n_ctx) * kv_stride);
   const std::vector<float> v = test::random_floats(rng, static_cast<std::size_t>(n_ctx) * kv_stride);
+  std::vector<std::uint16_t> k16, v16;
+  {
+    test::ScopedIsa portable(Isa::kPortable);
+    k16 = to_fp16(k);
+    v16 = to_fp16(v);
+  }
+  for (Isa isa : test::runnable_isas()) {
+    test::ScopedIsa scoped(isa);
+    EXPECT_TRUE(to_fp16(k) == k16 && to_fp16(v) == v16) << "fp16 rows differ on " << isa_name(isa);
+  }
+  const std::size_t value_bytes = kv_value_bytes(dtype);
+  const char* k_base = dtype == KvDtype::kF16 ? static_cast<const char*>(static_cast<const void*>(k16.data()))
+                                              : static_cast<const char*>(static_cast<const void*>(k.data()));
+  const char* v_base = dtype == KvDtype::kF16 ? static_cast<const char*>(static_cast<const void*>(v16.data()))
+                                              : static_cast<const char*>(static_cast<const void*>(v.data()));
   // Blocks are consecutive slices of the same cache here: the block walk, not the placement, is under test.
-  std::vector<const float*> k_blocks, v_blocks;
+  std::vector<const void*> k_blocks, v_blocks;
   for (int t0 = 0; t0 < n_ctx; t0 += block_tokens) {
-    k_blocks.push_back(k.data() + static_cast<std::size_t>(t0) * kv_stride);
-    v_blocks.push_back(v.data() + static_cast<std::size_t>(t0) * kv_stride);
+    k_blocks.push_back(k_base + static_cast<std::size_t>(t0) * kv_stride * value_bytes);
+    v_blocks.push_back(v_base + static_cast<std::size_t>(t0) * kv_stride * value_bytes);
   }
   std::vector<float> scratch(static_cast<std::size_t>(n_heads) * n_ctx);
   auto run = [&](std::vector<float>& out) {
-    attention_paged(out.data(), q.data(), k_blocks.data(), v_blocks.data(), block_tokens, scratch.data(), n_ctx,
+    attention_paged(out.data(), q.data(), k_blocks.data(), v_blocks.data(), dtype, block_tokens, scratch.data(), n_ctx,
                     n_heads, n_kv_heads, head_size, kv_stride);
   };
   for (int threads : {1, 2}) {
@@ -97,9 +123,44 @@ void expect_bit_identical_on_every_isa(int head_size, int block_tokens, std::mt1
 
 TEST(AttentionPaged, BitIdenticalOnEveryIsa) {
   std::mt19937 rng(8);
-  for (int head_size : {40, 64, 80, 128}) {
-    for (int block_tokens : {7, 16, 130}) expect_bit_identical_on_every_isa(head_size, block_tokens, rng);
+  for (KvDtype dtype : {KvDtype::kF32, KvDtype::kF16}) {
+    for (int head_size : {40, 64, 80, 128}) {
+      for (int block_tokens : {7, 16, 130}) expect_bit_identical_on_every_isa(head_size, block_tokens, dtype, rng);
+    }
   }
+}
+
+// An fp16 cache is an fp32 cache of the rounded values: attention over the fp16 rows must equal, bit for
+// bit, fp32 attention over those rows converted back; and it stays close to attention over the unrounded
+// rows (each value within 2^-11 relative, so the output within a few 2^-11 of the fp32 output's scale).
+TEST(AttentionPaged, Fp16CacheIsFp32AttentionOverTheRoundedRows) {
+  std::mt19937 rng(11);
+  const int n_heads = 8, n_kv_heads = 2, head_size = 64, kv_stride = n_kv_heads * head_size, n_ctx = 97;
+  const std::vector<float> q = test::random_floats(rng, static_cast<std::size_t>(n_heads) * head_size);
+  const std::vector<float> k = test::random_floats(rng, static_cast<std::size_t>(n_ctx) * kv_stride);
+  const std::vector<float> v = test::random_floats(rng, static_cast<std::size_t>(n_ctx) * kv_stride);
+  const std::vector<std::uint16_t> k16 = to_fp16(k), v16 = to_fp16(v);
+  std::vector<float> k_rounded(k.size()), v_rounded(v.size());
+  load_kv_row(k_rounded.data(), k16.data(), static_cast<int>(k.size()), KvDtype::kF16);
+  load_kv_row(v_rounded.data(), v16.data(), static_cast<int>(v.size()), KvDtype::kF16);
+  std::vector<float> scratch(static_cast<std::size_t>(n_heads) * n_ctx);
+  std::vector<float> half(n_heads * head_size), rounded(n_heads * head_size), exact(n_heads * head_size);
+  const void* k_block = k16.data();
+  const void* v_block = v16.data();
+  attention_paged(half.data(), q.data(), &k_block, &v_block, KvDtype::kF16, n_ctx, scratch.data(), n_ctx, n_heads,
+                  n_kv_heads, head_size, kv_stride);
+  attention(rounded.data(), q.data(), k_rounded.data(), v_rounded.data(), scratch.data(), n_ctx, n_heads, n_kv_heads,
+            head_size, kv_stride);
+  attention(exact.data(), q.data(), k.data(), v.data(), scratch.data(), n_ctx, n_heads, n_kv_heads, head_size,
+            kv_stride);
+  EXPECT_EQ(std::memcmp(half.data(), rounded.data(), half.size() * sizeof(float)), 0);
+  float scale = 0, worst = 0;
+  for (std::size_t i = 0; i < exact.size(); ++i) {
+    scale = std::max(scale, std::abs(exact[i]));
+    worst = std::max(worst, std::abs(half[i] - exact[i]));
+  }
+  EXPECT_GT(worst, 0.0f);  // the rounding is real
+  EXPECT_LT(worst, 8 * 0x1p-11f * scale);
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 // KvCache over a block pool: growth across blocks through the block table, rows landing where the
 // attention kernel's block pointers say, blocks returned on destruction and on move-assignment, and pool
 // exhaustion surfacing as ResourceError from reserve_through.
+#include <cstdint>
+
 #include <gtest/gtest.h>
 
 #include "common/error.h"
@@ -28,16 +30,16 @@ TEST(KvCache, GrowsBlockByBlockAndRowsMatchTheBlockTables) {
   for (int l = 0; l < kLayers; ++l) {
     for (int p = 0; p < 30; ++p) {
       for (int i = 0; i < kKvDim; ++i) {
-        cache.key_row(l, p)[i] = 1000.0f * l + 10.0f * p + i;
-        cache.value_row(l, p)[i] = -(1000.0f * l + 10.0f * p + i);
+        static_cast<float*>(cache.key_row(l, p))[i] = 1000.0f * l + 10.0f * p + i;
+        static_cast<float*>(cache.value_row(l, p))[i] = -(1000.0f * l + 10.0f * p + i);
       }
     }
   }
   // Read back through the kernel's view: block p / B, row p % B.
   for (int l = 0; l < kLayers; ++l) {
     for (int p = 0; p < 30; ++p) {
-      const float* k = cache.key_blocks(l)[p / kBlockTokens] + (p % kBlockTokens) * kKvDim;
-      const float* v = cache.value_blocks(l)[p / kBlockTokens] + (p % kBlockTokens) * kKvDim;
+      const float* k = static_cast<const float*>(cache.key_blocks(l)[p / kBlockTokens]) + (p % kBlockTokens) * kKvDim;
+      const float* v = static_cast<const float*>(cache.value_blocks(l)[p / kBlockTokens]) + (p % kBlockTokens) * kKvDim;
       for (int i = 0; i < kKvDim; ++i) {
         ASSERT_EQ(k[i], 1000.0f * l + 10.0f * p + i) << "layer " << l << " pos " << p;
         ASSERT_EQ(v[i], -(1000.0f * l + 10.0f * p + i)) << "layer " << l << " pos " << p;
@@ -70,7 +72,56 @@ TEST(KvCache, ExhaustionIsAResourceError) {
   cache.reserve_through(7);
   EXPECT_THROW(cache.reserve_through(8), ResourceError);
   EXPECT_EQ(cache.blocks_held(), 2);  // what it had stays valid
-  cache.key_row(0, 7)[0] = 1.0f;
+  static_cast<float*>(cache.key_row(0, 7))[0] = 1.0f;
+}
+
+// An fp16 cache: blocks of half the bytes, the same layout in 2-byte values, and rows stored through the
+// kernels' conversion land where attention's block pointers read them.
+TEST(KvCache, Fp16RowsHaveHalfTheBytesAndTheSameLayout) {
+  using kernels::cpu::KvDtype;
+  EXPECT_EQ(KvCache::block_bytes(kLayers, kKvDim, kBlockTokens, KvDtype::kF16) * 2,
+            KvCache::block_bytes(kLayers, kKvDim, kBlockTokens));
+  memory::KvBlockPool pool({KvCache::block_bytes(kLayers, kKvDim, kBlockTokens, KvDtype::kF16), 8});
+  KvCache cache(pool, kLayers, kKvDim, kBlockTokens, 12, KvDtype::kF16);
+  EXPECT_EQ(cache.kv_dtype(), KvDtype::kF16);
+  cache.reserve_through(11);
+  float row[kKvDim];
+  for (int l = 0; l < kLayers; ++l) {
+    for (int p = 0; p < 12; ++p) {
+      for (int i = 0; i < kKvDim; ++i) row[i] = 100.0f * l + 8.0f * p + i;  // exact in fp16
+      kernels::cpu::store_kv_row(cache.key_row(l, p), row, kKvDim, KvDtype::kF16);
+      for (int i = 0; i < kKvDim; ++i) row[i] = -row[i];
+      kernels::cpu::store_kv_row(cache.value_row(l, p), row, kKvDim, KvDtype::kF16);
+    }
+  }
+  for (int l = 0; l < kLayers; ++l) {
+    for (int p = 0; p < 12; ++p) {
+      float k[kKvDim], v[kKvDim];
+      kernels::cpu::load_kv_row(k, static_cast<const std::uint16_t*>(cache.key_blocks(l)[p / kBlockTokens]) +
+                                       (p % kBlockTokens) * kKvDim, kKvDim, KvDtype::kF16);
+      kernels::cpu::load_kv_row(v, static_cast<const std::uint16_t*>(cache.value_blocks(l)[p / kBlockTokens]) +
+                                       (p % kBlockTokens) * kKvDim, kKvDim, KvDtype::kF16);
+      for (int i = 0; i < kKvDim; ++i) {
+        ASSERT_EQ(k[i], 100.0f * l + 8.0f * p + i) << "layer " << l << " pos " << p;
+        ASSERT_EQ(v[i], -(100.0f * l + 8.0f * p + i)) << "layer " << l << " pos " << p;
+      }
+    }
+  }
+}
+
+// --kv-dtype auto: fp32 keeps fp32 weights on the reference arithmetic; bf16 and int8 take fp16. The CUDA
+// backend has an fp32 cache only.
+TEST(KvCache, ResolvesTheDefaultDtypePerWeightsAndBackend) {
+  using kernels::cpu::KvDtype;
+  using kernels::cpu::WeightDtype;
+  EXPECT_EQ(resolve_kv_dtype(std::nullopt, WeightDtype::kF32, false), KvDtype::kF32);
+  EXPECT_EQ(resolve_kv_dtype(std::nullopt, WeightDtype::kBf16, false), KvDtype::kF16);
+  EXPECT_EQ(resolve_kv_dtype(std::nullopt, WeightDtype::kInt8, false), KvDtype::kF16);
+  EXPECT_EQ(resolve_kv_dtype(KvDtype::kF16, WeightDtype::kF32, false), KvDtype::kF16);
+  EXPECT_EQ(resolve_kv_dtype(KvDtype::kF32, WeightDtype::kInt8, false), KvDtype::kF32);
+  EXPECT_EQ(resolve_kv_dtype(std::nullopt, WeightDtype::kBf16, true), KvDtype::kF32);
+  EXPECT_EQ(resolve_kv_dtype(KvDtype::kF32, WeightDtype::kBf16, true), KvDtype::kF32);
+  EXPECT_THROW(resolve_kv_dtype(KvDtype::kF16, WeightDtype::kF32, true), ConfigError);
 }
 
 }  // namespace
