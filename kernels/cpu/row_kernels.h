@@ -61,6 +61,8 @@ using RopeRotate = void (*)(float* vec, int n_heads, int head_size, const float*
 using Softmax = void (*)(float* x, int n);
 // The SwiGLU gate, h = silu(h) * u over n values (ops.h swiglu), with the same exp.
 using SiluMul = void (*)(float* h, const float* u, int n);
+// Index of the largest of n values, the first of equal maxima, a NaN never winning (ops.h argmax).
+using Argmax = int (*)(const float* x, int n);
 
 struct RowKernels {
   QuantizeInt8Row quantize_int8 = nullptr;
@@ -71,6 +73,7 @@ struct RowKernels {
   FromHalfRow from_half = nullptr;
   Softmax softmax = nullptr;
   SiluMul silu_mul = nullptr;
+  Argmax argmax = nullptr;
 };
 
 RowKernels portable_row_kernels();

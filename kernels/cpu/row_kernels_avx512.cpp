@@ -200,6 +200,30 @@ void rope_rotate_avx512(float* vec, int n_heads, int head_size, const float* cos
   }
 }
 
+// argmax_row() with the block test as four mask compares: a block of 64 is walked one by one only when
+// some value is greater than the best so far (an ordered compare: a NaN is never greater, as in the scan).
+// The compiled generic block test cost about 1.5 cycles per logit (measured 128 us for 16 x 32000 on one
+// thread).
+int argmax_avx512(const float* x, int n) {
+  int best = 0;
+  int i = 1;
+  for (; i + kArgmaxBlock <= n; i += kArgmaxBlock) {
+    const __m512 best_value = _mm512_set1_ps(x[best]);
+    __mmask16 beaten = 0;
+    for (int j = 0; j < kArgmaxBlock; j += 16) {
+      beaten |= _mm512_cmp_ps_mask(_mm512_loadu_ps(x + i + j), best_value, _CMP_GT_OQ);
+    }
+    if (beaten == 0) continue;
+    for (int l = 0; l < kArgmaxBlock; ++l) {
+      if (x[i + l] > x[best]) best = i + l;
+    }
+  }
+  for (; i < n; ++i) {
+    if (x[i] > x[best]) best = i;
+  }
+  return best;
+}
+
 }  // namespace
 
 RowKernels avx512_row_kernels() {
@@ -211,6 +235,7 @@ RowKernels avx512_row_kernels() {
   kernels.from_half = from_half_row_avx512;
   kernels.softmax = softmax_avx512;
   kernels.silu_mul = silu_mul_avx512;
+  kernels.argmax = argmax_avx512;
   return kernels;
 }
 

