@@ -96,6 +96,10 @@ void softmax(float* x, int size) { row::active_row_kernels().softmax(x, size); }
 void swiglu(float* h1, const float* h3, int size) { row::active_row_kernels().silu_mul(h1, h3, size); }
 
 void add_inplace(float* y, const float* x, int size) {
+  // A batch's residual (rows x dim) is split over the kernel threads; one row stays on the caller's.
+  constexpr int kMinParallelValues = 8192;
+  const int n_threads = num_threads();
+#pragma omp parallel for num_threads(n_threads) if (n_threads > 1 && size >= kMinParallelValues)
   for (int i = 0; i < size; ++i) y[i] += x[i];
 }
 
