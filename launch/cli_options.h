@@ -31,8 +31,8 @@ kernels::cpu::WeightDtype parse_weights_dtype_flag(const std::string& text);
 std::optional<kernels::cpu::KvDtype> parse_kv_dtype_flag(const std::string& text);
 // What --kv-dtype's help says.
 inline constexpr const char* kKvDtypeFlagHelp =
-    "the KV cache's values: auto (fp32 with fp32 weights, fp16 with bf16 and int8 weights on the CPU)|fp32|fp16 "
-    "(half the cache memory and attention traffic; see docs/kv-cache.md)";
+    "the KV cache's values: auto (fp32 with fp32 weights; fp16 with bf16 and int8 weights on AVX-512 CPUs; fp32 "
+    "on CUDA)|fp32|fp16 (half the cache memory and attention traffic; see docs/kv-cache.md)";
 // --isa: "auto" keeps the best kernels this CPU has; a named level (kernels/cpu/isa.h) steps down to it.
 // ConfigError for an unknown name, ResourceError for a level this CPU lacks.
 void apply_isa_flag(const std::string& text);

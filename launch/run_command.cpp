@@ -158,6 +158,10 @@ std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, 
   }
   c.engine.weights_dtype = parse_weights_dtype_flag(weights_dtype);
   c.engine.kv_dtype = parse_kv_dtype_flag(kv_dtype);
+  if (c.device == runtime::DeviceRequest::kCuda && c.engine.kv_dtype == kernels::cpu::KvDtype::kF16) {
+    throw ConfigError("--kv-dtype fp16 runs on the CPU only (the CUDA backend keeps its KV cache in fp32); use "
+                      "--kv-dtype fp32 or auto with --device cuda");
+  }
   apply_isa_flag(isa);
   if (!layer_split.empty()) c.engine.layers_per_stage = parse_int_list("--layers-per-stage", layer_split);
   if (batch < 1) throw ConfigError("--batch must be >= 1");
@@ -345,8 +349,11 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
                                        longest_prompt + config->requests[0].steps, longest_prompt, config->tp,
                                        config->pp, config->engine.micro_batches,
                                        kernels::cpu::typical_bytes_per_weight(config->engine.weights_dtype)};
-      request.kv_bytes_per_value = static_cast<double>(kernels::cpu::kv_value_bytes(runtime::resolve_kv_dtype(
-          config->engine.kv_dtype, config->engine.weights_dtype, config->device == runtime::DeviceRequest::kCuda)));
+      // The cache's dtype depends on the backend this rank will get (CUDA keeps fp32), which --device auto
+      // decides by whether the rank sees a GPU: the same test as the backend choice below.
+      const bool cuda = runtime::choose_backend(config->device, mpi.local_rank()).cuda;
+      request.kv_bytes_per_value = static_cast<double>(kernels::cpu::kv_value_bytes(
+          runtime::resolve_kv_dtype(config->engine.kv_dtype, config->engine.weights_dtype, cuda)));
       plan = runtime::plan_job(*world, request);
       RunConfig planned = *config;
       planned.tp = plan->tp;
@@ -384,8 +391,8 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
           config->engine.kv_block_tokens, config->engine.kv_blocks == 0 ? std::string("auto")
                                                                          : std::to_string(config->engine.kv_blocks),
           kernels::cpu::weight_dtype_name(config->engine.weights_dtype),
-          config->engine.kv_dtype ? kernels::cpu::kv_dtype_name(*config->engine.kv_dtype)
-                                  : fmt::format("auto ({} on the CPU)",
+          config->engine.kv_dtype ? std::string(kernels::cpu::kv_dtype_name(*config->engine.kv_dtype))
+                                  : fmt::format("auto ({} on the CPU, fp32 on CUDA)",
                                                 kernels::cpu::kv_dtype_name(runtime::resolve_kv_dtype(
                                                     std::nullopt, config->engine.weights_dtype, false))),
           kernels::cpu::isa_name(kernels::cpu::active_isa()), runtime::device_request_name(config->device));

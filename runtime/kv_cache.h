@@ -23,7 +23,8 @@ namespace shardline::runtime {
 
 // The KV cache dtype a run gets: the requested one, else fp32 for fp32 weights (the reference arithmetic,
 // bit for bit) and fp16 for bf16 and int8 weights (their rounding dwarfs fp16's, and attention then streams
-// half the bytes). The CUDA backend keeps an fp32 cache: fp16 there is a ConfigError.
+// half the bytes) on the AVX-512 kernels (kernels/cpu/isa.h active_isa(); below them, fp32). The CUDA
+// backend keeps an fp32 cache: fp16 there is a ConfigError.
 kernels::cpu::KvDtype resolve_kv_dtype(std::optional<kernels::cpu::KvDtype> requested,
                                        kernels::cpu::WeightDtype weights, bool cuda);
 

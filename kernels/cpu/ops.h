@@ -54,8 +54,9 @@ void swiglu(float* h1, const float* h3, int size);
 void add_inplace(float* y, const float* x, int size);
 
 // The element of a KV cache's rows: fp32, or fp16 (IEEE binary16, rounded to nearest even when stored).
-// fp16 halves the bytes attention streams per position; its relative rounding error is at most 2^-11, and
-// values past 65504 become infinite (the run's --kv-dtype; see docs/kv-cache.md).
+// fp16 halves the bytes attention streams per position; its relative rounding error is at most 2^-11 for
+// |x| >= 2^-14 (below, an absolute 2^-25), and values from 65520 on round to infinity (the largest half is
+// 65504) (the run's --kv-dtype; see docs/kv-cache.md).
 enum class KvDtype { kF32, kF16 };
 // "fp32", "fp16": what --kv-dtype takes.
 const char* kv_dtype_name(KvDtype dtype);

@@ -126,19 +126,23 @@ inline std::uint16_t to_half(float value) {
   return static_cast<std::uint16_t>(sign | (m + (rest > half || (rest == half && (m & 1u)) ? 1u : 0u)));
 }
 
-// binary16 bits -> binary32, exact: what VCVTPH2PS computes (a signalling NaN comes back quiet).
+// binary16 bits -> binary32, exact: what VCVTPH2PS computes (a signalling NaN comes back quiet). Without
+// branches, so that the attention loops that read an fp16 cache through it still vectorise:
+//  - normal, infinite and NaN halves: the exponent and mantissa moved into place with the exponent 224 up
+//    (so the half's 31 lands on the float's 255: infinity or NaN), then a multiply by 2^-112 brings a finite
+//    value to its exponent exactly (infinity stays infinite; a NaN stays NaN, quiet with its payload, as
+//    any multiply of a NaN on x86 leaves it);
+//  - zero and subnormals (m 2^-24): the float with mantissa m and exponent 2^-1, minus 0.5, is exactly m 2^-24
+//    (the difference is exact: both are multiples of 2^-24 below 1).
 inline float from_half(std::uint16_t half) {
+  const std::uint32_t magnitude = static_cast<std::uint32_t>(half & 0x7fffu);
   const std::uint32_t sign = static_cast<std::uint32_t>(half & 0x8000u) << 16;
-  const std::uint32_t exponent = (half >> 10) & 0x1fu, mantissa = half & 0x3ffu;
-  std::uint32_t bits;
-  if (exponent == 0x1fu) {
-    bits = sign | 0x7f800000u | (mantissa << 13) | (mantissa != 0 ? 0x400000u : 0u);
-  } else if (exponent != 0) {
-    bits = sign | ((exponent + 112u) << 23) | (mantissa << 13);
-  } else {  // zero or subnormal: mantissa 2^-24, a normal float (exact: the product is a power-of-two scaling)
-    bits = sign | __builtin_bit_cast(std::uint32_t, static_cast<float>(mantissa) * 5.9604644775390625e-8f);
-  }
-  return __builtin_bit_cast(float, bits);
+  const float normal = __builtin_bit_cast(float, (magnitude << 13) + (224u << 23)) * 1.925929944387236e-34f;  // 2^-112
+  const float subnormal = __builtin_bit_cast(float, magnitude | (126u << 23)) - 0.5f;
+  const std::uint32_t normal_mask = 0u - static_cast<std::uint32_t>(magnitude >= 0x400u);  // a mask, not a branch
+  const std::uint32_t bits = (__builtin_bit_cast(std::uint32_t, normal) & normal_mask) |
+                             (__builtin_bit_cast(std::uint32_t, subnormal) & ~normal_mask);
+  return __builtin_bit_cast(float, sign | bits);
 }
 
 void to_half_row(const float* x, int n, std::uint16_t* h) {
@@ -191,8 +195,12 @@ inline void for_each_cached_row(const void* const* blocks, int block_tokens, int
   }
 }
 
+// Every 64-byte line of [p, p + n) (p need not be aligned: the walk starts at its line).
 inline void prefetch_bytes(const void* p, int n) {
-  for (int i = 0; i < n; i += 64) __builtin_prefetch(static_cast<const char*>(p) + i);  // one line per 64 bytes
+  const auto begin = reinterpret_cast<std::uintptr_t>(p);
+  for (std::uintptr_t line = begin & ~std::uintptr_t{63}; line < begin + n; line += 64) {
+    __builtin_prefetch(reinterpret_cast<const void*>(line));
+  }
 }
 
 // Positions the key loop prefetches ahead. A sequence's cache is a few short runs of rows (a block per

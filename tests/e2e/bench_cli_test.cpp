@@ -47,8 +47,11 @@ class BenchCli : public ::testing::Test {
     ASSERT_EQ(rows.size(), 2u);
     EXPECT_EQ(rows[0]["dtype"], "fp32");
     EXPECT_EQ(rows[1]["dtype"], "int8");
-    EXPECT_EQ(rows[0]["kv_dtype"], "fp32");  // --kv-dtype auto: fp32 with fp32 weights, fp16 with int8
-    EXPECT_EQ(rows[1]["kv_dtype"], "fp16");
+    // --kv-dtype auto: fp32 with fp32 weights; fp16 with int8 on the AVX-512 kernels, else fp32.
+    EXPECT_EQ(rows[0]["kv_dtype"], "fp32");
+    const std::string isa = rows[1]["isa"].get<std::string>();
+    const bool avx512 = isa == "avx512" || isa == "avx512-vnni" || isa == "amx";
+    EXPECT_EQ(rows[1]["kv_dtype"], avx512 ? "fp16" : "fp32") << isa;
     for (const auto& row : rows) {
       EXPECT_EQ(row["model"], "15m");
       EXPECT_EQ(row["tp"], tp);
@@ -86,7 +89,7 @@ TEST_F(BenchCli, TablePrintsTheRooflineAndSameRunRatios) {
   const ProcessResult r = run_process(quick_bench(""), 300);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   for (const char* text : {"# shardline bench: tp=1 pp=1", "read GB/s", "decode b=1 tok/s", "decode b=2 tok/s",
-                           "prefill tok/s", "15m    fp32  fp32", "15m    int8  fp16", "# 15m ratios:",
+                           "prefill tok/s", "15m    fp32  fp32", "15m    int8  ", "# 15m ratios:",
                            "int8/fp32 at b=1"}) {
     EXPECT_NE(r.out.find(text), std::string::npos) << text << "\n" << r.out;
   }
@@ -173,9 +176,11 @@ TEST_F(BenchCli, RunTakesKvDtype) {
     ASSERT_EQ(r.exit_code, 0) << kv << "\n" << r.err;
     EXPECT_EQ(nlohmann::json::parse(r.out)["ids"].size(), 16u) << kv;
   }
-  const ProcessResult config = run_process(base + "--weights-dtype int8 --print-config", 60);
+  const ProcessResult config = run_process(base + "--weights-dtype int8 --isa portable --print-config", 60);
   ASSERT_EQ(config.exit_code, 0) << config.err;
-  EXPECT_NE(config.out.find("kv_dtype: auto (fp16 on the CPU)"), std::string::npos) << config.out;
+  EXPECT_NE(config.out.find("kv_dtype: auto (fp32 on the CPU, fp32 on CUDA)"), std::string::npos) << config.out;
+  const ProcessResult fp32_config = run_process(base + "--print-config", 60);
+  EXPECT_NE(fp32_config.out.find("kv_dtype: auto (fp32 on the CPU, fp32 on CUDA)"), std::string::npos);
   const ProcessResult verbose = run_process(base + "--kv-dtype fp16 -v", 60);
   ASSERT_EQ(verbose.exit_code, 0) << verbose.err;
   EXPECT_NE(verbose.err.find("tokens/block of fp16"), std::string::npos) << verbose.err;
@@ -183,6 +188,10 @@ TEST_F(BenchCli, RunTakesKvDtype) {
   EXPECT_EQ(bad.exit_code, 2);
   EXPECT_EQ(std::count(bad.err.begin(), bad.err.end(), '\n'), 1) << bad.err;
   EXPECT_NE(bad.err.find("unknown --kv-dtype 'fp8' (use auto, fp32 or fp16)"), std::string::npos) << bad.err;
+  // The CUDA backend keeps an fp32 cache: asking for fp16 there is refused while parsing.
+  const ProcessResult cuda = run_process(base + "--device cuda --kv-dtype fp16", 60);
+  EXPECT_EQ(cuda.exit_code, 2) << cuda.err;
+  EXPECT_NE(cuda.err.find("--kv-dtype fp16 runs on the CPU only"), std::string::npos) << cuda.err;
 }
 
 }  // namespace

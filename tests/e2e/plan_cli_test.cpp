@@ -51,21 +51,22 @@ TEST_F(PlanCli, ReadsTheShapeFromACheckpointHeaderOnly) {
   for (const auto& plan : j["plans"]) EXPECT_EQ(2 % plan["tp"].get<int>(), 0) << "tp must divide 2 kv heads";
 }
 
-// --kv-dtype sizes the KV cache in the memory per rank: auto is fp16 for int8 weights, fp32 doubles it.
+// --kv-dtype sizes the KV cache in the memory per rank: fp32 twice fp16's bytes.
 TEST_F(PlanCli, KvDtypeSizesTheCache) {
   auto kv_bytes = [&](const std::string& kv) {
-    const ProcessResult r = run_process(shardline_binary() + " plan --preset 110m --dtype int8 --top 1 --json --cluster " +
+    const ProcessResult r = run_process(shardline_binary() +
+                                        " plan --preset 110m --dtype int8 --tp 1 --pp 1 --top 1 --json --cluster " +
                                         cluster_file("cluster-this-vm.json") + " --kv-dtype " + kv);
     EXPECT_EQ(r.exit_code, 0) << r.err;
     const auto j = nlohmann::json::parse(r.out);
     return std::pair(j["workload"]["kv_bytes_per_value"].get<double>(), j["plans"][0]["stages"][0]["kv_bytes"].get<double>());
   };
-  const auto [auto_value, auto_bytes] = kv_bytes("auto");
+  const auto [fp16_value, fp16_bytes] = kv_bytes("fp16");
   const auto [fp32_value, fp32_bytes] = kv_bytes("fp32");
-  EXPECT_EQ(auto_value, 2.0);
+  EXPECT_EQ(fp16_value, 2.0);
   EXPECT_EQ(fp32_value, 4.0);
-  EXPECT_GT(auto_bytes, 0.0);
-  EXPECT_DOUBLE_EQ(fp32_bytes, 2 * auto_bytes);
+  EXPECT_GT(fp16_bytes, 0.0);
+  EXPECT_DOUBLE_EQ(fp32_bytes, 2 * fp16_bytes);
   const ProcessResult bad = run_process(shardline_binary() + " plan --preset 110m --kv-dtype int4");
   EXPECT_EQ(bad.exit_code, 2) << bad.err;
   EXPECT_NE(bad.err.find("unknown --kv-dtype 'int4'"), std::string::npos) << bad.err;

@@ -1,5 +1,5 @@
 // bf16 and int8 weights, and an fp16 KV cache, under real mpirun, on every golden prompt of mini-gqa, against
-// one rank with the same dtypes (bf16 and int8 run with their default fp16 KV cache).
+// one rank with the same dtypes (bf16 and int8 run with their default cache: fp16 on the AVX-512 kernels).
 //  - bf16: the same tokens on every TP / PP layout. A TP rank converts only its own slices, bf16 rounds each
 //    weight alone and the activations stay fp32, so only the order of the partial sums changes, as for fp32.
 //  - an fp16 KV cache (with fp32 or bf16 weights): the same tokens too. A head's keys and values come from

@@ -3,6 +3,8 @@
 // exhaustion surfacing as ResourceError from reserve_through.
 #include <cstdint>
 
+#include "kernels/cpu/isa.h"
+
 #include <gtest/gtest.h>
 
 #include "common/error.h"
@@ -85,6 +87,19 @@ TEST(KvCache, Fp16RowsHaveHalfTheBytesAndTheSameLayout) {
   KvCache cache(pool, kLayers, kKvDim, kBlockTokens, 12, KvDtype::kF16);
   EXPECT_EQ(cache.kv_dtype(), KvDtype::kF16);
   cache.reserve_through(11);
+  // Rows at 2-byte strides inside their block, keys then values per layer, the last value row ending at the
+  // block's fp16 size.
+  const std::size_t row_bytes = kKvDim * 2;
+  for (int l = 0; l < kLayers; ++l) {
+    for (int p = 0; p < 12; ++p) {
+      const std::byte* block = pool.data(cache.block_table()[p / kBlockTokens]);
+      const std::size_t key_at = (static_cast<std::size_t>(2 * l) * kBlockTokens + p % kBlockTokens) * row_bytes;
+      EXPECT_EQ(static_cast<std::byte*>(cache.key_row(l, p)), block + key_at);
+      EXPECT_EQ(static_cast<std::byte*>(cache.value_row(l, p)), block + key_at + kBlockTokens * row_bytes);
+    }
+  }
+  EXPECT_EQ(static_cast<std::byte*>(cache.value_row(kLayers - 1, kBlockTokens - 1)) + row_bytes,
+            pool.data(cache.block_table()[0]) + KvCache::block_bytes(kLayers, kKvDim, kBlockTokens, KvDtype::kF16));
   float row[kKvDim];
   for (int l = 0; l < kLayers; ++l) {
     for (int p = 0; p < 12; ++p) {
@@ -109,19 +124,27 @@ TEST(KvCache, Fp16RowsHaveHalfTheBytesAndTheSameLayout) {
   }
 }
 
-// --kv-dtype auto: fp32 keeps fp32 weights on the reference arithmetic; bf16 and int8 take fp16. The CUDA
-// backend has an fp32 cache only.
+// --kv-dtype auto: fp32 keeps fp32 weights on the reference arithmetic; bf16 and int8 take fp16 on the
+// AVX-512 kernels. The CUDA backend has an fp32 cache only.
 TEST(KvCache, ResolvesTheDefaultDtypePerWeightsAndBackend) {
   using kernels::cpu::KvDtype;
   using kernels::cpu::WeightDtype;
+  // fp16 where the AVX-512 kernels read it (this machine's best ISA decides what auto can give here).
+  const KvDtype half_if_fast =
+      kernels::cpu::active_isa() >= kernels::cpu::Isa::kAvx512 ? KvDtype::kF16 : KvDtype::kF32;
   EXPECT_EQ(resolve_kv_dtype(std::nullopt, WeightDtype::kF32, false), KvDtype::kF32);
-  EXPECT_EQ(resolve_kv_dtype(std::nullopt, WeightDtype::kBf16, false), KvDtype::kF16);
-  EXPECT_EQ(resolve_kv_dtype(std::nullopt, WeightDtype::kInt8, false), KvDtype::kF16);
+  EXPECT_EQ(resolve_kv_dtype(std::nullopt, WeightDtype::kBf16, false), half_if_fast);
+  EXPECT_EQ(resolve_kv_dtype(std::nullopt, WeightDtype::kInt8, false), half_if_fast);
   EXPECT_EQ(resolve_kv_dtype(KvDtype::kF16, WeightDtype::kF32, false), KvDtype::kF16);
   EXPECT_EQ(resolve_kv_dtype(KvDtype::kF32, WeightDtype::kInt8, false), KvDtype::kF32);
   EXPECT_EQ(resolve_kv_dtype(std::nullopt, WeightDtype::kBf16, true), KvDtype::kF32);
   EXPECT_EQ(resolve_kv_dtype(KvDtype::kF32, WeightDtype::kBf16, true), KvDtype::kF32);
   EXPECT_THROW(resolve_kv_dtype(KvDtype::kF16, WeightDtype::kF32, true), ConfigError);
+  // Below the AVX-512 kernels fp16 is read through integer conversions: auto keeps fp32 there.
+  const kernels::cpu::Isa previous = kernels::cpu::set_isa(kernels::cpu::Isa::kAvx2);
+  EXPECT_EQ(resolve_kv_dtype(std::nullopt, WeightDtype::kInt8, false), KvDtype::kF32);
+  EXPECT_EQ(resolve_kv_dtype(KvDtype::kF16, WeightDtype::kInt8, false), KvDtype::kF16);
+  kernels::cpu::set_isa(previous);
 }
 
 }  // namespace
