@@ -83,15 +83,18 @@ void print_table(const std::vector<PlanEstimate>& plans) {
   }
 }
 
-// An sbatch script whose geometry and run flags implement the plan; the run flags the plan does not fix
-// (model, prompts, steps...) are the script's arguments.
-std::string sbatch_for(const PlanEstimate& p, const partition::ClusterSpec& cluster, const std::string& description) {
+// An sbatch script whose geometry and run flags implement the plan (its layout, and the weight and KV dtypes
+// its memory per rank was computed for); the run flags the plan does not fix (model, prompts, steps...) are
+// the script's arguments.
+std::string sbatch_for(const PlanEstimate& p, const partition::ClusterSpec& cluster, const std::string& description,
+                       const std::string& dtype, const std::string& kv_dtype) {
   const int ranks = p.layout.world();
   const int per_node = cluster.domains_per_node * cluster.ranks_per_domain;
   const int nodes = (ranks + per_node - 1) / per_node;
   const int cpus = std::max(1, cluster.domain.cores / cluster.ranks_per_domain);
-  const std::string flags = fmt::format("--tp {} --pp {} --layers-per-stage {} --micro-batches {}", p.layout.tp,
-                                        p.layout.pp, join(p.layout.layers_per_stage), p.layout.micro_batches);
+  const std::string flags =
+      fmt::format("--tp {} --pp {} --layers-per-stage {} --micro-batches {} --weights-dtype {} --kv-dtype {}",
+                  p.layout.tp, p.layout.pp, join(p.layout.layers_per_stage), p.layout.micro_batches, dtype, kv_dtype);
   return fmt::format(R"(#!/bin/bash
 # Written by `shardline plan --emit sbatch`: {}
 # Plan: tp={} x pp={} = {} ranks, layers per stage {}, {} micro-batch(es); predicted {:.1f} tok/s,
@@ -212,7 +215,8 @@ int plan_command(const std::vector<std::string>& args) {
     }
     std::cout << sbatch_for(plans.front(), cluster,
                             fmt::format("{} on '{}', objective {}, batch {}, context {}", preset.empty() ? model : preset,
-                                        cluster.name, partition::objective_name(w.objective), w.batch, w.context));
+                                        cluster.name, partition::objective_name(w.objective), w.batch, w.context),
+                            dtype, kv_dtype);
     return 0;
   }
   if (json) {

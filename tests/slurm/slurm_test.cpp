@@ -150,6 +150,8 @@ TEST_F(Slurm, PlanOnlyScriptEmitsARunScriptThatReproducesTheGoldens) {
   ASSERT_TRUE(fs::exists(emitted)) << plan.out;
   const std::string text = read_text_file(emitted.string());
   EXPECT_NE(text.find("#SBATCH --ntasks=2"), std::string::npos) << text;
+  // ... and the dtypes its memory per rank was computed for (plan's defaults here).
+  EXPECT_NE(text.find("--weights-dtype fp32 --kv-dtype auto"), std::string::npos) << text;
   // The emitted script carries the layout; the job passes only what to generate.
   std::string args = golden_run_args(1, 1);
   args = args.substr(0, args.find(" --tp "));
