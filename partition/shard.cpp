@@ -24,6 +24,13 @@ Range split_in_blocks(int n, int parts, int index, int unit) {
   return {blocks.begin * unit, blocks.end * unit};
 }
 
+Range split_hidden(int hidden_dim, int tp_size, int tp_rank) {
+  for (int unit : {128, 32}) {
+    if (hidden_dim % unit == 0 && hidden_dim / unit >= tp_size) return split_in_blocks(hidden_dim, tp_size, tp_rank, unit);
+  }
+  return split_evenly(hidden_dim, tp_size, tp_rank);
+}
+
 std::optional<std::string> find_layout_problem(const ModelShape& shape, int tp_size, int pp_size) {
   if (tp_size < 1 || pp_size < 1) return fmt::format("tp and pp must be >= 1 (tp={} pp={})", tp_size, pp_size);
   if (shape.n_kv_heads % tp_size != 0) {
@@ -74,7 +81,7 @@ RankShard shard_for(const ModelShape& shape, const Mesh& mesh, const std::vector
   shard.kv_heads = split_evenly(shape.n_kv_heads, mesh.tp_size(), mesh.tp_rank());
   const int group = shape.n_heads / shape.n_kv_heads;
   shard.heads = {shard.kv_heads.begin * group, shard.kv_heads.end * group};
-  shard.hidden = split_in_blocks(shape.hidden_dim, mesh.tp_size(), mesh.tp_rank(), kHiddenSplitBlock);
+  shard.hidden = split_hidden(shape.hidden_dim, mesh.tp_size(), mesh.tp_rank());
   shard.has_embedding = mesh.is_first_stage();
   shard.has_classifier = mesh.is_last_stage();
   if (shard.has_classifier) shard.vocab = split_evenly(shape.vocab_size, mesh.tp_size(), mesh.tp_rank());

@@ -4,7 +4,7 @@
 //   wq, wk, wv  split by output rows = whole heads      (kv heads too: tp must divide n_kv_heads)
 //   wo          split by input columns = the same heads  -> partial sums, all-reduce
 //   w1, w3      split by output rows of the hidden dim   (uneven allowed: 260 over 3 = 87, 87, 86; in
-//               whole blocks of 32 where the width allows: 2048 over 3 = 704, 672, 672)
+//               whole blocks of 128, else of 32, where the width allows: 2048 over 3 = 768, 640, 640)
 //   w2          split by input columns of the hidden dim -> partial sums, all-reduce
 //   classifier  split by vocab rows across the last stage's TP ranks, logits gathered
 // PP: contiguous layer ranges per stage, uneven allowed (7 layers over 3 stages = 3, 2, 2).
@@ -35,10 +35,12 @@ Range split_evenly(int n, int parts, int index);
 // blocks (every piece then starts and ends on a block boundary), else split_evenly.
 Range split_in_blocks(int n, int parts, int index, int unit);
 
-// The hidden dim's TP split is in blocks of this many features: w2's column slices then start on
-// multiples of 32, which is the int8 scale group of w2 (kernels/cpu/weight_format.h), so every rank's
-// slice quantises exactly as one rank quantises those columns.
-inline constexpr int kHiddenSplitBlock = 32;
+// The hidden dim's TP split: in whole blocks of 128 features where hidden is a multiple of 128 with at
+// least one block per rank, else of 32 where it allows, else evenly. w2's column slices then start and end
+// on multiples of its int8 scale group (128 where hidden has a block of 128 for each of n_kv_heads ranks,
+// the most any layout has; else 32: runtime/shard_weights.cpp), so every rank's slice quantises exactly as
+// one rank quantises those columns.
+Range split_hidden(int hidden_dim, int tp_size, int tp_rank);
 
 // One rank's share of the model.
 struct RankShard {

@@ -9,8 +9,19 @@ namespace shardline::runtime {
 
 namespace {
 constexpr std::uint64_t kF = sizeof(float);
-// int8 k values per scale of the matrices tensor parallelism slices along k (wo, w2): see the constructor.
-constexpr int kSlicedInt8Group = kernels::cpu::kInt8Block;
+// int8 k values per scale of the matrices tensor parallelism slices along k, chosen from the model alone so
+// that every layout groups them alike (see the constructor): 128 where every TP rank's slice of every valid
+// layout (tp divides n_kv_heads) starts and ends on a multiple of 128, else 32.
+//   wo: a rank's slice is its heads, a multiple of (n_heads / n_kv_heads) x head_size columns;
+//   w2: partition::split_hidden cuts hidden in blocks of 128 when it has at least one per rank.
+constexpr int kWide = kernels::cpu::kInt8WideGroup;
+int wo_int8_group(const partition::ModelShape& s) {
+  const int smallest_slice = s.n_heads / s.n_kv_heads * s.head_size();
+  return s.dim % kWide == 0 && smallest_slice % kWide == 0 ? kWide : kernels::cpu::kInt8Block;
+}
+int w2_int8_group(const partition::ModelShape& s) {
+  return s.hidden_dim % kWide == 0 && s.hidden_dim / kWide >= s.n_kv_heads ? kWide : kernels::cpu::kInt8Block;
+}
 }
 
 ShardWeights::ShardWeights(const std::string& path, const partition::ModelShape& shape,
@@ -38,18 +49,19 @@ ShardWeights::ShardWeights(const std::string& path, const partition::ModelShape&
     w.rms_att = map_floats(at.rms_att + l * d * kF, d, true);
     w.rms_ffn = map_floats(at.rms_ffn + l * d * kF, d, true);
     // Row slices (q/k/v, w1/w3: this rank's output features) and column slices (wo, w2: its input features).
-    // int8 scales wo and w2 per 32 k on every layout: a TP slice of their k that starts on a multiple of 32
-    // (every head slice of wo when the head size is a multiple of 32; w2's slices whenever hidden is, since
-    // partition/shard.h splits it in blocks of 32) is then grouped exactly as one rank groups those columns,
-    // so TP ranks quantise the same weights as one rank. Other slices are grouped from their own start and
-    // differ by quantisation noise. The other
-    // matrices are never sliced along k and take groups of 128 where k allows (kernels/cpu/weight_format.h).
+    // int8 scales wo and w2 per 128 k where every valid layout's TP slices of their k fall on those groups
+    // (wo_int8_group, w2_int8_group), else per 32 k: a slice is then grouped exactly as one rank groups those
+    // columns, so TP ranks quantise the same weights as one rank on every layout. (The 110M shape: w2 per
+    // 128, 16 blocks for at most 12 ranks; wo per 32, since tp=12 gives a rank one head of 64 columns.)
+    // Groups of 128 scale a quarter as often, which is what batched int8 decode spends its time on
+    // (BENCHMARKS.md, issue #7). The other matrices are never sliced along k and take groups of 128 where
+    // k allows (kernels/cpu/weight_format.h).
     w.wq = convert(at.wq + (l * d * d + q_begin * d) * kF, q_rows, shape.dim, all_dim);
     w.wk = convert(at.wk + (l * kv * d + kv_begin * d) * kF, kv_rows, shape.dim, all_dim);
     w.wv = convert(at.wv + (l * kv * d + kv_begin * d) * kF, kv_rows, shape.dim, all_dim);
-    w.wo = convert(at.wo + l * d * d * kF, shape.dim, shape.dim, q_columns, kSlicedInt8Group);
+    w.wo = convert(at.wo + l * d * d * kF, shape.dim, shape.dim, q_columns, wo_int8_group(shape));
     w.w1 = convert(at.w1 + (l * h * d + h_begin * d) * kF, h_rows, shape.dim, all_dim);
-    w.w2 = convert(at.w2 + l * d * h * kF, shape.dim, shape.hidden_dim, shard.hidden, kSlicedInt8Group);
+    w.w2 = convert(at.w2 + l * d * h * kF, shape.dim, shape.hidden_dim, shard.hidden, w2_int8_group(shape));
     w.w3 = convert(at.w3 + (l * h * d + h_begin * d) * kF, h_rows, shape.dim, all_dim);
     layers_.push_back(w);
   }
@@ -69,8 +81,8 @@ std::uint64_t ShardWeights::arena_bytes_needed(const partition::ModelShape& shap
   auto packed = [&](int rows, int cols, int int8_group = 0) {
     return kernels::cpu::packed_size_bytes(dtype, rows, cols, int8_group) + 64;
   };
-  std::uint64_t bytes = n_layers * (packed(q_rows, d) + 2 * packed(kv_rows, d) + packed(d, q_rows, kSlicedInt8Group) +
-                                    2 * packed(h_rows, d) + packed(d, h_rows, kSlicedInt8Group));
+  std::uint64_t bytes = n_layers * (packed(q_rows, d) + 2 * packed(kv_rows, d) + packed(d, q_rows, wo_int8_group(shape)) +
+                                    2 * packed(h_rows, d) + packed(d, h_rows, w2_int8_group(shape)));
   if (shard.has_classifier) bytes += packed(shard.vocab.size(), d);
   if (copy_to_arena) {
     std::uint64_t floats = n_layers * 2 * static_cast<std::uint64_t>(d);

@@ -10,10 +10,10 @@
 //         quads of the panel); value = scale * q with q in [-127, 127], stored as q + 128 (unsigned, what
 //         vpdpbusd multiplies). With groups of 128 the kernels convert and scale a group's exact integer
 //         dot a quarter as often as with Q8_0's 32, which is what batched int8 decode spends its time on
-//         (BENCHMARKS.md, issue #7). The default is 128 where k is a multiple of 128, else 32; the runtime
-//         asks for 32 for the matrices that tensor parallelism slices along k (wo, w2), so that a TP
-//         rank's groups are one rank's groups for any slice starting on a multiple of 32 (see
-//         runtime/shard_weights.cpp).
+//         (BENCHMARKS.md, issue #7). The default is 128 where k is a multiple of 128, else 32; for the
+//         matrices that tensor parallelism slices along k (wo, w2) the runtime asks for 128 only where
+//         every layout's slices fall on groups of 128, else for 32, so that a TP rank's groups are one
+//         rank's groups (see runtime/shard_weights.cpp).
 // A decode GEMV then streams each panel once, front to back, and a batch of n rows multiplies every
 // loaded weight vector by n broadcast activations: no horizontal sums, no transposes.
 // The bf16 and int8 panels are also AMX's B operand as they stand: 32 k of a bf16 panel are one 16-row tile
@@ -50,7 +50,7 @@ int default_int8_group(int k);
 // Scale groups of an int8 row of k values in groups of `group` (32 or 128; 0: the default).
 int int8_groups(int k, int group = 0);
 // Bytes per weight of a whole model in dtype, for estimates (the planner, auto-planned runs): 4, 2, and for
-// int8 about 1.03 (a fp16 scale per 128 weights, per 32 for wo and w2, about a third of a Llama layer).
+// int8 about 1.03 (a fp16 scale per 128 weights, per 32 for wo and w2 where their TP slices need it).
 double typical_bytes_per_weight(WeightDtype dtype);
 // Bytes of one panel, a multiple of kPackedAlignment (int8_group: as in int8_groups).
 std::size_t panel_bytes(WeightDtype dtype, int k, int int8_group = 0);

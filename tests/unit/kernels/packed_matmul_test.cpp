@@ -420,7 +420,8 @@ TEST(PackedMatmul, QuantisedResultsStayCloseToFp32) {
   }
 }
 
-// The runtime packs wo and w2 in int8 groups of 32 even where k would take 128 (runtime/shard_weights.cpp):
+// The runtime packs wo and w2 in int8 groups of 32 even where k would take 128 when a layout's TP slices of
+// k need it (runtime/shard_weights.cpp):
 // that grouping runs on every ISA, matches the reference, and activations prepared in the other grouping are
 // refused rather than misread.
 TEST(PackedMatmul, Int8GroupsOf32WhereKWouldTake128) {

@@ -45,9 +45,20 @@ TEST(SplitInBlocks, WholeBlocksWhereTheWidthAllows) {
   EXPECT_EQ(split_in_blocks(2048, 2, 1, 32), (Range{1024, 2048}));
   EXPECT_EQ(split_in_blocks(260, 3, 1, 32), split_evenly(260, 3, 1));  // not a multiple of 32
   EXPECT_EQ(split_in_blocks(64, 3, 2, 32), split_evenly(64, 3, 2));    // two blocks for three parts
-  // A shard's hidden slice uses it.
+}
+
+// The hidden split: blocks of 128 where the width has one per rank, else of 32, else even; a shard's hidden
+// slice uses it.
+TEST(SplitHidden, BlocksOf128ThenOf32ThenEven) {
+  EXPECT_EQ(split_hidden(2048, 3, 0), (Range{0, 768}));
+  EXPECT_EQ(split_hidden(2048, 3, 1), (Range{768, 1408}));
+  EXPECT_EQ(split_hidden(2048, 3, 2), (Range{1408, 2048}));
+  EXPECT_EQ(split_hidden(2048, 12, 11), (Range{1920, 2048}));  // 16 blocks over 12 ranks
+  EXPECT_EQ(split_hidden(256, 4, 1), (Range{64, 128}));         // two blocks of 128 for four ranks: of 32
+  EXPECT_EQ(split_hidden(2080, 2, 1), (Range{1056, 2080}));     // 2080 = 65 x 32
+  EXPECT_EQ(split_hidden(260, 3, 1), split_evenly(260, 3, 1));
   const auto s = shape(64, 2048, 2, 6, 3, 300);
-  EXPECT_EQ(shard_for(s, Mesh(3, 2, 3, 1), stage_layer_ranges(s, 1)).hidden, (Range{1376, 2048}));
+  EXPECT_EQ(shard_for(s, Mesh(3, 2, 3, 1), stage_layer_ranges(s, 1)).hidden, (Range{1408, 2048}));
 }
 
 TEST(StageLayerRanges, EvenUnevenAndExplicit) {
