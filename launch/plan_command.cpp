@@ -121,7 +121,8 @@ exec srun --mpi=pmix --distribution=block --kill-on-bad-exit=1 "$SHARDLINE" run 
 }  // namespace
 
 int plan_command(const std::vector<std::string>& args) {
-  std::string model, preset, cluster_file, probe_file, objective = "latency", dtype = "fp32", kv_dtype = "auto", tp_list, pp_list, m_list;
+  std::string model, preset, cluster_file, probe_file, tp_list, pp_list, m_list;
+  std::string objective = "latency", dtype = "fp32", kv_dtype = "auto";
   int batch = 1, context = 0, prompt_tokens = 0, top = 5, ranks = 0, ranks_per_domain = 0;
   bool json = false;
   std::string emit;

@@ -158,9 +158,9 @@ std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, 
   }
   c.engine.weights_dtype = parse_weights_dtype_flag(weights_dtype);
   c.engine.kv_dtype = parse_kv_dtype_flag(kv_dtype);
-  if (c.device == runtime::DeviceRequest::kCuda && c.engine.kv_dtype == kernels::cpu::KvDtype::kF16) {
-    throw ConfigError("--kv-dtype fp16 runs on the CPU only (the CUDA backend keeps its KV cache in fp32); use "
-                      "--kv-dtype fp32 or auto with --device cuda");
+  // --device cuda fixes the backend now: an fp16 cache it cannot keep is refused before anything starts.
+  if (c.device == runtime::DeviceRequest::kCuda) {
+    runtime::resolve_kv_dtype(c.engine.kv_dtype, c.engine.weights_dtype, /*cuda=*/true);
   }
   apply_isa_flag(isa);
   if (!layer_split.empty()) c.engine.layers_per_stage = parse_int_list("--layers-per-stage", layer_split);

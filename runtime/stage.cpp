@@ -138,8 +138,9 @@ void Stage::attention_block(const LayerWeights& w, float* x, const Row* rows, in
     const KvCache& cache = *rows[t].cache;
     cpu::attention_paged(att_.data() + static_cast<std::size_t>(t) * q_dim_,
                          q_.data() + static_cast<std::size_t>(t) * q_dim_, cache.key_blocks(local_layer),
-                         cache.value_blocks(local_layer), cache.kv_dtype(), cache.block_tokens(), scores_.data() + thread * scores_per_thread,
-                         rows[t].pos + 1, n_local_heads, n_local_kv, hs, kv_dim_);
+                         cache.value_blocks(local_layer), cache.kv_dtype(), cache.block_tokens(),
+                         scores_.data() + thread * scores_per_thread, rows[t].pos + 1, n_local_heads, n_local_kv, hs,
+                         kv_dim_);
   });
   act_.prepare(att_.data(), n, w.wo);
   cpu::matmul(out_.data(), act_, w.wo);

@@ -69,8 +69,8 @@ void attention(float* out, const float* q, const float* k_cache, const float* v_
   // A contiguous cache is one block holding every position.
   const void* k_block = k_cache;
   const void* v_block = v_cache;
-  attention_paged(out, q, &k_block, &v_block, KvDtype::kF32, n_ctx > 0 ? n_ctx : 1, scratch, n_ctx, n_heads, n_kv_heads, head_size,
-                  kv_stride);
+  attention_paged(out, q, &k_block, &v_block, KvDtype::kF32, n_ctx > 0 ? n_ctx : 1, scratch, n_ctx, n_heads,
+                  n_kv_heads, head_size, kv_stride);
 }
 
 }  // namespace shardline::kernels::cpu

@@ -1,6 +1,7 @@
 // The fp16 KV cache's conversions (ops.h store_kv_row / load_kv_row): IEEE binary16 with round to nearest
 // even, the same bits from the portable code and from F16C on AVX-512, and reading back exact. GCC's own
 // _Float16 conversion (a correctly rounded software routine at the baseline target) is the reference.
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -16,18 +17,9 @@
 namespace shardline::kernels::cpu {
 namespace {
 
-std::uint16_t reference_half(float x) {
-  const _Float16 h = static_cast<_Float16>(x);
-  std::uint16_t bits;
-  std::memcpy(&bits, &h, sizeof bits);
-  return bits;
-}
+std::uint16_t reference_half(float x) { return std::bit_cast<std::uint16_t>(static_cast<_Float16>(x)); }
 
-float reference_float(std::uint16_t bits) {
-  _Float16 h;
-  std::memcpy(&h, &bits, sizeof bits);
-  return static_cast<float>(h);
-}
+float reference_float(std::uint16_t bits) { return static_cast<float>(std::bit_cast<_Float16>(bits)); }
 
 bool is_half_nan(std::uint16_t h) { return (h & 0x7c00u) == 0x7c00u && (h & 0x3ffu) != 0; }
 
@@ -75,10 +67,7 @@ TEST(KvRowFp16, RoundsToNearestEvenAtTheEdges) {
 TEST(KvRowFp16, EveryIsaAgreesWithCorrectRoundingOnASweep) {
   std::vector<float> x;
   for (std::uint64_t bits = 0; bits < (1ull << 32); bits += 4099) {
-    const std::uint32_t b = static_cast<std::uint32_t>(bits);
-    float value;
-    std::memcpy(&value, &b, sizeof value);
-    x.push_back(value);
+    x.push_back(std::bit_cast<float>(static_cast<std::uint32_t>(bits)));
   }
   std::vector<std::uint16_t> portable;
   {
@@ -113,7 +102,7 @@ TEST(KvRowFp16, ReadsEveryHalfBackExactly) {
     if (is_half_nan(h[i])) {
       ASSERT_TRUE(std::isnan(portable[i])) << i;
     } else {
-      ASSERT_EQ(std::memcmp(&portable[i], &static_cast<const float&>(reference_float(h[i])), 4), 0) << i;
+      ASSERT_EQ(std::bit_cast<std::uint32_t>(portable[i]), std::bit_cast<std::uint32_t>(reference_float(h[i]))) << i;
     }
   }
   for (Isa isa : test::runnable_isas()) {
