@@ -62,8 +62,9 @@ void use_tile_config(const TileConfig& config) {
   loaded = true;
 }
 
+template <_mm_hint Hint = _MM_HINT_T0>
 inline void prefetch_lines(const char* at, int lines) {
-  for (int line = 0; line < lines; ++line) _mm_prefetch(at + line * 64, _MM_HINT_T0);
+  for (int line = 0; line < lines; ++line) _mm_prefetch(at + line * 64, Hint);
 }
 
 // Panel 0's k block `next` (of `blocks`, block_bytes each) for the kernels to prefetch: in this tile, or past
@@ -146,16 +147,22 @@ void bf16_tile(const Tile& t) {
 // ---- int8 -------------------------------------------------------------------------------------------
 
 // 32 k (block b) of panel P added to C_P (tile P): A (tile 4: those 32 k of x) x B. The block
-// kInt8PrefetchBlocks ahead (or the start of the next tile) is prefetched, as for bf16: +35% for batch-16
-// decode on the 110M shape.
+// kInt8PrefetchBlocks ahead (or the start of the next tile) is prefetched: +35% for batch-16 decode on the
+// 110M shape against none. Into L2 (T1), not L1 as bf16's: the weights of four panels 8 KiB ahead crowd
+// L1, and a tile load finds its lines in L2 about as fast. Measured on a batch-16 step's int8 matmuls of the
+// 110M shape, variants interleaved step by step in one process (the VM's noise is +-10% between runs): -5%
+// against L1 prefetches in three runs. Also tried there: 64-k tile multiplies (two blocks per B tile: half
+// the loads and multiplies; -2 to +1%), A tiles alternating between two registers (no gain), the C tiles
+// preloaded with the -128 x sum offset instead of the epilogue's subtraction (+5 to +9%), and 16 KiB ahead
+// (+6%).
 #define SHARDLINE_AMX_INT8_PANEL(P, B)                                                                 \
   do {                                                                                                 \
     _tile_loadd(B, w + (P) * t.panel_stride + static_cast<std::size_t>(b) * 512, 64);                  \
-    if (ahead != nullptr) prefetch_lines(ahead + (P) * t.panel_stride, 8);                             \
+    if (ahead != nullptr) prefetch_lines<_MM_HINT_T1>(ahead + (P) * t.panel_stride, 8);               \
     _tile_dpbsud(P, 4, B);                                                                             \
   } while (0)
 
-constexpr int kInt8PrefetchBlocks = 16;  // 8 KiB ahead in each panel, as bf16 (4 and 16 KiB: 4-5% slower)
+constexpr int kInt8PrefetchBlocks = 16;  // 8 KiB ahead in each panel
 
 // The epilogue of one group for rows [r_begin, r_end): the VNNI kernel's, operation for operation, with each
 // row's accumulators in `out` (exact fp32 loads and stores), so groups are added in order as there.
