@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "comm/host_collectives.h"
 #include "common/error.h"
 
 namespace shardline::comm {
@@ -44,6 +45,7 @@ class MpiCommunicator final : public Communicator {
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
     MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_);
+    if (options_.host_collectives) host_ = HostCollectives::create(comm_, options_.timeout_s);
   }
   ~MpiCommunicator() override {
     if (owned_) MPI_Comm_free(&comm_);
@@ -54,6 +56,7 @@ class MpiCommunicator final : public Communicator {
 
   void all_reduce_sum(float* data, std::size_t count) override {
     if (size_ == 1) return;
+    if (host_) return host_->all_reduce_sum(data, count);
     MPI_Request request;
     check_mpi(MPI_Iallreduce(MPI_IN_PLACE, data, checked_count(count), MPI_FLOAT, MPI_SUM, comm_, &request),
               "all-reduce");
@@ -62,6 +65,7 @@ class MpiCommunicator final : public Communicator {
 
   void all_gather_v(const float* send, float* recv, const std::vector<int>& counts) override {
     SL_CHECK(static_cast<int>(counts.size()) == size_);
+    if (host_) return host_->all_gather_v(send, recv, counts);
     std::vector<int> displacements(size_, 0);
     for (int r = 1; r < size_; ++r) displacements[r] = displacements[r - 1] + counts[r - 1];
     MPI_Request request;
@@ -151,6 +155,7 @@ class MpiCommunicator final : public Communicator {
   MPI_Comm comm_;
   bool owned_;
   MpiCommOptions options_;
+  std::unique_ptr<HostCollectives> host_;  // null: MPI's collectives
   int rank_ = 0;
   int size_ = 1;
   int world_rank_ = 0;

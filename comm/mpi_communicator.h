@@ -12,6 +12,9 @@ namespace shardline::comm {
 
 struct MpiCommOptions {
   double timeout_s = 120.0;  // longest wait for peers in one operation (--comm-timeout)
+  // all_reduce_sum and all_gather_v through shared memory when every rank of the group is on one host
+  // (host_collectives.h; MPI's collectives otherwise): the runtime's groups (runtime/comm_groups.cpp).
+  bool host_collectives = false;
 };
 
 // This process's view of MPI_COMM_WORLD (MPI must be initialised by the caller: launch/ owns that scope).

@@ -48,7 +48,8 @@ int probe_command(const std::vector<std::string>& args, const MpiSession& mpi) {
   if (!parse_command_line("probe", usage, options, args, vm, mpi.world_rank() == 0)) return 0;
 
   std::unique_ptr<comm::Communicator> world =
-      mpi.active() ? comm::make_mpi_world({120.0}) : comm::make_solo_communicator();
+      mpi.active() ? comm::make_mpi_world({.timeout_s = 120.0, .host_collectives = true})  // as a run's groups
+                   : comm::make_solo_communicator();
   const comm::LinkProbeResult links = comm::probe_links(*world, {quick});
   partition::ClusterSpec cluster;
   if (world->rank() == 0) {

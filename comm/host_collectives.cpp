@@ -1,0 +1,172 @@
+#include "comm/host_collectives.h"
+
+#include <fcntl.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "common/error.h"
+
+namespace shardline::comm {
+
+namespace {
+
+// A rank's region: its flag alone on the first page, then its two slots.
+constexpr std::size_t kFlagBytes = 4096;
+constexpr std::size_t kRegionBytes = kFlagBytes + 2 * HostCollectives::kSlotBytes;
+
+static_assert(std::atomic_ref<std::uint64_t>::is_always_lock_free, "the flags are shared between processes");
+
+void check_mpi(int code, const char* what) {
+  if (code != MPI_SUCCESS) throw CommError(fmt::format("MPI {} failed while setting up host collectives", what));
+}
+
+// Whether every rank of comm shares this host's memory, the same answer on all of them.
+bool all_on_one_host(MPI_Comm comm, int rank, int size) {
+  MPI_Comm shared;
+  check_mpi(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &shared), "comm split");
+  int shared_size = 0;
+  MPI_Comm_size(shared, &shared_size);
+  MPI_Comm_free(&shared);
+  int here = shared_size == size ? 1 : 0, everywhere = 0;
+  check_mpi(MPI_Allreduce(&here, &everywhere, 1, MPI_INT, MPI_MIN, comm), "all-reduce");
+  return everywhere == 1;
+}
+
+// Maps the segment `name` (bytes long; rank 0 creates it), or returns null.
+void* map_segment(const char* name, std::size_t bytes, bool create) {
+  const int fd = create ? shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600) : shm_open(name, O_RDWR, 0);
+  if (fd < 0) return nullptr;
+  // posix_fallocate, not ftruncate: a /dev/shm too small for the segment fails here, not with SIGBUS on
+  // the first touch of a page past its end.
+  if (create && posix_fallocate(fd, 0, static_cast<off_t>(bytes)) != 0) {
+    close(fd);
+    return nullptr;
+  }
+  void* at = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  return at == MAP_FAILED ? nullptr : at;
+}
+
+}  // namespace
+
+std::unique_ptr<HostCollectives> HostCollectives::create(MPI_Comm comm, double timeout_s) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  if (size == 1 || !all_on_one_host(comm, rank, size)) return nullptr;
+  const std::size_t bytes = kRegionBytes * static_cast<std::size_t>(size);
+  char name[64] = {};
+  void* segment = nullptr;
+  if (rank == 0) {
+    static int created = 0;  // several groups of one process each get their own segment
+    std::snprintf(name, sizeof name, "/shardline-%d-%d", static_cast<int>(getpid()), created++);
+    segment = map_segment(name, bytes, true);
+    if (segment == nullptr) name[0] = '\0';  // tells the others not to try
+  }
+  check_mpi(MPI_Bcast(name, sizeof name, MPI_CHAR, 0, comm), "broadcast");
+  if (rank != 0 && name[0] != '\0') segment = map_segment(name, bytes, false);
+  int mapped = segment != nullptr ? 1 : 0, all_mapped = 0;
+  check_mpi(MPI_Allreduce(&mapped, &all_mapped, 1, MPI_INT, MPI_MIN, comm), "all-reduce");
+  if (rank == 0 && name[0] != '\0') shm_unlink(name);  // every rank that could map it has
+  if (all_mapped == 0) {
+    if (segment != nullptr) munmap(segment, bytes);
+    return nullptr;
+  }
+  // The pages start zeroed (every flag at call 0); a rank's own region is touched by that rank first, so it
+  // lies on its NUMA node, where its writes go.
+  std::memset(static_cast<char*>(segment) + kRegionBytes * rank, 0, kRegionBytes);
+  check_mpi(MPI_Barrier(comm), "barrier");
+  return std::unique_ptr<HostCollectives>(new HostCollectives(comm, segment, bytes, timeout_s));
+}
+
+HostCollectives::HostCollectives(MPI_Comm comm, void* segment, std::size_t bytes, double timeout_s)
+    : comm_(comm), segment_(segment), bytes_(bytes), timeout_s_(timeout_s) {
+  MPI_Comm_rank(comm, &rank_);
+  MPI_Comm_size(comm, &size_);
+}
+
+HostCollectives::~HostCollectives() { munmap(segment_, bytes_); }
+
+float* HostCollectives::slot(int rank, std::uint64_t call) const {
+  char* region = static_cast<char*>(segment_) + kRegionBytes * static_cast<std::size_t>(rank);
+  return reinterpret_cast<float*>(region + kFlagBytes + (call & 1) * kSlotBytes);
+}
+
+void HostCollectives::publish_and_wait(std::uint64_t call, const char* what) {
+  auto flag = [&](int rank) {
+    return std::atomic_ref<std::uint64_t>(
+        *reinterpret_cast<std::uint64_t*>(static_cast<char*>(segment_) + kRegionBytes * static_cast<std::size_t>(rank)));
+  };
+  flag(rank_).store(call, std::memory_order_release);
+  using Clock = std::chrono::steady_clock;
+  const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s_);
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    for (long polls = 0; flag(r).load(std::memory_order_acquire) < call; ++polls) {
+      if (polls < 4000) continue;  // the common case: the peer is a few microseconds away
+      if ((polls & 63) == 0) {
+        int pending = 0;  // any MPI call drives Open MPI's progress engine (sends in flight)
+        MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm_, &pending, MPI_STATUS_IGNORE);
+      }
+      if (polls < 40000) {
+        sched_yield();
+        continue;
+      }
+      if (Clock::now() > deadline) {
+        throw CommError(fmt::format(
+            "{} timed out after {:.0f} s (--comm-timeout) waiting for rank {} of this group: a peer is stuck or dead",
+            what, timeout_s_, r));
+      }
+      const timespec pause{0, 50'000};  // 50 us
+      nanosleep(&pause, nullptr);
+    }
+  }
+}
+
+void HostCollectives::all_reduce_sum(float* data, std::size_t count) {
+  constexpr std::size_t kPerRound = kSlotBytes / sizeof(float);
+  for (std::size_t offset = 0; offset < count; offset += kPerRound) {
+    const std::size_t n = std::min(kPerRound, count - offset);
+    const std::uint64_t call = calls_ + 1;
+    std::memcpy(slot(rank_, call), data + offset, n * sizeof(float));
+    publish_and_wait(call, "all-reduce");
+    float* out = data + offset;
+    std::memcpy(out, slot(0, call), n * sizeof(float));
+    for (int r = 1; r < size_; ++r) {
+      const float* in = slot(r, call);
+      for (std::size_t i = 0; i < n; ++i) out[i] += in[i];
+    }
+    calls_ = call;
+  }
+}
+
+void HostCollectives::all_gather_v(const float* send, float* recv, const std::vector<int>& counts) {
+  SL_CHECK(static_cast<int>(counts.size()) == size_);
+  constexpr std::size_t kPerRound = kSlotBytes / sizeof(float);
+  const std::size_t most = static_cast<std::size_t>(*std::max_element(counts.begin(), counts.end()));
+  // Round j moves elements [j * kPerRound, (j + 1) * kPerRound) of every rank's part.
+  for (std::size_t offset = 0; offset < most; offset += kPerRound) {
+    const std::uint64_t call = calls_ + 1;
+    auto part = [&](int r) { return std::min(kPerRound, std::max<std::size_t>(counts[r], offset) - offset); };
+    std::memcpy(slot(rank_, call), send + offset, part(rank_) * sizeof(float));
+    publish_and_wait(call, "all-gather");
+    std::size_t at = 0;  // rank r's part starts after the parts of the ranks before it
+    for (int r = 0; r < size_; ++r) {
+      std::memcpy(recv + at + offset, slot(r, call), part(r) * sizeof(float));
+      at += static_cast<std::size_t>(counts[r]);
+    }
+    calls_ = call;
+  }
+}
+
+}  // namespace shardline::comm

@@ -1,0 +1,157 @@
+// The shared-memory collectives (comm/host_collectives.h) under real `mpirun --oversubscribe` (2 and 3 ranks
+// on this host, so ranks may outnumber cores and the waits must yield). What they must get right:
+//  - all-reduce: every rank gets the sum in rank order, bit for bit, on every rank, for sizes from one float
+//    to several slots (rounds), call after call (the two slots alternate: a rank that runs ahead must not
+//    overwrite data a slower one still reads);
+//  - all-gather: every rank's part in rank order, uneven and empty parts, parts longer than a slot;
+//  - a rank that never arrives: a CommError naming it after the timeout, never a hang;
+//  - MpiCommunicator with host_collectives uses them (same bits as the direct calls) and without them
+//    agrees with MPI's own sums within rounding (bit for bit on 2 ranks: a + b = b + a).
+// The fallback to MPI when a group spans hosts runs in tests/multihost (tp=2 across two network
+// namespaces, whose partial sums must cross the veth).
+#include <mpi.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "comm/host_collectives.h"
+#include "comm/mpi_communicator.h"
+#include "common/error.h"
+#include "tests/support/mpi_world.h"
+
+namespace shardline::comm {
+namespace {
+
+using test::world_rank;
+using test::world_size;
+
+constexpr std::size_t kSlotFloats = HostCollectives::kSlotBytes / sizeof(float);
+
+// Rank r's values for call `call`: floats of mixed magnitudes, so the order of the additions shows in the bits.
+std::vector<float> values(int rank, int call, std::size_t count) {
+  std::mt19937 rng(static_cast<std::uint32_t>(1000 * call + rank));
+  std::uniform_real_distribution<float> mantissa(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> exponent(-20, 20);
+  std::vector<float> v(count);
+  for (float& x : v) x = std::ldexp(mantissa(rng), exponent(rng));
+  return v;
+}
+
+// What every rank must get: the ranks' values added in rank order.
+std::vector<float> rank_order_sum(int call, std::size_t count) {
+  std::vector<float> sum = values(0, call, count);
+  for (int r = 1; r < world_size(); ++r) {
+    const std::vector<float> v = values(r, call, count);
+    for (std::size_t i = 0; i < count; ++i) sum[i] += v[i];
+  }
+  return sum;
+}
+
+// Whether every rank holds the same bytes.
+bool same_on_every_rank(const std::vector<float>& v) {
+  std::vector<float> first(v);
+  MPI_Bcast(first.data(), static_cast<int>(first.size()), MPI_FLOAT, 0, MPI_COMM_WORLD);
+  int same = std::memcmp(first.data(), v.data(), v.size() * sizeof(float)) == 0 ? 1 : 0, all = 0;
+  MPI_Allreduce(&same, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  return all == 1;
+}
+
+TEST(HostCollectives, AllRanksOfThisHostGetASegment) {
+  ASSERT_GE(world_size(), 2) << "run under mpirun -np 2 or more";
+  EXPECT_NE(HostCollectives::create(MPI_COMM_WORLD, 60.0), nullptr) << "every rank of this job shares this host";
+}
+
+TEST(HostCollectives, AllReduceIsTheRankOrderSumOnEveryRankCallAfterCall) {
+  auto host = HostCollectives::create(MPI_COMM_WORLD, 60.0);
+  ASSERT_NE(host, nullptr);
+  // One float, a partial slot, the 110M batch-16 activations, exactly a slot, and rounds with a remainder;
+  // then many small calls in a row, which run the two slots through their reuse.
+  std::vector<std::size_t> counts = {1, 1000, 16 * 768, kSlotFloats, 2 * kSlotFloats + 5};
+  for (int i = 0; i < 60; ++i) counts.push_back(static_cast<std::size_t>(1 + 37 * i));
+  for (std::size_t c = 0; c < counts.size(); ++c) {
+    const int call = static_cast<int>(c);
+    std::vector<float> data = values(world_rank(), call, counts[c]);
+    host->all_reduce_sum(data.data(), data.size());
+    const std::vector<float> want = rank_order_sum(call, counts[c]);
+    ASSERT_EQ(0, std::memcmp(data.data(), want.data(), want.size() * sizeof(float)))
+        << "count " << counts[c] << ", call " << call;
+    ASSERT_TRUE(same_on_every_rank(data)) << "count " << counts[c];
+  }
+}
+
+TEST(HostCollectives, AllGatherPutsEveryPartInRankOrder) {
+  auto host = HostCollectives::create(MPI_COMM_WORLD, 60.0);
+  ASSERT_NE(host, nullptr);
+  // Uneven parts (the vocabulary's TP slices), an empty part, and parts longer than a slot.
+  const std::vector<std::vector<int>> cases = {
+      {5, 3, 0}, {1000, 1001, 999}, {0, static_cast<int>(kSlotFloats) + 7, 12}, {2 * static_cast<int>(kSlotFloats), 1, 3}};
+  for (std::size_t c = 0; c < cases.size(); ++c) {
+    const std::vector<int> counts(cases[c].begin(), cases[c].begin() + world_size());
+    std::vector<float> want;
+    for (int r = 0; r < world_size(); ++r) {
+      const std::vector<float> part = values(r, 500 + static_cast<int>(c), counts[r]);
+      want.insert(want.end(), part.begin(), part.end());
+    }
+    const std::vector<float> mine = values(world_rank(), 500 + static_cast<int>(c), counts[world_rank()]);
+    std::vector<float> got(want.size() + 1, -7.0f);  // one guard past the end
+    host->all_gather_v(mine.data(), got.data(), counts);
+    EXPECT_EQ(got.back(), -7.0f) << "wrote past the parts, case " << c;
+    got.pop_back();
+    EXPECT_EQ(got, want) << "case " << c;
+  }
+}
+
+TEST(HostCollectives, ARankThatNeverArrivesIsNamedAfterTheTimeout) {
+  auto host = HostCollectives::create(MPI_COMM_WORLD, 1.0);
+  ASSERT_NE(host, nullptr);
+  if (world_rank() == 0) {
+    std::vector<float> data(100, 1.0f);
+    try {
+      host->all_reduce_sum(data.data(), data.size());
+      ADD_FAILURE() << "the all-reduce returned without its peers";
+    } catch (const CommError& e) {
+      EXPECT_NE(std::string(e.what()).find("timed out after 1 s (--comm-timeout) waiting for rank 1"), std::string::npos)
+          << e.what();
+    }
+  }
+  MPI_Barrier(MPI_COMM_WORLD);  // the others never called it; the segment is dropped with `host`
+}
+
+TEST(HostCollectives, MpiCommunicatorUsesThemAndAgreesWithMpi) {
+  std::vector<int> everyone(world_size());
+  for (int r = 0; r < world_size(); ++r) everyone[r] = r;
+  const auto host = make_mpi_group(everyone, {.timeout_s = 60.0, .host_collectives = true});
+  const auto mpi = make_mpi_group(everyone, {.timeout_s = 60.0});
+  const std::size_t count = 3 * 768 + 1;
+  std::vector<float> a = values(world_rank(), 900, count), b = a;
+  host->all_reduce_sum(a.data(), count);
+  mpi->all_reduce_sum(b.data(), count);
+  const std::vector<float> want = rank_order_sum(900, count);
+  EXPECT_EQ(0, std::memcmp(a.data(), want.data(), count * sizeof(float))) << "the shared-memory path's bits";
+  std::vector<float> magnitude(count, 0.0f);  // sum of |value| over the ranks: what a rounding is relative to
+  for (int r = 0; r < world_size(); ++r) {
+    const std::vector<float> v = values(r, 900, count);
+    for (std::size_t i = 0; i < count; ++i) magnitude[i] += std::fabs(v[i]);
+  }
+  for (std::size_t i = 0; i < count; ++i) {
+    // Two ranks: a + b = b + a exactly. More: MPI may associate the additions differently, each of the
+    // world_size - 1 additions rounding by at most half an ulp of the magnitude, in either order.
+    const float tolerance = world_size() == 2 ? 0.0f : (world_size() - 1) * std::ldexp(magnitude[i], -23);
+    ASSERT_LE(std::fabs(b[i] - want[i]), tolerance) << "element " << i;
+  }
+  std::vector<int> counts(world_size());
+  for (int r = 0; r < world_size(); ++r) counts[r] = 10 + r;
+  const std::vector<float> mine(counts[world_rank()], static_cast<float>(world_rank()));
+  std::vector<float> x(10 * world_size() + world_size() * (world_size() - 1) / 2), y(x.size());
+  host->all_gather_v(mine.data(), x.data(), counts);
+  mpi->all_gather_v(mine.data(), y.data(), counts);
+  EXPECT_EQ(x, y);
+}
+
+}  // namespace
+}  // namespace shardline::comm
