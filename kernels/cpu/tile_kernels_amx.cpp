@@ -13,11 +13,11 @@
 // bf16: x comes split into two bf16 halves, hi = bf16(x) and lo = bf16(x - hi), and C += hi·W + lo·W. A
 // product of two bf16 values is exact in fp32 and hi + lo keeps 16 significant bits of x, so the
 // activations are not rounded to bf16 (relative error <= 2^-17 rather than 2^-9); the sums are fp32.
-// int8: per group (32 or 128 k: 1 or 4 tile multiplies into one C), C = Σ x_q (w_q + 128), the exact integer
+// int8: per group (32, 64 or 128 k: 1, 2 or 4 tile multiplies into one C), C = Σ x_q (w_q + 128), the exact integer
 // vpdpbusd computes, then the VNNI kernel's fp32 epilogue in the same order: the results are bit-identical
 // to tile_kernels_avx512_vnni.cpp, which therefore also takes the tiles of fewer than 4 rows, where it is
 // faster. Storing C and scaling it in the epilogue cost as much as the multiplies (a tile store costs about
-// four tile multiplies), hence groups of 128 k wherever k allows (weight_format.h), and an epilogue that runs
+// four tile multiplies), hence groups of 128 k wherever k allows, 64 for wo's head slices (weight_format.h), and an epilogue that runs
 // between the next group's multiplies (int8_rows).
 // AMX rows are independent, so a row's result never depends on the rows that came with it.
 //

@@ -6,14 +6,14 @@
 //   fp32: panel[k][16]                      one float per feature per k
 //   bf16: panel[k/2][16][2]                 k pairs, the operand layout of AVX512_BF16's vdpbf16ps
 //   int8: panel[k/32][8][16][4] (+ scales)  k quads, the operand layout of AVX512_VNNI's vpdpbusd;
-//         one fp16 scale per feature per group of 32 or 128 k values (the matrix's int8_group, after the
-//         quads of the panel); value = scale * q with q in [-127, 127], stored as q + 128 (unsigned, what
-//         vpdpbusd multiplies). With groups of 128 the kernels convert and scale a group's exact integer
-//         dot a quarter as often as with Q8_0's 32, which is what batched int8 decode spends its time on
-//         (BENCHMARKS.md, issue #7). The default is 128 where k is a multiple of 128, else 32; for the
-//         matrices that tensor parallelism slices along k (wo, w2) the runtime asks for 128 only where
-//         every layout's slices fall on groups of 128, else for 32, so that a TP rank's groups are one
-//         rank's groups (see runtime/shard_weights.cpp).
+//         one fp16 scale per feature per group of 32, 64 or 128 k values (the matrix's int8_group, after
+//         the quads of the panel); value = scale * q with q in [-127, 127], stored as q + 128 (unsigned,
+//         what vpdpbusd multiplies). With groups of 128 the kernels convert and scale a group's exact
+//         integer dot a quarter as often as with Q8_0's 32, which is what batched int8 decode spends its
+//         time on (BENCHMARKS.md, issue #7). The default is 128 where k is a multiple of 128, else 32; for
+//         the matrices that tensor parallelism slices along k (wo, w2) the runtime asks for the widest of
+//         128, 64 and 32 on which every layout's slices fall, so that a TP rank's groups are one rank's
+//         groups (see runtime/shard_weights.cpp).
 // A decode GEMV then streams each panel once, front to back, and a batch of n rows multiplies every
 // loaded weight vector by n broadcast activations: no horizontal sums, no transposes.
 // The bf16 and int8 panels are also AMX's B operand as they stand: 32 k of a bf16 panel are one 16-row tile
@@ -35,6 +35,7 @@ enum class WeightDtype : std::uint8_t { kF32, kBf16, kInt8 };
 inline constexpr int kPanelWidth = 16;   // output features per panel
 inline constexpr int kInt8Block = 32;    // int8 k is padded to this: 8 quads, the k of one AMX int8 tile multiply
 inline constexpr int kInt8WideGroup = 128;  // k values per int8 scale where k is a multiple of it
+inline constexpr int kInt8HeadGroup = 64;   // wo's, where TP head slices are multiples of 64 but not of 128
 inline constexpr int kBf16Block = 32;    // bf16 k is padded to this: the k of one AMX bf16 tile multiply
 inline constexpr std::size_t kPackedAlignment = 64;
 
@@ -47,10 +48,10 @@ int padded_k(WeightDtype dtype, int k);
 int panel_count(int d);
 // The default k values per int8 scale for rows of k values: 128 where k is a multiple of it, else 32.
 int default_int8_group(int k);
-// Scale groups of an int8 row of k values in groups of `group` (32 or 128; 0: the default).
+// Scale groups of an int8 row of k values in groups of `group` (32, 64 or 128; 0: the default).
 int int8_groups(int k, int group = 0);
 // Bytes per weight of a whole model in dtype, for estimates (the planner, auto-planned runs): 4, 2, and for
-// int8 about 1.03 (a fp16 scale per 128 weights, per 32 for wo and w2 where their TP slices need it).
+// int8 about 1.03 (a fp16 scale per 128 weights, per 64 or 32 for wo and w2 where their TP slices need it).
 double typical_bytes_per_weight(WeightDtype dtype);
 // Bytes of one panel, a multiple of kPackedAlignment (int8_group: as in int8_groups).
 std::size_t panel_bytes(WeightDtype dtype, int k, int int8_group = 0);
@@ -72,7 +73,7 @@ struct PackedMatrix {
 // Packs W into dst (packed_size_bytes(dtype, d, k, int8_group) bytes, kPackedAlignment-aligned). W is read
 // row by row with a row stride: w[i * w_row_stride + j] is W(i, j), so a column slice of a bigger matrix (wo
 // and w2 under tensor parallelism) packs without an intermediate copy. int8_group: int8's k values per
-// scale, 32 or 128 (0: default_int8_group(k)); the PackedMatrix must say the same. Uses the kernel threads.
+// scale, 32, 64 or 128 (0: default_int8_group(k)); the PackedMatrix must say the same. Uses the kernel threads.
 void pack_weights(WeightDtype dtype, const float* w, std::size_t w_row_stride, int d, int k, std::byte* dst,
                   int int8_group = 0);
 

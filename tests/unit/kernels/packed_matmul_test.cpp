@@ -20,8 +20,10 @@
 #include <memory>
 #include <random>
 #include <span>
+#include <utility>
 #include <vector>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "kernels/cpu/bandwidth_probe.h"
@@ -297,12 +299,12 @@ TEST(Activations, Bf16SplitKeepsSixteenBitsOfXWhereTheCpuHasAmx) {
 // all-zero group, ties at half a step and a last group that passes k.
 TEST(Activations, PreparedRowsAreIdenticalOnEveryIsa) {
   std::mt19937 rng(11);
-  for (const int k : {203, 384}) {  // int8 groups of 32 and of 128
-    SCOPED_TRACE(::testing::Message() << "k " << k);
+  // int8 groups of 32 and of 128 (the defaults of these k), and of 64 (wo's, asked for explicitly).
+  for (const auto& [k, group] : {std::pair{203, 32}, std::pair{384, 128}, std::pair{320, 64}}) {
+    SCOPED_TRACE(::testing::Message() << "k " << k << ", groups of " << group);
     const int n = 5;
     std::vector<float> x = random_floats(rng, static_cast<std::size_t>(n) * k, -1.0f, 1.0f);
     for (std::size_t i = 0; i < x.size(); ++i) x[i] = std::ldexp(x[i], static_cast<int>(i % 41) - 20);
-    const int group = default_int8_group(k);
     for (int j = group; j < 2 * group; ++j) x[j] = 0.0f;        // row 0, group 1
     for (int j = 0; j < group; ++j) x[k + j] = (j % 5) * 0.5f;  // row 1, group 0: 127 / 2 codes land on .5
     // Row 2, group 0: amax 1, and values whose product with 127 lands so near .5 that a fused multiply-add
@@ -321,7 +323,8 @@ TEST(Activations, PreparedRowsAreIdenticalOnEveryIsa) {
       Activations a;
       a.reserve(n, k);
       Prepared p;
-      a.prepare(x.data(), n, k, WeightDtype::kInt8);
+      a.prepare(x.data(), n, k, WeightDtype::kInt8, group);
+      EXPECT_EQ(a.int8_group(), group);
       const std::size_t groups = static_cast<std::size_t>(n) * a.int8_groups();
       p.q.assign(a.int8(), a.int8() + static_cast<std::size_t>(n) * a.row_stride());
       p.scales.assign(a.int8_scales(), a.int8_scales() + groups);
@@ -420,34 +423,41 @@ TEST(PackedMatmul, QuantisedResultsStayCloseToFp32) {
   }
 }
 
-// The runtime packs wo and w2 in int8 groups of 32 even where k would take 128 when a layout's TP slices of
-// k need it (runtime/shard_weights.cpp):
-// that grouping runs on every ISA, matches the reference, and activations prepared in the other grouping are
-// refused rather than misread.
-TEST(PackedMatmul, Int8GroupsOf32WhereKWouldTake128) {
+// The runtime packs wo and w2 in int8 groups of 64 or 32 even where k would take 128 when a layout's TP
+// slices of k need it (runtime/shard_weights.cpp): those groupings run on every ISA (6 rows: the VNNI
+// kernel; 16: AMX where the CPU has it), match the reference, and activations prepared in another grouping
+// are refused rather than misread. Group sizes other than 32, 64 and 128 are refused.
+TEST(PackedMatmul, Int8GroupsOf64And32WhereKWouldTake128) {
   std::mt19937 rng(16);
-  const int n = 6, k = 512, d = 40;
+  const int k = 512, d = 40;
   ASSERT_EQ(default_int8_group(k), 128);
-  const std::vector<float> x = random_floats(rng, static_cast<std::size_t>(n) * k, -2.0f, 2.0f);
-  const Packed packed = pack(WeightDtype::kInt8, random_floats(rng, static_cast<std::size_t>(d) * k), d, k, kInt8Block);
-  EXPECT_EQ(packed.matrix.size_bytes(), packed_size_bytes(WeightDtype::kInt8, d, k, 32));
-  EXPECT_GT(packed.matrix.size_bytes(), packed_size_bytes(WeightDtype::kInt8, d, k));
-  Activations a;
-  a.reserve(n, k);
-  a.prepare(x.data(), n, packed.matrix);
-  ASSERT_EQ(a.int8_group(), 32);
-  const std::vector<double> want = reference(prepared_values(a), unpack(packed.matrix), n, k, d);
-  for (Isa isa : runnable_isas()) {
-    SCOPED_TRACE(isa_name(isa));
-    ScopedIsa scoped(isa);
-    std::vector<float> y(static_cast<std::size_t>(n) * d);
-    matmul(y.data(), a, packed.matrix);
-    EXPECT_TRUE(nmse_below(y, want, 1e-10));
+  for (const int group : {kInt8HeadGroup, kInt8Block}) {
+    for (const int n : {6, 16}) {
+      SCOPED_TRACE(::testing::Message() << "groups of " << group << ", " << n << " rows");
+      const std::vector<float> x = random_floats(rng, static_cast<std::size_t>(n) * k, -2.0f, 2.0f);
+      const Packed packed = pack(WeightDtype::kInt8, random_floats(rng, static_cast<std::size_t>(d) * k), d, k, group);
+      EXPECT_EQ(packed.matrix.size_bytes(), packed_size_bytes(WeightDtype::kInt8, d, k, group));
+      EXPECT_GT(packed.matrix.size_bytes(), packed_size_bytes(WeightDtype::kInt8, d, k));
+      Activations a;
+      a.reserve(n, k);
+      a.prepare(x.data(), n, packed.matrix);
+      ASSERT_EQ(a.int8_group(), group);
+      const std::vector<double> want = reference(prepared_values(a), unpack(packed.matrix), n, k, d);
+      for (Isa isa : runnable_isas()) {
+        SCOPED_TRACE(isa_name(isa));
+        ScopedIsa scoped(isa);
+        std::vector<float> y(static_cast<std::size_t>(n) * d);
+        matmul(y.data(), a, packed.matrix);
+        EXPECT_TRUE(nmse_below(y, want, 1e-10));
+      }
+      a.prepare(x.data(), n, k, WeightDtype::kInt8);  // the default grouping: 128
+      std::vector<float> y(static_cast<std::size_t>(n) * d);
+      GTEST_FLAG_SET(death_test_style, "threadsafe");  // the kernel threads exist by now
+      EXPECT_DEATH(matmul(y.data(), a, packed.matrix),
+                   fmt::format("groups of 128 used with weights in groups of {}", group));
+    }
   }
-  a.prepare(x.data(), n, k, WeightDtype::kInt8);  // the default grouping: 128
-  std::vector<float> y(static_cast<std::size_t>(n) * d);
-  GTEST_FLAG_SET(death_test_style, "threadsafe");  // the kernel threads exist by now
-  EXPECT_DEATH(matmul(y.data(), a, packed.matrix), "groups of 128 used with weights in groups of 32");
+  EXPECT_DEATH(int8_groups(k, 96), "int8 group of 96 k values \\(32, 64 or 128\\)");
 }
 
 TEST(PackedMatmul, ARowsResultDoesNotDependOnItsBatchOrTheThreadCount) {
@@ -490,12 +500,15 @@ TEST(PackedMatmul, ARowsResultDoesNotDependOnItsBatchOrTheThreadCount) {
 TEST(PackedMatmul, Int8ResultsAreIdenticalOnVnniAndAmx) {
   // The AMX int8 kernel computes the same exact integer dots as vpdpbusd and then the VNNI kernel's fp32
   // epilogue, operation for operation: every bit agrees (on a CPU without AMX this compares VNNI with itself).
-  // Every shape in its default grouping, and k = 512 also in groups of 32 (the runtime's wo and w2).
+  // Every shape in its default grouping, and k = 512 also in groups of 32 and 64 (the runtime's wo and w2).
   std::mt19937 rng(15);
   std::vector<std::pair<Shape, int>> cases;
   for (const Shape& s : kShapes) cases.push_back({s, 0});
   cases.push_back({{16, 512, 64}, kInt8Block});
   cases.push_back({{5, 512, 40}, kInt8Block});
+  cases.push_back({{16, 512, 64}, kInt8HeadGroup});
+  cases.push_back({{5, 768, 40}, kInt8HeadGroup});
+  cases.push_back({{13, 192, 70}, kInt8HeadGroup});
   for (const auto& [s, group] : cases) {
     const std::vector<float> x = random_floats(rng, static_cast<std::size_t>(s.n) * s.k, -2.0f, 2.0f);
     const Packed packed =
