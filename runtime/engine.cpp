@@ -173,7 +173,9 @@ std::vector<GenerationResult> Engine::generate(const std::vector<GenerationReque
       emit(i, token, true);
     };
   }
-  std::vector<SequenceOutput> outputs = pipeline_->run(specs, on_token);
+  // on_logits is the caller's on every rank (run: --dump-logits), so every TP rank agrees on whether
+  // greedy rows may skip the logits gather.
+  std::vector<SequenceOutput> outputs = pipeline_->run(specs, on_token, static_cast<bool>(on_logits));
   if (!output) return {};
   for (int i = 0; i < n; ++i) {
     results[i].ids = outputs[i].ids;
@@ -189,7 +191,7 @@ std::vector<GenerationResult> Engine::generate(const std::vector<GenerationReque
 std::vector<SequenceOutput> Engine::generate_ids(const std::vector<SequenceSpec>& sequences) {
   const int rows = Pipeline::max_rows_for(PipelineOptions{options_.micro_batches}, sequences);
   if (rows > stage_->max_rows()) stage_->reserve_rows(rows);
-  return pipeline_->run(sequences);
+  return pipeline_->run(sequences, {}, /*callback_reads_logits=*/false);
 }
 
 GenerationResult Engine::generate(const GenerationRequest& request, const PieceCallback& on_piece) {

@@ -95,8 +95,10 @@ int Pipeline::kv_blocks_needed(const SequenceSpec& spec) const {
   return stage_.kv_blocks_for(spec.positions());
 }
 
-std::vector<SequenceOutput> Pipeline::run(const std::vector<SequenceSpec>& sequences, const TokenCallback& on_token) {
+std::vector<SequenceOutput> Pipeline::run(const std::vector<SequenceSpec>& sequences, const TokenCallback& on_token,
+                                          bool callback_reads_logits) {
   start_s_ = now_s();
+  callback_reads_logits_ = callback_reads_logits;
   stats_ = {};
   next_group_ = 0;
   admitted_ = 0;
@@ -220,14 +222,22 @@ void Pipeline::sample_item(const Item& item, std::vector<SeqState>& seqs, const 
     logit_seqs_.push_back(item.seq[r]);
   }
   const int n_logits = static_cast<int>(logit_seqs_.size());
-  if (n_logits > 0) stage_.logits(logit_rows_.data(), n_logits, logits_.data());
-  // Greedy rows only read their logits (an argmax over the vocabulary each), so they pick their tokens on
-  // the kernel threads; sampled rows share one scratch buffer and go one by one below.
   greedy_tokens_.assign(n_logits, -1);
-  kernels::cpu::parallel_for(n_logits, [&](int i, int) {
-    const Sampler& sampler = *seqs[logit_seqs_[i]].sampler;
-    if (sampler.leaves_logits_unchanged()) greedy_tokens_[i] = sampler.greedy_token(logits_.data() + i * vocab);
-  });
+  // All rows greedy and no callback reading logits (the same on every TP rank: the specs and the flag
+  // are): only the tokens are needed, which the backend may find without gathering the logits.
+  bool tokens_only = !callback_reads_logits_;
+  for (int i = 0; i < n_logits && tokens_only; ++i) tokens_only = seqs[logit_seqs_[i]].sampler->leaves_logits_unchanged();
+  if (n_logits > 0 && tokens_only) {
+    stage_.greedy_tokens(logit_rows_.data(), n_logits, logits_.data(), greedy_tokens_.data());
+  } else if (n_logits > 0) {
+    stage_.logits(logit_rows_.data(), n_logits, logits_.data());
+    // Greedy rows only read their logits (an argmax over the vocabulary each), so they pick their tokens on
+    // the kernel threads; sampled rows share one scratch buffer and go one by one below.
+    kernels::cpu::parallel_for(n_logits, [&](int i, int) {
+      const Sampler& sampler = *seqs[logit_seqs_[i]].sampler;
+      if (sampler.leaves_logits_unchanged()) greedy_tokens_[i] = sampler.greedy_token(logits_.data() + i * vocab);
+    });
+  }
   for (int i = 0; i < n_logits; ++i) {
     const int seq = logit_seqs_[i];
     SeqState& s = seqs[seq];
@@ -242,7 +252,7 @@ void Pipeline::sample_item(const Item& item, std::vector<SeqState>& seqs, const 
     if (out.ids.empty()) out.first_token_s = now_s() - start_s_;
     if (token != kBosId) {
       out.ids.push_back(token);
-      if (on_token) on_token(seq, token, logits);
+      if (on_token) on_token(seq, token, tokens_only ? nullptr : logits);
     }
     if (token == kBosId || static_cast<int>(out.ids.size()) == s.spec->steps) out.done_s = now_s() - start_s_;
   }

@@ -65,7 +65,8 @@ struct PipelineStats {
 };
 
 // Called on the last stage for each sampled token: (sequence, token). The logits are those the token was
-// sampled from (before temperature), for --dump-logits.
+// sampled from (before temperature), for --dump-logits; null where run() was told the callback does not
+// read them and the token was greedy (see run()).
 using TokenCallback = std::function<void(int sequence, int token, const float* logits)>;
 
 class Pipeline {
@@ -77,8 +78,12 @@ class Pipeline {
   static int max_rows_for(const PipelineOptions& options, const std::vector<SequenceSpec>& sequences);
 
   // Runs every sequence to completion; every rank of the job calls it with the same specs. Returns the
-  // outputs on the last stage, an empty vector elsewhere.
-  std::vector<SequenceOutput> run(const std::vector<SequenceSpec>& sequences, const TokenCallback& on_token = {});
+  // outputs on the last stage, an empty vector elsewhere. callback_reads_logits: whether on_token reads
+  // its logits argument; it must be the same on every rank (a rank without a callback passes what the
+  // output rank passes), since without it items whose rows all decode greedily skip gathering the
+  // logits over the TP group (StageBackend::greedy_tokens).
+  std::vector<SequenceOutput> run(const std::vector<SequenceSpec>& sequences, const TokenCallback& on_token = {},
+                                  bool callback_reads_logits = true);
 
   // Blocks one sequence holds at its longest (spec.positions()) on every stage.
   int kv_blocks_needed(const SequenceSpec& spec) const;
@@ -124,6 +129,7 @@ class Pipeline {
   std::vector<float> probabilities_;  // (vocab)
   std::vector<int> logit_seqs_;       // the sequence of each row that wants logits, in order
   std::vector<int> greedy_tokens_;    // their greedy tokens, or -1 for rows that sample
+  bool callback_reads_logits_ = true; // run()'s
 };
 
 }  // namespace shardline::runtime

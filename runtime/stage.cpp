@@ -34,6 +34,7 @@ Stage::Stage(const ShardWeights& weights, comm::Communicator& tp_comm, const Sta
   if (shard.has_classifier) {
     for (int t = 0; t < tp_comm.size(); ++t) {
       vocab_counts_.push_back(partition::split_evenly(s.vocab_size, tp_comm.size(), t).size());
+      if (t < tp_comm.rank()) vocab_begin_ += vocab_counts_.back();
     }
     gather_counts_.resize(vocab_counts_.size());
   }
@@ -159,7 +160,7 @@ void Stage::mlp_block(const LayerWeights& w, float* x, int n) {
   cpu::add_inplace(x, out_.data(), n * s.dim);
 }
 
-void Stage::logits(const float* x, int n, float* logits) {
+void Stage::classify(const float* x, int n, float* out) {
   SL_CHECK(weights_.classifier().data != nullptr && n >= 1);
   const auto& s = shape();
   const int slice = weights_.classifier().d;
@@ -169,16 +170,24 @@ void Stage::logits(const float* x, int n, float* logits) {
     if (tp_comm_.size() > 1) {  // one rank writes the caller's rows directly
       local_logits_.resize(rows * slice);
       gathered_.resize(rows * s.vocab_size);
+      best_.resize(rows);
+      all_best_.resize(rows * tp_comm_.size());
     }
     act_.reserve(n, s.dim);
   }
   cpu::rmsnorm(logits_x_.data(), x, weights_.rms_final(), n, s.dim, options_.rms_eps);
   act_.prepare(logits_x_.data(), n, weights_.classifier());
-  if (tp_comm_.size() == 1) {  // the whole vocabulary is here: straight into the caller's rows
-    cpu::matmul(logits, act_, weights_.classifier());  // all n rows in one pass over it
+  // With tp = 1 straight into the caller's rows (the whole vocabulary is here), else into local_logits_.
+  cpu::matmul(out != nullptr ? out : local_logits_.data(), act_, weights_.classifier());  // n rows, one pass
+}
+
+void Stage::logits(const float* x, int n, float* logits) {
+  const auto& s = shape();
+  if (tp_comm_.size() == 1) {
+    classify(x, n, logits);
     return;
   }
-  cpu::matmul(local_logits_.data(), act_, weights_.classifier());
+  classify(x, n, nullptr);
   // Each rank contributes its (n, slice) block; the gather stacks the blocks in rank order, and each row's
   // logits are the rank slices of that row side by side.
   for (std::size_t t = 0; t < vocab_counts_.size(); ++t) gather_counts_[t] = vocab_counts_[t] * n;
@@ -192,6 +201,32 @@ void Stage::logits(const float* x, int n, float* logits) {
     }
     block += static_cast<std::size_t>(count) * n;
     column += count;
+  }
+}
+
+void Stage::greedy_tokens(const float* x, int n, float* logits_scratch, int* tokens) {
+  if (tp_comm_.size() == 1) {
+    StageBackend::greedy_tokens(x, n, logits_scratch, tokens);
+    return;
+  }
+  classify(x, n, nullptr);
+  const int slice = weights_.classifier().d;
+  cpu::parallel_for(n, [&](int r, int) {
+    const float* row = local_logits_.data() + static_cast<std::size_t>(r) * slice;
+    const int i = cpu::argmax(row, slice);
+    best_[r] = {row[i], vocab_begin_ + i};
+  });
+  tp_comm_.all_gather_bytes(best_.data(), sizeof(Best) * n, all_best_.data());
+  // The slices are consecutive in rank order, so taking a later rank's best only when strictly greater
+  // keeps the first of equal maxima, as one argmax over the whole row does (and a NaN never wins there
+  // either: it is never greater).
+  for (int r = 0; r < n; ++r) {
+    Best best = all_best_[r];
+    for (int t = 1; t < tp_comm_.size(); ++t) {
+      const Best& other = all_best_[static_cast<std::size_t>(t) * n + r];
+      if (other.value > best.value) best = other;
+    }
+    tokens[r] = best.index;
   }
 }
 

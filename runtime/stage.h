@@ -64,6 +64,10 @@ class Stage : public StageBackend {
   void logits(const float* x, int n, float* logits) override;
   // One row.   x: (dim)  logits: (vocab)
   void logits(const float* x, float* logits) { this->logits(x, 1, logits); }
+  // With tp > 1, each rank's best of its vocabulary slice per row, exchanged as (value, index) pairs instead
+  // of the logits themselves (a batch-16 step of the 110M shape at tp=2 gathered 2 MiB of logits for
+  // 16 tokens, about 0.45 ms of a 6.5 ms step); tp = 1 takes the default.
+  void greedy_tokens(const float* x, int n, float* logits_scratch, int* tokens) override;
 
   std::string describe() const override { return "cpu"; }
   const partition::ModelShape& shape() const override { return weights_.shape(); }
@@ -75,6 +79,9 @@ class Stage : public StageBackend {
  private:
   void attention_block(const LayerWeights& w, float* x, const Row* rows, int n, int local_layer);
   void mlp_block(const LayerWeights& w, float* x, int n);
+  // The final RMSNorm and this rank's classifier rows for n activation rows: into out (n, vocab) with
+  // tp = 1, into local_logits_ (n, vocab slice) when out is null.
+  void classify(const float* x, int n, float* out);
 
   const ShardWeights& weights_;
   comm::Communicator& tp_comm_;
@@ -107,6 +114,13 @@ class Stage : public StageBackend {
   std::vector<float> logits_x_;       // (rows, dim)
   std::vector<float> local_logits_;   // (rows, vocab slice)
   std::vector<float> gathered_;       // (rows, vocab) in rank order of the TP group
+  struct Best {                       // a row's largest logit in a rank's slice, and its vocabulary index
+    float value;
+    int index;
+  };
+  std::vector<Best> best_;            // (rows): this rank's
+  std::vector<Best> all_best_;        // (tp, rows): every rank's, in rank order
+  int vocab_begin_ = 0;               // this rank's first vocabulary entry
 };
 
 }  // namespace shardline::runtime

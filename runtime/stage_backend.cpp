@@ -1,8 +1,17 @@
 #include "runtime/stage_backend.h"
 
 #include "common/error.h"
+#include "kernels/cpu/ops.h"
 
 namespace shardline::runtime {
+
+void StageBackend::greedy_tokens(const float* x, int n, float* logits_scratch, int* tokens) {
+  logits(x, n, logits_scratch);
+  const int vocab = shape().vocab_size;
+  kernels::cpu::parallel_for(n, [&](int r, int) {
+    tokens[r] = kernels::cpu::argmax(logits_scratch + static_cast<std::size_t>(r) * vocab, vocab);
+  });
+}
 
 // Reached only by a pipeline bug: the pipeline calls these only when moves_activations() says so.
 void StageBackend::recv_activations(int) { SL_CHECK_MSG(false, "{} does not move activations", describe()); }

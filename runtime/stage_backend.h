@@ -49,6 +49,11 @@ class StageBackend {
   virtual void forward(float* x, const Row* rows, int n) = 0;
   // Last stage: logits of n activation rows, gathered over the TP group.   x: (n, dim)  logits: (n, vocab)
   virtual void logits(const float* x, int n, float* logits) = 0;
+  // Last stage: each row's greedy token, the argmax of its logits (llama2.c's: the first of equal maxima),
+  // on every rank of the TP group. logits_scratch (n, vocab) is the caller's, for backends that gather the
+  // logits to pick them (the default: logits(), then the argmax of each row); a backend whose TP ranks each
+  // hold a slice of the vocabulary may instead reduce each rank's best (value, index) and leave it unused.
+  virtual void greedy_tokens(const float* x, int n, float* logits_scratch, int* tokens);
 
   virtual int max_rows() const = 0;
   // Grows the scratch buffers to take max_rows rows per forward call.

@@ -1,0 +1,129 @@
+// Greedy tokens without the logits gather (Stage::greedy_tokens: each TP rank's best (value, index) of its
+// vocabulary slice, reduced in rank order), under real `mpirun --oversubscribe` with tp = the world size.
+// It must pick exactly the token one argmax over the gathered logits picks, including the first of equal
+// maxima when they sit in different ranks' slices, and the pipeline must generate the same tokens with and
+// without the gather.
+#include <mpi.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "kernels/cpu/ops.h"
+#include "partition/mesh.h"
+#include "partition/shard.h"
+#include "runtime/checkpoint.h"
+#include "runtime/comm_groups.h"
+#include "runtime/pipeline.h"
+#include "runtime/shard_weights.h"
+#include "runtime/stage.h"
+#include "tests/support/models.h"
+#include "tests/support/mpi_world.h"
+
+namespace shardline::runtime {
+namespace {
+
+using test::world_rank;
+using test::world_size;
+
+constexpr int kTopToken = 500;  // made the largest logit of the tie rows, and copied into the last slices
+
+// tiny-32k (its classifier is the token embedding) with embedding row kTopToken scaled up and copied to the
+// first entry of every later rank's vocabulary slice and to the last entry: identical classifier rows, so
+// identical logits in several slices. Written per rank (no two ranks write one file).
+std::string model_with_tied_rows(const std::string& original, int tp, std::vector<int>& copies) {
+  std::ifstream in(original, std::ios::binary);
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const partition::ModelShape shape = read_checkpoint_shape(original);
+  float* embedding = reinterpret_cast<float*>(bytes.data() + 7 * sizeof(int));  // right after the header
+  float* top = embedding + static_cast<std::size_t>(kTopToken) * shape.dim;
+  for (int i = 0; i < shape.dim; ++i) top[i] *= 8.0f;
+  copies.clear();
+  for (int t = 1; t < tp; ++t) copies.push_back(partition::split_evenly(shape.vocab_size, tp, t).begin);
+  copies.push_back(shape.vocab_size - 1);
+  for (int c : copies) std::copy(top, top + shape.dim, embedding + static_cast<std::size_t>(c) * shape.dim);
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("greedy-ties-" + std::to_string(world_rank()) + ".bin")).string();
+  std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  return path;
+}
+
+TEST(GreedyTokens, TheArgmaxOfTheGatheredLogitsWithTiesAcrossSlices) {
+  const std::string original = test::model_file("tiny-32k.bin");
+  SHARDLINE_REQUIRE_MODEL_FILE(original);
+  const int tp = world_size();
+  std::vector<int> copies;
+  const std::string model = model_with_tied_rows(original, tp, copies);
+  ASSERT_GE(copies.size(), 2u);
+  const partition::Mesh mesh(world_size(), world_rank(), tp, 1);
+  const partition::ModelShape shape = read_checkpoint_shape(model);
+  const partition::RankShard shard = partition::shard_for(shape, mesh, partition::stage_layer_ranges(shape, 1));
+  CommGroups groups = make_comm_groups(mesh, {true, 60.0});
+  ShardWeights weights(model, shape, shard, ShardWeightsOptions{});
+  const int n = 8;
+  StageOptions options;
+  options.max_rows = n;
+  Stage stage(weights, *groups.tp, options);
+  // Rows 0-5 random; rows 6 and 7 the scaled embedding row times the final RMSNorm's weights, so its
+  // logit, |row * weights|^2 / rms, is the largest by far (the row is 8 times as long as the others) and
+  // appears in every slice: the first (kTopToken, rank 0's) must win.
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(static_cast<std::size_t>(n) * shape.dim);
+  for (float& v : x) v = normal(rng);
+  const float* top = weights.token_embedding() + static_cast<std::size_t>(kTopToken) * shape.dim;
+  for (int r : {6, 7}) {
+    for (int i = 0; i < shape.dim; ++i) x[static_cast<std::size_t>(r) * shape.dim + i] = top[i] * weights.rms_final()[i];
+  }
+  std::vector<float> logits(static_cast<std::size_t>(n) * shape.vocab_size), scratch(logits.size());
+  stage.logits(x.data(), n, logits.data());
+  std::vector<int> tokens(n, -1);
+  stage.greedy_tokens(x.data(), n, scratch.data(), tokens.data());
+  for (int r = 0; r < n; ++r) {
+    const float* row = logits.data() + static_cast<std::size_t>(r) * shape.vocab_size;
+    EXPECT_EQ(tokens[r], kernels::cpu::argmax(row, shape.vocab_size)) << "row " << r;
+  }
+  for (int r : {6, 7}) {
+    const float* row = logits.data() + static_cast<std::size_t>(r) * shape.vocab_size;
+    for (int c : copies) ASSERT_EQ(row[c], row[kTopToken]) << "the tie this test needs, entry " << c;
+    EXPECT_EQ(tokens[r], kTopToken) << "the first of equal maxima, row " << r;
+  }
+  std::filesystem::remove(model);
+}
+
+TEST(GreedyTokens, ThePipelineGeneratesTheSameTokensWithoutTheGather) {
+  const std::string model = test::model_file("tiny-32k.bin");  // 4 kv heads: tp up to 4
+  SHARDLINE_REQUIRE_MODEL_FILE(model);
+  const partition::Mesh mesh(world_size(), world_rank(), world_size(), 1);
+  const partition::ModelShape shape = read_checkpoint_shape(model);
+  const partition::RankShard shard = partition::shard_for(shape, mesh, partition::stage_layer_ranges(shape, 1));
+  CommGroups groups = make_comm_groups(mesh, {true, 60.0});
+  ShardWeights weights(model, shape, shard, ShardWeightsOptions{});
+  std::vector<SequenceSpec> specs(4);
+  const std::vector<std::vector<int>> prompts = {{1, 450, 4996, 17354}, {1, 9038, 2501, 263, 931}, {1, 319}, {1, 29871}};
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    specs[i].prompt_ids = prompts[i];
+    specs[i].steps = 16;
+    specs[i].chunk_tokens = 4;
+  }
+  StageOptions options;
+  options.max_rows = Pipeline::max_rows_for(PipelineOptions{1}, specs);
+  Stage stage(weights, *groups.tp, options);
+  Pipeline pipeline(stage, mesh, *groups.world, PipelineOptions{1});
+  std::vector<std::vector<int>> gathered, not_gathered;
+  int null_logits = 0;
+  for (const auto& o : pipeline.run(specs, {}, true)) gathered.push_back(o.ids);
+  const auto on_token = [&](int, int, const float* logits) { null_logits += logits == nullptr; };
+  for (const auto& o : pipeline.run(specs, on_token, false)) not_gathered.push_back(o.ids);
+  EXPECT_EQ(not_gathered, gathered);
+  ASSERT_EQ(gathered.size(), specs.size());
+  EXPECT_EQ(null_logits, 4 * 16) << "every token greedy, picked without the logits";
+}
+
+}  // namespace
+}  // namespace shardline::runtime
