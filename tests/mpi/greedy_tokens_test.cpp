@@ -4,6 +4,7 @@
 // maxima when they sit in different ranks' slices, and the pipeline must generate the same tokens with and
 // without the gather.
 #include <mpi.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -35,7 +36,7 @@ constexpr int kTopToken = 500;  // made the largest logit of the tie rows, and c
 
 // tiny-32k (its classifier is the token embedding) with embedding row kTopToken scaled up and copied to the
 // first entry of every later rank's vocabulary slice and to the last entry: identical classifier rows, so
-// identical logits in several slices. Written per rank (no two ranks write one file).
+// identical logits in several slices. Written per process (no two ranks, nor two jobs, write one file).
 std::string model_with_tied_rows(const std::string& original, int tp, std::vector<int>& copies) {
   std::ifstream in(original, std::ios::binary);
   std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -48,7 +49,7 @@ std::string model_with_tied_rows(const std::string& original, int tp, std::vecto
   copies.push_back(shape.vocab_size - 1);
   for (int c : copies) std::copy(top, top + shape.dim, embedding + static_cast<std::size_t>(c) * shape.dim);
   const std::string path =
-      (std::filesystem::temp_directory_path() / ("greedy-ties-" + std::to_string(world_rank()) + ".bin")).string();
+      (std::filesystem::temp_directory_path() / ("greedy-ties-" + std::to_string(getpid()) + ".bin")).string();
   std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
   return path;
 }
