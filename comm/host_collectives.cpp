@@ -42,19 +42,23 @@ bool all_on_one_host(MPI_Comm comm, int rank, int size) {
   return everywhere == 1;
 }
 
-// Maps the segment `name` (bytes long; rank 0 creates it), or returns null.
-void* map_segment(const char* name, std::size_t bytes, bool create) {
+// Maps the segment `name` (bytes long; rank 0 creates it) and allocates this rank's region of it, or
+// returns null (having unlinked a segment it created). Each rank allocates its own region so that the
+// pages come from its NUMA node (tmpfs allocates by the caller's memory policy), where its writes go; and
+// with posix_fallocate, so that a /dev/shm too small for the segment fails here, not with SIGBUS at the
+// first touch of a page past what it could hold.
+void* map_segment(const char* name, std::size_t bytes, bool create, std::size_t region_offset) {
   const int fd = create ? shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600) : shm_open(name, O_RDWR, 0);
   if (fd < 0) return nullptr;
-  // posix_fallocate, not ftruncate: a /dev/shm too small for the segment fails here, not with SIGBUS on
-  // the first touch of a page past its end.
-  if (create && posix_fallocate(fd, 0, static_cast<off_t>(bytes)) != 0) {
-    close(fd);
-    return nullptr;
+  void* at = MAP_FAILED;
+  if ((!create || ftruncate(fd, static_cast<off_t>(bytes)) == 0) &&
+      posix_fallocate(fd, static_cast<off_t>(region_offset), static_cast<off_t>(kRegionBytes)) == 0) {
+    at = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   }
-  void* at = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
-  return at == MAP_FAILED ? nullptr : at;
+  if (at != MAP_FAILED) return at;
+  if (create) shm_unlink(name);
+  return nullptr;
 }
 
 }  // namespace
@@ -70,11 +74,11 @@ std::unique_ptr<HostCollectives> HostCollectives::create(MPI_Comm comm, double t
   if (rank == 0) {
     static int created = 0;  // several groups of one process each get their own segment
     std::snprintf(name, sizeof name, "/shardline-%d-%d", static_cast<int>(getpid()), created++);
-    segment = map_segment(name, bytes, true);
-    if (segment == nullptr) name[0] = '\0';  // tells the others not to try
+    segment = map_segment(name, bytes, true, 0);
+    if (segment == nullptr) name[0] = '\0';  // tells the others not to try (and nothing is left to unlink)
   }
   check_mpi(MPI_Bcast(name, sizeof name, MPI_CHAR, 0, comm), "broadcast");
-  if (rank != 0 && name[0] != '\0') segment = map_segment(name, bytes, false);
+  if (rank != 0 && name[0] != '\0') segment = map_segment(name, bytes, false, kRegionBytes * rank);
   int mapped = segment != nullptr ? 1 : 0, all_mapped = 0;
   check_mpi(MPI_Allreduce(&mapped, &all_mapped, 1, MPI_INT, MPI_MIN, comm), "all-reduce");
   if (rank == 0 && name[0] != '\0') shm_unlink(name);  // every rank that could map it has
@@ -82,10 +86,7 @@ std::unique_ptr<HostCollectives> HostCollectives::create(MPI_Comm comm, double t
     if (segment != nullptr) munmap(segment, bytes);
     return nullptr;
   }
-  // The pages start zeroed (every flag at call 0); a rank's own region is touched by that rank first, so it
-  // lies on its NUMA node, where its writes go.
-  std::memset(static_cast<char*>(segment) + kRegionBytes * rank, 0, kRegionBytes);
-  check_mpi(MPI_Barrier(comm), "barrier");
+  // The pages start zeroed: every flag at call 0.
   return std::unique_ptr<HostCollectives>(new HostCollectives(comm, segment, bytes, timeout_s));
 }
 
@@ -158,11 +159,11 @@ void HostCollectives::all_gather_v(const float* send, float* recv, const std::ve
   for (std::size_t offset = 0; offset < most; offset += kPerRound) {
     const std::uint64_t call = calls_ + 1;
     auto part = [&](int r) { return std::min(kPerRound, std::max<std::size_t>(counts[r], offset) - offset); };
-    std::memcpy(slot(rank_, call), send + offset, part(rank_) * sizeof(float));
+    if (part(rank_) > 0) std::memcpy(slot(rank_, call), send + offset, part(rank_) * sizeof(float));
     publish_and_wait(call, "all-gather");
     std::size_t at = 0;  // rank r's part starts after the parts of the ranks before it
     for (int r = 0; r < size_; ++r) {
-      std::memcpy(recv + at + offset, slot(r, call), part(r) * sizeof(float));
+      if (part(r) > 0) std::memcpy(recv + at + offset, slot(r, call), part(r) * sizeof(float));
       at += static_cast<std::size_t>(counts[r]);
     }
     calls_ = call;

@@ -1,5 +1,6 @@
 // All-reduce and all-gather through one shared-memory segment, for a communicator whose ranks all run on
-// one host (internal to comm/: MpiCommunicator uses it for the groups that ask for it, the TP groups).
+// one host (internal to comm/: MpiCommunicator uses it for the groups that ask for it, the runtime's world
+// and TP groups).
 //
 // Why: a decode step all-reduces its activations twice per layer, a few KiB to a few hundred KiB each
 // time. Open MPI's non-blocking collectives (what MpiCommunicator polls against its timeout) took 29 us for
@@ -7,9 +8,11 @@
 // a sum take a few. On tp=2 of the 110M shape a batch-16 int8 step spent 1.0-1.1 ms of about 7 in its 24
 // all-reduces and 0.44 ms gathering the logits (BENCHMARKS.md, issue #7).
 //
-// How: rank 0 creates a POSIX shared-memory segment, the others open it by the name it broadcasts, and
-// it is unlinked once all have mapped it (nothing is left in /dev/shm, and teardown is a local munmap:
-// it cannot wait on a dead peer). Every rank owns a flag (its own cache line) and two slots of kSlotBytes.
+// How: rank 0 creates a POSIX shared-memory segment, the others open it by the name it broadcasts, each
+// allocates its own region (on its NUMA node), and it is unlinked once all have mapped it (nothing is left
+// in /dev/shm, also when a rank fails to map it; teardown is a local munmap: it cannot wait on a dead
+// peer). Setting up is a few blocking MPI collectives, like creating the group itself; the operations
+// after it are bounded by the timeout. Every rank owns a flag (its own page) and two slots of kSlotBytes.
 // Call number s writes the rank's data into slot s % 2, publishes s in its flag (release), waits until
 // every flag reached s (acquire), and reads all slots. Two slots suffice: a rank publishes s + 1 only after
 // it finished reading call s, so once a rank has seen every flag at s + 1 and writes slot s % 2 again for

@@ -107,7 +107,10 @@ class Engine {
   const memory::KvBlockPool& kv_pool() const { return stage_->kv_pool(); }
 
   // Generates every request, all in flight together as far as the KV pool holds them (the rest wait for
-  // blocks: see KV admission in pipeline.h). Results on the output rank, empty elsewhere.
+  // blocks: see KV admission in pipeline.h). Results on the output rank, empty elsewhere. on_piece may be
+  // set on the output rank alone; on_logits must be set on every rank or on none (it is called on the
+  // output rank only): without it, TP ranks pick greedy tokens without gathering the logits, and the
+  // ranks of a TP group must agree on which way they go.
   std::vector<GenerationResult> generate(const std::vector<GenerationRequest>& requests,
                                          const PieceCallback& on_piece = {}, const LogitsCallback& on_logits = {});
   // Token sequences straight through the pipeline (benchmarks, accuracy checks): every rank calls it with

@@ -1,6 +1,7 @@
 #include "runtime/stage.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "common/error.h"
@@ -213,13 +214,20 @@ void Stage::greedy_tokens(const float* x, int n, float* logits_scratch, int* tok
   const int slice = weights_.classifier().d;
   cpu::parallel_for(n, [&](int r, int) {
     const float* row = local_logits_.data() + static_cast<std::size_t>(r) * slice;
-    const int i = cpu::argmax(row, slice);
+    int i = cpu::argmax(row, slice);
+    // argmax keeps a NaN in its first place (nothing is greater), which only the row's very first entry may
+    // do: in a later slice the scan over the whole row skips it, so take the slice's largest other value.
+    if (vocab_begin_ > 0 && std::isnan(row[i])) {
+      for (int j = 1; j < slice; ++j) {
+        if (!std::isnan(row[j]) && (std::isnan(row[i]) || row[j] > row[i])) i = j;
+      }
+    }
     best_[r] = {row[i], vocab_begin_ + i};
   });
   tp_comm_.all_gather_bytes(best_.data(), sizeof(Best) * n, all_best_.data());
   // The slices are consecutive in rank order, so taking a later rank's best only when strictly greater
-  // keeps the first of equal maxima, as one argmax over the whole row does (and a NaN never wins there
-  // either: it is never greater).
+  // keeps the first of equal maxima, as one argmax over the whole row does; a NaN best (a slice of NaNs,
+  // or the row's first entry) is never replaced by nor replaces another, as there.
   for (int r = 0; r < n; ++r) {
     Best best = all_best_[r];
     for (int t = 1; t < tp_comm_.size(); ++t) {

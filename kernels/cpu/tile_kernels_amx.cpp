@@ -62,9 +62,10 @@ void use_tile_config(const TileConfig& config) {
   loaded = true;
 }
 
-template <_mm_hint Hint = _MM_HINT_T0>
+// Locality as __builtin_prefetch takes it: 3 is PREFETCHT0 (into L1), 2 PREFETCHT1 (into L2).
+template <int Locality = 3>
 inline void prefetch_lines(const char* at, int lines) {
-  for (int line = 0; line < lines; ++line) _mm_prefetch(at + line * 64, Hint);
+  for (int line = 0; line < lines; ++line) __builtin_prefetch(at + line * 64, 0, Locality);
 }
 
 // Panel 0's k block `next` (of `blocks`, block_bytes each) for the kernels to prefetch: in this tile, or past
@@ -158,7 +159,7 @@ void bf16_tile(const Tile& t) {
 #define SHARDLINE_AMX_INT8_PANEL(P, B)                                                                 \
   do {                                                                                                 \
     _tile_loadd(B, w + (P) * t.panel_stride + static_cast<std::size_t>(b) * 512, 64);                  \
-    if (ahead != nullptr) prefetch_lines<_MM_HINT_T1>(ahead + (P) * t.panel_stride, 8);               \
+    if (ahead != nullptr) prefetch_lines<2>(ahead + (P) * t.panel_stride, 8);               \
     _tile_dpbsud(P, 4, B);                                                                             \
   } while (0)
 

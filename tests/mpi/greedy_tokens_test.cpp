@@ -6,9 +6,11 @@
 #include <mpi.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -37,7 +39,8 @@ constexpr int kTopToken = 500;  // made the largest logit of the tie rows, and c
 // tiny-32k (its classifier is the token embedding) with embedding row kTopToken scaled up and copied to the
 // first entry of every later rank's vocabulary slice and to the last entry: identical classifier rows, so
 // identical logits in several slices. Written per process (no two ranks, nor two jobs, write one file).
-std::string model_with_tied_rows(const std::string& original, int tp, std::vector<int>& copies) {
+// With nan_rows, those entries' rows are NaN instead (so are their logits, for every input).
+std::string model_with_tied_rows(const std::string& original, int tp, std::vector<int>& copies, bool nan_rows = false) {
   std::ifstream in(original, std::ios::binary);
   std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   const partition::ModelShape shape = read_checkpoint_shape(original);
@@ -47,7 +50,14 @@ std::string model_with_tied_rows(const std::string& original, int tp, std::vecto
   copies.clear();
   for (int t = 1; t < tp; ++t) copies.push_back(partition::split_evenly(shape.vocab_size, tp, t).begin);
   copies.push_back(shape.vocab_size - 1);
-  for (int c : copies) std::copy(top, top + shape.dim, embedding + static_cast<std::size_t>(c) * shape.dim);
+  for (int c : copies) {
+    float* row = embedding + static_cast<std::size_t>(c) * shape.dim;
+    if (nan_rows) {
+      std::fill(row, row + shape.dim, std::numeric_limits<float>::quiet_NaN());
+    } else {
+      std::copy(top, top + shape.dim, row);
+    }
+  }
   const std::string path =
       (std::filesystem::temp_directory_path() / ("greedy-ties-" + std::to_string(getpid()) + ".bin")).string();
   std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
@@ -93,6 +103,39 @@ TEST(GreedyTokens, TheArgmaxOfTheGatheredLogitsWithTiesAcrossSlices) {
     const float* row = logits.data() + static_cast<std::size_t>(r) * shape.vocab_size;
     for (int c : copies) ASSERT_EQ(row[c], row[kTopToken]) << "the tie this test needs, entry " << c;
     EXPECT_EQ(tokens[r], kTopToken) << "the first of equal maxima, row " << r;
+  }
+  std::filesystem::remove(model);
+}
+
+// A NaN logit is skipped by the argmax over the whole row unless it is the row's first entry; here it is
+// the first entry of every later rank's slice, where a slice's own argmax would keep it.
+TEST(GreedyTokens, ANanAtTheStartOfASliceIsSkippedAsByOneArgmax) {
+  const std::string original = test::model_file("tiny-32k.bin");
+  SHARDLINE_REQUIRE_MODEL_FILE(original);
+  const int tp = world_size();
+  std::vector<int> nan_entries;
+  const std::string model = model_with_tied_rows(original, tp, nan_entries, true);
+  const partition::Mesh mesh(world_size(), world_rank(), tp, 1);
+  const partition::ModelShape shape = read_checkpoint_shape(model);
+  const partition::RankShard shard = partition::shard_for(shape, mesh, partition::stage_layer_ranges(shape, 1));
+  CommGroups groups = make_comm_groups(mesh, {true, 60.0});
+  ShardWeights weights(model, shape, shard, ShardWeightsOptions{});
+  const int n = 4;
+  StageOptions options;
+  options.max_rows = n;
+  Stage stage(weights, *groups.tp, options);
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(static_cast<std::size_t>(n) * shape.dim);
+  for (float& v : x) v = normal(rng);
+  std::vector<float> logits(static_cast<std::size_t>(n) * shape.vocab_size), scratch(logits.size());
+  stage.logits(x.data(), n, logits.data());
+  std::vector<int> tokens(n, -1);
+  stage.greedy_tokens(x.data(), n, scratch.data(), tokens.data());
+  for (int r = 0; r < n; ++r) {
+    const float* row = logits.data() + static_cast<std::size_t>(r) * shape.vocab_size;
+    ASSERT_TRUE(std::isnan(row[nan_entries[0]])) << "the NaN this test needs";
+    EXPECT_EQ(tokens[r], kernels::cpu::argmax(row, shape.vocab_size)) << "row " << r;
   }
   std::filesystem::remove(model);
 }

@@ -2,7 +2,8 @@
 // on this host, so ranks may outnumber cores and the waits must yield). What they must get right:
 //  - all-reduce: every rank gets the sum in rank order, bit for bit, on every rank, for sizes from one float
 //    to several slots (rounds), call after call (the two slots alternate: a rank that runs ahead must not
-//    overwrite data a slower one still reads);
+//    overwrite data a slower one still reads; a one-slot version fails every run);
+//  - the segment is mapped once per group and its name never stays in /dev/shm;
 //  - all-gather: every rank's part in rank order, uneven and empty parts, parts longer than a slot;
 //  - a rank that never arrives: a CommError naming it after the timeout, never a hang;
 //  - MpiCommunicator with host_collectives uses them (same bits as the direct calls) and without them
@@ -11,10 +12,16 @@
 // namespaces, whose partial sums must cross the veth).
 #include <mpi.h>
 
+#include <unistd.h>
+
+#include <chrono>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -61,9 +68,57 @@ bool same_on_every_rank(const std::vector<float>& v) {
   return all == 1;
 }
 
-TEST(HostCollectives, AllRanksOfThisHostGetASegment) {
+// Shared-memory mappings of this process whose name is one of ours (they stay in /proc/self/maps, marked
+// "(deleted)", after the name is unlinked).
+int our_mappings() {
+  std::ifstream maps("/proc/self/maps");
+  int n = 0;
+  for (std::string line; std::getline(maps, line);) n += line.find("/shardline-") != std::string::npos;
+  return n;
+}
+
+// Names in /dev/shm that rank 0 of this job created (its pid is in them).
+int names_left_in_dev_shm() {
+  int pid = static_cast<int>(getpid());
+  MPI_Bcast(&pid, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  const std::string prefix = "shardline-" + std::to_string(pid) + "-";
+  int n = 0;
+  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm")) {
+    n += entry.path().filename().string().rfind(prefix, 0) == 0;
+  }
+  return n;
+}
+
+TEST(HostCollectives, AllRanksOfThisHostGetASegmentAndNoNameStays) {
   ASSERT_GE(world_size(), 2) << "run under mpirun -np 2 or more";
-  EXPECT_NE(HostCollectives::create(MPI_COMM_WORLD, 60.0), nullptr) << "every rank of this job shares this host";
+  const int before = our_mappings();
+  auto host = HostCollectives::create(MPI_COMM_WORLD, 60.0);
+  EXPECT_NE(host, nullptr) << "every rank of this job shares this host";
+  EXPECT_EQ(our_mappings(), before + 1);
+  EXPECT_EQ(names_left_in_dev_shm(), 0) << "the segment's name is unlinked once every rank has mapped it";
+  host.reset();
+  EXPECT_EQ(our_mappings(), before);
+}
+
+// Many calls back to back, each rank pausing a different, varying time before some of them, checked on
+// each rank alone and compared across ranks only at the end: a rank that runs ahead writes its slot for
+// the next call while slower ones still read this one's, which only the second slot keeps apart.
+TEST(HostCollectives, RanksRunningAheadNeverOverwriteWhatOthersStillRead) {
+  auto host = HostCollectives::create(MPI_COMM_WORLD, 60.0);
+  ASSERT_NE(host, nullptr);
+  const std::size_t count = 3000;
+  std::vector<float> all_results;
+  int wrong = 0;
+  for (int call = 0; call < 200; ++call) {
+    if ((call + world_rank()) % 7 == 0) std::this_thread::sleep_for(std::chrono::microseconds(50 * (world_rank() + 1)));
+    std::vector<float> data = values(world_rank(), 2000 + call, count);
+    host->all_reduce_sum(data.data(), count);
+    const std::vector<float> want = rank_order_sum(2000 + call, count);
+    wrong += std::memcmp(data.data(), want.data(), count * sizeof(float)) != 0;
+    all_results.insert(all_results.end(), data.begin(), data.begin() + 8);
+  }
+  EXPECT_EQ(wrong, 0) << "calls whose sum was not the rank-order sum";
+  EXPECT_TRUE(same_on_every_rank(all_results));
 }
 
 TEST(HostCollectives, AllReduceIsTheRankOrderSumOnEveryRankCallAfterCall) {
@@ -125,8 +180,11 @@ TEST(HostCollectives, ARankThatNeverArrivesIsNamedAfterTheTimeout) {
 TEST(HostCollectives, MpiCommunicatorUsesThemAndAgreesWithMpi) {
   std::vector<int> everyone(world_size());
   for (int r = 0; r < world_size(); ++r) everyone[r] = r;
+  const int before = our_mappings();
   const auto host = make_mpi_group(everyone, {.timeout_s = 60.0, .host_collectives = true});
+  EXPECT_EQ(our_mappings(), before + 1) << "host_collectives maps a segment";
   const auto mpi = make_mpi_group(everyone, {.timeout_s = 60.0});
+  EXPECT_EQ(our_mappings(), before + 1) << "without host_collectives nothing is mapped";
   const std::size_t count = 3 * 768 + 1;
   std::vector<float> a = values(world_rank(), 900, count), b = a;
   host->all_reduce_sum(a.data(), count);
