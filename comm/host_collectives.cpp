@@ -1,19 +1,17 @@
 #include "comm/host_collectives.h"
 
 #include <fcntl.h>
-#include <sched.h>
 #include <sys/mman.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cstdio>
 #include <cstring>
 
 #include <fmt/format.h>
 
+#include "comm/poller.h"
 #include "common/error.h"
 
 namespace shardline::comm {
@@ -23,6 +21,8 @@ namespace {
 // A rank's region: its flag alone on the first page, then its two slots.
 constexpr std::size_t kFlagBytes = 4096;
 constexpr std::size_t kRegionBytes = kFlagBytes + 2 * HostCollectives::kSlotBytes;
+
+constexpr std::size_t kSlotFloats = HostCollectives::kSlotBytes / sizeof(float);  // per round
 
 static_assert(std::atomic_ref<std::uint64_t>::is_always_lock_free, "the flags are shared between processes");
 
@@ -109,35 +109,26 @@ void HostCollectives::publish_and_wait(std::uint64_t call, const char* what) {
         *reinterpret_cast<std::uint64_t*>(static_cast<char*>(segment_) + kRegionBytes * static_cast<std::size_t>(rank)));
   };
   flag(rank_).store(call, std::memory_order_release);
-  using Clock = std::chrono::steady_clock;
-  const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s_);
+  Poller poller(timeout_s_);  // one deadline for the whole wait
   for (int r = 0; r < size_; ++r) {
     if (r == rank_) continue;
-    for (long polls = 0; flag(r).load(std::memory_order_acquire) < call; ++polls) {
-      if (polls < 4000) continue;  // the common case: the peer is a few microseconds away
-      if ((polls & 63) == 0) {
+    while (flag(r).load(std::memory_order_acquire) < call) {
+      if (poller.spun_out()) {
         int pending = 0;  // any MPI call drives Open MPI's progress engine (sends in flight)
         MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm_, &pending, MPI_STATUS_IGNORE);
       }
-      if (polls < 40000) {
-        sched_yield();
-        continue;
-      }
-      if (Clock::now() > deadline) {
+      if (!poller.pause()) {
         throw CommError(fmt::format(
             "{} timed out after {:.0f} s (--comm-timeout) waiting for rank {} of this group: a peer is stuck or dead",
             what, timeout_s_, r));
       }
-      const timespec pause{0, 50'000};  // 50 us
-      nanosleep(&pause, nullptr);
     }
   }
 }
 
 void HostCollectives::all_reduce_sum(float* data, std::size_t count) {
-  constexpr std::size_t kPerRound = kSlotBytes / sizeof(float);
-  for (std::size_t offset = 0; offset < count; offset += kPerRound) {
-    const std::size_t n = std::min(kPerRound, count - offset);
+  for (std::size_t offset = 0; offset < count; offset += kSlotFloats) {
+    const std::size_t n = std::min(kSlotFloats, count - offset);
     const std::uint64_t call = calls_ + 1;
     std::memcpy(slot(rank_, call), data + offset, n * sizeof(float));
     publish_and_wait(call, "all-reduce");
@@ -153,12 +144,11 @@ void HostCollectives::all_reduce_sum(float* data, std::size_t count) {
 
 void HostCollectives::all_gather_v(const float* send, float* recv, const std::vector<int>& counts) {
   SL_CHECK(static_cast<int>(counts.size()) == size_);
-  constexpr std::size_t kPerRound = kSlotBytes / sizeof(float);
   const std::size_t most = static_cast<std::size_t>(*std::max_element(counts.begin(), counts.end()));
-  // Round j moves elements [j * kPerRound, (j + 1) * kPerRound) of every rank's part.
-  for (std::size_t offset = 0; offset < most; offset += kPerRound) {
+  // Round j moves elements [j * kSlotFloats, (j + 1) * kSlotFloats) of every rank's part.
+  for (std::size_t offset = 0; offset < most; offset += kSlotFloats) {
     const std::uint64_t call = calls_ + 1;
-    auto part = [&](int r) { return std::min(kPerRound, std::max<std::size_t>(counts[r], offset) - offset); };
+    auto part = [&](int r) { return std::min(kSlotFloats, std::max<std::size_t>(counts[r], offset) - offset); };
     if (part(rank_) > 0) std::memcpy(slot(rank_, call), send + offset, part(rank_) * sizeof(float));
     publish_and_wait(call, "all-gather");
     std::size_t at = 0;  // rank r's part starts after the parts of the ranks before it

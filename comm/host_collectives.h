@@ -19,9 +19,9 @@
 // call s + 2, nobody reads call s's slots any more. Data larger than a slot goes in rounds.
 //
 // Results: sums are added in rank order (slot 0 + slot 1 + ...), the same order on every rank, so every
-// rank gets the same bits. Waits spin briefly, then yield, then sleep (ranks may outnumber cores), keep
-// MPI's progress engine going (a pipeline send may be in flight), and end in a CommError naming the rank
-// that did not arrive once the --comm-timeout passes.
+// rank gets the same bits. Waits back off as every wait in comm/ does (poller.h), keep MPI's progress
+// engine going once past spinning (a pipeline send may be in flight), and end in a CommError naming the
+// rank that did not arrive once the --comm-timeout passes.
 #pragma once
 
 #include <mpi.h>

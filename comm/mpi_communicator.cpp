@@ -1,16 +1,14 @@
 #include "comm/mpi_communicator.h"
 
 #include <mpi.h>
-#include <sched.h>
-#include <time.h>
 
 #include <algorithm>
-#include <chrono>
 #include <string>
 
 #include <fmt/format.h>
 
 #include "comm/host_collectives.h"
+#include "comm/poller.h"
 #include "common/error.h"
 
 namespace shardline::comm {
@@ -127,28 +125,19 @@ class MpiCommunicator final : public Communicator {
 
   friend struct MpiPendingSend;
 
-  // Polls until done. Spins briefly (the common case finishes in microseconds), then yields the core, then
-  // sleeps: when ranks outnumber cores, a spinning waiter would steal the time its peer needs.
+  // Polls until done, with comm/poller.h's backoff.
   void wait(MPI_Request& request, const char* what, int peer, MPI_Status* status = nullptr) {
-    using Clock = std::chrono::steady_clock;
-    const auto deadline = Clock::now() + std::chrono::duration<double>(options_.timeout_s);
-    for (long polls = 0;; ++polls) {
+    Poller poller(options_.timeout_s);
+    for (;;) {
       int done = 0;
       check_mpi(MPI_Test(&request, &done, status ? status : MPI_STATUS_IGNORE), what);
       if (done) return;
-      if (polls < 2000) continue;
-      if (polls < 20000) {
-        sched_yield();
-        continue;
-      }
-      if ((polls & 63) == 0 && Clock::now() > deadline) {
+      if (!poller.pause()) {
         MPI_Cancel(&request);
         throw CommError(fmt::format(
             "{} {}timed out after {:.0f} s (--comm-timeout): a peer is stuck or dead", what,
             peer >= 0 ? fmt::format("with rank {} of this group ", peer) : std::string(), options_.timeout_s));
       }
-      const timespec pause{0, 50'000};  // 50 us
-      nanosleep(&pause, nullptr);
     }
   }
 

@@ -2,16 +2,13 @@
 
 #include <cuda_runtime.h>
 #include <nccl.h>
-#include <sched.h>
-#include <time.h>
-
-#include <chrono>
 #include <string>
 #include <utility>
 
 #include <fmt/format.h>
 
 #include "comm/mpi_communicator.h"
+#include "comm/poller.h"
 #include "common/error.h"
 #include "kernels/cuda/cuda_check.h"
 
@@ -20,38 +17,11 @@ namespace shardline::comm {
 namespace {
 
 using kernels::cuda::check_cuda;
-using Clock = std::chrono::steady_clock;
 
 std::string nccl_text(ncclResult_t code, ncclComm_t comm) {
   const char* last = ncclGetLastError(comm);
   return fmt::format("{}{}{}", ncclGetErrorString(code), last && *last ? ": " : "", last ? last : "");
 }
-
-// Polls with backoff: spin briefly (most operations finish in microseconds), then yield, then sleep, so a
-// waiting rank does not steal the core a peer on the same host needs (as the MPI communicator does).
-class Poller {
- public:
-  explicit Poller(double timeout_s)
-      : deadline_(Clock::now() +
-                  std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s))) {}
-  // Returns false once the deadline has passed.
-  bool pause() {
-    ++polls_;
-    if (polls_ < 2000) return true;
-    if (polls_ < 20000) {
-      sched_yield();
-      return true;
-    }
-    if ((polls_ & 63) == 0 && Clock::now() > deadline_) return false;
-    const timespec pause{0, 50'000};  // 50 us
-    nanosleep(&pause, nullptr);
-    return true;
-  }
-
- private:
-  Clock::time_point deadline_;
-  long polls_ = 0;
-};
 
 struct NcclPendingSend;
 

@@ -1,0 +1,47 @@
+// The waiting policy of every blocking operation in comm/ (MPI requests, NCCL operations, the host
+// collectives' flags): poll, and between polls spin briefly (most operations finish in microseconds),
+// then yield, then sleep, so a waiting rank does not steal the core a peer on the same host needs when
+// ranks outnumber cores; and give up once --comm-timeout has passed.
+#pragma once
+
+#include <sched.h>
+#include <time.h>
+
+#include <chrono>
+
+namespace shardline::comm {
+
+class Poller {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  explicit Poller(double timeout_s)
+      : deadline_(Clock::now() +
+                  std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s))) {}
+
+  // The pause after a poll that found the operation unfinished. Returns false once the deadline has passed
+  // (looked at every 64 polls after the first 20000).
+  bool pause() {
+    ++polls_;
+    if (polls_ < kSpins) return true;
+    if (polls_ < kYields) {
+      sched_yield();
+      return true;
+    }
+    if ((polls_ & 63) == 0 && Clock::now() > deadline_) return false;
+    const timespec pause{0, 50'000};  // 50 us
+    nanosleep(&pause, nullptr);
+    return true;
+  }
+
+  // Past the spinning: the wait is no longer a matter of microseconds.
+  bool spun_out() const { return polls_ >= kSpins; }
+
+ private:
+  static constexpr long kSpins = 2000;
+  static constexpr long kYields = 20000;
+  Clock::time_point deadline_;
+  long polls_ = 0;
+};
+
+}  // namespace shardline::comm
