@@ -64,45 +64,73 @@ std::string model_with_tied_rows(const std::string& original, int tp, std::vecto
   return path;
 }
 
+// This rank's share of `model` with tp = the world size and pp = 1: its TP group and weights, and a Stage
+// for max_rows rows.
+struct TpShard {
+  TpShard(const std::string& model, int max_rows)
+      : mesh(world_size(), world_rank(), world_size(), 1),
+        shape(read_checkpoint_shape(model)),
+        shard(partition::shard_for(shape, mesh, partition::stage_layer_ranges(shape, 1))),
+        groups(make_comm_groups(mesh, {true, 60.0})),
+        weights(model, shape, shard, ShardWeightsOptions{}),
+        stage(weights, *groups.tp, StageOptions{.max_rows = max_rows}) {}
+
+  const partition::Mesh mesh;
+  const partition::ModelShape shape;
+  const partition::RankShard shard;
+  CommGroups groups;
+  ShardWeights weights;
+  Stage stage;
+};
+
+// n rows of dim normal(0, 1) values.
+std::vector<float> random_rows(int n, int dim, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(static_cast<std::size_t>(n) * dim);
+  for (float& v : x) v = normal(rng);
+  return x;
+}
+
+// For x's n rows: the logits Stage::logits gathers over the TP group, and the tokens Stage::greedy_tokens
+// picks without them, which must be each row's argmax of the former.
+struct Picked {
+  std::vector<float> logits;  // (n, vocab)
+  std::vector<int> tokens;    // (n)
+  const float* row(int r, int vocab) const { return logits.data() + static_cast<std::size_t>(r) * vocab; }
+};
+Picked pick(TpShard& t, const std::vector<float>& x, int n) {
+  Picked p{std::vector<float>(static_cast<std::size_t>(n) * t.shape.vocab_size), std::vector<int>(n, -1)};
+  std::vector<float> scratch(p.logits.size());
+  t.stage.logits(x.data(), n, p.logits.data());
+  t.stage.greedy_tokens(x.data(), n, scratch.data(), p.tokens.data());
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(p.tokens[r], kernels::cpu::argmax(p.row(r, t.shape.vocab_size), t.shape.vocab_size)) << "row " << r;
+  }
+  return p;
+}
+
 TEST(GreedyTokens, TheArgmaxOfTheGatheredLogitsWithTiesAcrossSlices) {
   const std::string original = test::model_file("tiny-32k.bin");
   SHARDLINE_REQUIRE_MODEL_FILE(original);
-  const int tp = world_size();
   std::vector<int> copies;
-  const std::string model = model_with_tied_rows(original, tp, copies);
+  const std::string model = model_with_tied_rows(original, world_size(), copies);
   ASSERT_GE(copies.size(), 2u);
-  const partition::Mesh mesh(world_size(), world_rank(), tp, 1);
-  const partition::ModelShape shape = read_checkpoint_shape(model);
-  const partition::RankShard shard = partition::shard_for(shape, mesh, partition::stage_layer_ranges(shape, 1));
-  CommGroups groups = make_comm_groups(mesh, {true, 60.0});
-  ShardWeights weights(model, shape, shard, ShardWeightsOptions{});
   const int n = 8;
-  StageOptions options;
-  options.max_rows = n;
-  Stage stage(weights, *groups.tp, options);
+  TpShard t(model, n);
+  const int dim = t.shape.dim, vocab = t.shape.vocab_size;
   // Rows 0-5 random; rows 6 and 7 the scaled embedding row times the final RMSNorm's weights, so its
   // logit, |row * weights|^2 / rms, is the largest by far (the row is 8 times as long as the others) and
   // appears in every slice: the first (kTopToken, rank 0's) must win.
-  std::mt19937 rng(3);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> x(static_cast<std::size_t>(n) * shape.dim);
-  for (float& v : x) v = normal(rng);
-  const float* top = weights.token_embedding() + static_cast<std::size_t>(kTopToken) * shape.dim;
+  std::vector<float> x = random_rows(n, dim, 3);
+  const float* top = t.weights.token_embedding() + static_cast<std::size_t>(kTopToken) * dim;
   for (int r : {6, 7}) {
-    for (int i = 0; i < shape.dim; ++i) x[static_cast<std::size_t>(r) * shape.dim + i] = top[i] * weights.rms_final()[i];
+    for (int i = 0; i < dim; ++i) x[static_cast<std::size_t>(r) * dim + i] = top[i] * t.weights.rms_final()[i];
   }
-  std::vector<float> logits(static_cast<std::size_t>(n) * shape.vocab_size), scratch(logits.size());
-  stage.logits(x.data(), n, logits.data());
-  std::vector<int> tokens(n, -1);
-  stage.greedy_tokens(x.data(), n, scratch.data(), tokens.data());
-  for (int r = 0; r < n; ++r) {
-    const float* row = logits.data() + static_cast<std::size_t>(r) * shape.vocab_size;
-    EXPECT_EQ(tokens[r], kernels::cpu::argmax(row, shape.vocab_size)) << "row " << r;
-  }
+  const Picked p = pick(t, x, n);
   for (int r : {6, 7}) {
-    const float* row = logits.data() + static_cast<std::size_t>(r) * shape.vocab_size;
-    for (int c : copies) ASSERT_EQ(row[c], row[kTopToken]) << "the tie this test needs, entry " << c;
-    EXPECT_EQ(tokens[r], kTopToken) << "the first of equal maxima, row " << r;
+    for (int c : copies) ASSERT_EQ(p.row(r, vocab)[c], p.row(r, vocab)[kTopToken]) << "the tie this test needs, entry " << c;
+    EXPECT_EQ(p.tokens[r], kTopToken) << "the first of equal maxima, row " << r;
   }
   std::filesystem::remove(model);
 }
@@ -112,30 +140,13 @@ TEST(GreedyTokens, TheArgmaxOfTheGatheredLogitsWithTiesAcrossSlices) {
 TEST(GreedyTokens, ANanAtTheStartOfASliceIsSkippedAsByOneArgmax) {
   const std::string original = test::model_file("tiny-32k.bin");
   SHARDLINE_REQUIRE_MODEL_FILE(original);
-  const int tp = world_size();
   std::vector<int> nan_entries;
-  const std::string model = model_with_tied_rows(original, tp, nan_entries, true);
-  const partition::Mesh mesh(world_size(), world_rank(), tp, 1);
-  const partition::ModelShape shape = read_checkpoint_shape(model);
-  const partition::RankShard shard = partition::shard_for(shape, mesh, partition::stage_layer_ranges(shape, 1));
-  CommGroups groups = make_comm_groups(mesh, {true, 60.0});
-  ShardWeights weights(model, shape, shard, ShardWeightsOptions{});
+  const std::string model = model_with_tied_rows(original, world_size(), nan_entries, true);
   const int n = 4;
-  StageOptions options;
-  options.max_rows = n;
-  Stage stage(weights, *groups.tp, options);
-  std::mt19937 rng(5);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> x(static_cast<std::size_t>(n) * shape.dim);
-  for (float& v : x) v = normal(rng);
-  std::vector<float> logits(static_cast<std::size_t>(n) * shape.vocab_size), scratch(logits.size());
-  stage.logits(x.data(), n, logits.data());
-  std::vector<int> tokens(n, -1);
-  stage.greedy_tokens(x.data(), n, scratch.data(), tokens.data());
+  TpShard t(model, n);
+  const Picked p = pick(t, random_rows(n, t.shape.dim, 5), n);  // checks each token against the argmax
   for (int r = 0; r < n; ++r) {
-    const float* row = logits.data() + static_cast<std::size_t>(r) * shape.vocab_size;
-    ASSERT_TRUE(std::isnan(row[nan_entries[0]])) << "the NaN this test needs";
-    EXPECT_EQ(tokens[r], kernels::cpu::argmax(row, shape.vocab_size)) << "row " << r;
+    ASSERT_TRUE(std::isnan(p.row(r, t.shape.vocab_size)[nan_entries[0]])) << "the NaN this test needs, row " << r;
   }
   std::filesystem::remove(model);
 }
@@ -143,11 +154,6 @@ TEST(GreedyTokens, ANanAtTheStartOfASliceIsSkippedAsByOneArgmax) {
 TEST(GreedyTokens, ThePipelineGeneratesTheSameTokensWithoutTheGather) {
   const std::string model = test::model_file("tiny-32k.bin");  // 4 kv heads: tp up to 4
   SHARDLINE_REQUIRE_MODEL_FILE(model);
-  const partition::Mesh mesh(world_size(), world_rank(), world_size(), 1);
-  const partition::ModelShape shape = read_checkpoint_shape(model);
-  const partition::RankShard shard = partition::shard_for(shape, mesh, partition::stage_layer_ranges(shape, 1));
-  CommGroups groups = make_comm_groups(mesh, {true, 60.0});
-  ShardWeights weights(model, shape, shard, ShardWeightsOptions{});
   std::vector<SequenceSpec> specs(4);
   const std::vector<std::vector<int>> prompts = {{1, 450, 4996, 17354}, {1, 9038, 2501, 263, 931}, {1, 319}, {1, 29871}};
   for (std::size_t i = 0; i < specs.size(); ++i) {
@@ -155,10 +161,8 @@ TEST(GreedyTokens, ThePipelineGeneratesTheSameTokensWithoutTheGather) {
     specs[i].steps = 16;
     specs[i].chunk_tokens = 4;
   }
-  StageOptions options;
-  options.max_rows = Pipeline::max_rows_for(PipelineOptions{1}, specs);
-  Stage stage(weights, *groups.tp, options);
-  Pipeline pipeline(stage, mesh, *groups.world, PipelineOptions{1});
+  TpShard t(model, Pipeline::max_rows_for(PipelineOptions{1}, specs));
+  Pipeline pipeline(t.stage, t.mesh, *t.groups.world, PipelineOptions{1});
   std::vector<std::vector<int>> gathered, not_gathered;
   int null_logits = 0;
   for (const auto& o : pipeline.run(specs, {}, true)) gathered.push_back(o.ids);
