@@ -60,7 +60,7 @@ kernels::cpu::WeightDtype parse_weights_dtype_flag(const std::string& text) {
 std::optional<kernels::cpu::KvDtype> parse_kv_dtype_flag(const std::string& text) {
   if (text == "auto") return std::nullopt;
   if (auto dtype = kernels::cpu::parse_kv_dtype(text)) return *dtype;
-  throw ConfigError(fmt::format("unknown --kv-dtype '{}' (use auto, fp32 or fp16)", text));
+  throw ConfigError(fmt::format("unknown --kv-dtype '{}' (use auto, fp32, fp16 or int8)", text));
 }
 
 void apply_isa_flag(const std::string& text) {

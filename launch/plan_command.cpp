@@ -161,8 +161,8 @@ int plan_command(const std::vector<std::string>& args) {
   const std::optional<kernels::cpu::WeightDtype> weight_dtype = kernels::cpu::parse_weight_dtype(dtype);
   if (!weight_dtype) throw ConfigError(fmt::format("shardline plan: --dtype '{}' is not fp32, bf16 or int8", dtype));
   w.weight_bytes_per_param = kernels::cpu::typical_bytes_per_weight(*weight_dtype);
-  w.kv_bytes_per_value = static_cast<double>(
-      kernels::cpu::kv_value_bytes(runtime::resolve_kv_dtype(parse_kv_dtype_flag(kv_dtype), *weight_dtype, false)));
+  w.kv_bytes_per_value = kernels::cpu::kv_bytes_per_value(
+      runtime::resolve_kv_dtype(parse_kv_dtype_flag(kv_dtype), *weight_dtype, false), w.shape.head_size());
   if (objective == "latency") {
     w.objective = partition::Objective::kLatency;
   } else if (objective == "throughput") {

@@ -352,8 +352,8 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
       // The cache's dtype depends on the backend this rank will get (CUDA keeps fp32), which --device auto
       // decides by whether the rank sees a GPU: the same test as the backend choice below.
       const bool cuda = runtime::choose_backend(config->device, mpi.local_rank()).cuda;
-      request.kv_bytes_per_value = static_cast<double>(kernels::cpu::kv_value_bytes(
-          runtime::resolve_kv_dtype(config->engine.kv_dtype, config->engine.weights_dtype, cuda)));
+      request.kv_bytes_per_value = kernels::cpu::kv_bytes_per_value(
+          runtime::resolve_kv_dtype(config->engine.kv_dtype, config->engine.weights_dtype, cuda), shape->head_size());
       plan = runtime::plan_job(*world, request);
       RunConfig planned = *config;
       planned.tp = plan->tp;

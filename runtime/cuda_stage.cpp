@@ -92,7 +92,7 @@ class CudaStage final : public StageBackend {
 
   KvCache make_kv_cache(int n_positions) override {
     // Bookkeeping only: one float of one layer per position in the host id pool; rows live on the device.
-    return KvCache(*id_pool_, 1, 1, options_.stage.kv_block_tokens, n_positions > 0 ? n_positions : shape_.seq_len);
+    return KvCache(*id_pool_, 1, 1, 1, options_.stage.kv_block_tokens, n_positions > 0 ? n_positions : shape_.seq_len);
   }
   int kv_blocks_for(int n_positions) const override {
     return KvCache::blocks_for(n_positions, options_.stage.kv_block_tokens);
@@ -231,7 +231,7 @@ void CudaStage::make_kv_pool() {
     n_blocks = std::max(max_blocks_, std::min(kDefaultKvContexts * max_blocks_, fit));
   }
   id_pool_ = std::make_unique<memory::KvBlockPool>(
-      memory::KvBlockPoolOptions{KvCache::block_bytes(1, 1, bt), n_blocks, options_.stage.numa_node});
+      memory::KvBlockPoolOptions{KvCache::block_bytes(1, 1, 1, bt), n_blocks, options_.stage.numa_node});
   kv_pool_ = cuda::DeviceBuffer(static_cast<std::size_t>(n_blocks) * block_floats_ * sizeof(float));
 }
 

@@ -11,9 +11,11 @@ kernels::cpu::KvDtype resolve_kv_dtype(std::optional<kernels::cpu::KvDtype> requ
                                        kernels::cpu::WeightDtype weights, bool cuda) {
   using kernels::cpu::KvDtype;
   if (cuda) {
-    if (requested == KvDtype::kF16) {
-      throw ConfigError("--kv-dtype fp16 runs on the CPU only, and this rank's stage runs on its GPU (the CUDA "
-                        "backend keeps its KV cache in fp32); use --kv-dtype auto or fp32, or --device cpu");
+    if (requested && *requested != KvDtype::kF32) {
+      throw ConfigError(fmt::format("--kv-dtype {} runs on the CPU only, and this rank's stage runs on its GPU (the "
+                                    "CUDA backend keeps its KV cache in fp32); use --kv-dtype auto or fp32, or "
+                                    "--device cpu",
+                                    kernels::cpu::kv_dtype_name(*requested)));
     }
     return KvDtype::kF32;
   }
@@ -24,18 +26,21 @@ kernels::cpu::KvDtype resolve_kv_dtype(std::optional<kernels::cpu::KvDtype> requ
   return weights == kernels::cpu::WeightDtype::kF32 || !reads_half_fast ? KvDtype::kF32 : KvDtype::kF16;
 }
 
-KvCache::KvCache(memory::KvBlockPool& pool, int n_layers, int kv_dim, int block_tokens, int max_positions,
-                 kernels::cpu::KvDtype dtype)
+KvCache::KvCache(memory::KvBlockPool& pool, int n_layers, int kv_dim, int head_size, int block_tokens,
+                 int max_positions, kernels::cpu::KvDtype dtype)
     : pool_(&pool),
       n_layers_(n_layers),
       kv_dim_(kv_dim),
+      head_size_(head_size),
+      row_bytes_(head_size >= 1 ? kernels::cpu::kv_row_bytes(dtype, kv_dim, head_size) : 0),
       block_tokens_(block_tokens),
       max_positions_(max_positions),
       max_blocks_(blocks_for(max_positions, block_tokens)),
       dtype_(dtype) {
-  SL_CHECK(n_layers >= 1 && kv_dim >= 1 && block_tokens >= 1 && max_positions >= 1);
-  SL_CHECK_MSG(pool.block_bytes() >= block_bytes(n_layers, kv_dim, block_tokens, dtype),
-               "pool blocks of {} bytes, need {}", pool.block_bytes(), block_bytes(n_layers, kv_dim, block_tokens, dtype));
+  SL_CHECK(n_layers >= 1 && kv_dim >= 1 && head_size >= 1 && kv_dim % head_size == 0 && block_tokens >= 1 &&
+           max_positions >= 1);
+  const std::size_t needed = block_bytes(n_layers, kv_dim, head_size, block_tokens, dtype);
+  SL_CHECK_MSG(pool.block_bytes() >= needed, "pool blocks of {} bytes, need {}", pool.block_bytes(), needed);
   blocks_.reserve(static_cast<std::size_t>(max_blocks_));
   k_tables_.assign(static_cast<std::size_t>(n_layers) * max_blocks_, nullptr);
   v_tables_.assign(static_cast<std::size_t>(n_layers) * max_blocks_, nullptr);
@@ -47,6 +52,8 @@ KvCache& KvCache::operator=(KvCache&& other) noexcept {
     pool_ = std::exchange(other.pool_, nullptr);
     n_layers_ = other.n_layers_;
     kv_dim_ = other.kv_dim_;
+    head_size_ = other.head_size_;
+    row_bytes_ = other.row_bytes_;
     block_tokens_ = other.block_tokens_;
     max_positions_ = std::exchange(other.max_positions_, 0);
     max_blocks_ = std::exchange(other.max_blocks_, 0);
@@ -67,7 +74,7 @@ void KvCache::reserve_through(int pos) {
     const int b = static_cast<int>(blocks_.size());
     blocks_.push_back(id);  // within the reserved capacity: no allocation
     const std::byte* base = pool_->data(id);
-    const std::size_t part_bytes = static_cast<std::size_t>(block_tokens_) * kv_dim_ * kernels::cpu::kv_value_bytes(dtype_);
+    const std::size_t part_bytes = static_cast<std::size_t>(block_tokens_) * row_bytes_;
     for (int l = 0; l < n_layers_; ++l) {
       k_tables_[static_cast<std::size_t>(l) * max_blocks_ + b] = base + static_cast<std::size_t>(2 * l) * part_bytes;
       v_tables_[static_cast<std::size_t>(l) * max_blocks_ + b] = base + static_cast<std::size_t>(2 * l + 1) * part_bytes;

@@ -3,7 +3,8 @@
 //
 // Block layout, for block_tokens positions of every local layer:   (n_layers, 2, block_tokens, kv_dim)
 //   keys of layer l at offset (2l) * block_tokens * kv_dim, values at (2l + 1) * block_tokens * kv_dim,
-//   in values of the cache's dtype (fp32, or fp16: half the bytes; kernels/cpu/ops.h KvDtype).
+//   in rows of the cache's dtype (fp32; fp16, half the bytes; int8, each row's codes then one float scale
+//   per head: kernels/cpu/ops.h KvDtype, kv_row_bytes).
 // Position p is row p % block_tokens of block table[p / block_tokens].
 //
 // Blocks are taken as positions are reached (reserve_through) and returned to the pool when the cache is
@@ -24,15 +25,16 @@ namespace shardline::runtime {
 // The KV cache dtype a run gets: the requested one, else fp32 for fp32 weights (the reference arithmetic,
 // bit for bit) and fp16 for bf16 and int8 weights (their rounding dwarfs fp16's, and attention then streams
 // half the bytes) on the AVX-512 kernels (kernels/cpu/isa.h active_isa(); below them, fp32). The CUDA
-// backend keeps an fp32 cache: fp16 there is a ConfigError.
+// backend keeps an fp32 cache: fp16 or int8 there is a ConfigError.
 kernels::cpu::KvDtype resolve_kv_dtype(std::optional<kernels::cpu::KvDtype> requested,
                                        kernels::cpu::WeightDtype weights, bool cuda);
 
 class KvCache {
  public:
   KvCache() = default;
-  // Positions [0, max_positions) of one sequence; nothing is taken from the pool yet.
-  KvCache(memory::KvBlockPool& pool, int n_layers, int kv_dim, int block_tokens, int max_positions,
+  // Positions [0, max_positions) of one sequence, rows of kv_dim values (whole heads of head_size); nothing
+  // is taken from the pool yet.
+  KvCache(memory::KvBlockPool& pool, int n_layers, int kv_dim, int head_size, int block_tokens, int max_positions,
           kernels::cpu::KvDtype dtype = kernels::cpu::KvDtype::kF32);
   KvCache(KvCache&& other) noexcept { *this = std::move(other); }
   KvCache& operator=(KvCache&& other) noexcept;
@@ -41,9 +43,9 @@ class KvCache {
   ~KvCache() { release(); }
 
   // Bytes of one block for this shape: what the pool's blocks must hold.
-  static std::size_t block_bytes(int n_layers, int kv_dim, int block_tokens,
+  static std::size_t block_bytes(int n_layers, int kv_dim, int head_size, int block_tokens,
                                  kernels::cpu::KvDtype dtype = kernels::cpu::KvDtype::kF32) {
-    return static_cast<std::size_t>(n_layers) * 2 * block_tokens * kv_dim * kernels::cpu::kv_value_bytes(dtype);
+    return static_cast<std::size_t>(n_layers) * 2 * block_tokens * kernels::cpu::kv_row_bytes(dtype, kv_dim, head_size);
   }
   static int blocks_for(int positions, int block_tokens) { return (positions + block_tokens - 1) / block_tokens; }
 
@@ -51,16 +53,17 @@ class KvCache {
   // is exhausted (the cache keeps the blocks it has).
   void reserve_through(int pos);
 
-  // One position's row, (kv_dim) values of kv_dtype(); pos must be reserved.
+  // One position's row, kv_dim values of kv_dtype() (kv_row_bytes); pos must be reserved.
   void* key_row(int layer, int pos) { return row(layer, 0, pos); }
   void* value_row(int layer, int pos) { return row(layer, 1, pos); }
-  // Block base pointers of one layer, for attention_paged: (blocks_held) pointers to (block_tokens, kv_dim)
-  // values of kv_dtype().
+  // Block base pointers of one layer, for attention_paged: (blocks_held) pointers to block_tokens rows of
+  // kv_dim values of kv_dtype().
   const void* const* key_blocks(int layer) const { return k_tables_.data() + static_cast<std::size_t>(layer) * max_blocks_; }
   const void* const* value_blocks(int layer) const { return v_tables_.data() + static_cast<std::size_t>(layer) * max_blocks_; }
 
   kernels::cpu::KvDtype kv_dtype() const { return dtype_; }
   int kv_dim() const { return kv_dim_; }
+  int head_size() const { return head_size_; }
   int seq_len() const { return max_positions_; }  // positions this cache may hold
   int block_tokens() const { return block_tokens_; }
   int blocks_held() const { return static_cast<int>(blocks_.size()); }
@@ -70,14 +73,15 @@ class KvCache {
  private:
   void* row(int layer, int kind, int pos) {
     std::byte* block = pool_->data(blocks_[pos / block_tokens_]);
-    return block + (static_cast<std::size_t>(2 * layer + kind) * block_tokens_ + pos % block_tokens_) * kv_dim_ *
-                       kernels::cpu::kv_value_bytes(dtype_);
+    return block + (static_cast<std::size_t>(2 * layer + kind) * block_tokens_ + pos % block_tokens_) * row_bytes_;
   }
   void release();
 
   memory::KvBlockPool* pool_ = nullptr;
   int n_layers_ = 0;
   int kv_dim_ = 0;
+  int head_size_ = 1;
+  std::size_t row_bytes_ = 0;  // kv_row_bytes(dtype_, kv_dim_, head_size_)
   int block_tokens_ = 1;
   int max_positions_ = 0;
   int max_blocks_ = 0;

@@ -38,8 +38,10 @@ class Roofline {
     local_.weight_bytes = 0;
     for (const auto& region : regions_) local_.weight_bytes += static_cast<double>(region.bytes);
     const auto& shard = engine.weights().shard();
-    local_.kv_bytes_per_pos = 2.0 * static_cast<double>(kernels::cpu::kv_value_bytes(engine.kv_dtype())) *
-                              engine.weights().n_local_layers() * shard.kv_heads.size() * engine.shape().head_size();
+    const int hs = engine.shape().head_size();
+    local_.kv_bytes_per_pos = 2.0 * engine.weights().n_local_layers() *
+                              static_cast<double>(kernels::cpu::kv_row_bytes(
+                                  engine.kv_dtype(), static_cast<int>(shard.kv_heads.size()) * hs, hs));
   }
 
   // Probes every stage in turn (its ranks at once) and shares every rank's traffic with every rank.

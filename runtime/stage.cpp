@@ -27,7 +27,7 @@ Stage::Stage(const ShardWeights& weights, comm::Communicator& tp_comm, const Sta
   const int n_layers = weights.n_local_layers();
   const int kv_blocks = options.kv_blocks > 0 ? options.kv_blocks : kDefaultKvContexts * kv_blocks_for(s.seq_len);
   kv_pool_ = std::make_unique<memory::KvBlockPool>(memory::KvBlockPoolOptions{
-      KvCache::block_bytes(n_layers, kv_dim_, options.kv_block_tokens, options.kv_dtype), kv_blocks, options.numa_node,
+      KvCache::block_bytes(n_layers, kv_dim_, s.head_size(), options.kv_block_tokens, options.kv_dtype), kv_blocks, options.numa_node,
       /*transparent_huge_pages=*/true});
   scores_ = arena_->allocate_array<float>(static_cast<std::size_t>(shard.heads.size()) * s.seq_len *
                                           cpu::num_threads());
@@ -72,7 +72,7 @@ void Stage::reserve_rows(int max_rows) {
 
 KvCache Stage::make_kv_cache(int n_positions) {
   SL_CHECK(n_positions >= 0 && n_positions <= shape().seq_len);
-  return KvCache(*kv_pool_, weights_.n_local_layers(), kv_dim_, options_.kv_block_tokens,
+  return KvCache(*kv_pool_, weights_.n_local_layers(), kv_dim_, shape().head_size(), options_.kv_block_tokens,
                  n_positions > 0 ? n_positions : shape().seq_len, options_.kv_dtype);
 }
 
@@ -127,9 +127,9 @@ void Stage::attention_block(const LayerWeights& w, float* x, const Row* rows, in
     cpu::rope_rotate(qt, n_local_heads, hs, angles);
     cpu::rope_rotate(kt, n_local_kv, hs, angles);
     KvCache& cache = *rows[t].cache;
-    cpu::store_kv_row(cache.key_row(local_layer, pos), kt, kv_dim_, cache.kv_dtype());
+    cpu::store_kv_row(cache.key_row(local_layer, pos), kt, kv_dim_, hs, cache.kv_dtype());
     cpu::store_kv_row(cache.value_row(local_layer, pos), v_.data() + static_cast<std::size_t>(t) * kv_dim_, kv_dim_,
-                      cache.kv_dtype());
+                      hs, cache.kv_dtype());
   });
   const std::size_t scores_per_thread = static_cast<std::size_t>(n_local_heads) * s.seq_len;
   if (scores_.size() < scores_per_thread * cpu::num_threads()) {

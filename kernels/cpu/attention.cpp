@@ -9,29 +9,47 @@
 
 namespace shardline::kernels::cpu {
 
-const char* kv_dtype_name(KvDtype dtype) { return dtype == KvDtype::kF16 ? "fp16" : "fp32"; }
+const char* kv_dtype_name(KvDtype dtype) {
+  switch (dtype) {
+    case KvDtype::kF16: return "fp16";
+    case KvDtype::kInt8: return "int8";
+    default: return "fp32";
+  }
+}
 
 std::optional<KvDtype> parse_kv_dtype(std::string_view name) {
   if (name == "fp32") return KvDtype::kF32;
   if (name == "fp16") return KvDtype::kF16;
+  if (name == "int8") return KvDtype::kInt8;
   return std::nullopt;
 }
 
-std::size_t kv_value_bytes(KvDtype dtype) { return dtype == KvDtype::kF16 ? 2 : 4; }
-
-void store_kv_row(void* dst, const float* x, int n, KvDtype dtype) {
-  if (dtype == KvDtype::kF16) {
-    row::active_row_kernels().to_half(x, n, static_cast<std::uint16_t*>(dst));
-  } else {
-    std::memcpy(dst, x, sizeof(float) * static_cast<std::size_t>(n));
+std::size_t kv_row_bytes(KvDtype dtype, int n, int head_size) {
+  const auto values = static_cast<std::size_t>(n);
+  switch (dtype) {
+    case KvDtype::kF16: return 2 * values;
+    case KvDtype::kInt8: return values + sizeof(float) * static_cast<std::size_t>(n / head_size);
+    default: return 4 * values;
   }
 }
 
-void load_kv_row(float* x, const void* src, int n, KvDtype dtype) {
-  if (dtype == KvDtype::kF16) {
-    row::active_row_kernels().from_half(static_cast<const std::uint16_t*>(src), n, x);
-  } else {
-    std::memcpy(x, src, sizeof(float) * static_cast<std::size_t>(n));
+double kv_bytes_per_value(KvDtype dtype, int head_size) {
+  return static_cast<double>(kv_row_bytes(dtype, head_size, head_size)) / head_size;
+}
+
+void store_kv_row(void* dst, const float* x, int n, int head_size, KvDtype dtype) {
+  switch (dtype) {
+    case KvDtype::kF16: row::active_row_kernels().to_half(x, n, static_cast<std::uint16_t*>(dst)); break;
+    case KvDtype::kInt8: row::active_row_kernels().to_int8_kv(x, n, head_size, dst); break;
+    default: std::memcpy(dst, x, sizeof(float) * static_cast<std::size_t>(n)); break;
+  }
+}
+
+void load_kv_row(float* x, const void* src, int n, int head_size, KvDtype dtype) {
+  switch (dtype) {
+    case KvDtype::kF16: row::active_row_kernels().from_half(static_cast<const std::uint16_t*>(src), n, x); break;
+    case KvDtype::kInt8: row::active_row_kernels().from_int8_kv(src, n, head_size, x); break;
+    default: std::memcpy(x, src, sizeof(float) * static_cast<std::size_t>(n)); break;
   }
 }
 
@@ -42,7 +60,9 @@ void attention_paged(float* out, const float* q, const void* const* k_blocks, co
                                  q,
                                  k_blocks,
                                  v_blocks,
-                                 dtype == KvDtype::kF16,
+                                 dtype == KvDtype::kF16    ? row::CachedAs::kF16
+                                 : dtype == KvDtype::kInt8 ? row::CachedAs::kInt8
+                                                           : row::CachedAs::kF32,
                                  block_tokens,
                                  scratch,
                                  n_ctx,

@@ -53,20 +53,27 @@ void swiglu(float* h1, const float* h3, int size);
 // y += x, elementwise over size values.
 void add_inplace(float* y, const float* x, int size);
 
-// The element of a KV cache's rows: fp32, or fp16 (IEEE binary16, rounded to nearest even when stored).
-// fp16 halves the bytes attention streams per position; its relative rounding error is at most 2^-11 for
-// |x| >= 2^-14 (below, an absolute 2^-25), and values from 65520 on round to infinity (the largest half is
-// 65504) (the run's --kv-dtype; see docs/kv-cache.md).
-enum class KvDtype { kF32, kF16 };
-// "fp32", "fp16": what --kv-dtype takes.
+// The element of a KV cache's rows: fp32; fp16 (IEEE binary16, rounded to nearest even when stored), which
+// halves the bytes attention streams per position, with a relative rounding error of at most 2^-11 for
+// |x| >= 2^-14 (below, an absolute 2^-25), and values from 65520 on rounding to infinity (the largest half
+// is 65504); or int8, a quarter of fp32's bytes plus a float per head: each head's values of a row as codes
+// round(x * 127 / max|x|) with the scale max|x| / 127 (an absolute error of at most half a scale, max|x| /
+// 254, per value) (the run's --kv-dtype; see docs/kv-cache.md).
+enum class KvDtype { kF32, kF16, kInt8 };
+// "fp32", "fp16", "int8": what --kv-dtype takes.
 const char* kv_dtype_name(KvDtype dtype);
 std::optional<KvDtype> parse_kv_dtype(std::string_view name);
-std::size_t kv_value_bytes(KvDtype dtype);
+// Bytes of one cache row of n values (n / head_size whole heads): n values of fp32 or fp16, or n int8 codes
+// followed by n / head_size float scales (unaligned).
+std::size_t kv_row_bytes(KvDtype dtype, int n, int head_size);
+// The same per value, for cost models: kv_row_bytes(dtype, head_size, head_size) / head_size.
+double kv_bytes_per_value(KvDtype dtype, int head_size);
 
-// Stores n floats as one cache row of dtype (dst: n values of it). The same bits on every ISA.
-void store_kv_row(void* dst, const float* x, int n, KvDtype dtype);
-// Reads n values of a cache row of dtype back as floats (exact).
-void load_kv_row(float* x, const void* src, int n, KvDtype dtype);
+// Stores n floats (n / head_size heads) as one cache row of dtype (dst: kv_row_bytes of it). The same bits
+// on every ISA.
+void store_kv_row(void* dst, const float* x, int n, int head_size, KvDtype dtype);
+// Reads a cache row of dtype back as n floats: fp32 and fp16 exactly, int8 as code * its head's scale.
+void load_kv_row(float* x, const void* src, int n, int head_size, KvDtype dtype);
 
 // Causal grouped-query attention for one query token over n_ctx cached positions.
 //   out: (n_heads, head_size)    q: (n_heads, head_size)
@@ -79,9 +86,12 @@ void attention(float* out, const float* q, const float* k_cache, const float* v_
 // kv_stride (values alike), so a sequence's positions may live in blocks anywhere in memory.
 //   k_blocks, v_blocks: (ceil(n_ctx / block_tokens)) pointers to (block_tokens, kv_stride) blocks.
 // Same arithmetic in the same order as the contiguous form: both give bit-identical results.
-// The blocks hold values of dtype (kv_stride counts values): an fp16 cache's are converted to fp32 exactly as
-// they are read, and the arithmetic is the fp32 cache's, so attention over fp16 rows equals fp32 attention
-// over those rows' rounded values, bit for bit.
+// The blocks hold rows of dtype (kv_stride counts values; a row takes kv_row_bytes(dtype, kv_stride,
+// head_size)): an fp16 cache's values are converted to fp32 exactly as they are read, and the arithmetic
+// is the fp32 cache's, so attention over fp16 rows equals fp32 attention over those rows' rounded values,
+// bit for bit. An int8 cache's codes are converted exactly too; a head's score is its dot product with the
+// codes times the key row's scale, and a position's softmax weight is multiplied by the value row's scale
+// before the weighted sum (one multiply per head and position, not per value). Every ISA gives the same bits.
 void attention_paged(float* out, const float* q, const void* const* k_blocks, const void* const* v_blocks,
                      KvDtype dtype, int block_tokens, float* scratch, int n_ctx, int n_heads, int n_kv_heads,
                      int head_size, int kv_stride);

@@ -34,15 +34,26 @@ using ToHalfRow = void (*)(const float* x, int n, std::uint16_t* h);
 // n binary16 values as floats (exact), as VCVTPH2PS does: how the attention kernels read an fp16 cache.
 using FromHalfRow = void (*)(const std::uint16_t* h, int n, float* x);
 
+// n floats (n / head_size heads) as one int8 cache row: per head, scale = max|x| / 127 and code =
+// round(x * (127 / max|x|)) (to nearest even, clamped to +-127; quantize_int8_row's arithmetic), the n codes
+// first, then the n / head_size scales as floats, unaligned (kv_row_bytes in ops.h).
+using ToInt8KvRow = void (*)(const float* x, int n, int head_size, void* row);
+// An int8 cache row back as floats: code * its head's scale.
+using FromInt8KvRow = void (*)(const void* row, int n, int head_size, float* x);
+
+// What a cache row holds (ops.h KvDtype).
+enum class CachedAs { kF32, kF16, kInt8 };
+
 // Attention of one query token for heads [h0, h1) over n_ctx positions of a paged cache (the arguments of
 // attention_paged in ops.h, plus group = query heads per kv head and inv_sqrt = 1 / sqrt(head_size)).
-// The blocks hold floats, or binary16 bits (std::uint16_t) when half_cache is set.
+// The blocks hold rows of floats, binary16 bits (std::uint16_t) or int8 codes with their heads' scales
+// (ToInt8KvRow), as `cached` says; kv_stride counts the values of a row.
 struct AttentionHeads {
   float* out;
   const float* q;
   const void* const* k_blocks;
   const void* const* v_blocks;
-  bool half_cache;
+  CachedAs cached;
   int block_tokens;
   float* scratch;
   int n_ctx;
@@ -71,6 +82,8 @@ struct RowKernels {
   RopeRotate rope_rotate = nullptr;
   ToHalfRow to_half = nullptr;
   FromHalfRow from_half = nullptr;
+  ToInt8KvRow to_int8_kv = nullptr;
+  FromInt8KvRow from_int8_kv = nullptr;
   Softmax softmax = nullptr;
   SiluMul silu_mul = nullptr;
   Argmax argmax = nullptr;

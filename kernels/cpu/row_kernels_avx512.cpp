@@ -24,6 +24,10 @@ inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 load16(const std::uint16_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
+// An int8 cache's codes, sign-extended and converted (exact, as cached_value()).
+inline __m512 load16(const std::int8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
 
 template <typename T>
 float dot16(const float* q, const T* k, int n) {
@@ -133,14 +137,15 @@ constexpr int kValueRegisters = 4;  // 64 floats of a head's output per pass ove
 template <typename T>
 void attention_heads_avx512_of(const AttentionHeads& a, int h0, int h1) {
   const int hs = a.head_size;
+  const int stride = row_stride(static_cast<const T*>(nullptr), a.kv_stride, hs);
   attention_heads_with<T>(a, h0, h1, dot16<T>, softmax_avx512, [&](float* out, const float* weights, int h) {
     const int offset = (h / a.group) * hs;
     for (int i0 = 0; i0 < hs; i0 += 16 * kValueRegisters) {
       const int n_regs = (hs - i0) / 16 < kValueRegisters ? (hs - i0) / 16 : kValueRegisters;
       __m512 acc[kValueRegisters] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
                                      _mm512_setzero_ps()};
-      for_each_cached_row<T>(a.v_blocks, a.block_tokens, a.n_ctx, a.kv_stride, [&](int t, const T* v_row) {
-        const __m512 weight = _mm512_set1_ps(weights[t]);
+      for_each_cached_row<T>(a.v_blocks, a.block_tokens, a.n_ctx, stride, [&](int t, const T* v_row) {
+        const __m512 weight = _mm512_set1_ps(scaled_by_row(weights[t], v_row, a.kv_stride, h / a.group));
         const T* v = v_row + offset + i0;
         for (int j = 0; j < n_regs; ++j) {
           acc[j] = _mm512_add_ps(acc[j], _mm512_mul_ps(weight, load16(v + 16 * j)));
@@ -154,10 +159,37 @@ void attention_heads_avx512_of(const AttentionHeads& a, int h0, int h1) {
 void attention_heads_avx512(const AttentionHeads& a, int h0, int h1) {
   if (a.head_size % 16 != 0) {
     attention_heads(a, h0, h1);
-  } else if (a.half_cache) {
-    attention_heads_avx512_of<std::uint16_t>(a, h0, h1);
-  } else {
-    attention_heads_avx512_of<float>(a, h0, h1);
+    return;
+  }
+  switch (a.cached) {
+    case CachedAs::kF16: attention_heads_avx512_of<std::uint16_t>(a, h0, h1); break;
+    case CachedAs::kInt8: attention_heads_avx512_of<std::int8_t>(a, h0, h1); break;
+    default: attention_heads_avx512_of<float>(a, h0, h1); break;
+  }
+}
+
+// to_int8_kv_row() 16 values at a time for heads of a multiple of 16 (others take the generic loop): the
+// head's max |x| is exact in any order, the codes are the generic expressions (quantize_int8_row_avx512's).
+void to_int8_kv_row_avx512(const float* x, int n, int head_size, void* row) {
+  if (head_size % 16 != 0) {
+    to_int8_kv_row(x, n, head_size, row);
+    return;
+  }
+  std::int8_t* codes = static_cast<std::int8_t*>(row);
+  const __m512 shift = _mm512_set1_ps(kRoundShift);
+  const __m512 lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
+  const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+  for (int h = 0, j0 = 0; j0 < n; ++h, j0 += head_size) {
+    __m512 amax = _mm512_setzero_ps();
+    for (int i = 0; i < head_size; i += 16) amax = _mm512_max_ps(amax, _mm512_and_ps(_mm512_loadu_ps(x + j0 + i), abs_mask));
+    const float head_max = _mm512_reduce_max_ps(amax);
+    const __m512 inv = _mm512_set1_ps(head_max > 0.0f ? 127.0f / head_max : 0.0f);
+    for (int i = 0; i < head_size; i += 16) {
+      __m512 c = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(x + j0 + i), inv), shift), shift);
+      c = _mm512_min_ps(_mm512_max_ps(c, lo), hi);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + j0 + i), _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(c)));
+    }
+    set_int8_row_scale(codes, n, h, head_max / 127.0f);
   }
 }
 
@@ -233,6 +265,7 @@ RowKernels avx512_row_kernels() {
   kernels.rope_rotate = rope_rotate_avx512;
   kernels.to_half = to_half_row_avx512;
   kernels.from_half = from_half_row_avx512;
+  kernels.to_int8_kv = to_int8_kv_row_avx512;
   kernels.softmax = softmax_avx512;
   kernels.silu_mul = silu_mul_avx512;
   kernels.argmax = argmax_avx512;

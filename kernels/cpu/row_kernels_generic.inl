@@ -175,11 +175,67 @@ void silu_mul(float* h, const float* u, int n) {
   }
 }
 
-// A cached value as a float: T is float, or std::uint16_t for an fp16 cache's binary16 bits.
+// An int8 cache row's scale for one head: the floats after the row's n codes (unaligned: a row of n codes
+// need not end on a multiple of 4 bytes).
+inline float int8_row_scale(const std::int8_t* row, int n, int head) {
+  float scale;
+  __builtin_memcpy(&scale, row + n + 4 * head, sizeof scale);
+  return scale;
+}
+inline void set_int8_row_scale(std::int8_t* row, int n, int head, float scale) {
+  __builtin_memcpy(row + n + 4 * head, &scale, sizeof scale);
+}
+
+// One int8 cache row (ToInt8KvRow): each head's codes as quantize_int8_row() computes a group's, its max |x|
+// from 16 lane maxima (exact in any order).
+void to_int8_kv_row(const float* x, int n, int head_size, void* row) {
+  std::int8_t* codes = static_cast<std::int8_t*>(row);
+  for (int h = 0, j0 = 0; j0 < n; ++h, j0 += head_size) {
+    float m[kLanes] = {};
+    for (int i = 0; i < head_size; ++i) m[i % kLanes] = max_of(m[i % kLanes], __builtin_fabsf(x[j0 + i]));
+    for (int width = kLanes / 2; width > 0; width /= 2) {
+      for (int l = 0; l < width; ++l) m[l] = max_of(m[l], m[l + width]);
+    }
+    const float amax = m[0];
+    const float inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
+    for (int i = 0; i < head_size; ++i) {
+      float c = round_to_nearest_even(x[j0 + i] * inverse);
+      c = c >= -127.0f ? (c <= 127.0f ? c : 127.0f) : -127.0f;  // a NaN (from a non-finite x) becomes -127
+      codes[j0 + i] = static_cast<std::int8_t>(static_cast<std::int32_t>(c));
+    }
+    set_int8_row_scale(codes, n, h, amax / 127.0f);
+  }
+}
+
+void from_int8_kv_row(const void* row, int n, int head_size, float* x) {
+  const std::int8_t* codes = static_cast<const std::int8_t*>(row);
+  for (int h = 0, j0 = 0; j0 < n; ++h, j0 += head_size) {
+    const float scale = int8_row_scale(codes, n, h);
+    for (int i = 0; i < head_size; ++i) x[j0 + i] = static_cast<float>(codes[j0 + i]) * scale;
+  }
+}
+
+// A cached value as a float: T is float, std::uint16_t for an fp16 cache's binary16 bits, or std::int8_t
+// for an int8 cache's code (its head's scale is applied once per dot product or position, below).
 inline float cached_value(const float* p) { return *p; }
 inline float cached_value(const std::uint16_t* p) { return from_half(*p); }
+inline float cached_value(const std::int8_t* p) { return static_cast<float>(*p); }
 
-// Position t's row of a paged cache (a key or a value block list) of T.
+// A row's length in T: kv_stride values, and for int8 the scales of its kv_stride / head_size heads.
+inline int row_stride(const float*, int kv_stride, int) { return kv_stride; }
+inline int row_stride(const std::uint16_t*, int kv_stride, int) { return kv_stride; }
+inline int row_stride(const std::int8_t*, int kv_stride, int head_size) { return kv_stride + 4 * (kv_stride / head_size); }
+
+// What a head's dot product with a cached key, or a position's softmax weight, is multiplied by to use the
+// row's values: nothing for fp32 and fp16 rows, the head's scale for int8 ones (one multiply per position
+// and head instead of one per value).
+inline float scaled_by_row(float v, const float*, int, int) { return v; }
+inline float scaled_by_row(float v, const std::uint16_t*, int, int) { return v; }
+inline float scaled_by_row(float v, const std::int8_t* row, int kv_stride, int kv_head) {
+  return v * int8_row_scale(row, kv_stride, kv_head);
+}
+
+// Position t's row of a paged cache (a key or a value block list) of T; stride in T (row_stride()).
 template <typename T>
 inline const T* cached_row(const void* const* blocks, int block_tokens, int t, int stride) {
   return static_cast<const T*>(blocks[t / block_tokens]) + static_cast<std::size_t>(t % block_tokens) * stride;
@@ -223,20 +279,27 @@ constexpr int kAttentionPrefetchRows = 4;
 template <typename T, typename Dot, typename Softmax, typename Values>
 void attention_heads_with(const AttentionHeads& a, int h0, int h1, Dot&& dot, Softmax&& softmax, Values&& values) {
   const int n_ctx = a.n_ctx, hs = a.head_size;
-  const int span_begin = (h0 / a.group) * hs;
-  const int span_bytes = (((h1 - 1) / a.group + 1) * hs - span_begin) * static_cast<int>(sizeof(T));
+  const int stride = row_stride(static_cast<const T*>(nullptr), a.kv_stride, hs);
+  const int kv_h0 = h0 / a.group, kv_h1 = (h1 - 1) / a.group + 1;
+  const int span_begin = kv_h0 * hs;
+  const int span_bytes = (kv_h1 * hs - span_begin) * static_cast<int>(sizeof(T));
+  // An int8 row's scales follow its codes.
+  const int scales_begin = stride == a.kv_stride ? 0 : a.kv_stride + 4 * kv_h0, scales_bytes = 4 * (kv_h1 - kv_h0);
+  auto prefetch_row = [&](const T* row) {
+    prefetch_bytes(row + span_begin, span_bytes);
+    if (scales_begin > 0) prefetch_bytes(row + scales_begin, scales_bytes);
+  };
   for (int t = 0; t < kAttentionPrefetchRows && t < n_ctx; ++t) {
-    prefetch_bytes(cached_row<T>(a.k_blocks, a.block_tokens, t, a.kv_stride) + span_begin, span_bytes);
+    prefetch_row(cached_row<T>(a.k_blocks, a.block_tokens, t, stride));
   }
-  for_each_cached_row<T>(a.k_blocks, a.block_tokens, n_ctx, a.kv_stride, [&](int t, const T* k_row) {
+  for_each_cached_row<T>(a.k_blocks, a.block_tokens, n_ctx, stride, [&](int t, const T* k_row) {
     if (t + kAttentionPrefetchRows < n_ctx) {
-      prefetch_bytes(cached_row<T>(a.k_blocks, a.block_tokens, t + kAttentionPrefetchRows, a.kv_stride) + span_begin,
-                     span_bytes);
+      prefetch_row(cached_row<T>(a.k_blocks, a.block_tokens, t + kAttentionPrefetchRows, stride));
     }
-    prefetch_bytes(cached_row<T>(a.v_blocks, a.block_tokens, t, a.kv_stride) + span_begin, span_bytes);
+    prefetch_row(cached_row<T>(a.v_blocks, a.block_tokens, t, stride));
     for (int h = h0; h < h1; ++h) {
-      a.scratch[static_cast<std::size_t>(h) * n_ctx + t] =
-          dot(a.q + static_cast<std::size_t>(h) * hs, k_row + (h / a.group) * hs, hs) * a.inv_sqrt;
+      const float score = dot(a.q + static_cast<std::size_t>(h) * hs, k_row + (h / a.group) * hs, hs);
+      a.scratch[static_cast<std::size_t>(h) * n_ctx + t] = scaled_by_row(score, k_row, a.kv_stride, h / a.group) * a.inv_sqrt;
     }
   });
   for (int h = h0; h < h1; ++h) {
@@ -265,19 +328,20 @@ void attention_heads_of(const AttentionHeads& a, int h0, int h1) {
   const int hs = a.head_size;
   attention_heads_with<T>(a, h0, h1, dot<T>, softmax_row, [&](float* out, const float* weights, int h) {
     for (int i = 0; i < hs; ++i) out[i] = 0.0f;
-    const int offset = (h / a.group) * hs;
-    for_each_cached_row<T>(a.v_blocks, a.block_tokens, a.n_ctx, a.kv_stride, [&](int t, const T* v_row) {
-      const float weight = weights[t];
+    const int kv_head = h / a.group, offset = kv_head * hs;
+    const int stride = row_stride(static_cast<const T*>(nullptr), a.kv_stride, hs);
+    for_each_cached_row<T>(a.v_blocks, a.block_tokens, a.n_ctx, stride, [&](int t, const T* v_row) {
+      const float weight = scaled_by_row(weights[t], v_row, a.kv_stride, kv_head);
       for (int i = 0; i < hs; ++i) out[i] += weight * cached_value(v_row + offset + i);
     });
   });
 }
 
 void attention_heads(const AttentionHeads& a, int h0, int h1) {
-  if (a.half_cache) {
-    attention_heads_of<std::uint16_t>(a, h0, h1);
-  } else {
-    attention_heads_of<float>(a, h0, h1);
+  switch (a.cached) {
+    case CachedAs::kF16: attention_heads_of<std::uint16_t>(a, h0, h1); break;
+    case CachedAs::kInt8: attention_heads_of<std::int8_t>(a, h0, h1); break;
+    default: attention_heads_of<float>(a, h0, h1); break;
   }
 }
 
@@ -331,6 +395,6 @@ int argmax_row(const float* x, int size) {
 }
 
 RowKernels row_kernels() {
-  return {quantize_int8_row, split_bf16_row, attention_heads, rope_rotate, to_half_row, from_half_row, softmax_row,
-          silu_mul, argmax_row};
+  return {quantize_int8_row, split_bf16_row, attention_heads, rope_rotate, to_half_row, from_half_row, to_int8_kv_row,
+          from_int8_kv_row, softmax_row, silu_mul, argmax_row};
 }

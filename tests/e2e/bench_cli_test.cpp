@@ -171,7 +171,7 @@ TEST_F(BenchCli, RunTakesKvDtype) {
   SHARDLINE_REQUIRE_MODEL_FILE(model_file("mini-gqa.bin"));
   const std::string base = shardline_binary() + " run --threads 1 --model " + model_file("mini-gqa.bin") +
                            " --tokenizer " + model_file("tokenizer.bin") + " --prompt A --steps 16 ";
-  for (const char* kv : {"auto", "fp32", "fp16"}) {
+  for (const char* kv : {"auto", "fp32", "fp16", "int8"}) {
     const ProcessResult r = run_process(base + "--json --kv-dtype " + kv, 60);
     ASSERT_EQ(r.exit_code, 0) << kv << "\n" << r.err;
     EXPECT_EQ(nlohmann::json::parse(r.out)["ids"].size(), 16u) << kv;
@@ -184,14 +184,20 @@ TEST_F(BenchCli, RunTakesKvDtype) {
   const ProcessResult verbose = run_process(base + "--kv-dtype fp16 -v", 60);
   ASSERT_EQ(verbose.exit_code, 0) << verbose.err;
   EXPECT_NE(verbose.err.find("tokens/block of fp16"), std::string::npos) << verbose.err;
+  const ProcessResult verbose_int8 = run_process(base + "--kv-dtype int8 -v", 60);
+  ASSERT_EQ(verbose_int8.exit_code, 0) << verbose_int8.err;
+  EXPECT_NE(verbose_int8.err.find("tokens/block of int8"), std::string::npos) << verbose_int8.err;
   const ProcessResult bad = run_process(base + "--kv-dtype fp8", 60);
   EXPECT_EQ(bad.exit_code, 2);
   EXPECT_EQ(std::count(bad.err.begin(), bad.err.end(), '\n'), 1) << bad.err;
-  EXPECT_NE(bad.err.find("unknown --kv-dtype 'fp8' (use auto, fp32 or fp16)"), std::string::npos) << bad.err;
+  EXPECT_NE(bad.err.find("unknown --kv-dtype 'fp8' (use auto, fp32, fp16 or int8)"), std::string::npos) << bad.err;
   // The CUDA backend keeps an fp32 cache: asking for fp16 there is refused while parsing.
   const ProcessResult cuda = run_process(base + "--device cuda --kv-dtype fp16", 60);
   EXPECT_EQ(cuda.exit_code, 2) << cuda.err;
   EXPECT_NE(cuda.err.find("--kv-dtype fp16 runs on the CPU only"), std::string::npos) << cuda.err;
+  const ProcessResult cuda_int8 = run_process(base + "--device cuda --kv-dtype int8", 60);
+  EXPECT_EQ(cuda_int8.exit_code, 2) << cuda_int8.err;
+  EXPECT_NE(cuda_int8.err.find("--kv-dtype int8 runs on the CPU only"), std::string::npos) << cuda_int8.err;
 }
 
 }  // namespace

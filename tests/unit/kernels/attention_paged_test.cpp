@@ -60,18 +60,21 @@ TEST(AttentionPaged, BitIdenticalToContiguousForEveryBlockSize) {
   }
 }
 
-// The cache as rows of dtype: fp32 as is, fp16 through store_kv_row (each ISA's own conversion, which must
-// agree too).
-std::vector<std::uint16_t> to_fp16(const std::vector<float>& x) {
-  std::vector<std::uint16_t> h(x.size());
-  store_kv_row(h.data(), x.data(), static_cast<int>(x.size()), KvDtype::kF16);
-  return h;
+// The cache as rows of dtype, one row per kv_stride values of x: fp32 as is, fp16 and int8 through
+// store_kv_row (each ISA's own conversion, which must agree too).
+std::vector<std::uint8_t> to_rows(const std::vector<float>& x, int kv_stride, int head_size, KvDtype dtype) {
+  const std::size_t row_bytes = kv_row_bytes(dtype, kv_stride, head_size), rows = x.size() / kv_stride;
+  std::vector<std::uint8_t> out(rows * row_bytes);
+  for (std::size_t r = 0; r < rows; ++r) {
+    store_kv_row(out.data() + r * row_bytes, x.data() + r * kv_stride, kv_stride, head_size, dtype);
+  }
+  return out;
 }
 
 // Attention is compiled for the baseline target and, with intrinsics, for AVX-512 (row_kernels.h); both
 // must give the same bits, with GQA, both thread counts, head sizes that are multiples of 16 (64; 80 and 128
 // pass the AVX-512 kernel's 64-float value registers) and one that is not (40: the generic code on both),
-// on a contiguous cache and on blocks of 7 and 16 positions, for fp32 and fp16 caches.
+// on a contiguous cache and on blocks of 7 and 16 positions, for fp32, fp16 and int8 caches.
 void expect_bit_identical_on_every_isa(int head_size, int block_tokens, KvDtype dtype, std::mt19937& rng) {
   SCOPED_TRACE(::testing::Message() << "head_size " << head_size << ", block_tokens " << block_tokens << ", "
                                     << kv_dtype_name(dtype));
@@ -79,26 +82,25 @@ void expect_bit_identical_on_every_isa(int head_size, int block_tokens, KvDtype 
   const std::vector<float> q = test::random_floats(rng, static_cast<std::size_t>(n_heads) * head_size);
   const std::vector<float> k = test::random_floats(rng, static_cast<std::size_t>(n_ctx) * kv_stride);
   const std::vector<float> v = test::random_floats(rng, static_cast<std::size_t>(n_ctx) * kv_stride);
-  std::vector<std::uint16_t> k16, v16;
+  std::vector<std::uint8_t> k_rows, v_rows;
   {
     test::ScopedIsa portable(Isa::kPortable);
-    k16 = to_fp16(k);
-    v16 = to_fp16(v);
+    k_rows = to_rows(k, kv_stride, head_size, dtype);
+    v_rows = to_rows(v, kv_stride, head_size, dtype);
   }
   for (Isa isa : test::runnable_isas()) {
     test::ScopedIsa scoped(isa);
-    EXPECT_TRUE(to_fp16(k) == k16 && to_fp16(v) == v16) << "fp16 rows differ on " << isa_name(isa);
+    EXPECT_TRUE(to_rows(k, kv_stride, head_size, dtype) == k_rows && to_rows(v, kv_stride, head_size, dtype) == v_rows)
+        << "stored rows differ on " << isa_name(isa);
   }
-  const std::size_t value_bytes = kv_value_bytes(dtype);
-  const char* k_base = dtype == KvDtype::kF16 ? static_cast<const char*>(static_cast<const void*>(k16.data()))
-                                              : static_cast<const char*>(static_cast<const void*>(k.data()));
-  const char* v_base = dtype == KvDtype::kF16 ? static_cast<const char*>(static_cast<const void*>(v16.data()))
-                                              : static_cast<const char*>(static_cast<const void*>(v.data()));
+  const std::size_t row_bytes = kv_row_bytes(dtype, kv_stride, head_size);
+  const auto* k_base = k_rows.data();
+  const auto* v_base = v_rows.data();
   // Blocks are consecutive slices of the same cache here: the block walk, not the placement, is under test.
   std::vector<const void*> k_blocks, v_blocks;
   for (int t0 = 0; t0 < n_ctx; t0 += block_tokens) {
-    k_blocks.push_back(k_base + static_cast<std::size_t>(t0) * kv_stride * value_bytes);
-    v_blocks.push_back(v_base + static_cast<std::size_t>(t0) * kv_stride * value_bytes);
+    k_blocks.push_back(k_base + static_cast<std::size_t>(t0) * row_bytes);
+    v_blocks.push_back(v_base + static_cast<std::size_t>(t0) * row_bytes);
   }
   std::vector<float> scratch(static_cast<std::size_t>(n_heads) * n_ctx);
   auto run = [&](std::vector<float>& out) {
@@ -123,7 +125,7 @@ void expect_bit_identical_on_every_isa(int head_size, int block_tokens, KvDtype 
 
 TEST(AttentionPaged, BitIdenticalOnEveryIsa) {
   std::mt19937 rng(8);
-  for (KvDtype dtype : {KvDtype::kF32, KvDtype::kF16}) {
+  for (KvDtype dtype : {KvDtype::kF32, KvDtype::kF16, KvDtype::kInt8}) {
     for (int head_size : {40, 64, 80, 128}) {
       for (int block_tokens : {7, 16, 130}) expect_bit_identical_on_every_isa(head_size, block_tokens, dtype, rng);
     }
@@ -139,10 +141,11 @@ TEST(AttentionPaged, Fp16CacheIsFp32AttentionOverTheRoundedRows) {
   const std::vector<float> q = test::random_floats(rng, static_cast<std::size_t>(n_heads) * head_size);
   const std::vector<float> k = test::random_floats(rng, static_cast<std::size_t>(n_ctx) * kv_stride);
   const std::vector<float> v = test::random_floats(rng, static_cast<std::size_t>(n_ctx) * kv_stride);
-  const std::vector<std::uint16_t> k16 = to_fp16(k), v16 = to_fp16(v);
+  const std::vector<std::uint8_t> k16 = to_rows(k, kv_stride, head_size, KvDtype::kF16);
+  const std::vector<std::uint8_t> v16 = to_rows(v, kv_stride, head_size, KvDtype::kF16);
   std::vector<float> k_rounded(k.size()), v_rounded(v.size());
-  load_kv_row(k_rounded.data(), k16.data(), static_cast<int>(k.size()), KvDtype::kF16);
-  load_kv_row(v_rounded.data(), v16.data(), static_cast<int>(v.size()), KvDtype::kF16);
+  load_kv_row(k_rounded.data(), k16.data(), static_cast<int>(k.size()), head_size, KvDtype::kF16);
+  load_kv_row(v_rounded.data(), v16.data(), static_cast<int>(v.size()), head_size, KvDtype::kF16);
   std::vector<float> scratch(static_cast<std::size_t>(n_heads) * n_ctx);
   std::vector<float> half(n_heads * head_size), rounded(n_heads * head_size), exact(n_heads * head_size);
   const void* k_block = k16.data();
@@ -161,6 +164,58 @@ TEST(AttentionPaged, Fp16CacheIsFp32AttentionOverTheRoundedRows) {
   }
   EXPECT_GT(worst, 0.0f);  // the rounding is real
   EXPECT_LT(worst, 8 * 0x1p-11f * scale);
+}
+
+// An int8 cache: attention over its rows is attention over the dequantized rows (code x scale) up to where
+// the scales are applied (once per score and per softmax weight instead of per value: a few float roundings,
+// checked against a double-precision computation over the dequantized values), and it stays within the
+// int8 rounding of attention over the original rows (each value within max|x| / 254 of its head).
+TEST(AttentionPaged, Int8CacheIsAttentionOverTheDequantizedRows) {
+  std::mt19937 rng(12);
+  const int n_heads = 8, n_kv_heads = 2, head_size = 64, kv_stride = n_kv_heads * head_size, n_ctx = 97;
+  const std::vector<float> q = test::random_floats(rng, static_cast<std::size_t>(n_heads) * head_size);
+  const std::vector<float> k = test::random_floats(rng, static_cast<std::size_t>(n_ctx) * kv_stride);
+  const std::vector<float> v = test::random_floats(rng, static_cast<std::size_t>(n_ctx) * kv_stride);
+  const std::vector<std::uint8_t> k8 = to_rows(k, kv_stride, head_size, KvDtype::kInt8);
+  const std::vector<std::uint8_t> v8 = to_rows(v, kv_stride, head_size, KvDtype::kInt8);
+  const std::size_t row_bytes = kv_row_bytes(KvDtype::kInt8, kv_stride, head_size);
+  std::vector<float> k_back(k.size()), v_back(v.size());
+  for (int t = 0; t < n_ctx; ++t) {
+    load_kv_row(k_back.data() + t * kv_stride, k8.data() + t * row_bytes, kv_stride, head_size, KvDtype::kInt8);
+    load_kv_row(v_back.data() + t * kv_stride, v8.data() + t * row_bytes, kv_stride, head_size, KvDtype::kInt8);
+  }
+  // Double-precision attention over the dequantized rows.
+  std::vector<double> want(static_cast<std::size_t>(n_heads) * head_size, 0.0);
+  for (int h = 0; h < n_heads; ++h) {
+    const int kv = h / (n_heads / n_kv_heads);
+    std::vector<double> score(n_ctx);
+    double max_score = -1e300, sum = 0;
+    for (int t = 0; t < n_ctx; ++t) {
+      double dot = 0;
+      for (int i = 0; i < head_size; ++i) dot += double(q[h * head_size + i]) * k_back[t * kv_stride + kv * head_size + i];
+      score[t] = dot / std::sqrt(double(head_size));
+      max_score = std::max(max_score, score[t]);
+    }
+    for (double& s : score) sum += (s = std::exp(s - max_score));
+    for (int t = 0; t < n_ctx; ++t) {
+      for (int i = 0; i < head_size; ++i) want[h * head_size + i] += score[t] / sum * v_back[t * kv_stride + kv * head_size + i];
+    }
+  }
+  std::vector<float> scratch(static_cast<std::size_t>(n_heads) * n_ctx), got(n_heads * head_size), exact(n_heads * head_size);
+  const void* k_block = k8.data();
+  const void* v_block = v8.data();
+  attention_paged(got.data(), q.data(), &k_block, &v_block, KvDtype::kInt8, n_ctx, scratch.data(), n_ctx, n_heads,
+                  n_kv_heads, head_size, kv_stride);
+  attention(exact.data(), q.data(), k.data(), v.data(), scratch.data(), n_ctx, n_heads, n_kv_heads, head_size, kv_stride);
+  float scale = 0, worst_float = 0, worst_int8 = 0;
+  for (std::size_t i = 0; i < exact.size(); ++i) {
+    scale = std::max(scale, std::abs(exact[i]));
+    worst_float = std::max(worst_float, static_cast<float>(std::abs(got[i] - want[i])));
+    worst_int8 = std::max(worst_int8, std::abs(got[i] - exact[i]));
+  }
+  EXPECT_LT(worst_float, 1e-5f * scale);  // float rounding only
+  EXPECT_GT(worst_int8, 1e-4f * scale);   // the int8 rounding is real
+  EXPECT_LT(worst_int8, 0.02f * scale);   // and as small as its half-scale steps make it
 }
 
 }  // namespace

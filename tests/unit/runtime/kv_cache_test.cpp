@@ -1,6 +1,8 @@
 // KvCache over a block pool: growth across blocks through the block table, rows landing where the
 // attention kernel's block pointers say, blocks returned on destruction and on move-assignment, and pool
 // exhaustion surfacing as ResourceError from reserve_through.
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 
 #include "kernels/cpu/isa.h"
@@ -14,11 +16,11 @@
 namespace shardline::runtime {
 namespace {
 
-constexpr int kLayers = 3, kKvDim = 8, kBlockTokens = 4;
+constexpr int kLayers = 3, kKvDim = 8, kHeadSize = 4, kBlockTokens = 4;  // two heads per row
 
 TEST(KvCache, GrowsBlockByBlockAndRowsMatchTheBlockTables) {
-  memory::KvBlockPool pool({KvCache::block_bytes(kLayers, kKvDim, kBlockTokens), 16});
-  KvCache cache(pool, kLayers, kKvDim, kBlockTokens, 30);
+  memory::KvBlockPool pool({KvCache::block_bytes(kLayers, kKvDim, kHeadSize, kBlockTokens), 16});
+  KvCache cache(pool, kLayers, kKvDim, kHeadSize, kBlockTokens, 30);
   EXPECT_EQ(cache.blocks_held(), 0);
   cache.reserve_through(0);
   EXPECT_EQ(cache.blocks_held(), 1);
@@ -51,14 +53,14 @@ TEST(KvCache, GrowsBlockByBlockAndRowsMatchTheBlockTables) {
 }
 
 TEST(KvCache, BlocksGoBackToThePool) {
-  memory::KvBlockPool pool({KvCache::block_bytes(kLayers, kKvDim, kBlockTokens), 6});
+  memory::KvBlockPool pool({KvCache::block_bytes(kLayers, kKvDim, kHeadSize, kBlockTokens), 6});
   {
-    KvCache a(pool, kLayers, kKvDim, kBlockTokens, 12);
+    KvCache a(pool, kLayers, kKvDim, kHeadSize, kBlockTokens, 12);
     a.reserve_through(11);
     EXPECT_EQ(pool.used_blocks(), 3);
     KvCache b = std::move(a);  // ownership moves; nothing is released twice
     EXPECT_EQ(pool.used_blocks(), 3);
-    KvCache c(pool, kLayers, kKvDim, kBlockTokens, 8);
+    KvCache c(pool, kLayers, kKvDim, kHeadSize, kBlockTokens, 8);
     c.reserve_through(7);
     EXPECT_EQ(pool.used_blocks(), 5);
     c = std::move(b);  // c's own blocks are released, b's move in
@@ -68,9 +70,60 @@ TEST(KvCache, BlocksGoBackToThePool) {
   EXPECT_EQ(pool.committed_blocks(), 5);
 }
 
+// An int8 cache: each row is its kKvDim codes then one float scale per head (kv_row_bytes), rows follow
+// each other at that stride inside their block, and a row stored through the kernels reads back through
+// attention's block pointers within half a scale of what was stored.
+TEST(KvCache, Int8RowsAreCodesThenAScalePerHead) {
+  using kernels::cpu::KvDtype;
+  const std::size_t row_bytes = kKvDim + 4 * (kKvDim / kHeadSize);
+  ASSERT_EQ(kernels::cpu::kv_row_bytes(KvDtype::kInt8, kKvDim, kHeadSize), row_bytes);
+  EXPECT_EQ(KvCache::block_bytes(kLayers, kKvDim, kHeadSize, kBlockTokens, KvDtype::kInt8),
+            static_cast<std::size_t>(kLayers) * 2 * kBlockTokens * row_bytes);
+  memory::KvBlockPool pool({KvCache::block_bytes(kLayers, kKvDim, kHeadSize, kBlockTokens, KvDtype::kInt8), 8});
+  KvCache cache(pool, kLayers, kKvDim, kHeadSize, kBlockTokens, 12, KvDtype::kInt8);
+  EXPECT_EQ(cache.kv_dtype(), KvDtype::kInt8);
+  cache.reserve_through(11);
+  for (int l = 0; l < kLayers; ++l) {
+    for (int p = 0; p < 12; ++p) {
+      const std::byte* block = pool.data(cache.block_table()[p / kBlockTokens]);
+      const std::size_t key_at = (static_cast<std::size_t>(2 * l) * kBlockTokens + p % kBlockTokens) * row_bytes;
+      EXPECT_EQ(static_cast<std::byte*>(cache.key_row(l, p)), block + key_at);
+      EXPECT_EQ(static_cast<std::byte*>(cache.value_row(l, p)), block + key_at + kBlockTokens * row_bytes);
+    }
+  }
+  auto value = [](int l, int p, int i) { return 0.5f + 100.0f * l + 8.0f * p + i * (i % 2 ? -1.0f : 1.0f); };
+  float row[kKvDim];
+  for (int l = 0; l < kLayers; ++l) {
+    for (int p = 0; p < 12; ++p) {
+      for (int i = 0; i < kKvDim; ++i) row[i] = value(l, p, i);
+      kernels::cpu::store_kv_row(cache.key_row(l, p), row, kKvDim, kHeadSize, KvDtype::kInt8);
+      for (int i = 0; i < kKvDim; ++i) row[i] = -row[i];
+      kernels::cpu::store_kv_row(cache.value_row(l, p), row, kKvDim, kHeadSize, KvDtype::kInt8);
+    }
+  }
+  for (int l = 0; l < kLayers; ++l) {
+    for (int p = 0; p < 12; ++p) {
+      float k[kKvDim], v[kKvDim];
+      const auto* k_block = static_cast<const std::byte*>(cache.key_blocks(l)[p / kBlockTokens]);
+      const auto* v_block = static_cast<const std::byte*>(cache.value_blocks(l)[p / kBlockTokens]);
+      kernels::cpu::load_kv_row(k, k_block + (p % kBlockTokens) * row_bytes, kKvDim, kHeadSize, KvDtype::kInt8);
+      kernels::cpu::load_kv_row(v, v_block + (p % kBlockTokens) * row_bytes, kKvDim, kHeadSize, KvDtype::kInt8);
+      for (int h = 0; h < kKvDim / kHeadSize; ++h) {
+        float amax = 0;
+        for (int i = h * kHeadSize; i < (h + 1) * kHeadSize; ++i) amax = std::max(amax, std::abs(value(l, p, i)));
+        const float half_scale = amax / 127.0f / 2.0f * 1.0001f;
+        for (int i = h * kHeadSize; i < (h + 1) * kHeadSize; ++i) {
+          ASSERT_NEAR(k[i], value(l, p, i), half_scale) << "layer " << l << " pos " << p << " value " << i;
+          ASSERT_NEAR(v[i], -value(l, p, i), half_scale) << "layer " << l << " pos " << p << " value " << i;
+        }
+      }
+    }
+  }
+}
+
 TEST(KvCache, ExhaustionIsAResourceError) {
-  memory::KvBlockPool pool({KvCache::block_bytes(kLayers, kKvDim, kBlockTokens), 2});
-  KvCache cache(pool, kLayers, kKvDim, kBlockTokens, 40);
+  memory::KvBlockPool pool({KvCache::block_bytes(kLayers, kKvDim, kHeadSize, kBlockTokens), 2});
+  KvCache cache(pool, kLayers, kKvDim, kHeadSize, kBlockTokens, 40);
   cache.reserve_through(7);
   EXPECT_THROW(cache.reserve_through(8), ResourceError);
   EXPECT_EQ(cache.blocks_held(), 2);  // what it had stays valid
@@ -81,10 +134,10 @@ TEST(KvCache, ExhaustionIsAResourceError) {
 // kernels' conversion land where attention's block pointers read them.
 TEST(KvCache, Fp16RowsHaveHalfTheBytesAndTheSameLayout) {
   using kernels::cpu::KvDtype;
-  EXPECT_EQ(KvCache::block_bytes(kLayers, kKvDim, kBlockTokens, KvDtype::kF16) * 2,
-            KvCache::block_bytes(kLayers, kKvDim, kBlockTokens));
-  memory::KvBlockPool pool({KvCache::block_bytes(kLayers, kKvDim, kBlockTokens, KvDtype::kF16), 8});
-  KvCache cache(pool, kLayers, kKvDim, kBlockTokens, 12, KvDtype::kF16);
+  EXPECT_EQ(KvCache::block_bytes(kLayers, kKvDim, kHeadSize, kBlockTokens, KvDtype::kF16) * 2,
+            KvCache::block_bytes(kLayers, kKvDim, kHeadSize, kBlockTokens));
+  memory::KvBlockPool pool({KvCache::block_bytes(kLayers, kKvDim, kHeadSize, kBlockTokens, KvDtype::kF16), 8});
+  KvCache cache(pool, kLayers, kKvDim, kHeadSize, kBlockTokens, 12, KvDtype::kF16);
   EXPECT_EQ(cache.kv_dtype(), KvDtype::kF16);
   cache.reserve_through(11);
   // Rows at 2-byte strides inside their block, keys then values per layer, the last value row ending at the
@@ -99,23 +152,23 @@ TEST(KvCache, Fp16RowsHaveHalfTheBytesAndTheSameLayout) {
     }
   }
   EXPECT_EQ(static_cast<std::byte*>(cache.value_row(kLayers - 1, kBlockTokens - 1)) + row_bytes,
-            pool.data(cache.block_table()[0]) + KvCache::block_bytes(kLayers, kKvDim, kBlockTokens, KvDtype::kF16));
+            pool.data(cache.block_table()[0]) + KvCache::block_bytes(kLayers, kKvDim, kHeadSize, kBlockTokens, KvDtype::kF16));
   float row[kKvDim];
   for (int l = 0; l < kLayers; ++l) {
     for (int p = 0; p < 12; ++p) {
       for (int i = 0; i < kKvDim; ++i) row[i] = 100.0f * l + 8.0f * p + i;  // exact in fp16
-      kernels::cpu::store_kv_row(cache.key_row(l, p), row, kKvDim, KvDtype::kF16);
+      kernels::cpu::store_kv_row(cache.key_row(l, p), row, kKvDim, kHeadSize, KvDtype::kF16);
       for (int i = 0; i < kKvDim; ++i) row[i] = -row[i];
-      kernels::cpu::store_kv_row(cache.value_row(l, p), row, kKvDim, KvDtype::kF16);
+      kernels::cpu::store_kv_row(cache.value_row(l, p), row, kKvDim, kHeadSize, KvDtype::kF16);
     }
   }
   for (int l = 0; l < kLayers; ++l) {
     for (int p = 0; p < 12; ++p) {
       float k[kKvDim], v[kKvDim];
       kernels::cpu::load_kv_row(k, static_cast<const std::uint16_t*>(cache.key_blocks(l)[p / kBlockTokens]) +
-                                       (p % kBlockTokens) * kKvDim, kKvDim, KvDtype::kF16);
+                                       (p % kBlockTokens) * kKvDim, kKvDim, kHeadSize, KvDtype::kF16);
       kernels::cpu::load_kv_row(v, static_cast<const std::uint16_t*>(cache.value_blocks(l)[p / kBlockTokens]) +
-                                       (p % kBlockTokens) * kKvDim, kKvDim, KvDtype::kF16);
+                                       (p % kBlockTokens) * kKvDim, kKvDim, kHeadSize, KvDtype::kF16);
       for (int i = 0; i < kKvDim; ++i) {
         ASSERT_EQ(k[i], 100.0f * l + 8.0f * p + i) << "layer " << l << " pos " << p;
         ASSERT_EQ(v[i], -(100.0f * l + 8.0f * p + i)) << "layer " << l << " pos " << p;
@@ -140,6 +193,8 @@ TEST(KvCache, ResolvesTheDefaultDtypePerWeightsAndBackend) {
   EXPECT_EQ(resolve_kv_dtype(std::nullopt, WeightDtype::kBf16, true), KvDtype::kF32);
   EXPECT_EQ(resolve_kv_dtype(KvDtype::kF32, WeightDtype::kBf16, true), KvDtype::kF32);
   EXPECT_THROW(resolve_kv_dtype(KvDtype::kF16, WeightDtype::kF32, true), ConfigError);
+  EXPECT_THROW(resolve_kv_dtype(KvDtype::kInt8, WeightDtype::kInt8, true), ConfigError);
+  EXPECT_EQ(resolve_kv_dtype(KvDtype::kInt8, WeightDtype::kF32, false), KvDtype::kInt8);  // only when asked
   // Below the AVX-512 kernels fp16 is read through integer conversions: auto keeps fp32 there.
   const kernels::cpu::Isa previous = kernels::cpu::set_isa(kernels::cpu::Isa::kAvx2);
   EXPECT_EQ(resolve_kv_dtype(std::nullopt, WeightDtype::kInt8, false), KvDtype::kF32);
