@@ -128,7 +128,7 @@ TEST_F(BenchCli, BadFlagsGiveOneLineAndExitCode2) {
   for (const auto& [args, expect] : std::vector<std::pair<std::string, std::string>>{
            {"--presets 7b", "unknown model preset '7b'"},
            {"--dtypes fp32,fp4", "unknown --weights-dtype 'fp4'"},
-           {"--kv-dtype bf16", "unknown --kv-dtype 'bf16' (use auto, fp32 or fp16)"},
+           {"--kv-dtype bf16", "unknown --kv-dtype 'bf16' (use auto, fp32, fp16 or int8)"},
            {"--batches 1,0", "--batches entries must be >= 1"},
            {"--steps 1", "--steps must be >= 2"},
            {"--statistic mean", "--statistic must be median or best"},
