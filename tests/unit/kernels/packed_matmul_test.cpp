@@ -553,6 +553,74 @@ TEST(PackedMatmul, GroupedOutputsEqualSeparateMatmuls) {
   }
 }
 
+// L2Pull: ranges become whole lines, and a thread's queue stops at kL2PullBudget bytes or its ranges.
+TEST(L2Pull, QueuesWholeLinesWithinTheBudget) {
+  L2Pull pull;
+  pull.reserve(2, 4);
+  alignas(64) static char buffer[4096];
+  EXPECT_TRUE(pull.add(0, buffer + 10, 100));  // bytes 10-109: lines 0 and 1
+  EXPECT_EQ(pull.queued_bytes(0), 128u);
+  EXPECT_EQ(pull.queue(0).begins[0], buffer);
+  EXPECT_EQ(pull.queued_bytes(1), 0u);
+  EXPECT_FALSE(pull.add(1, buffer, kL2PullBudget + 64)) << "past the budget";
+  EXPECT_TRUE(pull.add(1, buffer, kL2PullBudget));
+  EXPECT_FALSE(pull.add(1, buffer, 64)) << "the budget is spent";
+  EXPECT_FALSE(pull.add(2, buffer, 64)) << "no such thread";
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(pull.add(0, buffer + 64 * i, 64));
+  EXPECT_FALSE(pull.add(0, buffer, 64)) << "out of ranges";
+  EXPECT_EQ(pull.remaining_bytes(0), 128u + 3 * 64);
+  pull.clear();
+  EXPECT_EQ(pull.queued_bytes(0), 0u);
+  EXPECT_EQ(pull.remaining_bytes(1), 0u);
+}
+
+// A matmul that pulls memory on the side gives the same bits as one that does not, and the kernels that
+// take part (AMX: bf16, and int8 from 4 rows) pull every queued line before the matmul ends; the others
+// (fewer int8 rows, fp32, the AVX-512 kernels) leave the queue as it was.
+TEST(PackedMatmul, PullingMemoryOnTheSideChangesNoResultAndDrainsTheQueue) {
+  std::mt19937 rng(16);
+  const int k = 256;
+  const int ds[] = {96, 64, 64};
+  std::vector<char> side(300 * 1024);
+  for (int n : {2, 16}) {
+    const std::vector<float> x = random_floats(rng, static_cast<std::size_t>(n) * k);
+    for (WeightDtype dtype : kDtypes) {
+      for (Isa isa : runnable_isas()) {
+        SCOPED_TRACE(fmt::format("{} rows, {}, {}", n, weight_dtype_name(dtype), isa_name(isa)));
+        ScopedIsa scoped(isa);
+        ScopedThreads threads(2);
+        std::vector<Packed> packed;
+        for (int d : ds) packed.push_back(pack(dtype, random_floats(rng, static_cast<std::size_t>(d) * k), d, k));
+        Activations a;
+        a.reserve(n, k);
+        a.prepare(x.data(), n, k, dtype);
+        std::vector<std::vector<float>> plain(3), pulled(3);
+        std::vector<MatmulOutput> plain_out, pulled_out;
+        for (int i = 0; i < 3; ++i) {
+          plain[i].assign(static_cast<std::size_t>(n) * ds[i], 0.0f);
+          pulled[i].assign(plain[i].size(), -1.0f);
+          plain_out.push_back({plain[i].data(), &packed[i].matrix});
+          pulled_out.push_back({pulled[i].data(), &packed[i].matrix});
+        }
+        L2Pull pull;
+        pull.reserve(2, 8);
+        for (int t = 0; t < 2; ++t) {
+          for (int r = 0; r < 3; ++r) ASSERT_TRUE(pull.add(t, side.data() + (t * 3 + r) * 50000 + 7, 40000));
+        }
+        const std::size_t queued = pull.queued_bytes(0);
+        matmul(a, plain_out);
+        matmul(a, pulled_out, &pull);
+        for (int i = 0; i < 3; ++i) EXPECT_EQ(pulled[i], plain[i]) << "output " << i;
+        const bool takes_part =
+            active_isa() >= Isa::kAmx && (dtype == WeightDtype::kBf16 || (dtype == WeightDtype::kInt8 && n >= 4));
+        for (int t = 0; t < 2; ++t) {
+          EXPECT_EQ(pull.remaining_bytes(t), takes_part ? 0u : queued) << "thread " << t;
+        }
+      }
+    }
+  }
+}
+
 TEST(PackedMatmul, FusedSwigluEqualsMatmulsThenSwiglu) {
   std::mt19937 rng(14);
   const int n = 7, k = 64, d = 90;
