@@ -9,14 +9,6 @@
 
 namespace shardline::runtime {
 
-namespace {
-
-// Batches from this many rows pull the KV cache into L2 during the qkv matmul (the AMX kernels, which take
-// part, run int8 from 4 rows; the cache of one or two sequences is small next to the weights).
-constexpr int kKvPullMinRows = 4;
-
-}  // namespace
-
 namespace cpu = kernels::cpu;
 
 Stage::Stage(const ShardWeights& weights, comm::Communicator& tp_comm, const StageOptions& options)
@@ -115,47 +107,16 @@ void Stage::forward(float* x, const Row* rows, int n) {
   }
 }
 
-void Stage::queue_kv_pull(const Row* rows, int n, int local_layer) {
-  const int n_threads = cpu::num_threads();
-  const int block_tokens = options_.kv_block_tokens;
-  // Whole blocks up to the budget, and a part block at the end of each row's keys and values.
-  const std::size_t row_bytes = kernels::cpu::kv_row_bytes(options_.kv_dtype, kv_dim_, shape().head_size());
-  const int max_ranges = static_cast<int>(cpu::kL2PullBudget / (block_tokens * row_bytes)) + 2 * options_.max_rows + 2;
-  if (kv_pull_.threads() < n_threads || kv_pull_.max_ranges() < max_ranges) {
-    kv_pull_.reserve(n_threads, max_ranges);  // once, or when the threads or rows grew
-  }
-  kv_pull_.clear();
-  for (int thread = 0; thread < n_threads; ++thread) {
-    int begin = 0, end = 0;
-    cpu::parallel_for_band(n, thread, n_threads, begin, end);
-    bool room = true;
-    for (int r = begin; r < end && room; ++r) {
-      if (r > begin && rows[r].cache == rows[r - 1].cache) continue;  // a prompt chunk's rows share one history
-      const KvCache& cache = *rows[r].cache;
-      const int written = rows[r].pos;  // positions before this row's own, which the rope pass writes later
-      for (const void* const* blocks : {cache.key_blocks(local_layer), cache.value_blocks(local_layer)}) {
-        for (int b = 0; room && b * block_tokens < written; ++b) {
-          const int rows_here = std::min(block_tokens, written - b * block_tokens);
-          room = kv_pull_.add(thread, blocks[b], static_cast<std::size_t>(rows_here) * cache.row_bytes());
-        }
-      }
-    }
-  }
-}
-
 void Stage::attention_block(const LayerWeights& w, float* x, const Row* rows, int n, int local_layer) {
   const auto& s = shape();
   const int hs = s.head_size();
   const int n_local_heads = q_dim_ / hs;
   const int n_local_kv = kv_dim_ / hs;
   cpu::rmsnorm(xb_.data(), x, w.rms_att, n, s.dim, options_.rms_eps);
-  // q, k and v read the same normalised rows: prepared once, one parallel pass over the three matrices. A
-  // batch's attention reads every sequence's cache right after: the matmul pulls it into L2 on the side.
+  // q, k and v read the same normalised rows: prepared once, one parallel pass over the three matrices.
   act_.prepare(xb_.data(), n, w.wq);
   const cpu::MatmulOutput qkv[] = {{q_.data(), &w.wq}, {k_.data(), &w.wk}, {v_.data(), &w.wv}};
-  const bool pull = n >= kKvPullMinRows;
-  if (pull) queue_kv_pull(rows, n, local_layer);
-  cpu::matmul(act_, qkv, pull ? &kv_pull_ : nullptr);
+  cpu::matmul(act_, qkv);
   // Every row's key and value go into its cache first, so rows of one prefill chunk see each other. Rows
   // are independent in both loops: a batch's rows go to the kernel threads whole.
   cpu::parallel_for(n, [&](int t, int) {

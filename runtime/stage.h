@@ -78,9 +78,6 @@ class Stage : public StageBackend {
 
  private:
   void attention_block(const LayerWeights& w, float* x, const Row* rows, int n, int local_layer);
-  // Queues in kv_pull_, for each kernel thread, the cached keys and values of local_layer its attention
-  // will read for rows (parallel_for's bands), so that the qkv matmul pulls them into its L2.
-  void queue_kv_pull(const Row* rows, int n, int local_layer);
   void mlp_block(const LayerWeights& w, float* x, int n);
   // The final RMSNorm and this rank's classifier rows for n activation rows: into out (n, vocab) with
   // tp = 1, into local_logits_ (n, vocab slice) when out is null.
@@ -113,7 +110,6 @@ class Stage : public StageBackend {
   memory::ArenaArray<float> out_;    // (max_rows, dim)
   memory::ArenaArray<Row> rows_;     // (max_rows) for the single-sequence forward
   kernels::cpu::Activations act_;    // the matmuls' input, prepared for the weight dtype: (max_rows, <= max k)
-  kernels::cpu::L2Pull kv_pull_;     // per kernel thread: the KV rows its next attention reads
   // Grown to the most rows one logits call has seen (batched decode: one per sequence of a micro-batch).
   std::vector<float> logits_x_;       // (rows, dim)
   std::vector<float> local_logits_;   // (rows, vocab slice)

@@ -23,11 +23,6 @@ void run_on_each_thread(void (*fn)(int thread, void* context), void* context);
 // called from the body runs on its caller's thread alone. n = 1 runs on the calling thread, so a single
 // row keeps its own inner parallelism. No allocation.
 void parallel_for_impl(int n, void (*body)(void* context, int item, int thread), void* context);
-// The items [begin, end) of n that parallel_for gives thread `thread` of n_threads.
-inline void parallel_for_band(int n, int thread, int n_threads, int& begin, int& end) {
-  begin = static_cast<int>(static_cast<long>(n) * thread / n_threads);
-  end = static_cast<int>(static_cast<long>(n) * (thread + 1) / n_threads);
-}
 template <typename Body>
 void parallel_for(int n, Body&& body) {
   parallel_for_impl(

@@ -112,8 +112,7 @@ const std::byte* next_tile(const PackedMatrix& w, int panel, int n_panels, int e
 }
 
 // Panels [begin, end) of w for every row of x, a tile at a time, into y.
-void matmul_panels(float* y, const Activations& x, const PackedMatrix& w, int begin, int end, tile::TileKernel kernel,
-                   tile::PullQueue* pull = nullptr) {
+void matmul_panels(float* y, const Activations& x, const PackedMatrix& w, int begin, int end, tile::TileKernel kernel) {
   alignas(64) float tile_out[tile::kTileRows * tile::kTileStride];
   for (int p = begin; p < end; p += tile::kTilePanels) {
     const int n_panels = std::min(tile::kTilePanels, end - p);
@@ -121,26 +120,10 @@ void matmul_panels(float* y, const Activations& x, const PackedMatrix& w, int be
       const int n_rows = std::min(tile::kTileRows, x.n() - r);
       tile::Tile t = make_tile(x, w, p, n_panels, r, n_rows, tile_out);
       if (r + n_rows == x.n()) t.prefetch = next_tile(w, p, n_panels, end);
-      t.pull = pull;
       kernel(t);
       store_tile(tile_out, y, w.d, r, n_rows, p, n_panels);
     }
   }
-}
-
-// This thread's pull queue for a matmul whose kernels run `blocks` k blocks on it (a tile kernel pulls after
-// each k block of each block of 16 rows: the AMX kernels' unit), or null when it has nothing left. Lines
-// per block: the queue spread over 4/5 of the blocks, so it is in L2 before the matmul ends.
-tile::PullQueue* thread_pull_queue(L2Pull* pull, long blocks, tile::PullQueue& queue) {
-  const int thread = omp_get_thread_num();
-  if (pull == nullptr || thread >= pull->threads() || blocks <= 0) return nullptr;
-  const std::size_t left = pull->remaining_bytes(thread);
-  if (left == 0) return nullptr;
-  L2Pull::Queue& q = pull->queue(thread);
-  const long lines = static_cast<long>(left / 64);
-  queue = {q.begins.data(), q.sizes.data(), static_cast<int>(q.sizes.size()), q.range, q.offset,
-           static_cast<int>((lines * 5 / 4 + blocks - 1) / blocks)};
-  return &queue;
 }
 
 // This thread's share [begin, end) of n_items, in contiguous bands.
@@ -228,7 +211,7 @@ void matmul(float* y, const Activations& x, const PackedMatrix& w) {
   matmul(x, std::span<const MatmulOutput>(&output, 1));
 }
 
-void matmul(const Activations& x, std::span<const MatmulOutput> outputs, L2Pull* pull) {
+void matmul(const Activations& x, std::span<const MatmulOutput> outputs) {
   long work = 0;
   int total_panels = 0;
   for (const MatmulOutput& o : outputs) {
@@ -243,29 +226,12 @@ void matmul(const Activations& x, std::span<const MatmulOutput> outputs, L2Pull*
   {
     int begin = 0, end = 0;
     thread_band(total_panels, begin, end);
-    long blocks = 0;  // k blocks x blocks of 16 rows, over this thread's tiles
-    for (int first = 0; const MatmulOutput& o : outputs) {
-      const int panels = panel_count(o.w->d);
-      const int lo = std::max(begin, first), hi = std::min(end, first + panels);
-      if (lo < hi) {
-        blocks += static_cast<long>((hi - lo + tile::kTilePanels - 1) / tile::kTilePanels) * ((x.n() + 15) / 16) *
-                  ((o.w->k + 31) / 32);
-      }
-      first += panels;
-    }
-    tile::PullQueue queue;
-    tile::PullQueue* pull_queue = thread_pull_queue(pull, blocks, queue);
     int first = 0;  // the first panel of the current output in the concatenation
     for (const MatmulOutput& o : outputs) {
       const int panels = panel_count(o.w->d);
       const int lo = std::max(begin, first), hi = std::min(end, first + panels);
-      if (lo < hi) matmul_panels(o.y, x, *o.w, lo - first, hi - first, kernel, pull_queue);
+      if (lo < hi) matmul_panels(o.y, x, *o.w, lo - first, hi - first, kernel);
       first += panels;
-    }
-    if (pull_queue != nullptr) {  // how far this thread got, for the next matmul or a test
-      L2Pull::Queue& q = pull->queue(omp_get_thread_num());
-      q.range = pull_queue->range;
-      q.offset = pull_queue->offset;
     }
   }
 }

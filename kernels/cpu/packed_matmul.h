@@ -18,7 +18,6 @@
 #include <span>
 #include <vector>
 
-#include "kernels/cpu/l2_pull.h"
 #include "kernels/cpu/weight_format.h"
 
 namespace shardline::kernels::cpu {
@@ -79,10 +78,8 @@ struct MatmulOutput {
 void matmul(float* y, const Activations& x, const PackedMatrix& w);
 
 // Several matrices of the same input in one parallel pass (wq, wk, wv): the threads split the panels of
-// all of them together, which balances better than one small matmul after another. With `pull`, each
-// kernel thread also pulls its queue into L2 along the way (l2_pull.h), spread over its share of the k
-// blocks so that it is done before the matmul is.
-void matmul(const Activations& x, std::span<const MatmulOutput> outputs, L2Pull* pull = nullptr);
+// all of them together, which balances better than one small matmul after another.
+void matmul(const Activations& x, std::span<const MatmulOutput> outputs);
 
 // The SwiGLU gate fused into its two matmuls: h (n, d) = silu(x · W1ᵀ) * (x · W3ᵀ), elementwise, with the
 // same arithmetic as swiglu() in ops.h. Saves writing and re-reading x · W3ᵀ and runs the gate on every

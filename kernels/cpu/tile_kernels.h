@@ -17,18 +17,6 @@ inline constexpr int kTilePanels = 4;
 inline constexpr int kTileRows = 64;
 inline constexpr int kTileStride = kTilePanels * 16;  // floats between rows of Tile::out
 
-// Lines a thread pulls into L2 during a matmul (l2_pull.h): ranges [begins[i], begins[i] + sizes[i]) of whole
-// lines, in order; after each k block a kernel that takes part prefetches up to lines_per_block lines from
-// (range, offset) on and advances them. The AMX kernels take part; the others leave it alone.
-struct PullQueue {
-  const char* const* begins = nullptr;
-  const std::uint32_t* sizes = nullptr;
-  int ranges = 0;
-  int range = 0;
-  std::uint32_t offset = 0;
-  int lines_per_block = 0;
-};
-
 struct Tile {
   const std::byte* panels = nullptr;  // the first panel of the tile
   std::size_t panel_stride = 0;       // bytes between panels
@@ -48,8 +36,6 @@ struct Tile {
   float* out = nullptr;               // (n_rows, kTileStride): out[r * kTileStride + p * 16 + lane]
   // The next tile's panels (same stride and count), or null: see PrefetchPlan.
   const std::byte* prefetch = nullptr;
-  // Lines to pull into L2 on the side, or null (see PullQueue).
-  PullQueue* pull = nullptr;
 };
 
 // Batched rows make a tile's later row blocks pure compute: the first pass over a tile's weights waits on

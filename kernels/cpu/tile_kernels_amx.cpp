@@ -78,20 +78,6 @@ inline const char* block_ahead(const Tile& t, const char* w, int next, int block
   return reinterpret_cast<const char*>(t.prefetch) + static_cast<std::size_t>(next - blocks) * block_bytes;
 }
 
-// Up to lines_per_block lines of the tile's pull queue into L2 (PullQueue in tile_kernels.h): between the
-// tile multiplies, whose unit bounds these kernels, the load ports and the memory bus have room.
-inline void pull_lines(PullQueue* q) {
-  if (q == nullptr) return;
-  for (int l = 0; l < q->lines_per_block && q->range < q->ranges; ++l) {
-    __builtin_prefetch(q->begins[q->range] + q->offset, 0, 2);
-    q->offset += 64;
-    if (q->offset >= q->sizes[q->range]) {
-      q->offset = 0;
-      ++q->range;
-    }
-  }
-}
-
 // ---- bf16 -------------------------------------------------------------------------------------------
 
 // Each panel's weights kBf16PrefetchBlocks blocks ahead (8 KiB) are prefetched (or the start of the next
@@ -136,7 +122,6 @@ void bf16_rows(const Tile& t, int r0, int m) {
     if constexpr (P > 1) SHARDLINE_AMX_BF16_PANEL(1, 7);
     if constexpr (P > 2) SHARDLINE_AMX_BF16_PANEL(2, 6);
     if constexpr (P > 3) SHARDLINE_AMX_BF16_PANEL(3, 7);
-    pull_lines(t.pull);
   }
   float* out = t.out + r0 * kTileStride;
   constexpr std::size_t out_bytes = kTileStride * sizeof(float);
@@ -239,7 +224,6 @@ void int8_rows(const Tile& t, int r0, int m) {
       if constexpr (P > 1) SHARDLINE_AMX_INT8_PANEL(1, 7);
       if constexpr (P > 2) SHARDLINE_AMX_INT8_PANEL(2, 6);
       if constexpr (P > 3) SHARDLINE_AMX_INT8_PANEL(3, 7);
-      pull_lines(t.pull);
       if (g > 0) {
         const int r_begin = bi * rows_per_block, r_end = r_begin + rows_per_block < m ? r_begin + rows_per_block : m;
         int8_group_epilogue<P>(dots[previous], w_scales[previous], x_scales, x_sums, groups, g - 1, out, r_begin,
