@@ -265,6 +265,17 @@ inline void prefetch_bytes(const void* p, int n) {
 // memory for most rows.
 constexpr int kAttentionPrefetchRows = 4;
 
+// The second half of attention_heads_with(): each head's scores (scratch) through the softmax, then its
+// weighted sum of the values.
+template <typename Softmax, typename Values>
+void softmax_and_values(const AttentionHeads& a, int h0, int h1, Softmax&& softmax, Values&& values) {
+  for (int h = h0; h < h1; ++h) {
+    float* weights = a.scratch + static_cast<std::size_t>(h) * a.n_ctx;
+    softmax(weights, a.n_ctx);
+    values(a.out + static_cast<std::size_t>(h) * a.head_size, weights, h);
+  }
+}
+
 // Attention of heads [h0, h1), with the score dot product, the softmax and the value accumulation of one
 // head as parameters (the AVX-512 build passes register versions; every version keeps the same order of
 // operations, so the bits do not change):
@@ -302,11 +313,7 @@ void attention_heads_with(const AttentionHeads& a, int h0, int h1, Dot&& dot, So
       a.scratch[static_cast<std::size_t>(h) * n_ctx + t] = scaled_by_row(score, k_row, a.kv_stride, h / a.group) * a.inv_sqrt;
     }
   });
-  for (int h = h0; h < h1; ++h) {
-    float* weights = a.scratch + static_cast<std::size_t>(h) * n_ctx;
-    softmax(weights, n_ctx);
-    values(a.out + static_cast<std::size_t>(h) * hs, weights, h);
-  }
+  softmax_and_values(a, h0, h1, softmax, values);
 }
 
 // q . k over head_size floats in 16 interleaved partial sums, added up in a fixed order at the end. One
