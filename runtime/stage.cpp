@@ -102,19 +102,24 @@ void Stage::forward(float* x, const Row* rows, int n) {
   });
   for (int l = 0; l < weights_.n_local_layers(); ++l) {
     const LayerWeights& w = weights_.layer(l);
-    attention_block(w, x, rows, n, l);
+    attention_block(w, x, l > 0 ? out_.data() : nullptr, rows, n, l);
     mlp_block(w, x, n);
   }
+  if (weights_.n_local_layers() > 0) cpu::add_inplace(x, out_.data(), n * shape().dim);  // the last layer's output
 }
 
-void Stage::attention_block(const LayerWeights& w, float* x, const Row* rows, int n, int local_layer) {
+void Stage::attention_block(const LayerWeights& w, float* x, const float* residual, const Row* rows, int n,
+                            int local_layer) {
   const auto& s = shape();
   const int hs = s.head_size();
   const int n_local_heads = q_dim_ / hs;
   const int n_local_kv = kv_dim_ / hs;
-  cpu::rmsnorm(xb_.data(), x, w.rms_att, n, s.dim, options_.rms_eps);
   // q, k and v read the same normalised rows: prepared once, one parallel pass over the three matrices.
-  act_.prepare(xb_.data(), n, w.wq);
+  if (residual != nullptr) {
+    act_.prepare_normalised(xb_.data(), x, residual, w.rms_att, options_.rms_eps, n, w.wq);
+  } else {
+    act_.prepare_normalised(xb_.data(), x, w.rms_att, options_.rms_eps, n, w.wq);
+  }
   const cpu::MatmulOutput qkv[] = {{q_.data(), &w.wq}, {k_.data(), &w.wk}, {v_.data(), &w.wv}};
   cpu::matmul(act_, qkv);
   // Every row's key and value go into its cache first, so rows of one prefill chunk see each other. Rows
@@ -147,18 +152,15 @@ void Stage::attention_block(const LayerWeights& w, float* x, const Row* rows, in
   act_.prepare(att_.data(), n, w.wo);
   cpu::matmul(out_.data(), act_, w.wo);
   tp_comm_.all_reduce_sum(out_.data(), static_cast<std::size_t>(n) * s.dim);  // sum over heads of the group
-  cpu::add_inplace(x, out_.data(), n * s.dim);
 }
 
 void Stage::mlp_block(const LayerWeights& w, float* x, int n) {
   const auto& s = shape();
-  cpu::rmsnorm(xb_.data(), x, w.rms_ffn, n, s.dim, options_.rms_eps);
-  act_.prepare(xb_.data(), n, w.w1);
+  act_.prepare_normalised(xb_.data(), x, out_.data(), w.rms_ffn, options_.rms_eps, n, w.w1);  // x += attention
   cpu::matmul_swiglu(hb_.data(), act_, w.w1, w.w3);  // silu(x W1ᵀ) * (x W3ᵀ), gate fused into the matmuls
   act_.prepare(hb_.data(), n, w.w2);
   cpu::matmul(out_.data(), act_, w.w2);
   tp_comm_.all_reduce_sum(out_.data(), static_cast<std::size_t>(n) * s.dim);  // sum over hidden slices
-  cpu::add_inplace(x, out_.data(), n * s.dim);
 }
 
 void Stage::classify(const float* x, int n, float* out) {
@@ -176,8 +178,7 @@ void Stage::classify(const float* x, int n, float* out) {
     }
     act_.reserve(n, s.dim);
   }
-  cpu::rmsnorm(logits_x_.data(), x, weights_.rms_final(), n, s.dim, options_.rms_eps);
-  act_.prepare(logits_x_.data(), n, weights_.classifier());
+  act_.prepare_normalised(logits_x_.data(), x, weights_.rms_final(), options_.rms_eps, n, weights_.classifier());
   // With tp = 1 straight into the caller's rows (the whole vocabulary is here), else into local_logits_.
   cpu::matmul(out != nullptr ? out : local_logits_.data(), act_, weights_.classifier());  // n rows, one pass
 }

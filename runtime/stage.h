@@ -77,7 +77,9 @@ class Stage : public StageBackend {
   const ShardWeights& weights() const { return weights_; }
 
  private:
-  void attention_block(const LayerWeights& w, float* x, const Row* rows, int n, int local_layer);
+  // A layer's two halves. Each leaves its output in out_, and the next half adds it to x as it normalises x
+  // (Activations::prepare_normalised): residual is the previous layer's output, or null for the first.
+  void attention_block(const LayerWeights& w, float* x, const float* residual, const Row* rows, int n, int local_layer);
   void mlp_block(const LayerWeights& w, float* x, int n);
   // The final RMSNorm and this rank's classifier rows for n activation rows: into out (n, vocab) with
   // tp = 1, into local_logits_ (n, vocab slice) when out is null.

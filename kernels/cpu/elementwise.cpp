@@ -40,6 +40,14 @@ void rmsnorm_rows(int rows, float* out, const float* x, const float* weight, int
 
 }  // namespace
 
+void rmsnorm_serial(float* out, const float* x, const float* weight, int n, int dim, float eps) {
+  for (int r = 0; r < n; r += kRmsnormChains) {
+    const std::size_t at = static_cast<std::size_t>(r) * dim;
+    rmsnorm_rows(std::min(kRmsnormChains, n - r), out + at, x + at, weight, dim, eps,
+                 std::make_integer_sequence<int, kRmsnormChains>());
+  }
+}
+
 void rmsnorm(float* out, const float* x, const float* weight, int n, int dim, float eps) {
   // Rows are independent (a batch's rows go to the kernel threads, in runs of up to kRmsnormChains); within
   // a row the sum of squares keeps llama2.c's order.

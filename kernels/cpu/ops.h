@@ -33,6 +33,8 @@ void parallel_for(int n, Body&& body) {
 // RMSNorm of n rows: out[r] = x[r] / sqrt(mean(x[r]²) + eps) * weight. out may alias x.
 //   out, x: (n, dim)   weight: (dim)
 void rmsnorm(float* out, const float* x, const float* weight, int n, int dim, float eps);
+// The same on the calling thread alone, for callers that run it inside their own parallel pass.
+void rmsnorm_serial(float* out, const float* x, const float* weight, int n, int dim, float eps);
 
 // Rotary embedding on adjacent pairs within each head, for one token at position pos.
 //   vec: (n_heads, head_size); theta_base = 10000 for Llama.

@@ -155,7 +155,7 @@ void Activations::reserve(int max_rows, int max_k) {
   }
 }
 
-void Activations::prepare(const float* x, int n, int k, WeightDtype dtype, int int8_group) {
+void Activations::set_shape(const float* x, int n, int k, WeightDtype dtype, int int8_group) {
   SL_CHECK_MSG(n >= 1 && n <= max_rows_ && k >= 1 && k <= max_k_, "activations ({}, {}) exceed the reserved ({}, {})",
                n, k, max_rows_, max_k_);
   dtype_ = dtype;
@@ -164,8 +164,6 @@ void Activations::prepare(const float* x, int n, int k, WeightDtype dtype, int i
   padded_k_ = padded_k(dtype, k);
   f32_ = nullptr;
   int8_group_ = 0;
-  const int kp = padded_k_;
-  const int n_threads = num_threads();
   switch (dtype) {
     case WeightDtype::kF32:
     case WeightDtype::kBf16:
@@ -173,32 +171,66 @@ void Activations::prepare(const float* x, int n, int k, WeightDtype dtype, int i
       // pair past the end (padding) meets zero weights and is never read from x.
       f32_ = x;
       padded_k_ = k;
-      if (dtype == WeightDtype::kBf16 && !bf16_hi_.empty()) {
-        // x as bf16 halves for the AMX kernel, in rows of bf16_stride() with zeros past k.
-        const row::SplitBf16Row split = row::active_row_kernels().split_bf16;
-        const int bf16_kp = padded_k(WeightDtype::kBf16, k);
-#pragma omp parallel for num_threads(n_threads) if (n_threads > 1 && n > 1)
-        for (int r = 0; r < n; ++r) {
-          const std::size_t offset = static_cast<std::size_t>(r) * bf16_kp;
-          split(x + static_cast<std::size_t>(r) * k, k, bf16_kp, bf16_hi_.data() + offset, bf16_lo_.data() + offset);
-        }
-      }
       return;
-    case WeightDtype::kInt8: {
+    case WeightDtype::kInt8:
       // Per row and group (the weights' groups, int8_group(k)): scale = max|x| / 127, q = round(x / scale);
       // the sum of q lets the int8 kernels undo the +128 offset of the unsigned weights.
       int8_group_ = int8_group > 0 ? int8_group : default_int8_group(k);
-      const int groups = cpu::int8_groups(k, int8_group_);  // checks the group divides the padded k
-      const row::QuantizeInt8Row quantize = row::active_row_kernels().quantize_int8;
-      // Rows go to the threads from two on (the others would only wait for this one at the next matmul), as
-      // the bf16 split's above.
-#pragma omp parallel for num_threads(n_threads) if (n_threads > 1 && n > 1)
-      for (int r = 0; r < n; ++r) {
-        const std::size_t at = static_cast<std::size_t>(r) * groups;
-        quantize(x + static_cast<std::size_t>(r) * k, k, kp, int8_group_, int8_.data() + static_cast<std::size_t>(r) * kp,
-                 scales_.data() + at, sums_.data() + at);
-      }
+      cpu::int8_groups(k, int8_group_);  // checks the group divides the padded k
       return;
+  }
+}
+
+void Activations::prepare_rows(const float* x, int r0, int r1) {
+  const int k = k_;
+  if (dtype_ == WeightDtype::kBf16 && !bf16_hi_.empty()) {
+    // x as bf16 halves for the AMX kernel, in rows of bf16_stride() with zeros past k.
+    const row::SplitBf16Row split = row::active_row_kernels().split_bf16;
+    const int bf16_kp = padded_k(WeightDtype::kBf16, k);
+    for (int r = r0; r < r1; ++r) {
+      const std::size_t offset = static_cast<std::size_t>(r) * bf16_kp;
+      split(x + static_cast<std::size_t>(r) * k, k, bf16_kp, bf16_hi_.data() + offset, bf16_lo_.data() + offset);
+    }
+  } else if (dtype_ == WeightDtype::kInt8) {
+    const int kp = padded_k_, groups = int8_groups();
+    const row::QuantizeInt8Row quantize = row::active_row_kernels().quantize_int8;
+    for (int r = r0; r < r1; ++r) {
+      const std::size_t at = static_cast<std::size_t>(r) * groups;
+      quantize(x + static_cast<std::size_t>(r) * k, k, kp, int8_group_, int8_.data() + static_cast<std::size_t>(r) * kp,
+               scales_.data() + at, sums_.data() + at);
+    }
+  }
+}
+
+void Activations::prepare(const float* x, int n, int k, WeightDtype dtype, int int8_group) {
+  set_shape(x, n, k, dtype, int8_group);
+  if (dtype == WeightDtype::kF32 || (dtype == WeightDtype::kBf16 && bf16_hi_.empty())) return;  // x as it is
+  // Rows go to the threads from two on (the others would only wait for this one at the next matmul).
+  const int n_threads = num_threads();
+#pragma omp parallel num_threads(n_threads) if (n_threads > 1 && n > 1)
+  {
+    int begin = 0, end = 0;
+    thread_band(n, begin, end);
+    prepare_rows(x, begin, end);
+  }
+}
+
+void Activations::normalise_and_prepare(float* out, const float* x, float* x_add, const float* residual,
+                                        const float* weight, float eps, int n, const PackedMatrix& w) {
+  set_shape(out, n, w.k, w.dtype, w.int8_group_size());
+  const int dim = w.k;
+  const int n_threads = num_threads();
+#pragma omp parallel num_threads(n_threads) if (n_threads > 1 && n > 1)
+  {
+    int begin = 0, end = 0;
+    thread_band(n, begin, end);
+    if (begin < end) {
+      const std::size_t at = static_cast<std::size_t>(begin) * dim, values = static_cast<std::size_t>(end - begin) * dim;
+      if (residual != nullptr) {
+        for (std::size_t i = at; i < at + values; ++i) x_add[i] += residual[i];  // add_inplace()'s additions
+      }
+      rmsnorm_serial(out + at, x + at, weight, end - begin, dim, eps);
+      prepare_rows(out, begin, end);
     }
   }
 }

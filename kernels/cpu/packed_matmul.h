@@ -33,6 +33,19 @@ class Activations {
   void prepare(const float* x, int n, int k, WeightDtype dtype, int int8_group = 0);
   // The same for the matrix w (its dtype, k and int8 group).
   void prepare(const float* x, int n, const PackedMatrix& w) { prepare(x, n, w.k, w.dtype, w.int8_group_size()); }
+  // A layer's input for w in one parallel pass over its n rows: x += residual (unless null), out =
+  // rmsnorm(x, weight, eps), then prepare(out, n, w). Each thread adds, normalises and prepares its own band
+  // of rows while they are in its cache: one fork and join where the three calls took three, and no row
+  // written on one core and read on another. The same bits as add_inplace(), rmsnorm() and prepare() (ops.h)
+  // one after the other. x and out are (n, w.k); out stays in use for fp32 and bf16 weights, as prepare()'s x.
+  void prepare_normalised(float* out, float* x, const float* residual, const float* weight, float eps, int n,
+                          const PackedMatrix& w) {
+    normalise_and_prepare(out, x, x, residual, weight, eps, n, w);
+  }
+  // The same without a residual (x is only read).
+  void prepare_normalised(float* out, const float* x, const float* weight, float eps, int n, const PackedMatrix& w) {
+    normalise_and_prepare(out, x, nullptr, nullptr, weight, eps, n, w);
+  }
 
   WeightDtype dtype() const { return dtype_; }
   int n() const { return n_; }
@@ -53,6 +66,13 @@ class Activations {
   int bf16_stride() const { return padded_k(WeightDtype::kBf16, k_); }
 
  private:
+  // prepare() in two halves: the shape and dtype, then each row (rows are independent; any thread).
+  void set_shape(const float* x, int n, int k, WeightDtype dtype, int int8_group);
+  // prepare_normalised(): x_add (x itself, or null without a residual) += residual.
+  void normalise_and_prepare(float* out, const float* x, float* x_add, const float* residual, const float* weight,
+                             float eps, int n, const PackedMatrix& w);
+  void prepare_rows(const float* x, int r0, int r1);
+
   WeightDtype dtype_ = WeightDtype::kF32;
   int n_ = 0;
   int k_ = 0;

@@ -297,6 +297,58 @@ TEST(Activations, Bf16SplitKeepsSixteenBitsOfXWhereTheCpuHasAmx) {
 // The quantisation and the bf16 split are compiled for several ISAs (row_kernels.h): every level must give
 // the same bits, or a layout's tokens would depend on the CPU's level. Values span many magnitudes, with an
 // all-zero group, ties at half a step and a last group that passes k.
+// prepare_normalised() is add_inplace(), rmsnorm() and prepare() in one pass: the same x afterwards, the
+// same normalised rows and the same prepared activations (so the same matmul), bit for bit, with and
+// without a residual, for every dtype, ISA and thread count.
+TEST(Activations, NormalisedInOnePassEqualsAddNormThenPrepare) {
+  std::mt19937 rng(17);
+  const int k = 288, d = 40;
+  for (int n : {1, 5, 16}) {
+    const std::vector<float> x0 = random_floats(rng, static_cast<std::size_t>(n) * k, -2.0f, 2.0f);
+    const std::vector<float> residual = random_floats(rng, x0.size(), -1.0f, 1.0f);
+    const std::vector<float> weight = random_floats(rng, k, 0.5f, 1.5f);
+    for (WeightDtype dtype : kDtypes) {
+      const Packed packed = pack(dtype, random_floats(rng, static_cast<std::size_t>(d) * k), d, k);
+      for (Isa isa : runnable_isas()) {
+        for (int threads : {1, 2}) {
+          for (bool with_residual : {false, true}) {
+            SCOPED_TRACE(fmt::format("n {}, {}, {}, {} threads, residual {}", n, weight_dtype_name(dtype), isa_name(isa),
+                                     threads, with_residual));
+            ScopedIsa scoped(isa);
+            ScopedThreads scoped_threads(threads);
+            std::vector<float> x_apart = x0, x_fused = x0, norm_apart(x0.size()), norm_fused(x0.size(), -7.0f);
+            Activations apart, fused;
+            apart.reserve(n, k);
+            fused.reserve(n, k);
+            if (with_residual) add_inplace(x_apart.data(), residual.data(), n * k);
+            rmsnorm(norm_apart.data(), x_apart.data(), weight.data(), n, k, 1e-5f);
+            apart.prepare(norm_apart.data(), n, packed.matrix);
+            if (with_residual) {
+              fused.prepare_normalised(norm_fused.data(), x_fused.data(), residual.data(), weight.data(), 1e-5f, n,
+                                       packed.matrix);
+            } else {
+              fused.prepare_normalised(norm_fused.data(), x_fused.data(), weight.data(), 1e-5f, n, packed.matrix);
+            }
+            EXPECT_EQ(x_fused, x_apart);
+            EXPECT_EQ(norm_fused, norm_apart);
+            std::vector<float> y_apart(static_cast<std::size_t>(n) * d), y_fused(y_apart.size(), -1.0f);
+            matmul(y_apart.data(), apart, packed.matrix);
+            matmul(y_fused.data(), fused, packed.matrix);
+            EXPECT_EQ(0, std::memcmp(y_apart.data(), y_fused.data(), y_apart.size() * sizeof(float)));
+            if (dtype == WeightDtype::kInt8) {
+              const std::size_t codes = static_cast<std::size_t>(n) * apart.row_stride();
+              const std::size_t groups = static_cast<std::size_t>(n) * apart.int8_groups();
+              EXPECT_EQ(0, std::memcmp(apart.int8(), fused.int8(), codes));
+              EXPECT_EQ(0, std::memcmp(apart.int8_scales(), fused.int8_scales(), groups * sizeof(float)));
+              EXPECT_EQ(0, std::memcmp(apart.int8_sums(), fused.int8_sums(), groups * sizeof(std::int32_t)));
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(Activations, PreparedRowsAreIdenticalOnEveryIsa) {
   std::mt19937 rng(11);
   // int8 groups of 32 and of 128 (the defaults of these k), and of 64 (wo's, asked for explicitly).
