@@ -290,8 +290,9 @@ void matmul_swiglu(float* h, const Activations& x, const PackedMatrix& w1, const
         tile::Tile t1 = make_tile(x, w1, p, n_panels, r, n_rows, gate);
         tile::Tile t3 = make_tile(x, w3, p, n_panels, r, n_rows, up);
         if (r + n_rows == x.n()) {
-          t1.prefetch = next_tile(w1, p, n_panels, end);
-          t3.prefetch = next_tile(w3, p, n_panels, end);
+          // The tile that runs next on this thread: t3 after t1, then the next panels' t1.
+          t1.prefetch = t3.panels;
+          t3.prefetch = next_tile(w1, p, n_panels, end);
         }
         kernel(t1);
         kernel(t3);
