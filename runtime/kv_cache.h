@@ -1,10 +1,11 @@
 // A sequence's key/value cache for one stage's layers and one rank's kv heads, paged: its positions live in
 // fixed-size blocks from the rank's KvBlockPool, found through the sequence's block table.
 //
-// Block layout, for block_tokens positions of every local layer:   (n_layers, 2, block_tokens, kv_dim)
-//   keys of layer l at offset (2l) * block_tokens * kv_dim, values at (2l + 1) * block_tokens * kv_dim,
-//   in rows of the cache's dtype (fp32; fp16, half the bytes; int8, each row's codes then one float scale
-//   per head: kernels/cpu/ops.h KvDtype, kv_row_bytes).
+// Block layout, for block_tokens positions of every local layer:   (n_layers, 2, block_tokens) rows
+//   of kv_dim values of the cache's dtype, each row_bytes() = kv_row_bytes(dtype, kv_dim, head_size) long
+//   (fp32; fp16, half the bytes; int8, the row's codes then one float scale per head: kernels/cpu/ops.h):
+//   keys of layer l from byte (2l) * block_tokens * row_bytes(), values from (2l + 1) * block_tokens *
+//   row_bytes().
 // Position p is row p % block_tokens of block table[p / block_tokens].
 //
 // Blocks are taken as positions are reached (reserve_through) and returned to the pool when the cache is

@@ -289,11 +289,11 @@ void matmul_swiglu(float* h, const Activations& x, const PackedMatrix& w1, const
         const int n_rows = std::min(tile::kTileRows, x.n() - r);
         tile::Tile t1 = make_tile(x, w1, p, n_panels, r, n_rows, gate);
         tile::Tile t3 = make_tile(x, w3, p, n_panels, r, n_rows, up);
-        if (r + n_rows == x.n()) {
-          // The tile that runs next on this thread: t3 after t1, then the next panels' t1.
-          t1.prefetch = t3.panels;
-          t3.prefetch = next_tile(w1, p, n_panels, end);
-        }
+        // Each call prefetches the panels of the call after it on this thread where nothing has read them
+        // yet: t1 of the first rows the same panels' w3 (t3 runs next), t3 of the last rows the next panels'
+        // w1; later row blocks find both in cache.
+        if (r == 0) t1.prefetch = t3.panels;
+        if (r + n_rows == x.n()) t3.prefetch = next_tile(w1, p, n_panels, end);
         kernel(t1);
         kernel(t3);
         // silu(g) * u by the kernel swiglu() calls, so the fusion does not change a bit.

@@ -95,6 +95,16 @@ void silu_mul_avx512(float* h, const float* u, int n) {
   }
 }
 
+// The largest of 16 lanes folded as group_amax() folds them (lane l with l + 8, then l + 4, l + 2, l + 1,
+// each as max_of(a, b) = a > b ? a : b, which is what MAXPS computes): the same value, NaN included, where
+// _mm512_reduce_max_ps's order could pick another.
+inline float fold_max16(__m512 m) {
+  const __m256 m8 = _mm256_max_ps(_mm512_castps512_ps256(m), _mm512_extractf32x8_ps(m, 1));
+  const __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
+  const __m128 m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  return _mm_cvtss_f32(_mm_max_ss(m2, _mm_movehdup_ps(m2)));
+}
+
 // quantize_int8_row() 16 values at a time: the group's max |x| is exact in any order, the codes are the
 // generic expressions (round to nearest even by the 1.5 * 2^23 shift, clamp, truncate), and the code sum is
 // an exact integer sum. The compiled generic loop copied each group to the stack and back (measured: the
@@ -110,7 +120,7 @@ void quantize_int8_row_avx512(const float* x, int k, int kp, int group, std::int
   for (int g = 0, j0 = 0; j0 < kp; ++g, j0 += group) {
     __m512 amax = _mm512_setzero_ps();
     for (int i = 0; i < group; i += 16) amax = _mm512_max_ps(amax, _mm512_and_ps(load(j0 + i), abs_mask));
-    const float group_max = _mm512_reduce_max_ps(amax);
+    const float group_max = fold_max16(amax);
     const float inverse = group_max > 0.0f ? 127.0f / group_max : 0.0f;
     const __m512 inv = _mm512_set1_ps(inverse);
     __m512i sum = _mm512_setzero_si512();
@@ -131,7 +141,7 @@ constexpr int kValueRegisters = 4;  // 64 floats of a head's output per pass ove
 // fold16() of 16 vectors at once: lane p of the result is fold16(v[fold_slot(p)]), bit for bit. It is the
 // same tree of additions (lane l with l + 8, then l + 4, l + 2, l + 1), done two vectors at a time with
 // shuffles that pair their halves, quarters, pairs and single lanes: 15 additions and 30 shuffles for 16
-// sums, where 16 fold16() take 64 and 48, each waiting on its own chain. The tree leaves the sum of slot s
+// sums, where 16 fold16() take 64 of each, each waiting on its own chain. The tree leaves the sum of slot s
 // in lane 4 (s % 4) + s / 4, so callers put position p's vector in slot fold_slot(p) (its own inverse).
 constexpr int fold_slot(int p) { return 4 * (p % 4) + p / 4; }
 
@@ -163,18 +173,22 @@ void scores_by_16_positions(const AttentionHeads& a, int h0, int h1) {
   const int n_ctx = a.n_ctx;
   const int stride = row_stride(static_cast<const T*>(nullptr), a.kv_stride, hs);
   static const T zeros[hs] = {};  // the row of a position past n_ctx: its sum is never stored
-  const int span_begin = (h0 / a.group) * hs;
-  const int span_bytes = (((h1 - 1) / a.group + 1) * hs - span_begin) * static_cast<int>(sizeof(T));
+  // The lines of a row that heads [h0, h1) read: their kv heads' values and, in an int8 row, their scales.
+  const int kv_h0 = h0 / a.group, kv_h1 = (h1 - 1) / a.group + 1;
+  const int span_begin = kv_h0 * hs, span_bytes = (kv_h1 * hs - span_begin) * static_cast<int>(sizeof(T));
+  auto prefetch_row = [&](const T* row) {
+    prefetch_bytes(row + span_begin, span_bytes);
+    if constexpr (sizeof(T) == 1) prefetch_bytes(row + a.kv_stride + 4 * kv_h0, 4 * (kv_h1 - kv_h0));
+  };
+  for (int p = 0; p < 16 && p < n_ctx; ++p) prefetch_row(cached_row<T>(a.k_blocks, a.block_tokens, p, stride));
   for (int t0 = 0; t0 < n_ctx; t0 += 16) {
     const int m = n_ctx - t0 < 16 ? n_ctx - t0 : 16;
     const T* rows[16];
     for (int p = 0; p < 16; ++p) rows[p] = p < m ? cached_row<T>(a.k_blocks, a.block_tokens, t0 + p, stride) : nullptr;
     for (int p = 0; p < 16 && t0 + 16 + p < n_ctx; ++p) {  // the next 16 keys, and these positions' values
-      prefetch_bytes(cached_row<T>(a.k_blocks, a.block_tokens, t0 + 16 + p, stride) + span_begin, span_bytes);
+      prefetch_row(cached_row<T>(a.k_blocks, a.block_tokens, t0 + 16 + p, stride));
     }
-    for (int p = 0; p < m; ++p) {
-      prefetch_bytes(cached_row<T>(a.v_blocks, a.block_tokens, t0 + p, stride) + span_begin, span_bytes);
-    }
+    for (int p = 0; p < m; ++p) prefetch_row(cached_row<T>(a.v_blocks, a.block_tokens, t0 + p, stride));
     for (int h = h0; h < h1; ++h) {
       const int kv_head = h / a.group;
       __m512 q[R];
@@ -205,7 +219,7 @@ void scores_by_16_positions(const AttentionHeads& a, int h0, int h1) {
 // head, and the value sum loaded and stored a head's output for every position. That made attention
 // arithmetic-bound at about 100 cycles per position and head. Here the scores go 16 positions at a time
 // (scores_by_16_positions(), heads of up to 128) and a head's output is up to four accumulators (64
-// floats) per pass over the positions.
+// floats) per pass over the positions. (Two heads' values at a time, 8 accumulators, measured no faster.)
 template <typename T>
 void attention_heads_avx512_of(const AttentionHeads& a, int h0, int h1) {
   const int hs = a.head_size;
@@ -268,7 +282,7 @@ void to_int8_kv_row_avx512(const float* x, int n, int head_size, void* row) {
   for (int h = 0, j0 = 0; j0 < n; ++h, j0 += head_size) {
     __m512 amax = _mm512_setzero_ps();
     for (int i = 0; i < head_size; i += 16) amax = _mm512_max_ps(amax, _mm512_and_ps(_mm512_loadu_ps(x + j0 + i), abs_mask));
-    const float head_max = _mm512_reduce_max_ps(amax);
+    const float head_max = fold_max16(amax);
     const __m512 inv = _mm512_set1_ps(head_max > 0.0f ? 127.0f / head_max : 0.0f);
     for (int i = 0; i < head_size; i += 16) {
       __m512 c = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(x + j0 + i), inv), shift), shift);

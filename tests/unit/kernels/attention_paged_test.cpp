@@ -75,10 +75,11 @@ std::vector<std::uint8_t> to_rows(const std::vector<float>& x, int kv_stride, in
 // must give the same bits, with GQA, both thread counts, head sizes that are multiples of 16 (64; 80 and 128
 // pass the AVX-512 kernel's 64-float value registers) and one that is not (40: the generic code on both),
 // on a contiguous cache and on blocks of 7 and 16 positions, for fp32, fp16 and int8 caches.
-void expect_bit_identical_on_every_isa(int head_size, int block_tokens, KvDtype dtype, std::mt19937& rng) {
+void expect_bit_identical_on_every_isa(int head_size, int block_tokens, KvDtype dtype, std::mt19937& rng,
+                                       int n_ctx = 130) {
   SCOPED_TRACE(::testing::Message() << "head_size " << head_size << ", block_tokens " << block_tokens << ", "
-                                    << kv_dtype_name(dtype));
-  const int n_heads = 6, n_kv_heads = 3, kv_stride = n_kv_heads * head_size, n_ctx = 130;
+                                    << kv_dtype_name(dtype) << ", n_ctx " << n_ctx);
+  const int n_heads = 6, n_kv_heads = 3, kv_stride = n_kv_heads * head_size;
   const std::vector<float> q = test::random_floats(rng, static_cast<std::size_t>(n_heads) * head_size);
   const std::vector<float> k = test::random_floats(rng, static_cast<std::size_t>(n_ctx) * kv_stride);
   const std::vector<float> v = test::random_floats(rng, static_cast<std::size_t>(n_ctx) * kv_stride);
@@ -129,6 +130,10 @@ TEST(AttentionPaged, BitIdenticalOnEveryIsa) {
     for (int head_size : {40, 64, 80, 128}) {
       for (int block_tokens : {7, 16, 130}) expect_bit_identical_on_every_isa(head_size, block_tokens, dtype, rng);
     }
+    // Every head size the AVX-512 kernel scores 16 positions at a time (16 to 128), and contexts shorter than
+    // one group of 16, one position past it, and a group and a half.
+    for (int head_size : {16, 32, 48, 96, 112, 144}) expect_bit_identical_on_every_isa(head_size, 16, dtype, rng);
+    for (int n_ctx : {1, 5, 16, 17, 24}) expect_bit_identical_on_every_isa(64, 7, dtype, rng, n_ctx);
   }
 }
 

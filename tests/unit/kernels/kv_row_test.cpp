@@ -197,6 +197,27 @@ TEST(KvRowInt8, CodesAndScalesPerHeadOnEveryIsa) {
   }
 }
 
+// A non-finite value gives the same bytes on every ISA too (the head's maximum is folded in one order
+// everywhere): a NaN at each lane position of a head, and an infinity.
+TEST(KvRowInt8, NonFiniteValuesGiveTheSameBytesOnEveryIsa) {
+  const int head_size = 64, n = 2 * head_size;
+  for (int at : {0, 7, 8, 15, 31, 63, 64 + 9}) {
+    for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+      std::vector<float> x = test::random_floats(static_cast<std::size_t>(n), 23u + static_cast<std::uint32_t>(at));
+      x[at] = bad;
+      std::vector<std::uint8_t> portable;
+      {
+        test::ScopedIsa scoped(Isa::kPortable);
+        portable = store_int8(x, head_size);
+      }
+      for (Isa isa : test::runnable_isas()) {
+        test::ScopedIsa scoped(isa);
+        EXPECT_TRUE(store_int8(x, head_size) == portable) << isa_name(isa) << ", " << bad << " at " << at;
+      }
+    }
+  }
+}
+
 // Every value reads back within half its head's scale (plus the rounding of code * scale); a head of zeros
 // stays zeros with scale 0; a value of max|x| comes back as exactly +-127 codes.
 TEST(KvRowInt8, ReadsBackWithinHalfAScale) {

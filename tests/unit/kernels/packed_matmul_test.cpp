@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <random>
 #include <span>
@@ -294,9 +295,6 @@ TEST(Activations, Bf16SplitKeepsSixteenBitsOfXWhereTheCpuHasAmx) {
   }
 }
 
-// The quantisation and the bf16 split are compiled for several ISAs (row_kernels.h): every level must give
-// the same bits, or a layout's tokens would depend on the CPU's level. Values span many magnitudes, with an
-// all-zero group, ties at half a step and a last group that passes k.
 // prepare_normalised() is add_inplace(), rmsnorm() and prepare() in one pass: the same x afterwards, the
 // same normalised rows and the same prepared activations (so the same matmul), bit for bit, with and
 // without a residual, for every dtype, ISA and thread count.
@@ -349,6 +347,10 @@ TEST(Activations, NormalisedInOnePassEqualsAddNormThenPrepare) {
   }
 }
 
+// The quantisation and the bf16 split are compiled for several ISAs (row_kernels.h): every level must give
+// the same bits, or a layout's tokens would depend on the CPU's level. Values span many magnitudes, with an
+// all-zero group, ties at half a step and a last group that passes k, and
+// non-finite values (a group's maximum is folded in one order everywhere).
 TEST(Activations, PreparedRowsAreIdenticalOnEveryIsa) {
   std::mt19937 rng(11);
   // int8 groups of 32 and of 128 (the defaults of these k), and of 64 (wo's, asked for explicitly).
@@ -364,6 +366,10 @@ TEST(Activations, PreparedRowsAreIdenticalOnEveryIsa) {
     for (int j = 0; j < group; ++j) x[2 * k + j] = 0.001f * static_cast<float>(j);
     const float near_ties[] = {1.0f, -0x1.08102p-1f, 0x1.20408p-1f, -0x1.f5ebd8p-1f};
     for (int j = 0; j < 4; ++j) x[2 * k + j] = near_ties[j];
+    // Row 3: a NaN as group 0's last value (the last lane, which the fold of the lane maxima keeps, where
+    // another order of the fold drops it), an infinity in group 1.
+    x[3 * k + group - 1] = std::numeric_limits<float>::quiet_NaN();
+    x[3 * k + 2 * group - 3] = std::numeric_limits<float>::infinity();
     struct Prepared {
       std::vector<std::int8_t> q;
       std::vector<float> scales;
