@@ -65,6 +65,7 @@ class KvCache {
   kernels::cpu::KvDtype kv_dtype() const { return dtype_; }
   int kv_dim() const { return kv_dim_; }
   int head_size() const { return head_size_; }
+  std::size_t row_bytes() const { return row_bytes_; }  // one position's keys (or values) of one layer
   int seq_len() const { return max_positions_; }  // positions this cache may hold
   int block_tokens() const { return block_tokens_; }
   int blocks_held() const { return static_cast<int>(blocks_.size()); }

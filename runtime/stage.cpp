@@ -115,11 +115,7 @@ void Stage::attention_block(const LayerWeights& w, float* x, const float* residu
   const int n_local_heads = q_dim_ / hs;
   const int n_local_kv = kv_dim_ / hs;
   // q, k and v read the same normalised rows: prepared once, one parallel pass over the three matrices.
-  if (residual != nullptr) {
-    act_.prepare_normalised(xb_.data(), x, residual, w.rms_att, options_.rms_eps, n, w.wq);
-  } else {
-    act_.prepare_normalised(xb_.data(), x, w.rms_att, options_.rms_eps, n, w.wq);
-  }
+  act_.prepare_normalised(xb_.data(), x, residual, w.rms_att, options_.rms_eps, n, w.wq);
   const cpu::MatmulOutput qkv[] = {{q_.data(), &w.wq}, {k_.data(), &w.wk}, {v_.data(), &w.wv}};
   cpu::matmul(act_, qkv);
   // Every row's key and value go into its cache first, so rows of one prefill chunk see each other. Rows

@@ -53,17 +53,26 @@ inline float exp_kernel(float x) {
   return (y * pow2i(e1)) * pow2i(e - e1);
 }
 
-// The largest |x| of n values (a multiple of 32), as 16 lane maxima folded in halves (max is exact in any
-// order).
+// The largest |x| of n values, as 16 lane maxima (value i in lane i % 16) folded in halves (max is exact in
+// any order; the fixed order also fixes which NaN comes out, as the AVX-512 build's fold_max16() does).
 inline float group_amax(const float* x, int n) {
   float m[kLanes] = {};
-  for (int i = 0; i < n; i += kLanes) {
+  int i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
     for (int l = 0; l < kLanes; ++l) m[l] = max_of(m[l], __builtin_fabsf(x[i + l]));
   }
+  for (; i < n; ++i) m[i % kLanes] = max_of(m[i % kLanes], __builtin_fabsf(x[i]));
   for (int width = kLanes / 2; width > 0; width /= 2) {
     for (int l = 0; l < width; ++l) m[l] = max_of(m[l], m[l + width]);
   }
   return m[0];
+}
+
+// The int8 code of v at inverse = 127 / max|x|: rounded to nearest even, clamped to +-127.
+inline std::int32_t int8_code(float v, float inverse) {
+  float c = round_to_nearest_even(v * inverse);
+  c = c >= -127.0f ? (c <= 127.0f ? c : 127.0f) : -127.0f;  // a NaN (from a non-finite x) becomes -127
+  return static_cast<std::int32_t>(c);
 }
 
 void quantize_int8_row(const float* x, int k, int kp, int group, std::int8_t* q, float* scales, std::int32_t* sums) {
@@ -75,9 +84,7 @@ void quantize_int8_row(const float* x, int k, int kp, int group, std::int8_t* q,
     const float inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
     std::int32_t sum = 0;
     for (int i = 0; i < group; ++i) {
-      float c = round_to_nearest_even(v[i] * inverse);
-      c = c >= -127.0f ? (c <= 127.0f ? c : 127.0f) : -127.0f;  // a NaN (from a non-finite x) becomes -127
-      const std::int32_t code = static_cast<std::int32_t>(c);
+      const std::int32_t code = int8_code(v[i], inverse);
       q[j0 + i] = static_cast<std::int8_t>(code);
       sum += code;
     }
@@ -186,23 +193,13 @@ inline void set_int8_row_scale(std::int8_t* row, int n, int head, float scale) {
   __builtin_memcpy(row + n + 4 * head, &scale, sizeof scale);
 }
 
-// One int8 cache row (ToInt8KvRow): each head's codes as quantize_int8_row() computes a group's, its max |x|
-// from 16 lane maxima (exact in any order).
+// One int8 cache row (ToInt8KvRow): each head's codes as quantize_int8_row() computes a group's.
 void to_int8_kv_row(const float* x, int n, int head_size, void* row) {
   std::int8_t* codes = static_cast<std::int8_t*>(row);
   for (int h = 0, j0 = 0; j0 < n; ++h, j0 += head_size) {
-    float m[kLanes] = {};
-    for (int i = 0; i < head_size; ++i) m[i % kLanes] = max_of(m[i % kLanes], __builtin_fabsf(x[j0 + i]));
-    for (int width = kLanes / 2; width > 0; width /= 2) {
-      for (int l = 0; l < width; ++l) m[l] = max_of(m[l], m[l + width]);
-    }
-    const float amax = m[0];
+    const float amax = group_amax(x + j0, head_size);
     const float inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
-    for (int i = 0; i < head_size; ++i) {
-      float c = round_to_nearest_even(x[j0 + i] * inverse);
-      c = c >= -127.0f ? (c <= 127.0f ? c : 127.0f) : -127.0f;  // a NaN (from a non-finite x) becomes -127
-      codes[j0 + i] = static_cast<std::int8_t>(static_cast<std::int32_t>(c));
-    }
+    for (int i = 0; i < head_size; ++i) codes[j0 + i] = static_cast<std::int8_t>(int8_code(x[j0 + i], inverse));
     set_int8_row_scale(codes, n, h, amax / 127.0f);
   }
 }
