@@ -137,30 +137,57 @@ TEST(AttentionPaged, BitIdenticalOnEveryIsa) {
   }
 }
 
+// Cache rows of dtype (to_rows()) read back as floats, row by row: what the attention kernels see.
+std::vector<float> from_rows(const std::vector<std::uint8_t>& rows, int kv_stride, int head_size, KvDtype dtype) {
+  const std::size_t row_bytes = kv_row_bytes(dtype, kv_stride, head_size), n_rows = rows.size() / row_bytes;
+  std::vector<float> x(n_rows * kv_stride);
+  for (std::size_t r = 0; r < n_rows; ++r) {
+    load_kv_row(x.data() + r * kv_stride, rows.data() + r * row_bytes, kv_stride, head_size, dtype);
+  }
+  return x;
+}
+
+// The two cache dtypes' case: GQA (4 query heads per kv head), heads of 64, 97 positions, in one block.
+struct CacheCase {
+  static constexpr int n_heads = 8, n_kv_heads = 2, head_size = 64, kv_stride = n_kv_heads * head_size, n_ctx = 97;
+  std::vector<float> q, k, v;
+
+  explicit CacheCase(std::uint32_t seed) {
+    std::mt19937 rng(seed);
+    q = test::random_floats(rng, static_cast<std::size_t>(n_heads) * head_size);
+    k = test::random_floats(rng, static_cast<std::size_t>(n_ctx) * kv_stride);
+    v = test::random_floats(rng, static_cast<std::size_t>(n_ctx) * kv_stride);
+  }
+  // attention_paged over k and v stored as rows of dtype.
+  std::vector<float> paged(const std::vector<std::uint8_t>& k_rows, const std::vector<std::uint8_t>& v_rows,
+                           KvDtype dtype) const {
+    std::vector<float> out(static_cast<std::size_t>(n_heads) * head_size), scratch(static_cast<std::size_t>(n_heads) * n_ctx);
+    const void* k_block = k_rows.data();
+    const void* v_block = v_rows.data();
+    attention_paged(out.data(), q.data(), &k_block, &v_block, dtype, n_ctx, scratch.data(), n_ctx, n_heads, n_kv_heads,
+                    head_size, kv_stride);
+    return out;
+  }
+  // The contiguous fp32 kernel over keys and values as floats.
+  std::vector<float> contiguous(const std::vector<float>& keys, const std::vector<float>& values) const {
+    std::vector<float> out(static_cast<std::size_t>(n_heads) * head_size), scratch(static_cast<std::size_t>(n_heads) * n_ctx);
+    attention(out.data(), q.data(), keys.data(), values.data(), scratch.data(), n_ctx, n_heads, n_kv_heads, head_size,
+              kv_stride);
+    return out;
+  }
+};
+
 // An fp16 cache is an fp32 cache of the rounded values: attention over the fp16 rows must equal, bit for
 // bit, fp32 attention over those rows converted back; and it stays close to attention over the unrounded
 // rows (each value within 2^-11 relative, so the output within a few 2^-11 of the fp32 output's scale).
 TEST(AttentionPaged, Fp16CacheIsFp32AttentionOverTheRoundedRows) {
-  std::mt19937 rng(11);
-  const int n_heads = 8, n_kv_heads = 2, head_size = 64, kv_stride = n_kv_heads * head_size, n_ctx = 97;
-  const std::vector<float> q = test::random_floats(rng, static_cast<std::size_t>(n_heads) * head_size);
-  const std::vector<float> k = test::random_floats(rng, static_cast<std::size_t>(n_ctx) * kv_stride);
-  const std::vector<float> v = test::random_floats(rng, static_cast<std::size_t>(n_ctx) * kv_stride);
-  const std::vector<std::uint8_t> k16 = to_rows(k, kv_stride, head_size, KvDtype::kF16);
-  const std::vector<std::uint8_t> v16 = to_rows(v, kv_stride, head_size, KvDtype::kF16);
-  std::vector<float> k_rounded(k.size()), v_rounded(v.size());
-  load_kv_row(k_rounded.data(), k16.data(), static_cast<int>(k.size()), head_size, KvDtype::kF16);
-  load_kv_row(v_rounded.data(), v16.data(), static_cast<int>(v.size()), head_size, KvDtype::kF16);
-  std::vector<float> scratch(static_cast<std::size_t>(n_heads) * n_ctx);
-  std::vector<float> half(n_heads * head_size), rounded(n_heads * head_size), exact(n_heads * head_size);
-  const void* k_block = k16.data();
-  const void* v_block = v16.data();
-  attention_paged(half.data(), q.data(), &k_block, &v_block, KvDtype::kF16, n_ctx, scratch.data(), n_ctx, n_heads,
-                  n_kv_heads, head_size, kv_stride);
-  attention(rounded.data(), q.data(), k_rounded.data(), v_rounded.data(), scratch.data(), n_ctx, n_heads, n_kv_heads,
-            head_size, kv_stride);
-  attention(exact.data(), q.data(), k.data(), v.data(), scratch.data(), n_ctx, n_heads, n_kv_heads, head_size,
-            kv_stride);
+  const CacheCase c(11);
+  const auto k16 = to_rows(c.k, c.kv_stride, c.head_size, KvDtype::kF16);
+  const auto v16 = to_rows(c.v, c.kv_stride, c.head_size, KvDtype::kF16);
+  const std::vector<float> half = c.paged(k16, v16, KvDtype::kF16);
+  const std::vector<float> rounded = c.contiguous(from_rows(k16, c.kv_stride, c.head_size, KvDtype::kF16),
+                                                  from_rows(v16, c.kv_stride, c.head_size, KvDtype::kF16));
+  const std::vector<float> exact = c.contiguous(c.k, c.v);
   EXPECT_EQ(std::memcmp(half.data(), rounded.data(), half.size() * sizeof(float)), 0);
   float scale = 0, worst = 0;
   for (std::size_t i = 0; i < exact.size(); ++i) {
@@ -176,28 +203,21 @@ TEST(AttentionPaged, Fp16CacheIsFp32AttentionOverTheRoundedRows) {
 // checked against a double-precision computation over the dequantized values), and it stays within the
 // int8 rounding of attention over the original rows (each value within max|x| / 254 of its head).
 TEST(AttentionPaged, Int8CacheIsAttentionOverTheDequantizedRows) {
-  std::mt19937 rng(12);
-  const int n_heads = 8, n_kv_heads = 2, head_size = 64, kv_stride = n_kv_heads * head_size, n_ctx = 97;
-  const std::vector<float> q = test::random_floats(rng, static_cast<std::size_t>(n_heads) * head_size);
-  const std::vector<float> k = test::random_floats(rng, static_cast<std::size_t>(n_ctx) * kv_stride);
-  const std::vector<float> v = test::random_floats(rng, static_cast<std::size_t>(n_ctx) * kv_stride);
-  const std::vector<std::uint8_t> k8 = to_rows(k, kv_stride, head_size, KvDtype::kInt8);
-  const std::vector<std::uint8_t> v8 = to_rows(v, kv_stride, head_size, KvDtype::kInt8);
-  const std::size_t row_bytes = kv_row_bytes(KvDtype::kInt8, kv_stride, head_size);
-  std::vector<float> k_back(k.size()), v_back(v.size());
-  for (int t = 0; t < n_ctx; ++t) {
-    load_kv_row(k_back.data() + t * kv_stride, k8.data() + t * row_bytes, kv_stride, head_size, KvDtype::kInt8);
-    load_kv_row(v_back.data() + t * kv_stride, v8.data() + t * row_bytes, kv_stride, head_size, KvDtype::kInt8);
-  }
+  const CacheCase c(12);
+  const int n_heads = c.n_heads, head_size = c.head_size, kv_stride = c.kv_stride, n_ctx = c.n_ctx;
+  const auto k8 = to_rows(c.k, kv_stride, head_size, KvDtype::kInt8);
+  const auto v8 = to_rows(c.v, kv_stride, head_size, KvDtype::kInt8);
+  const std::vector<float> k_back = from_rows(k8, kv_stride, head_size, KvDtype::kInt8);
+  const std::vector<float> v_back = from_rows(v8, kv_stride, head_size, KvDtype::kInt8);
   // Double-precision attention over the dequantized rows.
   std::vector<double> want(static_cast<std::size_t>(n_heads) * head_size, 0.0);
   for (int h = 0; h < n_heads; ++h) {
-    const int kv = h / (n_heads / n_kv_heads);
+    const int kv = h / (n_heads / c.n_kv_heads);
     std::vector<double> score(n_ctx);
     double max_score = -1e300, sum = 0;
     for (int t = 0; t < n_ctx; ++t) {
       double dot = 0;
-      for (int i = 0; i < head_size; ++i) dot += double(q[h * head_size + i]) * k_back[t * kv_stride + kv * head_size + i];
+      for (int i = 0; i < head_size; ++i) dot += double(c.q[h * head_size + i]) * k_back[t * kv_stride + kv * head_size + i];
       score[t] = dot / std::sqrt(double(head_size));
       max_score = std::max(max_score, score[t]);
     }
@@ -206,12 +226,8 @@ TEST(AttentionPaged, Int8CacheIsAttentionOverTheDequantizedRows) {
       for (int i = 0; i < head_size; ++i) want[h * head_size + i] += score[t] / sum * v_back[t * kv_stride + kv * head_size + i];
     }
   }
-  std::vector<float> scratch(static_cast<std::size_t>(n_heads) * n_ctx), got(n_heads * head_size), exact(n_heads * head_size);
-  const void* k_block = k8.data();
-  const void* v_block = v8.data();
-  attention_paged(got.data(), q.data(), &k_block, &v_block, KvDtype::kInt8, n_ctx, scratch.data(), n_ctx, n_heads,
-                  n_kv_heads, head_size, kv_stride);
-  attention(exact.data(), q.data(), k.data(), v.data(), scratch.data(), n_ctx, n_heads, n_kv_heads, head_size, kv_stride);
+  const std::vector<float> got = c.paged(k8, v8, KvDtype::kInt8);
+  const std::vector<float> exact = c.contiguous(c.k, c.v);
   float scale = 0, worst_float = 0, worst_int8 = 0;
   for (std::size_t i = 0; i < exact.size(); ++i) {
     scale = std::max(scale, std::abs(exact[i]));

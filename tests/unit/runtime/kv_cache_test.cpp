@@ -70,6 +70,46 @@ TEST(KvCache, BlocksGoBackToThePool) {
   EXPECT_EQ(pool.committed_blocks(), 5);
 }
 
+// Rows row_bytes apart inside their block, keys then values per layer, where the block table says: for
+// every layer and position of a cache reserved through position 11.
+void expect_rows_where_the_block_tables_say(const memory::KvBlockPool& pool, KvCache& cache, std::size_t row_bytes) {
+  for (int l = 0; l < kLayers; ++l) {
+    for (int p = 0; p < 12; ++p) {
+      const std::byte* block = pool.data(cache.block_table()[p / kBlockTokens]);
+      const std::size_t key_at = (static_cast<std::size_t>(2 * l) * kBlockTokens + p % kBlockTokens) * row_bytes;
+      EXPECT_EQ(static_cast<std::byte*>(cache.key_row(l, p)), block + key_at);
+      EXPECT_EQ(static_cast<std::byte*>(cache.value_row(l, p)), block + key_at + kBlockTokens * row_bytes);
+    }
+  }
+}
+
+// Stores key value(l, p, i) and value -value(l, p, i) through the kernels into every row of positions
+// 0-11, then reads each row back through attention's block pointers into check(l, p, keys, values).
+template <typename Value, typename Check>
+void store_and_read_back(KvCache& cache, Value&& value, Check&& check) {
+  const kernels::cpu::KvDtype dtype = cache.kv_dtype();
+  float row[kKvDim];
+  for (int l = 0; l < kLayers; ++l) {
+    for (int p = 0; p < 12; ++p) {
+      for (int i = 0; i < kKvDim; ++i) row[i] = value(l, p, i);
+      kernels::cpu::store_kv_row(cache.key_row(l, p), row, kKvDim, kHeadSize, dtype);
+      for (int i = 0; i < kKvDim; ++i) row[i] = -row[i];
+      kernels::cpu::store_kv_row(cache.value_row(l, p), row, kKvDim, kHeadSize, dtype);
+    }
+  }
+  for (int l = 0; l < kLayers; ++l) {
+    for (int p = 0; p < 12; ++p) {
+      float k[kKvDim], v[kKvDim];
+      const std::size_t at = (p % kBlockTokens) * cache.row_bytes();
+      kernels::cpu::load_kv_row(k, static_cast<const std::byte*>(cache.key_blocks(l)[p / kBlockTokens]) + at, kKvDim,
+                                kHeadSize, dtype);
+      kernels::cpu::load_kv_row(v, static_cast<const std::byte*>(cache.value_blocks(l)[p / kBlockTokens]) + at, kKvDim,
+                                kHeadSize, dtype);
+      check(l, p, k, v);
+    }
+  }
+}
+
 // An int8 cache: each row is its kKvDim codes then one float scale per head (kv_row_bytes), rows follow
 // each other at that stride inside their block, and a row stored through the kernels reads back through
 // attention's block pointers within half a scale of what was stored.
@@ -83,42 +123,20 @@ TEST(KvCache, Int8RowsAreCodesThenAScalePerHead) {
   KvCache cache(pool, kLayers, kKvDim, kHeadSize, kBlockTokens, 12, KvDtype::kInt8);
   EXPECT_EQ(cache.kv_dtype(), KvDtype::kInt8);
   cache.reserve_through(11);
-  for (int l = 0; l < kLayers; ++l) {
-    for (int p = 0; p < 12; ++p) {
-      const std::byte* block = pool.data(cache.block_table()[p / kBlockTokens]);
-      const std::size_t key_at = (static_cast<std::size_t>(2 * l) * kBlockTokens + p % kBlockTokens) * row_bytes;
-      EXPECT_EQ(static_cast<std::byte*>(cache.key_row(l, p)), block + key_at);
-      EXPECT_EQ(static_cast<std::byte*>(cache.value_row(l, p)), block + key_at + kBlockTokens * row_bytes);
-    }
-  }
+  EXPECT_EQ(cache.row_bytes(), row_bytes);
+  expect_rows_where_the_block_tables_say(pool, cache, row_bytes);
   auto value = [](int l, int p, int i) { return 0.5f + 100.0f * l + 8.0f * p + i * (i % 2 ? -1.0f : 1.0f); };
-  float row[kKvDim];
-  for (int l = 0; l < kLayers; ++l) {
-    for (int p = 0; p < 12; ++p) {
-      for (int i = 0; i < kKvDim; ++i) row[i] = value(l, p, i);
-      kernels::cpu::store_kv_row(cache.key_row(l, p), row, kKvDim, kHeadSize, KvDtype::kInt8);
-      for (int i = 0; i < kKvDim; ++i) row[i] = -row[i];
-      kernels::cpu::store_kv_row(cache.value_row(l, p), row, kKvDim, kHeadSize, KvDtype::kInt8);
-    }
-  }
-  for (int l = 0; l < kLayers; ++l) {
-    for (int p = 0; p < 12; ++p) {
-      float k[kKvDim], v[kKvDim];
-      const auto* k_block = static_cast<const std::byte*>(cache.key_blocks(l)[p / kBlockTokens]);
-      const auto* v_block = static_cast<const std::byte*>(cache.value_blocks(l)[p / kBlockTokens]);
-      kernels::cpu::load_kv_row(k, k_block + (p % kBlockTokens) * row_bytes, kKvDim, kHeadSize, KvDtype::kInt8);
-      kernels::cpu::load_kv_row(v, v_block + (p % kBlockTokens) * row_bytes, kKvDim, kHeadSize, KvDtype::kInt8);
-      for (int h = 0; h < kKvDim / kHeadSize; ++h) {
-        float amax = 0;
-        for (int i = h * kHeadSize; i < (h + 1) * kHeadSize; ++i) amax = std::max(amax, std::abs(value(l, p, i)));
-        const float half_scale = amax / 127.0f / 2.0f * 1.0001f;
-        for (int i = h * kHeadSize; i < (h + 1) * kHeadSize; ++i) {
-          ASSERT_NEAR(k[i], value(l, p, i), half_scale) << "layer " << l << " pos " << p << " value " << i;
-          ASSERT_NEAR(v[i], -value(l, p, i), half_scale) << "layer " << l << " pos " << p << " value " << i;
-        }
+  store_and_read_back(cache, value, [&](int l, int p, const float* k, const float* v) {
+    for (int h = 0; h < kKvDim / kHeadSize; ++h) {
+      float amax = 0;
+      for (int i = h * kHeadSize; i < (h + 1) * kHeadSize; ++i) amax = std::max(amax, std::abs(value(l, p, i)));
+      const float half_scale = amax / 127.0f / 2.0f * 1.0001f;
+      for (int i = h * kHeadSize; i < (h + 1) * kHeadSize; ++i) {
+        ASSERT_NEAR(k[i], value(l, p, i), half_scale) << "layer " << l << " pos " << p << " value " << i;
+        ASSERT_NEAR(v[i], -value(l, p, i), half_scale) << "layer " << l << " pos " << p << " value " << i;
       }
     }
-  }
+  });
 }
 
 TEST(KvCache, ExhaustionIsAResourceError) {
@@ -143,38 +161,17 @@ TEST(KvCache, Fp16RowsHaveHalfTheBytesAndTheSameLayout) {
   // Rows at 2-byte strides inside their block, keys then values per layer, the last value row ending at the
   // block's fp16 size.
   const std::size_t row_bytes = kKvDim * 2;
-  for (int l = 0; l < kLayers; ++l) {
-    for (int p = 0; p < 12; ++p) {
-      const std::byte* block = pool.data(cache.block_table()[p / kBlockTokens]);
-      const std::size_t key_at = (static_cast<std::size_t>(2 * l) * kBlockTokens + p % kBlockTokens) * row_bytes;
-      EXPECT_EQ(static_cast<std::byte*>(cache.key_row(l, p)), block + key_at);
-      EXPECT_EQ(static_cast<std::byte*>(cache.value_row(l, p)), block + key_at + kBlockTokens * row_bytes);
-    }
-  }
+  EXPECT_EQ(cache.row_bytes(), row_bytes);
+  expect_rows_where_the_block_tables_say(pool, cache, row_bytes);
   EXPECT_EQ(static_cast<std::byte*>(cache.value_row(kLayers - 1, kBlockTokens - 1)) + row_bytes,
             pool.data(cache.block_table()[0]) + KvCache::block_bytes(kLayers, kKvDim, kHeadSize, kBlockTokens, KvDtype::kF16));
-  float row[kKvDim];
-  for (int l = 0; l < kLayers; ++l) {
-    for (int p = 0; p < 12; ++p) {
-      for (int i = 0; i < kKvDim; ++i) row[i] = 100.0f * l + 8.0f * p + i;  // exact in fp16
-      kernels::cpu::store_kv_row(cache.key_row(l, p), row, kKvDim, kHeadSize, KvDtype::kF16);
-      for (int i = 0; i < kKvDim; ++i) row[i] = -row[i];
-      kernels::cpu::store_kv_row(cache.value_row(l, p), row, kKvDim, kHeadSize, KvDtype::kF16);
+  auto value = [](int l, int p, int i) { return 100.0f * l + 8.0f * p + i; };  // exact in fp16
+  store_and_read_back(cache, value, [&](int l, int p, const float* k, const float* v) {
+    for (int i = 0; i < kKvDim; ++i) {
+      ASSERT_EQ(k[i], value(l, p, i)) << "layer " << l << " pos " << p;
+      ASSERT_EQ(v[i], -value(l, p, i)) << "layer " << l << " pos " << p;
     }
-  }
-  for (int l = 0; l < kLayers; ++l) {
-    for (int p = 0; p < 12; ++p) {
-      float k[kKvDim], v[kKvDim];
-      kernels::cpu::load_kv_row(k, static_cast<const std::uint16_t*>(cache.key_blocks(l)[p / kBlockTokens]) +
-                                       (p % kBlockTokens) * kKvDim, kKvDim, kHeadSize, KvDtype::kF16);
-      kernels::cpu::load_kv_row(v, static_cast<const std::uint16_t*>(cache.value_blocks(l)[p / kBlockTokens]) +
-                                       (p % kBlockTokens) * kKvDim, kKvDim, kHeadSize, KvDtype::kF16);
-      for (int i = 0; i < kKvDim; ++i) {
-        ASSERT_EQ(k[i], 100.0f * l + 8.0f * p + i) << "layer " << l << " pos " << p;
-        ASSERT_EQ(v[i], -(100.0f * l + 8.0f * p + i)) << "layer " << l << " pos " << p;
-      }
-    }
-  }
+  });
 }
 
 // --kv-dtype auto: fp32 keeps fp32 weights on the reference arithmetic; bf16 and int8 take fp16 on the
