@@ -13,12 +13,12 @@
 // bf16: x comes split into two bf16 halves, hi = bf16(x) and lo = bf16(x - hi), and C += hi·W + lo·W. A
 // product of two bf16 values is exact in fp32 and hi + lo keeps 16 significant bits of x, so the
 // activations are not rounded to bf16 (relative error <= 2^-17 rather than 2^-9); the sums are fp32.
-// int8: per group (32, 64 or 128 k: 1, 2 or 4 tile multiplies into one C), C = Σ x_q (w_q + 128), the exact integer
-// vpdpbusd computes, then the VNNI kernel's fp32 epilogue in the same order: the results are bit-identical
-// to tile_kernels_avx512_vnni.cpp, which therefore also takes the tiles of fewer than 4 rows, where it is
-// faster. Storing C and scaling it in the epilogue cost as much as the multiplies (a tile store costs about
-// four tile multiplies), hence groups of 128 k wherever k allows, 64 for wo's head slices (weight_format.h), and an epilogue that runs
-// between the next group's multiplies (int8_rows).
+// int8: per group (32 to 128 k: one to three tile multiplies of 32 or 64 k into one C), C = Σ x_q (w_q +
+// 128), the exact integer vpdpbusd computes, then the VNNI kernel's fp32 epilogue in the same order: the
+// results are bit-identical to tile_kernels_avx512_vnni.cpp, which therefore also takes the tiles of fewer
+// than 4 rows, where it is faster. Storing C and scaling it in the epilogue cost as much as the multiplies (a
+// tile store costs about four tile multiplies), hence groups of 128 k wherever k allows, 64 for wo's head
+// slices (weight_format.h), and an epilogue that runs between the next group's multiplies (int8_rows).
 // AMX rows are independent, so a row's result never depends on the rows that came with it.
 //
 // Measured (BENCHMARKS.md, issue #7): bf16 batch 16 is 1.5-2x the AVX-512 kernel's. A single row needs
@@ -147,19 +147,24 @@ void bf16_tile(const Tile& t) {
 
 // ---- int8 -------------------------------------------------------------------------------------------
 
-// 32 k (block b) of panel P added to C_P (tile P): A (tile 4: those 32 k of x) x B. The block
+// 32 k (block b) or, where the group holds an even number of blocks, 64 k (blocks b and b + 1, which are
+// contiguous in a panel: one 16-row B tile) of panel P added to C_P (tile P): A (tile 4: those k of x) x B.
+// A tile multiply takes as long with 32 k as with 64 (measured: 16 cycles either way), so 64 k halves the
+// multiplies and the A loads per weight: -2 to -3% for a batch-16 step's int8 matmuls of the 110M shape, four
+// interleaved runs (an earlier kernel, whose epilogue ran once per block, measured -2 to +1%). The block
 // kInt8PrefetchBlocks ahead (or the start of the next tile) is prefetched: +35% for batch-16 decode on the
 // 110M shape against none. Into L2 (T1), not L1 as bf16's: the weights of four panels 8 KiB ahead crowd
 // L1, and a tile load finds its lines in L2 about as fast. Measured on a batch-16 step's int8 matmuls of the
 // 110M shape, variants interleaved step by step in one process (the VM's noise is +-10% between runs): -5%
-// against L1 prefetches in three runs. Also tried there: 64-k tile multiplies (two blocks per B tile: half
-// the loads and multiplies; -2 to +1%), A tiles alternating between two registers (no gain), the C tiles
-// preloaded with the -128 x sum offset instead of the epilogue's subtraction (+5 to +9%), and 16 KiB ahead
-// (+6%).
+// against L1 prefetches in three runs (again about even with 64-k multiplies, as were 4 and 12 KiB ahead).
+// Also tried there: A tiles alternating between two registers (no gain), the C tiles preloaded with the
+// -128 x sum offset instead of the epilogue's subtraction (+5 to +9%), 16 KiB ahead (+6%), and no epilogue
+// at all (timing only: +7% and +12% slower, twice; how the loads meet the memory stream, not the epilogue's
+// arithmetic, sets the pace).
 #define SHARDLINE_AMX_INT8_PANEL(P, B)                                                                 \
   do {                                                                                                 \
     _tile_loadd(B, w + (P) * t.panel_stride + static_cast<std::size_t>(b) * 512, 64);                  \
-    if (ahead != nullptr) prefetch_lines<2>(ahead + (P) * t.panel_stride, 8);               \
+    if (ahead != nullptr) prefetch_lines<2>(ahead + (P) * t.panel_stride, 8 * blocks_per_multiply);   \
     _tile_dpbsud(P, 4, B);                                                                             \
   } while (0)
 
@@ -194,14 +199,15 @@ template <int P>
 void int8_rows(const Tile& t, int r0, int m) {
   TileConfig config;
   for (int p = 0; p < P; ++p) config.shape(p, m, 64);
-  config.shape(4, m, 32);
-  config.shape(6, 8, 64);
-  config.shape(7, 8, 64);
+  const int blocks_per_group = t.int8_group / 32;
+  const int blocks_per_multiply = blocks_per_group % 2 == 0 ? 2 : 1;  // 64 k where the group allows
+  config.shape(4, m, 32 * blocks_per_multiply);
+  config.shape(6, 8 * blocks_per_multiply, 64);
+  config.shape(7, 8 * blocks_per_multiply, 64);
   use_tile_config(config);
   const char* w = reinterpret_cast<const char*>(t.panels);
   const int groups = t.k / t.int8_group;
   const int blocks = t.k / 32;
-  const int blocks_per_group = t.int8_group / 32;
   const std::size_t scales_offset = static_cast<std::size_t>(t.k) * 16;
   const char* x = static_cast<const char*>(t.x) + static_cast<std::size_t>(r0) * t.x_stride;
   const float* x_scales = t.x_scales + static_cast<std::size_t>(r0) * groups;
@@ -209,15 +215,17 @@ void int8_rows(const Tile& t, int r0, int m) {
   float* out = t.out + r0 * kTileStride;
   alignas(64) std::int32_t dots[2][4][kAmxRows * 16];
   alignas(64) float w_scales[2][4][16];
-  const int rows_per_block = (m + blocks_per_group - 1) / blocks_per_group;  // of the previous group's epilogue
+  const int multiplies_per_group = blocks_per_group / blocks_per_multiply;
+  // Rows of the previous group's epilogue after each of this group's multiplies.
+  const int rows_per_multiply = (m + multiplies_per_group - 1) / multiplies_per_group;
   for (int g = 0; g < groups; ++g) {
     const int buffer = g & 1, previous = buffer ^ 1;
     _tile_zero(0);
     if constexpr (P > 1) _tile_zero(1);
     if constexpr (P > 2) _tile_zero(2);
     if constexpr (P > 3) _tile_zero(3);
-    for (int bi = 0; bi < blocks_per_group; ++bi) {
-      const int b = g * blocks_per_group + bi;
+    for (int i = 0; i < multiplies_per_group; ++i) {
+      const int b = g * blocks_per_group + i * blocks_per_multiply;
       const char* ahead = block_ahead(t, w, b + kInt8PrefetchBlocks, blocks, 512, r0 + m == t.n_rows);
       _tile_loadd(4, x + b * 32, t.x_stride);
       SHARDLINE_AMX_INT8_PANEL(0, 6);
@@ -225,7 +233,8 @@ void int8_rows(const Tile& t, int r0, int m) {
       if constexpr (P > 2) SHARDLINE_AMX_INT8_PANEL(2, 6);
       if constexpr (P > 3) SHARDLINE_AMX_INT8_PANEL(3, 7);
       if (g > 0) {
-        const int r_begin = bi * rows_per_block, r_end = r_begin + rows_per_block < m ? r_begin + rows_per_block : m;
+        const int r_begin = i * rows_per_multiply;
+        const int r_end = r_begin + rows_per_multiply < m ? r_begin + rows_per_multiply : m;
         int8_group_epilogue<P>(dots[previous], w_scales[previous], x_scales, x_sums, groups, g - 1, out, r_begin,
                                r_end);
       }
