@@ -12,13 +12,13 @@ constexpr std::uint64_t kF = sizeof(float);
 // int8 k values per scale of the matrices tensor parallelism slices along k, chosen from the model alone so
 // that every layout groups them alike (see the constructor): the widest group on whose multiples every TP
 // rank's slice of every valid layout (tp divides n_kv_heads) starts and ends.
-//   wo: a rank's slice is its heads, a multiple of (n_heads / n_kv_heads) x head_size columns: 128, 64
-//       (heads of 64, the common size) or 32;
+//   wo: a rank's slice is its heads, a multiple of (n_heads / n_kv_heads) x head_size columns: 128, 96,
+//       64 (heads of 64, the common size) or 32;
 //   w2: partition::split_hidden cuts hidden in blocks of 128 when it has at least one per rank, else 32.
 constexpr int kWide = kernels::cpu::kInt8WideGroup;
 int wo_int8_group(const partition::ModelShape& s) {
   const int smallest_slice = s.n_heads / s.n_kv_heads * s.head_size();
-  for (const int group : {kWide, kernels::cpu::kInt8HeadGroup}) {
+  for (const int group : {kWide, 96, kernels::cpu::kInt8HeadGroup}) {
     if (s.dim % group == 0 && smallest_slice % group == 0) return group;
   }
   return kernels::cpu::kInt8Block;

@@ -5,7 +5,7 @@
 // Activations are prepared once per input and reused by every matrix that reads it (wq, wk and wv share
 // the normalised x; w1 and w3 share it too). fp32 and bf16 weights multiply fp32 activations as they are
 // (bf16 weights are widened to fp32 in registers: exact, and no rounding of x); int8 weights need x
-// quantised to int8 in the weights' groups of 32, 64 or 128 k (scale and sum per group), for vpdpbusd / TDPBSUD. On AMX, bf16
+// quantised to int8 in the weights' groups of 32, 64, 96 or 128 k (scale and sum per group), for vpdpbusd / TDPBSUD. On AMX, bf16
 // weights multiply x split into two bf16 halves (hi + lo keeps 16 significant bits of x, and each product
 // of two bf16 values is exact in fp32), so AMX does not round the activations to bf16 either.
 //

@@ -19,7 +19,7 @@
 
 namespace shardline::kernels::cpu::row {
 
-// One row of x (k values) as int8 in groups of `group` (32, 64 or 128, dividing kp = k padded to 32): per group,
+// One row of x (k values) as int8 in groups of `group` (32, 64, 96 or 128, dividing kp = k padded to 32): per group,
 // scale = max|x| / 127 and q = round(x / scale), with the sum of q (the int8 kernels undo their +128 weight
 // offset with it); q is zero past k.
 using QuantizeInt8Row = void (*)(const float* x, int k, int kp, int group, std::int8_t* q, float* scales,

@@ -2,7 +2,7 @@
 // row_kernels_avx512.cpp. Plain loops with fixed trip counts where the compiler should vectorise, and no
 // standard-library templates (see row_kernels.h on why the ISA files share no inline code).
 
-constexpr int kMaxGroup = 128;  // k values per int8 scale: 32, 64 or 128 (weight_format.h: int8_group)
+constexpr int kMaxGroup = 128;  // k values per int8 scale: 32, 64, 96 or 128 (weight_format.h: int8_group)
 constexpr int kLanes = 16;  // partial sums of the attention dot product
 
 inline float max_of(float a, float b) { return a > b ? a : b; }

@@ -25,7 +25,7 @@ struct Tile {
   // Prepared rows (see Activations), already offset to the first row of the tile.
   const void* x = nullptr;            // fp32 values (fp32 and bf16 weights) or int8 values
   int x_stride = 0;                   // elements between rows of x
-  int int8_group = 0;                 // int8: k values per scale (32, 64 or 128; weight_format.h), dividing k
+  int int8_group = 0;                 // int8: k values per scale (32, 64, 96 or 128; weight_format.h), dividing k
   const float* x_scales = nullptr;    // int8: per row, k / int8_group scales
   const std::int32_t* x_sums = nullptr;  // int8: per row, k / int8_group sums of q
   // bf16 weights on AMX: x as two bf16 halves (x ~ hi + lo), rows of x_bf16_stride elements, zero past k.

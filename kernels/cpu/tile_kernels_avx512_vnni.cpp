@@ -1,7 +1,7 @@
 // The AVX512_VNNI int8 tile kernel (compiled with -mavx512vnni and AVX-512 F/BW/VL/DQ).
 //
 // vpdpbusd multiplies 16 features x one k quad (unsigned weights q + 128) by the row's broadcast signed
-// int8 quad into int32. After each group (32, 64 or 128 k) the exact integer dot, corrected for the +128 offset (128 *
+// int8 quad into int32. After each group (32, 64, 96 or 128 k) the exact integer dot, corrected for the +128 offset (128 *
 // the group's sum of x), is scaled by weight scale * x scale and added in fp32.
 // Register blocks as in the fp32 kernel (tile_kernels_avx512.cpp); int8 keeps both an int32 and an fp32
 // accumulator per (row, panel), hence R x P <= 12.

@@ -98,7 +98,7 @@ void bf16_tile(const Tile& t) {
   }
 }
 
-// Integer dot products per group (32, 64 or 128 k) are exact; each group's sum is then scaled by (weight scale *
+// Integer dot products per group (32, 64, 96 or 128 k) are exact; each group's sum is then scaled by (weight scale *
 // x scale) and added in float, in the same order as the VNNI kernel.
 template <int R>
 void int8_rows(const std::uint8_t* w, const std::int8_t* x, int x_stride, const float* x_scales, int k, int group,

@@ -111,12 +111,17 @@ double typical_bytes_per_weight(WeightDtype dtype) {
   return 4.0;
 }
 
-int default_int8_group(int k) { return k % kInt8WideGroup == 0 ? kInt8WideGroup : kInt8Block; }
+int default_int8_group(int k) {
+  for (int group = kInt8WideGroup; group > kInt8Block; group -= kInt8Block) {
+    if (k % group == 0) return group;
+  }
+  return kInt8Block;
+}
 
 int int8_groups(int k, int group) {
   if (group == 0) group = default_int8_group(k);
-  SL_CHECK_MSG(group == kInt8Block || group == kInt8HeadGroup || group == kInt8WideGroup,
-               "int8 group of {} k values (32, 64 or 128)", group);
+  SL_CHECK_MSG(group >= kInt8Block && group <= kInt8WideGroup && group % kInt8Block == 0,
+               "int8 group of {} k values (32, 64, 96 or 128)", group);
   const int kp = padded_k(WeightDtype::kInt8, k);
   SL_CHECK_MSG(kp % group == 0, "int8 groups of {} do not divide k = {} (padded to {})", group, k, kp);
   return kp / group;

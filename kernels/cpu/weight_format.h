@@ -6,14 +6,14 @@
 //   fp32: panel[k][16]                      one float per feature per k
 //   bf16: panel[k/2][16][2]                 k pairs, the operand layout of AVX512_BF16's vdpbf16ps
 //   int8: panel[k/32][8][16][4] (+ scales)  k quads, the operand layout of AVX512_VNNI's vpdpbusd;
-//         one fp16 scale per feature per group of 32, 64 or 128 k values (the matrix's int8_group, after
-//         the quads of the panel); value = scale * q with q in [-127, 127], stored as q + 128 (unsigned,
-//         what vpdpbusd multiplies). With groups of 128 the kernels convert and scale a group's exact
-//         integer dot a quarter as often as with Q8_0's 32, which is what batched int8 decode spends its
-//         time on (BENCHMARKS.md, issue #7). The default is 128 where k is a multiple of 128, else 32; for
-//         the matrices that tensor parallelism slices along k (wo, w2) the runtime asks for the widest of
-//         128, 64 and 32 on which every layout's slices fall, so that a TP rank's groups are one rank's
-//         groups (see runtime/shard_weights.cpp).
+//         one fp16 scale per feature per group of 32, 64, 96 or 128 k values (the matrix's int8_group,
+//         after the quads of the panel); value = scale * q with q in [-127, 127], stored as q + 128
+//         (unsigned, what vpdpbusd multiplies). With groups of 128 the kernels convert and scale a group's
+//         exact integer dot a quarter as often as with Q8_0's 32, which is what batched int8 decode spends
+//         its time on (BENCHMARKS.md, issue #7). The default is the widest of 128, 96, 64 and 32 that
+//         divides k (128 for the common dims; 96 for the 15M shape's 288); for the matrices that tensor
+//         parallelism slices along k (wo, w2) the runtime asks for the widest on which every layout's slices
+//         fall, so that a TP rank's groups are one rank's groups (see runtime/shard_weights.cpp).
 // A decode GEMV then streams each panel once, front to back, and a batch of n rows multiplies every
 // loaded weight vector by n broadcast activations: no horizontal sums, no transposes.
 // The bf16 and int8 panels are also AMX's B operand as they stand: 32 k of a bf16 panel are one 16-row tile
@@ -46,9 +46,10 @@ std::optional<WeightDtype> parse_weight_dtype(std::string_view name);
 // k as stored: padded to kBf16Block (bf16) or kInt8Block (int8).
 int padded_k(WeightDtype dtype, int k);
 int panel_count(int d);
-// The default k values per int8 scale for rows of k values: 128 where k is a multiple of it, else 32.
+// The default k values per int8 scale for rows of k values: the widest of 128, 96, 64 and 32 that divides k
+// (32 also where none does: k is padded to 32).
 int default_int8_group(int k);
-// Scale groups of an int8 row of k values in groups of `group` (32, 64 or 128; 0: the default).
+// Scale groups of an int8 row of k values in groups of `group` (32, 64, 96 or 128; 0: the default).
 int int8_groups(int k, int group = 0);
 // Bytes per weight of a whole model in dtype, for estimates (the planner, auto-planned runs): 4, 2, and for
 // int8 about 1.03 (a fp16 scale per 128 weights, per 64 or 32 for wo and w2 where their TP slices need it).
@@ -73,7 +74,7 @@ struct PackedMatrix {
 // Packs W into dst (packed_size_bytes(dtype, d, k, int8_group) bytes, kPackedAlignment-aligned). W is read
 // row by row with a row stride: w[i * w_row_stride + j] is W(i, j), so a column slice of a bigger matrix (wo
 // and w2 under tensor parallelism) packs without an intermediate copy. int8_group: int8's k values per
-// scale, 32, 64 or 128 (0: default_int8_group(k)); the PackedMatrix must say the same. Uses the kernel threads.
+// scale, 32, 64, 96 or 128 (0: default_int8_group(k)); the PackedMatrix must say the same. Uses the kernel threads.
 void pack_weights(WeightDtype dtype, const float* w, std::size_t w_row_stride, int d, int k, std::byte* dst,
                   int int8_group = 0);
 

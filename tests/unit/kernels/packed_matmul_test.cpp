@@ -149,10 +149,14 @@ TEST(WeightFormat, PackedSizesArePanelsOfAlignedBytes) {
   // int8 at k = 768: 16 x 768 quads + 6 groups of 128 x 16 fp16 scales = 1.016 bytes per weight.
   EXPECT_EQ(default_int8_group(768), 128);
   EXPECT_EQ(packed_size_bytes(WeightDtype::kInt8, 16, 768), 16u * 768 + 6 * 16 * 2);
-  // k = 288 is no multiple of 128: groups of 32, as Q8_0 (1.0625 bytes per weight).
-  EXPECT_EQ(default_int8_group(288), 32);
-  EXPECT_EQ(int8_groups(288), 9);
-  EXPECT_EQ(packed_size_bytes(WeightDtype::kInt8, 16, 288), 4928u);  // 4608 + 288 bytes, 64-byte aligned
+  // k = 288 is no multiple of 128: the widest multiple of 32 up to 128 that divides it, 96 (1.021 bytes per
+  // weight); 320 takes 64, and 800, which only 32 divides, groups of 32 as Q8_0 (1.0625 bytes per weight).
+  EXPECT_EQ(default_int8_group(288), 96);
+  EXPECT_EQ(int8_groups(288), 3);
+  EXPECT_EQ(packed_size_bytes(WeightDtype::kInt8, 16, 288), 4736u);  // 4608 + 96 bytes, 64-byte aligned
+  EXPECT_EQ(default_int8_group(320), 64);
+  EXPECT_EQ(default_int8_group(800), 32);
+  EXPECT_EQ(packed_size_bytes(WeightDtype::kInt8, 16, 800), 13632u);  // 12800 + 800 bytes, 64-byte aligned
   // k = 45: padded to 64, two groups of 32.
   EXPECT_EQ(int8_groups(45), 2);
   for (WeightDtype dtype : kDtypes) {
@@ -484,7 +488,8 @@ TEST(PackedMatmul, QuantisedResultsStayCloseToFp32) {
 // The runtime packs wo and w2 in int8 groups of 64 or 32 even where k would take 128 when a layout's TP
 // slices of k need it (runtime/shard_weights.cpp): those groupings run on every ISA (6 rows: the VNNI
 // kernel; 16: AMX where the CPU has it), match the reference, and activations prepared in another grouping
-// are refused rather than misread. Group sizes other than 32, 64 and 128 are refused.
+// are refused rather than misread. Group sizes other than 32, 64, 96 and 128, and groups that do not divide
+// the padded k, are refused.
 TEST(PackedMatmul, Int8GroupsOf64And32WhereKWouldTake128) {
   std::mt19937 rng(16);
   const int k = 512, d = 40;
@@ -515,7 +520,8 @@ TEST(PackedMatmul, Int8GroupsOf64And32WhereKWouldTake128) {
                    fmt::format("groups of 128 used with weights in groups of {}", group));
     }
   }
-  EXPECT_DEATH(int8_groups(k, 96), "int8 group of 96 k values \\(32, 64 or 128\\)");
+  EXPECT_DEATH(int8_groups(k, 48), "int8 group of 48 k values \\(32, 64, 96 or 128\\)");
+  EXPECT_DEATH(int8_groups(k, 96), "int8 groups of 96 do not divide k = 512");
 }
 
 TEST(PackedMatmul, ARowsResultDoesNotDependOnItsBatchOrTheThreadCount) {
