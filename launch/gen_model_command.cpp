@@ -33,7 +33,7 @@ int gen_model_command(const std::vector<std::string>& args) {
       ("unshared-classifier", po::bool_switch(&unshared), "write a separate classifier matrix")
       ("seed", po::value(&seed)->default_value(42), "random seed (same seed and shape = same file)")
       ("out", po::value(&out)->required(), "checkpoint path to write, e.g. model.bin")
-      ("tokenizer-out", po::value(&tokenizer_out), "tokenizer path (default: <out>.tokenizer.bin)");
+      ("tokenizer-out", po::value(&tokenizer_out), "tokenizer path (default: --out with its extension replaced by .tokenizer.bin)");
   po::variables_map vm;
   const std::string usage =
       "Usage: shardline gen-model (--preset NAME | --dim D --hidden H --layers L --heads N --vocab V --seq S) "

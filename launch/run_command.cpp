@@ -121,7 +121,7 @@ std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, 
       ("kv-blocks", po::value(&c.engine.kv_blocks)->default_value(0, "auto"),
        "KV cache blocks per rank (auto: 64 full contexts of address space, committed as used); sequences beyond it wait and start as others finish")
       ("weights-dtype", po::value(&weights_dtype)->default_value("fp32"),
-       "convert the weight matrices at load to fp32|bf16|int8 (int8: a fp16 scale per 128 weights; per 64 or 32 where k or a TP slice needs it)")
+       "convert the weight matrices at load to fp32|bf16|int8 (int8: a fp16 scale per 128 weights; per 96, 64 or 32 where k or a TP slice needs it)")
       ("kv-dtype", po::value(&kv_dtype)->default_value("auto"), kKvDtypeFlagHelp)
       ("isa", po::value(&isa)->default_value("auto"), kIsaFlagHelp)
       ("comm-timeout", po::value(&c.comm_timeout_s)->default_value(120.0, "120"),

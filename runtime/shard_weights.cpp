@@ -12,13 +12,13 @@ constexpr std::uint64_t kF = sizeof(float);
 // int8 k values per scale of the matrices tensor parallelism slices along k, chosen from the model alone so
 // that every layout groups them alike (see the constructor): the widest group on whose multiples every TP
 // rank's slice of every valid layout (tp divides n_kv_heads) starts and ends.
-//   wo: a rank's slice is its heads, a multiple of (n_heads / n_kv_heads) x head_size columns: 128, 96,
-//       64 (heads of 64, the common size) or 32;
+//   wo: a rank's slice is its heads, a multiple of (n_heads / n_kv_heads) x head_size columns: the widest
+//       of 128, 96, 64 (heads of 64, the common size) and 32 that divides both that and dim;
 //   w2: partition::split_hidden cuts hidden in blocks of 128 when it has at least one per rank, else 32.
 constexpr int kWide = kernels::cpu::kInt8WideGroup;
 int wo_int8_group(const partition::ModelShape& s) {
   const int smallest_slice = s.n_heads / s.n_kv_heads * s.head_size();
-  for (const int group : {kWide, 96, kernels::cpu::kInt8HeadGroup}) {
+  for (int group = kWide; group > kernels::cpu::kInt8Block; group -= kernels::cpu::kInt8Block) {
     if (s.dim % group == 0 && smallest_slice % group == 0) return group;
   }
   return kernels::cpu::kInt8Block;
@@ -53,13 +53,13 @@ ShardWeights::ShardWeights(const std::string& path, const partition::ModelShape&
     w.rms_att = map_floats(at.rms_att + l * d * kF, d, true);
     w.rms_ffn = map_floats(at.rms_ffn + l * d * kF, d, true);
     // Row slices (q/k/v, w1/w3: this rank's output features) and column slices (wo, w2: its input features).
-    // int8 scales wo and w2 in the widest groups (128, 64 or 32 k) on which every valid layout's TP slices
+    // int8 scales wo and w2 in the widest groups (128, 96, 64 or 32 k) on which every valid layout's TP slices
     // of their k fall (wo_int8_group, w2_int8_group): a slice is then grouped exactly as one rank groups
     // those columns, so TP ranks quantise the same weights as one rank on every layout. (The 110M shape: w2
     // per 128, 16 blocks for at most 12 ranks; wo per 64, since tp=12 gives a rank one head of 64 columns.)
     // Groups of 128 scale a quarter as often as 32, which is what batched int8 decode spends its time on
-    // (BENCHMARKS.md, issue #7). The other matrices are never sliced along k and take groups of 128 where
-    // k allows (kernels/cpu/weight_format.h).
+    // (BENCHMARKS.md, issue #7). The other matrices are never sliced along k and take the widest of 128, 96,
+    // 64 and 32 that divides k (kernels/cpu/weight_format.h).
     w.wq = convert(at.wq + (l * d * d + q_begin * d) * kF, q_rows, shape.dim, all_dim);
     w.wk = convert(at.wk + (l * kv * d + kv_begin * d) * kF, kv_rows, shape.dim, all_dim);
     w.wv = convert(at.wv + (l * kv * d + kv_begin * d) * kF, kv_rows, shape.dim, all_dim);

@@ -17,8 +17,8 @@
 // 128), the exact integer vpdpbusd computes, then the VNNI kernel's fp32 epilogue in the same order: the
 // results are bit-identical to tile_kernels_avx512_vnni.cpp, which therefore also takes the tiles of fewer
 // than 4 rows, where it is faster. Storing C and scaling it in the epilogue cost as much as the multiplies (a
-// tile store costs about four tile multiplies), hence groups of 128 k wherever k allows, 64 for wo's head
-// slices (weight_format.h), and an epilogue that runs between the next group's multiplies (int8_rows).
+// tile store costs about four tile multiplies), hence groups as wide as k allows (128, else 96 or 64;
+// weight_format.h), and an epilogue that runs between the next group's multiplies (int8_rows).
 // AMX rows are independent, so a row's result never depends on the rows that came with it.
 //
 // Measured (BENCHMARKS.md, issue #7): bf16 batch 16 is 1.5-2x the AVX-512 kernel's. A single row needs
@@ -190,7 +190,7 @@ inline void int8_group_epilogue(const std::int32_t (*dots)[kAmxRows * 16], const
 }
 
 // Software-pipelined: the integer dots of group g are stored from the tiles into one of two buffers, and the
-// epilogue of group g - 1 (from the other) runs a few rows after each of group g's k blocks, so the AVX-512
+// epilogue of group g - 1 (from the other) runs a few rows after each of group g's multiplies, so the AVX-512
 // scaling overlaps the tile unit's multiplies instead of following them. Run apart (8 groups' multiplies,
 // then their epilogue), a stand-alone loop measured the multiplies at about a third of the kernel's time and
 // the epilogue at about a third; pipelined, a 768 x 2048 matmul of 16 rows went from 80-86 to 60-64 us on one

@@ -140,8 +140,8 @@ Int8BlockFn int8_block_for(int rows, int n_panels) {
   }
 }
 
-// The tile in k chunks of kChunkLines quads (16 or 64 groups), every chunk in passes of up to 3 rows; see
-// PrefetchPlan in tile_kernels.h.
+// The tile in k chunks of up to kChunkLines lines (whole groups: 16, 21, 32 or 64 of them), every chunk in
+// passes of up to 3 rows; see PrefetchPlan in tile_kernels.h.
 void int8_tile(const Tile& t) {
   const std::int8_t* x = static_cast<const std::int8_t*>(t.x);
   const int groups = t.k / t.int8_group;

@@ -35,7 +35,7 @@ enum class WeightDtype : std::uint8_t { kF32, kBf16, kInt8 };
 inline constexpr int kPanelWidth = 16;   // output features per panel
 inline constexpr int kInt8Block = 32;    // int8 k is padded to this: 8 quads, the k of one AMX int8 tile multiply
 inline constexpr int kInt8WideGroup = 128;  // k values per int8 scale where k is a multiple of it
-inline constexpr int kInt8HeadGroup = 64;   // wo's, where TP head slices are multiples of 64 but not of 128
+inline constexpr int kInt8HeadGroup = 64;   // wo's for heads of 64 where TP head slices are no multiple of 128
 inline constexpr int kBf16Block = 32;    // bf16 k is padded to this: the k of one AMX bf16 tile multiply
 inline constexpr std::size_t kPackedAlignment = 64;
 
@@ -52,7 +52,8 @@ int default_int8_group(int k);
 // Scale groups of an int8 row of k values in groups of `group` (32, 64, 96 or 128; 0: the default).
 int int8_groups(int k, int group = 0);
 // Bytes per weight of a whole model in dtype, for estimates (the planner, auto-planned runs): 4, 2, and for
-// int8 about 1.03 (a fp16 scale per 128 weights, per 64 or 32 for wo and w2 where their TP slices need it).
+// int8 about 1.03 (a fp16 scale per 128 weights, per 96, 64 or 32 where k or, for wo and w2, their TP
+// slices need it).
 double typical_bytes_per_weight(WeightDtype dtype);
 // Bytes of one panel, a multiple of kPackedAlignment (int8_group: as in int8_groups).
 std::size_t panel_bytes(WeightDtype dtype, int k, int int8_group = 0);

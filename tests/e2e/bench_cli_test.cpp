@@ -67,10 +67,11 @@ class BenchCli : public ::testing::Test {
       EXPECT_EQ(row["prefill"]["rows"], 8);
       EXPECT_GT(row["prefill"]["tok_s"].get<double>(), 0.0);
     }
-    // int8 streams about 1.06 bytes per weight where fp32 streams 4.
+    // int8 streams 1.02-1.06 bytes per weight (a fp16 scale per group of 32 to 128) where fp32 streams 4:
+    // the 15M shape's 1.028 gives 3.89.
     const double ratio = rows[0]["weight_bytes"].get<double>() / rows[1]["weight_bytes"].get<double>();
-    EXPECT_GT(ratio, 3.5);
-    EXPECT_LT(ratio, 3.9);
+    EXPECT_GT(ratio, 3.7);
+    EXPECT_LT(ratio, 3.95);
   }
 
   fs::path dir_;

@@ -4,7 +4,7 @@
 //    weight alone and the activations stay fp32, so only the order of the partial sums changes, as for fp32.
 //  - an fp16 KV cache (with fp32 or bf16 weights): the same tokens too. A head's keys and values come from
 //    one rank's whole column slice, the same bits as on one rank, and round to the same fp16 values.
-//  - int8: the activations are quantised too (per 32 or 128 values), and rounding is discontinuous: a
+//  - int8: the activations are quantised too (in the weights' groups of 32 to 128 values), and rounding is discontinuous: a
 //    partial-sum order that moves a value by one fp32 ulp can move its int8 code by a whole step. So a
 //    layout's logits differ from one rank's by quantisation noise (measured: up to 2% of the largest logit),
 //    not by float rounding, and a token can flip where one rank's top two logits are that close. The test
@@ -45,7 +45,7 @@ struct LayoutRun {
   std::vector<float> logits;          // (sequences, steps, vocab)
 };
 
-class WeightDtypeLayouts : public ::testing::TestWithParam<Case> {
+class LayoutRunner : public ::testing::Test {
  protected:
   void SetUp() override {
     dir_ = fs::temp_directory_path() / ("weight_dtype_mpi_test_" + std::to_string(::getpid()));
@@ -55,20 +55,23 @@ class WeightDtypeLayouts : public ::testing::TestWithParam<Case> {
   }
   void TearDown() override { fs::remove_all(dir_); }
 
+  // The layout's tokens and logits for every prompt of `prompts` on `model` (default: mini-gqa's goldens).
   LayoutRun run_layout(const std::string& dtype, const std::string& kv, int tp, int pp) {
     const std::string prompts = (dir_ / "prompts").string();
-    const std::string logits = (dir_ / ("tp" + std::to_string(tp) + "pp" + std::to_string(pp) + ".logits")).string();
-    std::ofstream out(prompts);
-    for (const auto& g : load_goldens()) {
-      if (g.model == "mini-gqa.bin") out << g.prompt << "\n";
+    if (!fs::exists(prompts)) {
+      std::ofstream out(prompts);
+      for (const auto& g : load_goldens()) {
+        if (g.model == "mini-gqa.bin") out << g.prompt << "\n";
+      }
     }
-    out.close();
+    const std::string model = model_.empty() ? model_file("mini-gqa.bin") : model_;
+    const std::string tokenizer = tokenizer_.empty() ? model_file("tokenizer.bin") : tokenizer_;
+    const std::string logits = (dir_ / ("tp" + std::to_string(tp) + "pp" + std::to_string(pp) + ".logits")).string();
     const ProcessResult r = run_process(
         "mpirun --oversubscribe --bind-to none -np " + std::to_string(tp * pp) + " " + shardline_binary() +
-            " run --json --threads 1 --model " + model_file("mini-gqa.bin") + " --tokenizer " +
-            model_file("tokenizer.bin") + " --prompts-file " + prompts + " --steps " + std::to_string(kSteps) +
-            " --weights-dtype " + dtype + " --kv-dtype " + kv + " --tp " + std::to_string(tp) + " --pp " + std::to_string(pp) +
-            " --dump-logits " + logits,
+            " run --json --threads 1 --model " + model + " --tokenizer " + tokenizer + " --prompts-file " + prompts +
+            " --steps " + std::to_string(kSteps) + " --weights-dtype " + dtype + " --kv-dtype " + kv + " --tp " +
+            std::to_string(tp) + " --pp " + std::to_string(pp) + " --dump-logits " + logits,
         180);
     EXPECT_EQ(r.exit_code, 0) << r.err;
     LayoutRun result;
@@ -82,29 +85,28 @@ class WeightDtypeLayouts : public ::testing::TestWithParam<Case> {
   }
 
   fs::path dir_;
+  std::string model_, tokenizer_;  // empty: mini-gqa and the Llama 2 tokenizer
 };
 
-TEST_P(WeightDtypeLayouts, MatchOneRank) {
-  SHARDLINE_REQUIRE_MODEL_FILE(model_file("mini-gqa.bin"));
-  const Case& c = GetParam();
-  const LayoutRun one = run_layout(c.dtype, c.kv, 1, 1);
-  const LayoutRun many = run_layout(c.dtype, c.kv, c.tp, c.pp);
-  ASSERT_EQ(one.ids.size(), 4u);
+class WeightDtypeLayouts : public LayoutRunner, public ::testing::WithParamInterface<Case> {};
+class Int8Groups : public LayoutRunner {};
+
+// int8 (weights or KV cache) on a layout against one rank: logits within kNoise of the step's largest |logit|
+// until a token differs, and a differing token only where one rank's top two logits are within kNoise too.
+void expect_quantisation_noise(const LayoutRun& one, const LayoutRun& many, std::size_t sequences, int vocab,
+                               const std::string& what) {
+  ASSERT_EQ(one.ids.size(), sequences);
   ASSERT_EQ(many.ids.size(), one.ids.size());
-  if (c.dtype != "int8" && c.kv != "int8") {
-    for (std::size_t i = 0; i < one.ids.size(); ++i) EXPECT_EQ(many.ids[i], one.ids[i]) << "sequence " << i;
-    return;
-  }
-  ASSERT_EQ(one.logits.size(), 4u * kSteps * kVocab);
+  ASSERT_EQ(one.logits.size(), sequences * kSteps * vocab);
   ASSERT_EQ(many.logits.size(), one.logits.size());
   constexpr double kNoise = 0.05;
   double worst = 0;
   for (std::size_t i = 0; i < one.ids.size(); ++i) {
     for (int step = 0; step < kSteps; ++step) {
-      const float* a = one.logits.data() + (i * kSteps + step) * kVocab;
-      const float* b = many.logits.data() + (i * kSteps + step) * kVocab;
+      const float* a = one.logits.data() + (i * kSteps + step) * vocab;
+      const float* b = many.logits.data() + (i * kSteps + step) * vocab;
       double max_abs = 0, max_diff = 0, best = -1e30, second = -1e30;
-      for (int v = 0; v < kVocab; ++v) {
+      for (int v = 0; v < vocab; ++v) {
         max_abs = std::max(max_abs, std::fabs(double(a[v])));
         max_diff = std::max(max_diff, std::fabs(double(a[v]) - b[v]));
         if (a[v] > best) {
@@ -123,8 +125,38 @@ TEST_P(WeightDtypeLayouts, MatchOneRank) {
       }
     }
   }
-  std::printf("%s + %s KV tp=%d pp=%d: worst relative logit difference to one rank %.3g\n", c.dtype.c_str(),
-              c.kv.c_str(), c.tp, c.pp, worst);
+  std::printf("%s: worst relative logit difference to one rank %.3g\n", what.c_str(), worst);
+}
+
+TEST_P(WeightDtypeLayouts, MatchOneRank) {
+  SHARDLINE_REQUIRE_MODEL_FILE(model_file("mini-gqa.bin"));
+  const Case& c = GetParam();
+  const LayoutRun one = run_layout(c.dtype, c.kv, 1, 1);
+  const LayoutRun many = run_layout(c.dtype, c.kv, c.tp, c.pp);
+  ASSERT_EQ(one.ids.size(), 4u);
+  ASSERT_EQ(many.ids.size(), one.ids.size());
+  if (c.dtype != "int8" && c.kv != "int8") {
+    for (std::size_t i = 0; i < one.ids.size(); ++i) EXPECT_EQ(many.ids[i], one.ids[i]) << "sequence " << i;
+    return;
+  }
+  expect_quantisation_noise(one, many, 4, kVocab,
+                            c.dtype + " + " + c.kv + " KV tp=" + std::to_string(c.tp) + " pp=" + std::to_string(c.pp));
+}
+
+// A model whose dims take int8 groups of 96 (kernels/cpu/weight_format.h): dim 576 (4.5 x 128) with heads of
+// 96, so q/k/v, w1/w3 and the classifier group their k of 576 by 96 and wo, whose TP slices are whole heads,
+// by 96 too; w2's hidden of 1536 takes 128. tp=2 and tp=3 slice wo along k in heads of 96 and w2 in blocks
+// of 128: each rank's groups are one rank's, so the layouts agree with one rank up to quantisation noise.
+TEST_F(Int8Groups, Of96OnTensorParallelLayoutsMatchOneRank) {
+  model_ = (dir_ / "g96.bin").string();
+  tokenizer_ = (dir_ / "g96.tokenizer.bin").string();
+  ASSERT_EQ(run_process(shardline_binary() + " gen-model --dim 576 --hidden 1536 --layers 2 --heads 6 --vocab 512 "
+                                             "--seq 128 --out " + model_).exit_code, 0);
+  std::ofstream(dir_ / "prompts") << "Once upon a time\nThe quick brown fox\n";
+  const LayoutRun one = run_layout("int8", "auto", 1, 1);
+  for (const int tp : {2, 3}) {
+    expect_quantisation_noise(one, run_layout("int8", "auto", tp, 1), 2, 512, "group-96 model, int8 tp=" + std::to_string(tp));
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, WeightDtypeLayouts,

@@ -179,14 +179,15 @@ TEST(WeightFormat, Bf16PackingRoundsEachWeight) {
   for (std::size_t i = 0; i < w.size(); ++i) ASSERT_EQ(got[i], bf16_to_float(float_to_bf16(w[i]))) << i;
 }
 
-// Both group sizes: k = 384 takes groups of 128, k = 70 groups of 32 (the last one past k).
+// Every default group size: k = 384 takes groups of 128, 288 of 96, 320 of 64, and 70 of 32 (the last one
+// past k).
 TEST(WeightFormat, Int8PackingKeepsEveryWeightWithinHalfAStep) {
   std::mt19937 rng(4);
-  for (const int k : {384, 70}) {
+  for (const auto& [k, want_group] : {std::pair{384, 128}, std::pair{288, 96}, std::pair{320, 64}, std::pair{70, 32}}) {
     SCOPED_TRACE(::testing::Message() << "k " << k);
     const int d = 21;  // a partial last panel
     const int group = default_int8_group(k);
-    ASSERT_EQ(group, k == 384 ? 128 : 32);
+    ASSERT_EQ(group, want_group);
     std::vector<float> w = random_floats(rng, static_cast<std::size_t>(d) * k, -0.05f, 0.05f);
     for (int j = 0; j < k; ++j) w[5 * k + j] = 0.0f;  // an all-zero row: scale 0, no division by zero
     w[7 * k + 3] = 3.0f;                              // an outlier: only its own group gets the coarse step
@@ -357,8 +358,10 @@ TEST(Activations, NormalisedInOnePassEqualsAddNormThenPrepare) {
 // non-finite values (a group's maximum is folded in one order everywhere).
 TEST(Activations, PreparedRowsAreIdenticalOnEveryIsa) {
   std::mt19937 rng(11);
-  // int8 groups of 32 and of 128 (the defaults of these k), and of 64 (wo's, asked for explicitly).
-  for (const auto& [k, group] : {std::pair{203, 32}, std::pair{384, 128}, std::pair{320, 64}}) {
+  // int8 groups of 32, 128, 64 and 96 (the defaults of these k), and of 96 asked for where k would take 128
+  // (wo's, for heads of 96).
+  for (const auto& [k, group] : {std::pair{203, 32}, std::pair{384, 128}, std::pair{320, 64}, std::pair{288, 96},
+                                 std::pair{768, 96}}) {
     SCOPED_TRACE(::testing::Message() << "k " << k << ", groups of " << group);
     const int n = 5;
     std::vector<float> x = random_floats(rng, static_cast<std::size_t>(n) * k, -1.0f, 1.0f);
@@ -418,15 +421,17 @@ struct Shape {
   int n, k, d;
 };
 
-// n: every remainder of the 6-row (fp32), 5-row (bf16) and 3-row (int8) register blocks, and more than a 64-row
-// tile. k: below, at and past a bf16 pair and an int8 group of 32, multiples of 128 (int8 groups of 128),
-// and long enough (2100, 2560) for several k chunks of 512 lines per panel in every dtype and both int8
-// group sizes, with several row passes prefetching the next chunk. d: part, one
-// and several panels, a partial last panel, and enough panels that 2 threads split a 4-panel tile.
+// n: every remainder of the 6-row (fp32), 5-row (bf16) and 3-row (int8) register blocks, more than a 64-row
+// tile, and a 16-row AMX block with a 1-row tail (17). k: below, at and past a bf16 pair and an int8 group of
+// 32, multiples of 128 (int8 groups of 128), of 96 and of 64 but not 128 (groups of 96: 96, 288, 2112; of
+// 64: 64, 320), and long enough (2100, 2112, 2560) for several k chunks of 512 lines per panel in every
+// dtype and int8 group size, with several row passes prefetching the next chunk. d: part, one and several
+// panels, a partial last panel, and enough panels that 2 threads split a 4-panel tile.
 constexpr Shape kShapes[] = {
     {1, 1, 1},    {1, 3, 15},   {2, 31, 16},  {3, 32, 17},  {4, 33, 33},  {5, 64, 64},   {6, 100, 100},
     {7, 288, 47}, {8, 65, 129}, {13, 40, 70}, {16, 768, 48}, {64, 96, 20}, {65, 70, 33}, {1, 2048, 200},
-    {16, 300, 256}, {7, 2100, 40}, {5, 128, 64}, {65, 384, 33}, {7, 2560, 40},
+    {16, 300, 256}, {7, 2100, 40}, {5, 128, 64}, {65, 384, 33}, {7, 2560, 40}, {16, 288, 64}, {17, 288, 16},
+    {7, 2112, 40}, {6, 320, 64},
 };
 
 TEST(PackedMatmul, MatchesReferenceForEveryDtypeIsaAndThreadCount) {
@@ -485,16 +490,16 @@ TEST(PackedMatmul, QuantisedResultsStayCloseToFp32) {
   }
 }
 
-// The runtime packs wo and w2 in int8 groups of 64 or 32 even where k would take 128 when a layout's TP
+// The runtime packs wo and w2 in int8 groups of 96, 64 or 32 even where k would take 128 when a layout's TP
 // slices of k need it (runtime/shard_weights.cpp): those groupings run on every ISA (6 rows: the VNNI
 // kernel; 16: AMX where the CPU has it), match the reference, and activations prepared in another grouping
 // are refused rather than misread. Group sizes other than 32, 64, 96 and 128, and groups that do not divide
 // the padded k, are refused.
-TEST(PackedMatmul, Int8GroupsOf64And32WhereKWouldTake128) {
+TEST(PackedMatmul, Int8GroupsNarrowerThanKWouldTake) {
   std::mt19937 rng(16);
-  const int k = 512, d = 40;
+  const int k = 768, d = 40;
   ASSERT_EQ(default_int8_group(k), 128);
-  for (const int group : {kInt8HeadGroup, kInt8Block}) {
+  for (const int group : {96, kInt8HeadGroup, kInt8Block}) {
     for (const int n : {6, 16}) {
       SCOPED_TRACE(::testing::Message() << "groups of " << group << ", " << n << " rows");
       const std::vector<float> x = random_floats(rng, static_cast<std::size_t>(n) * k, -2.0f, 2.0f);
@@ -521,7 +526,7 @@ TEST(PackedMatmul, Int8GroupsOf64And32WhereKWouldTake128) {
     }
   }
   EXPECT_DEATH(int8_groups(k, 48), "int8 group of 48 k values \\(32, 64, 96 or 128\\)");
-  EXPECT_DEATH(int8_groups(k, 96), "int8 groups of 96 do not divide k = 512");
+  EXPECT_DEATH(int8_groups(512, 96), "int8 groups of 96 do not divide k = 512");
 }
 
 TEST(PackedMatmul, ARowsResultDoesNotDependOnItsBatchOrTheThreadCount) {
@@ -564,7 +569,8 @@ TEST(PackedMatmul, ARowsResultDoesNotDependOnItsBatchOrTheThreadCount) {
 TEST(PackedMatmul, Int8ResultsAreIdenticalOnVnniAndAmx) {
   // The AMX int8 kernel computes the same exact integer dots as vpdpbusd and then the VNNI kernel's fp32
   // epilogue, operation for operation: every bit agrees (on a CPU without AMX this compares VNNI with itself).
-  // Every shape in its default grouping, and k = 512 also in groups of 32 and 64 (the runtime's wo and w2).
+  // Every shape in its default grouping, and k = 512 also in groups of 32 and 64, k = 768 in groups of 96 (the
+  // runtime's wo and w2).
   std::mt19937 rng(15);
   std::vector<std::pair<Shape, int>> cases;
   for (const Shape& s : kShapes) cases.push_back({s, 0});
@@ -573,6 +579,8 @@ TEST(PackedMatmul, Int8ResultsAreIdenticalOnVnniAndAmx) {
   cases.push_back({{16, 512, 64}, kInt8HeadGroup});
   cases.push_back({{5, 768, 40}, kInt8HeadGroup});
   cases.push_back({{13, 192, 70}, kInt8HeadGroup});
+  cases.push_back({{16, 768, 64}, 96});
+  cases.push_back({{3, 768, 40}, 96});
   for (const auto& [s, group] : cases) {
     const std::vector<float> x = random_floats(rng, static_cast<std::size_t>(s.n) * s.k, -2.0f, 2.0f);
     const Packed packed =
