@@ -15,6 +15,10 @@ constexpr std::uint64_t kF = sizeof(float);
 //   wo: a rank's slice is its heads, a multiple of (n_heads / n_kv_heads) x head_size columns: the widest
 //       of 128, 96, 64 (heads of 64, the common size) and 32 that divides both that and dim;
 //   w2: partition::split_hidden cuts hidden in blocks of 128 when it has at least one per rank, else 32.
+// Where even 32 does not fit every slice (a slice of fewer than 32 columns, as tiny-32k's wo at tp=4 with 16
+// a rank; a hidden dimension that is no multiple of 32, which split_hidden cuts evenly), a rank groups its
+// slice from its own first column, so its int8 rounding differs from one rank's by quantisation noise, as the
+// activations' already does (tests/mpi/weight_dtype_distributed_test.cpp bounds both).
 constexpr int kWide = kernels::cpu::kInt8WideGroup;
 int wo_int8_group(const partition::ModelShape& s) {
   const int smallest_slice = s.n_heads / s.n_kv_heads * s.head_size();
