@@ -143,9 +143,16 @@ RooflineBenchResult run_roofline_bench(Engine& engine, comm::Communicator& world
     roofline.probe();
     read_gbps.push_back(roofline.total_weight_bytes() / roofline.step_s(0, 0) / 1e9);
   };
-  for (int batch : options.batches) {
+  // The batch sizes take turns (b=1, b=4, b=16, b=1, ...) rather than each running its repeats in a row, so
+  // that the ratios between them compare numbers taken over the same stretch of time: on a shared machine a
+  // neighbour's burst then slows every batch size's runs a little instead of one batch size's a lot.
+  struct Samples {
     std::vector<double> tok_s, roof_tok_s, gflops;
-    for (int rep = 0; rep < options.repeats; ++rep) {
+  };
+  std::vector<Samples> samples(options.batches.size());
+  for (int rep = 0; rep < options.repeats; ++rep) {
+    for (std::size_t i = 0; i < options.batches.size(); ++i) {
+      const int batch = options.batches[i];
       probe();
       const auto outputs =
           engine.generate_ids(make_specs(batch, options.decode_prompt_tokens, options.decode_steps, shape.vocab_size));
@@ -159,11 +166,17 @@ RooflineBenchResult run_roofline_bench(Engine& engine, comm::Communicator& world
         tokens += static_cast<long>(o.ids.size()) - 1;
       }
       const double mean_pos = options.decode_prompt_tokens + 0.5 * (options.decode_steps - 1);
-      tok_s.push_back(tokens / (end_s - start_s));
-      roof_tok_s.push_back(batch / roofline.step_s(batch, mean_pos));
-      gflops.push_back(tok_s.back() * flops_per_token(shape, mean_pos, true) / 1e9);
+      Samples& s = samples[i];
+      s.tok_s.push_back(tokens / (end_s - start_s));
+      s.roof_tok_s.push_back(batch / roofline.step_s(batch, mean_pos));
+      s.gflops.push_back(s.tok_s.back() * flops_per_token(shape, mean_pos, true) / 1e9);
     }
-    if (engine.is_output_rank()) result.decode.push_back({batch, summary(tok_s), summary(roof_tok_s), summary(gflops)});
+  }
+  if (engine.is_output_rank()) {
+    for (std::size_t i = 0; i < options.batches.size(); ++i) {
+      const Samples& s = samples[i];
+      result.decode.push_back({options.batches[i], summary(s.tok_s), summary(s.roof_tok_s), summary(s.gflops)});
+    }
   }
 
   std::vector<double> tok_s, roof_tok_s, gflops;

@@ -26,7 +26,7 @@ struct RooflineBenchOptions {
   int decode_prompt_tokens = 8;           // per sequence, BOS first
   int decode_steps = 32;                  // tokens generated per sequence
   int prefill_tokens = 128;               // one prompt, in the engine's prefill chunks
-  int repeats = 3;                        // runs per number
+  int repeats = 3;                        // runs per number (the batch sizes' runs take turns)
   // How the runs become one number. kMedian: the typical run. kBest: the fastest run and the highest
   // roofline (each from its own run), for a shared machine where a neighbour can only slow a run down.
   enum class Statistic { kMedian, kBest } statistic = Statistic::kMedian;
