@@ -65,7 +65,7 @@ std::optional<BenchConfig> parse_bench_config(const std::vector<std::string>& ar
       ("prompt-tokens", po::value(&c.bench.decode_prompt_tokens)->default_value(8), "prompt tokens per decoded sequence")
       ("prefill-tokens", po::value(&c.bench.prefill_tokens)->default_value(128), "prompt tokens of the prefill run")
       ("chunk-tokens", po::value(&c.chunk_tokens)->default_value(64), "prefill chunk size in tokens")
-      ("repeats", po::value(&c.bench.repeats)->default_value(3), "runs per number")
+      ("repeats", po::value(&c.bench.repeats)->default_value(3), "runs per number (the batch sizes' decode runs take turns)")
       ("statistic", po::value(&statistic)->default_value("median"),
        "median|best: the median run, or the fastest run and highest roofline (for a shared, noisy machine)")
       ("threads", po::value<int>(), "kernel threads of this rank (default: its cores / ranks on the host)")
