@@ -57,11 +57,8 @@ void rmsnorm(float* out, const float* x, const float* weight, int n, int dim, fl
   for (int c = 0; c < chunks; ++c) {
     const int r0 = static_cast<int>(static_cast<long>(n) * c / chunks);
     const int r1 = static_cast<int>(static_cast<long>(n) * (c + 1) / chunks);
-    for (int r = r0; r < r1; r += kRmsnormChains) {
-      const int rows = std::min(kRmsnormChains, r1 - r);
-      const std::size_t at = static_cast<std::size_t>(r) * dim;
-      rmsnorm_rows(rows, out + at, x + at, weight, dim, eps, std::make_integer_sequence<int, kRmsnormChains>());
-    }
+    const std::size_t at = static_cast<std::size_t>(r0) * dim;
+    rmsnorm_serial(out + at, x + at, weight, r1 - r0, dim, eps);
   }
 }
 

@@ -176,22 +176,16 @@ void scores_by_16_positions(const AttentionHeads& a, int h0, int h1) {
   const int n_ctx = a.n_ctx;
   const int stride = row_stride(static_cast<const T*>(nullptr), a.kv_stride, hs);
   static const T zeros[hs] = {};  // the row of a position past n_ctx: its sum is never stored
-  // The lines of a row that heads [h0, h1) read: their kv heads' values and, in an int8 row, their scales.
-  const int kv_h0 = h0 / a.group, kv_h1 = (h1 - 1) / a.group + 1;
-  const int span_begin = kv_h0 * hs, span_bytes = (kv_h1 * hs - span_begin) * static_cast<int>(sizeof(T));
-  auto prefetch_row = [&](const T* row) {
-    prefetch_bytes(row + span_begin, span_bytes);
-    if constexpr (sizeof(T) == 1) prefetch_bytes(row + a.kv_stride + 4 * kv_h0, 4 * (kv_h1 - kv_h0));
-  };
-  for (int p = 0; p < 16 && p < n_ctx; ++p) prefetch_row(cached_row<T>(a.k_blocks, a.block_tokens, p, stride));
+  const HeadSpan<T> span(a, h0, h1);
+  for (int p = 0; p < 16 && p < n_ctx; ++p) span.prefetch(cached_row<T>(a.k_blocks, a.block_tokens, p, stride));
   for (int t0 = 0; t0 < n_ctx; t0 += 16) {
     const int m = n_ctx - t0 < 16 ? n_ctx - t0 : 16;
     const T* rows[16];
     for (int p = 0; p < 16; ++p) rows[p] = p < m ? cached_row<T>(a.k_blocks, a.block_tokens, t0 + p, stride) : nullptr;
     for (int p = 0; p < 16 && t0 + 16 + p < n_ctx; ++p) {  // the next 16 keys, and these positions' values
-      prefetch_row(cached_row<T>(a.k_blocks, a.block_tokens, t0 + 16 + p, stride));
+      span.prefetch(cached_row<T>(a.k_blocks, a.block_tokens, t0 + 16 + p, stride));
     }
-    for (int p = 0; p < m; ++p) prefetch_row(cached_row<T>(a.v_blocks, a.block_tokens, t0 + p, stride));
+    for (int p = 0; p < m; ++p) span.prefetch(cached_row<T>(a.v_blocks, a.block_tokens, t0 + p, stride));
     for (int h = h0; h < h1; ++h) {
       const int kv_head = h / a.group;
       __m512 q[R];

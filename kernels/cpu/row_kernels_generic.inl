@@ -256,6 +256,29 @@ inline void prefetch_bytes(const void* p, int n) {
   }
 }
 
+// The lines of a cached row that heads [h0, h1) read: their kv heads' values and, in an int8 row, their
+// scales (which follow the codes). Both attention builds prefetch rows through it.
+template <typename T>
+class HeadSpan {
+ public:
+  HeadSpan(const AttentionHeads& a, int h0, int h1) {
+    const int kv_h0 = h0 / a.group, kv_h1 = (h1 - 1) / a.group + 1;
+    begin_ = kv_h0 * a.head_size;
+    bytes_ = (kv_h1 - kv_h0) * a.head_size * static_cast<int>(sizeof(T));
+    if constexpr (sizeof(T) == 1) {
+      scales_begin_ = a.kv_stride + 4 * kv_h0;
+      scales_bytes_ = 4 * (kv_h1 - kv_h0);
+    }
+  }
+  void prefetch(const T* row) const {
+    prefetch_bytes(row + begin_, bytes_);
+    if (scales_bytes_ > 0) prefetch_bytes(row + scales_begin_, scales_bytes_);
+  }
+
+ private:
+  int begin_ = 0, bytes_ = 0, scales_begin_ = 0, scales_bytes_ = 0;
+};
+
 // Positions the key loop prefetches ahead. A sequence's cache is a few short runs of rows (a block per
 // 16 positions, a few KiB per row) that the weights of the layer before have pushed out of the caches, and
 // the hardware prefetcher stops at every 4 KiB page: without software prefetching the loops waited on
@@ -288,23 +311,15 @@ template <typename T, typename Dot, typename Softmax, typename Values>
 void attention_heads_with(const AttentionHeads& a, int h0, int h1, Dot&& dot, Softmax&& softmax, Values&& values) {
   const int n_ctx = a.n_ctx, hs = a.head_size;
   const int stride = row_stride(static_cast<const T*>(nullptr), a.kv_stride, hs);
-  const int kv_h0 = h0 / a.group, kv_h1 = (h1 - 1) / a.group + 1;
-  const int span_begin = kv_h0 * hs;
-  const int span_bytes = (kv_h1 * hs - span_begin) * static_cast<int>(sizeof(T));
-  // An int8 row's scales follow its codes.
-  const int scales_begin = stride == a.kv_stride ? 0 : a.kv_stride + 4 * kv_h0, scales_bytes = 4 * (kv_h1 - kv_h0);
-  auto prefetch_row = [&](const T* row) {
-    prefetch_bytes(row + span_begin, span_bytes);
-    if (scales_begin > 0) prefetch_bytes(row + scales_begin, scales_bytes);
-  };
+  const HeadSpan<T> span(a, h0, h1);
   for (int t = 0; t < kAttentionPrefetchRows && t < n_ctx; ++t) {
-    prefetch_row(cached_row<T>(a.k_blocks, a.block_tokens, t, stride));
+    span.prefetch(cached_row<T>(a.k_blocks, a.block_tokens, t, stride));
   }
   for_each_cached_row<T>(a.k_blocks, a.block_tokens, n_ctx, stride, [&](int t, const T* k_row) {
     if (t + kAttentionPrefetchRows < n_ctx) {
-      prefetch_row(cached_row<T>(a.k_blocks, a.block_tokens, t + kAttentionPrefetchRows, stride));
+      span.prefetch(cached_row<T>(a.k_blocks, a.block_tokens, t + kAttentionPrefetchRows, stride));
     }
-    prefetch_row(cached_row<T>(a.v_blocks, a.block_tokens, t, stride));
+    span.prefetch(cached_row<T>(a.v_blocks, a.block_tokens, t, stride));
     for (int h = h0; h < h1; ++h) {
       const float score = dot(a.q + static_cast<std::size_t>(h) * hs, k_row + (h / a.group) * hs, hs);
       a.scratch[static_cast<std::size_t>(h) * n_ctx + t] = scaled_by_row(score, k_row, a.kv_stride, h / a.group) * a.inv_sqrt;
