@@ -1,7 +1,6 @@
 #include "runtime/stage.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 
 #include "common/error.h"
@@ -159,22 +158,27 @@ void Stage::mlp_block(const LayerWeights& w, float* x, int n) {
   tp_comm_.all_reduce_sum(out_.data(), static_cast<std::size_t>(n) * s.dim);  // sum over hidden slices
 }
 
-void Stage::classify(const float* x, int n, float* out) {
+void Stage::prepare_classifier_input(const float* x, int n) {
   SL_CHECK(weights_.classifier().data != nullptr && n >= 1);
   const auto& s = shape();
-  const int slice = weights_.classifier().d;
   const std::size_t rows = static_cast<std::size_t>(n);
   if (logits_x_.size() < rows * s.dim) {
     logits_x_.resize(rows * s.dim);
+    best_.resize(rows);
+    best_values_.resize(rows);
+    best_indices_.resize(rows);
     if (tp_comm_.size() > 1) {  // one rank writes the caller's rows directly
-      local_logits_.resize(rows * slice);
+      local_logits_.resize(rows * weights_.classifier().d);
       gathered_.resize(rows * s.vocab_size);
-      best_.resize(rows);
       all_best_.resize(rows * tp_comm_.size());
     }
     act_.reserve(n, s.dim);
   }
   act_.prepare_normalised(logits_x_.data(), x, weights_.rms_final(), options_.rms_eps, n, weights_.classifier());
+}
+
+void Stage::classify(const float* x, int n, float* out) {
+  prepare_classifier_input(x, n);
   // With tp = 1 straight into the caller's rows (the whole vocabulary is here), else into local_logits_.
   cpu::matmul(out != nullptr ? out : local_logits_.data(), act_, weights_.classifier());  // n rows, one pass
 }
@@ -202,25 +206,19 @@ void Stage::logits(const float* x, int n, float* logits) {
   }
 }
 
-void Stage::greedy_tokens(const float* x, int n, float* logits_scratch, int* tokens) {
+void Stage::greedy_tokens(const float* x, int n, float*, int* tokens) {
+  prepare_classifier_input(x, n);
+  // argmax keeps a NaN in the row's first place (nothing is greater), which only the first slice holds: a
+  // later slice skips its NaNs as the scan over the whole row does (a slice of NaNs gets index -1).
+  cpu::matmul_argmax(act_, weights_.classifier(), best_values_.data(), best_indices_.data(), vocab_begin_ == 0);
   if (tp_comm_.size() == 1) {
-    StageBackend::greedy_tokens(x, n, logits_scratch, tokens);
+    std::copy_n(best_indices_.data(), n, tokens);
     return;
   }
-  classify(x, n, nullptr);
-  const int slice = weights_.classifier().d;
-  cpu::parallel_for(n, [&](int r, int) {
-    const float* row = local_logits_.data() + static_cast<std::size_t>(r) * slice;
-    int i = cpu::argmax(row, slice);
-    // argmax keeps a NaN in its first place (nothing is greater), which only the row's very first entry may
-    // do: in a later slice the scan over the whole row skips it, so take the slice's largest other value.
-    if (vocab_begin_ > 0 && std::isnan(row[i])) {
-      for (int j = 1; j < slice; ++j) {
-        if (!std::isnan(row[j]) && (std::isnan(row[i]) || row[j] > row[i])) i = j;
-      }
-    }
-    best_[r] = {row[i], vocab_begin_ + i};
-  });
+  for (int r = 0; r < n; ++r) {
+    const int index = best_indices_[r];
+    best_[r] = {best_values_[r], vocab_begin_ + (index < 0 ? 0 : index)};  // a NaN value never wins below
+  }
   tp_comm_.all_gather_bytes(best_.data(), sizeof(Best) * n, all_best_.data());
   // The slices are consecutive in rank order, so taking a later rank's best only when strictly greater
   // keeps the first of equal maxima, as one argmax over the whole row does; a NaN best (a slice of NaNs,

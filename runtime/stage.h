@@ -64,9 +64,10 @@ class Stage : public StageBackend {
   void logits(const float* x, int n, float* logits) override;
   // One row.   x: (dim)  logits: (vocab)
   void logits(const float* x, float* logits) { this->logits(x, 1, logits); }
-  // With tp > 1, each rank's best of its vocabulary slice per row, exchanged as (value, index) pairs instead
-  // of the logits themselves (a batch-16 step of the 110M shape at tp=2 gathered 2 MiB of logits for
-  // 16 tokens, about 0.45 ms of a 6.5 ms step); tp = 1 takes the default.
+  // The classifier's argmax per row without writing the logits (cpu::matmul_argmax); with tp > 1 each rank's
+  // best of its vocabulary slice per row, exchanged as (value, index) pairs instead of the logits
+  // themselves (a batch-16 step of the 110M shape at tp=2 gathered 2 MiB of logits for 16 tokens, about
+  // 0.45 ms of a 6.5 ms step). logits_scratch is not used.
   void greedy_tokens(const float* x, int n, float* logits_scratch, int* tokens) override;
 
   std::string describe() const override { return "cpu"; }
@@ -81,6 +82,9 @@ class Stage : public StageBackend {
   // (Activations::prepare_normalised): residual is the previous layer's output, or null for the first.
   void attention_block(const LayerWeights& w, float* x, const float* residual, const Row* rows, int n, int local_layer);
   void mlp_block(const LayerWeights& w, float* x, int n);
+  // The final RMSNorm of n activation rows, prepared as the classifier's input in act_ (growing the
+  // buffers of the logits calls to n rows).
+  void prepare_classifier_input(const float* x, int n);
   // The final RMSNorm and this rank's classifier rows for n activation rows: into out (n, vocab) with
   // tp = 1, into local_logits_ (n, vocab slice) when out is null.
   void classify(const float* x, int n, float* out);
@@ -120,6 +124,8 @@ class Stage : public StageBackend {
     float value;
     int index;
   };
+  std::vector<float> best_values_;    // (rows): matmul_argmax's answer for this rank's slice
+  std::vector<int> best_indices_;     // (rows)
   std::vector<Best> best_;            // (rows): this rank's
   std::vector<Best> all_best_;        // (tp, rows): every rank's, in rank order
   int vocab_begin_ = 0;               // this rank's first vocabulary entry

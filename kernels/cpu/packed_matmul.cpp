@@ -3,7 +3,10 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <limits>
+#include <vector>
 
 #include "common/error.h"
 #include "kernels/cpu/isa.h"
@@ -111,8 +114,11 @@ const std::byte* next_tile(const PackedMatrix& w, int panel, int n_panels, int e
   return next + n_panels <= end ? w.data + next * panel_bytes(w.dtype, w.k, w.int8_group) : nullptr;
 }
 
-// Panels [begin, end) of w for every row of x, a tile at a time, into y.
-void matmul_panels(float* y, const Activations& x, const PackedMatrix& w, int begin, int end, tile::TileKernel kernel) {
+// Panels [begin, end) of w for every row of x, a tile at a time: take(tile_out, row, n_rows, panel, n_panels)
+// gets each tile's results.
+template <typename Take>
+void for_each_tile(const Activations& x, const PackedMatrix& w, int begin, int end, tile::TileKernel kernel,
+                   Take&& take) {
   alignas(64) float tile_out[tile::kTileRows * tile::kTileStride];
   for (int p = begin; p < end; p += tile::kTilePanels) {
     const int n_panels = std::min(tile::kTilePanels, end - p);
@@ -121,9 +127,16 @@ void matmul_panels(float* y, const Activations& x, const PackedMatrix& w, int be
       tile::Tile t = make_tile(x, w, p, n_panels, r, n_rows, tile_out);
       if (r + n_rows == x.n()) t.prefetch = next_tile(w, p, n_panels, end);
       kernel(t);
-      store_tile(tile_out, y, w.d, r, n_rows, p, n_panels);
+      take(static_cast<const float*>(tile_out), r, n_rows, p, n_panels);
     }
   }
+}
+
+// Panels [begin, end) of w for every row of x into y.
+void matmul_panels(float* y, const Activations& x, const PackedMatrix& w, int begin, int end, tile::TileKernel kernel) {
+  for_each_tile(x, w, begin, end, kernel, [&](const float* tile_out, int r, int n_rows, int p, int n_panels) {
+    store_tile(tile_out, y, w.d, r, n_rows, p, n_panels);
+  });
 }
 
 // This thread's share [begin, end) of n_items, in contiguous bands.
@@ -265,6 +278,51 @@ void matmul(const Activations& x, std::span<const MatmulOutput> outputs) {
       if (lo < hi) matmul_panels(o.y, x, *o.w, lo - first, hi - first, kernel);
       first += panels;
     }
+  }
+}
+
+void matmul_argmax(const Activations& x, const PackedMatrix& w, float* values, int* indices, bool first_nan_wins) {
+  check_operands(x, w);
+  const tile::TileKernel kernel = tile_kernel(x.dtype());
+  const row::FoldMax fold_max = row::active_row_kernels().fold_max;
+  const int n = x.n();
+  const int n_threads = num_threads();
+  const long work = static_cast<long>(n) * w.d * w.k;
+  const bool parallel = n_threads > 1 && work > kMinParallelWork;
+  // Each thread's maxima over its band of panels, bands in thread order; grown once, kept for the next call.
+  thread_local std::vector<row::RowMax> band_max;
+  const std::size_t slots = static_cast<std::size_t>(parallel ? n_threads : 1) * n;
+  if (band_max.size() < slots) band_max.resize(slots);
+  row::RowMax* all = band_max.data();
+  std::fill_n(all, slots, row::RowMax{std::numeric_limits<float>::quiet_NaN(), -1});
+#pragma omp parallel num_threads(n_threads) if (parallel)
+  {
+    int begin = 0, end = 0;
+    thread_band(panel_count(w.d), begin, end);
+    row::RowMax* mine = all + static_cast<std::size_t>(omp_get_thread_num()) * n;
+    for_each_tile(x, w, begin, end, kernel, [&](const float* tile_out, int r0, int n_rows, int p, int n_panels) {
+      const int f0 = p * kPanelWidth;
+      const int valid = std::min(n_panels * kPanelWidth, w.d - f0);  // the last panel may be padding
+      for (int r = 0; r < n_rows; ++r) {
+        const float* values_of_row = tile_out + r * tile::kTileStride;
+        // argmax()'s one exception to skipping NaNs: a NaN first value is its answer, and stays (no value
+        // is greater than a NaN, and the index is taken).
+        if (first_nan_wins && f0 == 0 && std::isnan(values_of_row[0])) mine[r0 + r] = {values_of_row[0], 0};
+        fold_max(values_of_row, valid, f0, mine[r0 + r]);
+      }
+    });
+  }
+  // The bands are consecutive in thread order: a later band's maximum replaces only a strictly smaller one,
+  // which keeps the first of equal maxima.
+  const int bands = parallel ? n_threads : 1;
+  for (int r = 0; r < n; ++r) {
+    row::RowMax best = all[r];
+    for (int t = 1; t < bands; ++t) {
+      const row::RowMax& other = all[static_cast<std::size_t>(t) * n + r];
+      if (other.index >= 0 && (best.index < 0 || other.value > best.value)) best = other;
+    }
+    values[r] = best.value;
+    indices[r] = best.index;
   }
 }
 

@@ -101,6 +101,14 @@ void matmul(float* y, const Activations& x, const PackedMatrix& w);
 // all of them together, which balances better than one small matmul after another.
 void matmul(const Activations& x, std::span<const MatmulOutput> outputs);
 
+// Per row r of x, the index of the largest of the w.d values x · Wᵀ holds and that value, without writing
+// them: greedy decoding's pick from the classifier, which saves storing the (n, vocabulary) logits and a
+// second pass to find their maxima. The index is what argmax() returns for the row (the first of equal
+// maxima, a NaN never winning) when first_nan_wins; without it a NaN first value is skipped like any other,
+// and a row of NaNs only gets index -1 (value NaN): how a vocabulary slice after the first compares its
+// best with the others'. The values are matmul()'s, bit for bit.
+void matmul_argmax(const Activations& x, const PackedMatrix& w, float* values, int* indices, bool first_nan_wins);
+
 // The SwiGLU gate fused into its two matmuls: h (n, d) = silu(x · W1ᵀ) * (x · W3ᵀ), elementwise, with the
 // same arithmetic as swiglu() in ops.h. Saves writing and re-reading x · W3ᵀ and runs the gate on every
 // thread. w1 and w3 have the same shape and dtype.

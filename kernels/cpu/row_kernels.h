@@ -75,6 +75,16 @@ using SiluMul = void (*)(float* h, const float* u, int n);
 // Index of the largest of n values, the first of equal maxima, a NaN never winning (ops.h argmax).
 using Argmax = int (*)(const float* x, int n);
 
+// The largest of a row's values seen so far and its index: the first of equal maxima, NaNs skipped (index -1
+// and a NaN value while nothing else came).
+struct RowMax {
+  float value;
+  int index;
+};
+// Folds n values into max: x[i] has index first + i, after every index max saw. What argmax() returns
+// when the row's first value is no NaN; a fold over a row's pieces in order gives what one over the row does.
+using FoldMax = void (*)(const float* x, int n, int first, RowMax& max);
+
 struct RowKernels {
   QuantizeInt8Row quantize_int8 = nullptr;
   SplitBf16Row split_bf16 = nullptr;
@@ -87,6 +97,7 @@ struct RowKernels {
   Softmax softmax = nullptr;
   SiluMul silu_mul = nullptr;
   Argmax argmax = nullptr;
+  FoldMax fold_max = nullptr;
 };
 
 RowKernels portable_row_kernels();

@@ -413,7 +413,14 @@ int argmax_row(const float* x, int size) {
   return best;
 }
 
+void fold_max(const float* x, int n, int first, RowMax& max) {
+  for (int i = 0; i < n; ++i) {
+    // Ordered compares: a NaN is never greater, nor equal to itself.
+    if (x[i] > max.value || (max.index < 0 && x[i] == x[i])) max = {x[i], first + i};
+  }
+}
+
 RowKernels row_kernels() {
   return {quantize_int8_row, split_bf16_row, attention_heads, rope_rotate, to_half_row, from_half_row, to_int8_kv_row,
-          from_int8_kv_row, softmax_row, silu_mul, argmax_row};
+          from_int8_kv_row, softmax_row, silu_mul, argmax_row, fold_max};
 }

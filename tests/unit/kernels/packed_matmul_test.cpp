@@ -625,6 +625,118 @@ TEST(PackedMatmul, GroupedOutputsEqualSeparateMatmuls) {
   }
 }
 
+// matmul_argmax against argmax() over matmul()'s output: the same index and value, bit for bit.
+void expect_argmax_of_matmul(const Activations& a, const PackedMatrix& w, bool first_nan_wins) {
+  const int n = a.n(), d = w.d;
+  std::vector<float> y(static_cast<std::size_t>(n) * d);
+  matmul(y.data(), a, w);
+  std::vector<float> values(n + 1, -7.0f);
+  std::vector<int> indices(n + 1, -7);
+  matmul_argmax(a, w, values.data(), indices.data(), first_nan_wins);
+  EXPECT_EQ(values[n], -7.0f) << "wrote past values[n]";
+  EXPECT_EQ(indices[n], -7) << "wrote past indices[n]";
+  for (int r = 0; r < n; ++r) {
+    const float* row = y.data() + static_cast<std::size_t>(r) * d;
+    int want = argmax(row, d);
+    if (!first_nan_wins && std::isnan(row[want])) {  // skip a NaN first value too: the largest other, or none
+      want = -1;
+      for (int i = 1; i < d; ++i) {
+        if (!std::isnan(row[i]) && (want < 0 || row[i] > row[want])) want = i;
+      }
+    }
+    SCOPED_TRACE(::testing::Message() << "row " << r);
+    ASSERT_EQ(indices[r], want);
+    if (want >= 0) {
+      EXPECT_EQ(std::memcmp(&values[r], &row[want], sizeof(float)), 0) << values[r] << " != " << row[want];
+    } else {
+      EXPECT_TRUE(std::isnan(values[r]));
+    }
+  }
+}
+
+TEST(PackedMatmul, ArgmaxEqualsTheArgmaxOfTheMatmulForEveryDtypeIsaAndThreadCount) {
+  std::mt19937 rng(15);
+  // d: part of a panel, several tiles, a partial last panel, and enough panels for 3 threads' bands; n: one
+  // row, a 16-row AMX block with a tail, more than a 64-row tile.
+  constexpr Shape kArgmaxShapes[] = {{1, 32, 1}, {3, 33, 17}, {17, 288, 200}, {16, 128, 1000}, {65, 70, 129}};
+  for (const Shape& s : kArgmaxShapes) {
+    const std::vector<float> x = random_floats(rng, static_cast<std::size_t>(s.n) * s.k, -2.0f, 2.0f);
+    std::vector<float> w = random_floats(rng, static_cast<std::size_t>(s.d) * s.k);
+    // Equal maxima in every row: features repeat with period 3 from a third of the way in (every later
+    // panel, tile and thread band holds copies of an earlier feature's result, which must lose to it).
+    for (int i = s.d / 3 + 3; i < s.d; ++i) {
+      std::copy_n(w.begin() + static_cast<std::size_t>(s.d / 3 + i % 3) * s.k, s.k, w.begin() + static_cast<std::size_t>(i) * s.k);
+    }
+    for (WeightDtype dtype : kDtypes) {
+      const Packed packed = pack(dtype, w, s.d, s.k);
+      Activations a;
+      a.reserve(s.n, s.k);
+      a.prepare(x.data(), s.n, s.k, dtype);
+      for (Isa isa : runnable_isas()) {
+        for (int threads : {1, 2, 3}) {
+          SCOPED_TRACE(::testing::Message() << weight_dtype_name(dtype) << " " << isa_name(isa) << " threads=" << threads
+                                            << " n=" << s.n << " k=" << s.k << " d=" << s.d);
+          ScopedIsa scoped_isa(isa);
+          ScopedThreads scoped_threads(threads);
+          expect_argmax_of_matmul(a, packed.matrix, true);
+          expect_argmax_of_matmul(a, packed.matrix, false);
+        }
+      }
+    }
+  }
+}
+
+TEST(PackedMatmul, ArgmaxSkipsNaNsUnlessTheFirstValueIsOneAndAskedTo) {
+  // fp32 weights keep a NaN as it is, so a weight row of NaNs makes that feature NaN in every row.
+  std::mt19937 rng(16);
+  const int n = 5, k = 64, d = 300;
+  const std::vector<float> x = random_floats(rng, static_cast<std::size_t>(n) * k, -2.0f, 2.0f);
+  const std::vector<float> random_w = random_floats(rng, static_cast<std::size_t>(d) * k);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const auto with_nan_features = [&](std::initializer_list<int> features) {
+    std::vector<float> w = random_w;
+    for (int f : features) std::fill_n(w.begin() + static_cast<std::size_t>(f) * k, k, nan);
+    return w;
+  };
+  std::vector<int> all(d);
+  for (int i = 0; i < d; ++i) all[i] = i;
+  std::vector<float> all_nan(static_cast<std::size_t>(d) * k, nan);
+  const std::vector<std::vector<float>> cases = {with_nan_features({0}), with_nan_features({0, 1, 150, 299}),
+                                                 with_nan_features({7, 64, 65, 200}), all_nan};
+  for (std::size_t c = 0; c < cases.size(); ++c) {
+    const Packed packed = pack(WeightDtype::kF32, cases[c], d, k);
+    Activations a;
+    a.reserve(n, k);
+    a.prepare(x.data(), n, k, WeightDtype::kF32);
+    for (Isa isa : runnable_isas()) {
+      for (int threads : {1, 2}) {
+        SCOPED_TRACE(::testing::Message() << "case " << c << " " << isa_name(isa) << " threads=" << threads);
+        ScopedIsa scoped_isa(isa);
+        ScopedThreads scoped_threads(threads);
+        expect_argmax_of_matmul(a, packed.matrix, true);
+        expect_argmax_of_matmul(a, packed.matrix, false);
+      }
+    }
+  }
+  // What the cases above compare against, spelled out: a NaN first value wins only when asked to, and a
+  // row of NaNs has no index without it.
+  const Packed first_nan = pack(WeightDtype::kF32, cases[0], d, k);
+  const Packed nans = pack(WeightDtype::kF32, all_nan, d, k);
+  Activations a;
+  a.reserve(n, k);
+  a.prepare(x.data(), n, k, WeightDtype::kF32);
+  std::vector<float> values(n);
+  std::vector<int> indices(n);
+  matmul_argmax(a, first_nan.matrix, values.data(), indices.data(), true);
+  EXPECT_EQ(indices[0], 0);
+  matmul_argmax(a, first_nan.matrix, values.data(), indices.data(), false);
+  EXPECT_GT(indices[0], 0);
+  EXPECT_FALSE(std::isnan(values[0]));
+  matmul_argmax(a, nans.matrix, values.data(), indices.data(), false);
+  EXPECT_EQ(indices[0], -1);
+  EXPECT_TRUE(std::isnan(values[0]));
+}
+
 TEST(PackedMatmul, FusedSwigluEqualsMatmulsThenSwiglu) {
   std::mt19937 rng(14);
   const int n = 7, k = 64, d = 90;
