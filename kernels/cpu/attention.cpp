@@ -76,11 +76,8 @@ void attention_paged(float* out, const float* q, const void* const* k_blocks, co
   // waking them; a batch's rows already run on different threads).
 #pragma omp parallel num_threads(n_threads) if (n_threads > 1 && n_heads > 1 && n_ctx > 64)
   {
-    const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-    const int h0 = n_heads * t / nt, h1 = n_heads * (t + 1) / nt;
-    if (h0 < h1) {
-      attention_heads(args, h0, h1);
-    }
+    const Band heads = thread_band(n_heads, omp_get_thread_num(), omp_get_num_threads());
+    if (heads.begin < heads.end) attention_heads(args, heads.begin, heads.end);
   }
 }
 

@@ -18,6 +18,17 @@ int num_threads();
 // region reuses these threads.
 void run_on_each_thread(void (*fn)(int thread, void* context), void* context);
 
+// The contiguous band [begin, end) of n_items that thread `thread` of n_threads takes: bands in thread order,
+// sizes differing by at most one. The split of parallel_for and of the matmuls' panels.
+struct Band {
+  int begin;
+  int end;
+};
+inline Band thread_band(int n_items, int thread, int n_threads) {
+  return {static_cast<int>(static_cast<long>(n_items) * thread / n_threads),
+          static_cast<int>(static_cast<long>(n_items) * (thread + 1) / n_threads)};
+}
+
 // Runs body(item, thread) for item in [0, n) on the kernel threads, each thread a contiguous band of items
 // (thread < num_threads()). For independent per-row work (attention of the rows of a batch); a kernel
 // called from the body runs on its caller's thread alone. n = 1 runs on the calling thread, so a single

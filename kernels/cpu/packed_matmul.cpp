@@ -139,13 +139,8 @@ void matmul_panels(float* y, const Activations& x, const PackedMatrix& w, int be
   });
 }
 
-// This thread's share [begin, end) of n_items, in contiguous bands.
-void thread_band(int n_items, int& begin, int& end) {
-  const int t = omp_get_thread_num();
-  const int nt = omp_get_num_threads();
-  begin = static_cast<int>(static_cast<long>(n_items) * t / nt);
-  end = static_cast<int>(static_cast<long>(n_items) * (t + 1) / nt);
-}
+// This OpenMP thread's band of n_items (ops.h thread_band).
+Band my_band(int n_items) { return thread_band(n_items, omp_get_thread_num(), omp_get_num_threads()); }
 
 }  // namespace
 
@@ -222,8 +217,7 @@ void Activations::prepare(const float* x, int n, int k, WeightDtype dtype, int i
   const int n_threads = num_threads();
 #pragma omp parallel num_threads(n_threads) if (n_threads > 1 && n > 1)
   {
-    int begin = 0, end = 0;
-    thread_band(n, begin, end);
+    const auto [begin, end] = my_band(n);
     prepare_rows(x, begin, end);
   }
 }
@@ -235,8 +229,7 @@ void Activations::normalise_and_prepare(float* out, const float* x, float* x_add
   const int n_threads = num_threads();
 #pragma omp parallel num_threads(n_threads) if (n_threads > 1 && n > 1)
   {
-    int begin = 0, end = 0;
-    thread_band(n, begin, end);
+    const auto [begin, end] = my_band(n);
     if (begin < end) {
       const std::size_t at = static_cast<std::size_t>(begin) * dim, values = static_cast<std::size_t>(end - begin) * dim;
       if (residual != nullptr) {
@@ -269,8 +262,7 @@ void matmul(const Activations& x, std::span<const MatmulOutput> outputs) {
   // Threads take contiguous bands of the panels of all outputs together, in order.
 #pragma omp parallel num_threads(n_threads) if (n_threads > 1 && work > kMinParallelWork)
   {
-    int begin = 0, end = 0;
-    thread_band(total_panels, begin, end);
+    const auto [begin, end] = my_band(total_panels);
     int first = 0;  // the first panel of the current output in the concatenation
     for (const MatmulOutput& o : outputs) {
       const int panels = panel_count(o.w->d);
@@ -297,8 +289,7 @@ void matmul_argmax(const Activations& x, const PackedMatrix& w, float* values, i
   std::fill_n(all, slots, row::RowMax{std::numeric_limits<float>::quiet_NaN(), -1});
 #pragma omp parallel num_threads(n_threads) if (parallel)
   {
-    int begin = 0, end = 0;
-    thread_band(panel_count(w.d), begin, end);
+    const auto [begin, end] = my_band(panel_count(w.d));
     row::RowMax* mine = all + static_cast<std::size_t>(omp_get_thread_num()) * n;
     for_each_tile(x, w, begin, end, kernel, [&](const float* tile_out, int r0, int n_rows, int p, int n_panels) {
       const int f0 = p * kPanelWidth;
@@ -339,8 +330,7 @@ void matmul_swiglu(float* h, const Activations& x, const PackedMatrix& w1, const
   {
     alignas(64) float gate[tile::kTileRows * tile::kTileStride];
     alignas(64) float up[tile::kTileRows * tile::kTileStride];
-    int begin = 0, end = 0;
-    thread_band(panel_count(d), begin, end);
+    const auto [begin, end] = my_band(panel_count(d));
     for (int p = begin; p < end; p += tile::kTilePanels) {
       const int n_panels = std::min(tile::kTilePanels, end - p);
       for (int r = 0; r < x.n(); r += tile::kTileRows) {

@@ -31,10 +31,8 @@ void parallel_for_impl(int n, void (*body)(void* context, int item, int thread),
 #pragma omp parallel num_threads(g_num_threads)
   {
     const int t = omp_get_thread_num();
-    const int nt = omp_get_num_threads();
-    const int begin = static_cast<int>(static_cast<long>(n) * t / nt);
-    const int end = static_cast<int>(static_cast<long>(n) * (t + 1) / nt);
-    for (int i = begin; i < end; ++i) body(context, i, t);
+    const Band band = thread_band(n, t, omp_get_num_threads());
+    for (int i = band.begin; i < band.end; ++i) body(context, i, t);
   }
 }
 
