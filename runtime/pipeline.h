@@ -21,7 +21,8 @@
 // A backend that moves activations itself (StageBackend::moves_activations: the CUDA stage over NCCL)
 // sends them right after the header, the same way: without blocking on stage 0 (isend_activations), with
 // blocking sends on later stages, so the argument above still holds.
-// The last stage samples (every TP rank of it identically, from the same gathered logits).
+// The last stage samples (every TP rank of it identically, from the same gathered logits; greedy-only items
+// take the backend's greedy tokens, which gather none).
 #pragma once
 
 #include <functional>

@@ -167,11 +167,7 @@ void Stage::prepare_classifier_input(const float* x, int n) {
     best_.resize(rows);
     best_values_.resize(rows);
     best_indices_.resize(rows);
-    if (tp_comm_.size() > 1) {  // one rank writes the caller's rows directly
-      local_logits_.resize(rows * weights_.classifier().d);
-      gathered_.resize(rows * s.vocab_size);
-      all_best_.resize(rows * tp_comm_.size());
-    }
+    all_best_.resize(rows * tp_comm_.size());
     act_.reserve(n, s.dim);
   }
   act_.prepare_normalised(logits_x_.data(), x, weights_.rms_final(), options_.rms_eps, n, weights_.classifier());
@@ -179,6 +175,11 @@ void Stage::prepare_classifier_input(const float* x, int n) {
 
 void Stage::classify(const float* x, int n, float* out) {
   prepare_classifier_input(x, n);
+  const std::size_t rows = static_cast<std::size_t>(n);
+  if (out == nullptr && local_logits_.size() < rows * weights_.classifier().d) {  // tp > 1: the gather's buffers
+    local_logits_.resize(rows * weights_.classifier().d);
+    gathered_.resize(rows * shape().vocab_size);
+  }
   // With tp = 1 straight into the caller's rows (the whole vocabulary is here), else into local_logits_.
   cpu::matmul(out != nullptr ? out : local_logits_.data(), act_, weights_.classifier());  // n rows, one pass
 }

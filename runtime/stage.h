@@ -116,7 +116,8 @@ class Stage : public StageBackend {
   memory::ArenaArray<float> out_;    // (max_rows, dim)
   memory::ArenaArray<Row> rows_;     // (max_rows) for the single-sequence forward
   kernels::cpu::Activations act_;    // the matmuls' input, prepared for the weight dtype: (max_rows, <= max k)
-  // Grown to the most rows one logits call has seen (batched decode: one per sequence of a micro-batch).
+  // Grown to the most rows one logits or greedy_tokens call has seen (batched decode: one per sequence of a
+  // micro-batch); the logits' own buffers only by logits() with tp > 1.
   std::vector<float> logits_x_;       // (rows, dim)
   std::vector<float> local_logits_;   // (rows, vocab slice)
   std::vector<float> gathered_;       // (rows, vocab) in rank order of the TP group

@@ -1,7 +1,8 @@
 // The seam between the pipeline and a backend: one rank's forward pass, whatever runs it (the CPU Stage in
 // stage.h, the CUDA stage in cuda_stage.h). Activations cross it in host memory, (rows, dim) floats, because
 // the pipeline moves them between stages over MPI; a device backend copies them in and out. Sampling stays
-// on the host (runtime/sampler.h), so a backend hands back logits, never tokens.
+// on the host (runtime/sampler.h), so a backend hands back logits, except for greedy rows, whose tokens it
+// may pick itself (greedy_tokens).
 //
 // The KV cache bookkeeping (block ids, the block table of each sequence) is the host's KvCache on every
 // backend; where the cached rows live is the backend's business (host blocks of kv_pool(), or device blocks

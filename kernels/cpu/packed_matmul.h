@@ -103,10 +103,10 @@ void matmul(const Activations& x, std::span<const MatmulOutput> outputs);
 
 // Per row r of x, the index of the largest of the w.d values x · Wᵀ holds and that value, without writing
 // them: greedy decoding's pick from the classifier, which saves storing the (n, vocabulary) logits and a
-// second pass to find their maxima. The index is what argmax() returns for the row (the first of equal
-// maxima, a NaN never winning) when first_nan_wins; without it a NaN first value is skipped like any other,
-// and a row of NaNs only gets index -1 (value NaN): how a vocabulary slice after the first compares its
-// best with the others'. The values are matmul()'s, bit for bit.
+// second pass to find their maxima. With first_nan_wins the index is what argmax() returns for the row:
+// the first of equal maxima, NaNs skipped except a NaN first value, which wins (argmax() returns 0 then).
+// Without it a NaN first value is skipped like any other, and a row of NaNs gets index -1 (value NaN): how a
+// vocabulary slice after the first compares its best with the others'. The values are matmul()'s, bit for bit.
 void matmul_argmax(const Activations& x, const PackedMatrix& w, float* values, int* indices, bool first_nan_wins);
 
 // The SwiGLU gate fused into its two matmuls: h (n, d) = silu(x · W1ᵀ) * (x · W3ᵀ), elementwise, with the

@@ -72,7 +72,8 @@ using RopeRotate = void (*)(float* vec, int n_heads, int head_size, const float*
 using Softmax = void (*)(float* x, int n);
 // The SwiGLU gate, h = silu(h) * u over n values (ops.h swiglu), with the same exp.
 using SiluMul = void (*)(float* h, const float* u, int n);
-// Index of the largest of n values, the first of equal maxima, a NaN never winning (ops.h argmax).
+// Index of the largest of n values, the first of equal maxima, NaNs skipped but for a NaN first value,
+// which nothing replaces (ops.h argmax, llama2.c's scan).
 using Argmax = int (*)(const float* x, int n);
 
 // The largest of a row's values seen so far and its index: the first of equal maxima, NaNs skipped (index -1

@@ -36,32 +36,49 @@ using test::world_size;
 
 constexpr int kTopToken = 500;  // made the largest logit of the tie rows, and copied into the last slices
 
-// tiny-32k (its classifier is the token embedding) with embedding row kTopToken scaled up and copied to the
-// first entry of every later rank's vocabulary slice and to the last entry: identical classifier rows, so
-// identical logits in several slices. Written per process (no two ranks, nor two jobs, write one file).
-// With nan_rows, those entries' rows are NaN instead (so are their logits, for every input).
-std::string model_with_tied_rows(const std::string& original, int tp, std::vector<int>& copies, bool nan_rows = false) {
+// A copy of `original` (tiny-32k: its classifier is the token embedding) after edit(embedding, shape) has
+// changed embedding rows. Written per process (no two ranks, nor two jobs, write one file).
+template <typename Edit>
+std::string edited_copy(const std::string& original, const std::string& tag, Edit&& edit) {
   std::ifstream in(original, std::ios::binary);
   std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   const partition::ModelShape shape = read_checkpoint_shape(original);
-  float* embedding = reinterpret_cast<float*>(bytes.data() + 7 * sizeof(int));  // right after the header
-  float* top = embedding + static_cast<std::size_t>(kTopToken) * shape.dim;
-  for (int i = 0; i < shape.dim; ++i) top[i] *= 8.0f;
-  copies.clear();
-  for (int t = 1; t < tp; ++t) copies.push_back(partition::split_evenly(shape.vocab_size, tp, t).begin);
-  copies.push_back(shape.vocab_size - 1);
-  for (int c : copies) {
-    float* row = embedding + static_cast<std::size_t>(c) * shape.dim;
-    if (nan_rows) {
-      std::fill(row, row + shape.dim, std::numeric_limits<float>::quiet_NaN());
-    } else {
-      std::copy(top, top + shape.dim, row);
-    }
-  }
+  edit(reinterpret_cast<float*>(bytes.data() + 7 * sizeof(int)), shape);  // right after the header
   const std::string path =
-      (std::filesystem::temp_directory_path() / ("greedy-ties-" + std::to_string(getpid()) + ".bin")).string();
+      (std::filesystem::temp_directory_path() / ("greedy-" + tag + "-" + std::to_string(getpid()) + ".bin")).string();
   std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
   return path;
+}
+
+// tiny-32k with embedding row kTopToken scaled up and copied to the first entry of every later rank's
+// vocabulary slice and to the last entry: identical classifier rows, so identical logits in several slices.
+// With nan_rows, those entries' rows are NaN instead (so are their logits, for every input).
+std::string model_with_tied_rows(const std::string& original, int tp, std::vector<int>& copies, bool nan_rows = false) {
+  return edited_copy(original, "ties", [&](float* embedding, const partition::ModelShape& shape) {
+    float* top = embedding + static_cast<std::size_t>(kTopToken) * shape.dim;
+    for (int i = 0; i < shape.dim; ++i) top[i] *= 8.0f;
+    copies.clear();
+    for (int t = 1; t < tp; ++t) copies.push_back(partition::split_evenly(shape.vocab_size, tp, t).begin);
+    copies.push_back(shape.vocab_size - 1);
+    for (int c : copies) {
+      float* row = embedding + static_cast<std::size_t>(c) * shape.dim;
+      if (nan_rows) {
+        std::fill(row, row + shape.dim, std::numeric_limits<float>::quiet_NaN());
+      } else {
+        std::copy(top, top + shape.dim, row);
+      }
+    }
+  });
+}
+
+// tiny-32k with the classifier rows of every [begin, end) range NaN: their logits are NaN for every input.
+std::string model_with_nan_rows(const std::string& original, const std::vector<std::pair<int, int>>& ranges) {
+  return edited_copy(original, "nans", [&](float* embedding, const partition::ModelShape& shape) {
+    for (const auto& [begin, end] : ranges) {
+      std::fill(embedding + static_cast<std::size_t>(begin) * shape.dim, embedding + static_cast<std::size_t>(end) * shape.dim,
+                std::numeric_limits<float>::quiet_NaN());
+    }
+  });
 }
 
 // This rank's share of `model` with tp = the world size and pp = 1: its TP group and weights, and a Stage
@@ -149,6 +166,42 @@ TEST(GreedyTokens, ANanAtTheStartOfASliceIsSkippedAsByOneArgmax) {
     ASSERT_TRUE(std::isnan(p.row(r, t.shape.vocab_size)[nan_entries[0]])) << "the NaN this test needs, row " << r;
   }
   std::filesystem::remove(model);
+}
+
+// NaN logits where a slice's own argmax and the row's differ: the row's first logit (argmax() returns 0 then,
+// which only rank 0 may answer), whole slices of NaNs (a rank with nothing to offer), and rows of NaNs.
+TEST(GreedyTokens, NanSlicesAndANanFirstLogitPickWhatOneArgmaxPicks) {
+  const std::string original = test::model_file("tiny-32k.bin");
+  SHARDLINE_REQUIRE_MODEL_FILE(original);
+  const partition::ModelShape shape = read_checkpoint_shape(original);
+  const int tp = world_size(), vocab = shape.vocab_size;
+  const auto slice = [&](int t) {
+    const auto range = partition::split_evenly(vocab, tp, t);
+    return std::pair<int, int>(range.begin, range.begin + range.size());
+  };
+  const std::vector<std::vector<std::pair<int, int>>> cases = {
+      {slice(tp - 1)},                       // the last rank's slice
+      {{0, 1}},                              // the first logit
+      {{0, 1}, slice(tp - 1)},               // both
+      {{1, slice(0).second}, slice(1)},      // rank 0's slice but its first entry, and all of rank 1's
+      {{0, vocab - 1}},                      // all but the very last
+      {{1, vocab}},                          // all but the first
+      {{0, vocab}},                          // all
+  };
+  const int n = 4;
+  for (std::size_t c = 0; c < cases.size(); ++c) {
+    SCOPED_TRACE(::testing::Message() << "case " << c);
+    const std::string model = model_with_nan_rows(original, cases[c]);
+    {
+      TpShard t(model, n);
+      const Picked p = pick(t, random_rows(n, t.shape.dim, 11 + static_cast<std::uint32_t>(c)), n);  // against argmax
+      const bool first_is_nan = cases[c].front().first == 0;
+      for (int r = 0; r < n && first_is_nan; ++r) {
+        EXPECT_EQ(p.tokens[r], 0) << "a NaN first logit is argmax()'s answer, row " << r;
+      }
+    }
+    std::filesystem::remove(model);
+  }
 }
 
 TEST(GreedyTokens, ThePipelineGeneratesTheSameTokensWithoutTheGather) {

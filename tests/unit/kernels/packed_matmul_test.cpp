@@ -656,30 +656,51 @@ void expect_argmax_of_matmul(const Activations& a, const PackedMatrix& w, bool f
 
 TEST(PackedMatmul, ArgmaxEqualsTheArgmaxOfTheMatmulForEveryDtypeIsaAndThreadCount) {
   std::mt19937 rng(15);
-  // d: part of a panel, several tiles, a partial last panel, and enough panels for 3 threads' bands; n: one
-  // row, a 16-row AMX block with a tail, more than a 64-row tile.
-  constexpr Shape kArgmaxShapes[] = {{1, 32, 1}, {3, 33, 17}, {17, 288, 200}, {16, 128, 1000}, {65, 70, 129}};
+  // d: part of a panel, several tiles, a partial last panel, enough panels for 3 threads' bands, and 2
+  // panels for 3 threads (thread 0's band empty); n: one row, a 16-row AMX block with a tail, more than one
+  // and more than two 64-row tiles.
+  constexpr Shape kArgmaxShapes[] = {{1, 32, 1},    {3, 33, 17},    {17, 288, 200}, {16, 128, 1000},
+                                     {65, 70, 129}, {130, 64, 300}, {3, 1024, 17}};
   for (const Shape& s : kArgmaxShapes) {
     const std::vector<float> x = random_floats(rng, static_cast<std::size_t>(s.n) * s.k, -2.0f, 2.0f);
-    std::vector<float> w = random_floats(rng, static_cast<std::size_t>(s.d) * s.k);
-    // Equal maxima in every row: features repeat with period 3 from a third of the way in (every later
-    // panel, tile and thread band holds copies of an earlier feature's result, which must lose to it).
-    for (int i = s.d / 3 + 3; i < s.d; ++i) {
-      std::copy_n(w.begin() + static_cast<std::size_t>(s.d / 3 + i % 3) * s.k, s.k, w.begin() + static_cast<std::size_t>(i) * s.k);
+    const std::vector<float> random_w = random_floats(rng, static_cast<std::size_t>(s.d) * s.k);
+    // Equal maxima: from the middle on, the features cycle through three rows, w0, -w0 and w1, six times as
+    // long as the others, so most rows' maximum is one of them (one of w0 and -w0 is positive), repeated in
+    // every later panel, tile and thread band, where each copy must lose to the first.
+    std::vector<float> tied_w = random_w;
+    const int first_copy = s.d / 2;
+    for (int i = first_copy; i < s.d; ++i) {
+      const float sign = i % 3 == 1 ? -6.0f : 6.0f;
+      const std::size_t source = static_cast<std::size_t>(i % 3 == 2 ? 1 : 0) * s.k;
+      for (int j = 0; j < s.k; ++j) tied_w[static_cast<std::size_t>(i) * s.k + j] = sign * random_w[source + j];
     }
-    for (WeightDtype dtype : kDtypes) {
-      const Packed packed = pack(dtype, w, s.d, s.k);
-      Activations a;
-      a.reserve(s.n, s.k);
-      a.prepare(x.data(), s.n, s.k, dtype);
-      for (Isa isa : runnable_isas()) {
-        for (int threads : {1, 2, 3}) {
-          SCOPED_TRACE(::testing::Message() << weight_dtype_name(dtype) << " " << isa_name(isa) << " threads=" << threads
-                                            << " n=" << s.n << " k=" << s.k << " d=" << s.d);
-          ScopedIsa scoped_isa(isa);
-          ScopedThreads scoped_threads(threads);
-          expect_argmax_of_matmul(a, packed.matrix, true);
-          expect_argmax_of_matmul(a, packed.matrix, false);
+    for (const std::vector<float>* w : std::initializer_list<const std::vector<float>*>{&random_w, &tied_w}) {
+      for (WeightDtype dtype : kDtypes) {
+        const Packed packed = pack(dtype, *w, s.d, s.k);
+        Activations a;
+        a.reserve(s.n, s.k);
+        a.prepare(x.data(), s.n, s.k, dtype);
+        for (Isa isa : runnable_isas()) {
+          for (int threads : {1, 2, 3}) {
+            SCOPED_TRACE(::testing::Message() << weight_dtype_name(dtype) << " " << isa_name(isa) << " threads=" << threads
+                                              << " n=" << s.n << " k=" << s.k << " d=" << s.d
+                                              << (w == &tied_w ? " tied" : ""));
+            ScopedIsa scoped_isa(isa);
+            ScopedThreads scoped_threads(threads);
+            expect_argmax_of_matmul(a, packed.matrix, true);
+            expect_argmax_of_matmul(a, packed.matrix, false);
+          }
+        }
+        if (w == &tied_w && s.d >= 200) {  // the premise: most rows' maximum is tied
+          std::vector<float> y(static_cast<std::size_t>(s.n) * s.d);
+          matmul(y.data(), a, packed.matrix);
+          int tied_rows = 0;
+          for (int r = 0; r < s.n; ++r) {
+            const float* row = y.data() + static_cast<std::size_t>(r) * s.d;
+            const int best = argmax(row, s.d);
+            tied_rows += best >= first_copy && best + 3 < s.d && row[best + 3] == row[best];
+          }
+          EXPECT_GT(tied_rows, s.n / 2) << weight_dtype_name(dtype) << " d=" << s.d;
         }
       }
     }
@@ -698,18 +719,21 @@ TEST(PackedMatmul, ArgmaxSkipsNaNsUnlessTheFirstValueIsOneAndAskedTo) {
     for (int f : features) std::fill_n(w.begin() + static_cast<std::size_t>(f) * k, k, nan);
     return w;
   };
-  std::vector<int> all(d);
-  for (int i = 0; i < d; ++i) all[i] = i;
   std::vector<float> all_nan(static_cast<std::size_t>(d) * k, nan);
-  const std::vector<std::vector<float>> cases = {with_nan_features({0}), with_nan_features({0, 1, 150, 299}),
-                                                 with_nan_features({7, 64, 65, 200}), all_nan};
+  // The bands of 2 threads start at features 0 and 144, of 3 at 0, 96 and 192 (19 panels).
+  std::vector<float> band_0_nan = random_w;  // all of 2 threads' first band and the start of the second
+  std::fill_n(band_0_nan.begin(), static_cast<std::size_t>(160) * k, nan);
+  const std::vector<std::vector<float>> cases = {with_nan_features({0}),          with_nan_features({0, 1, 150, 299}),
+                                                 with_nan_features({7, 64, 65, 200}), all_nan,
+                                                 with_nan_features({144}),        with_nan_features({96, 192}),
+                                                 band_0_nan};
   for (std::size_t c = 0; c < cases.size(); ++c) {
     const Packed packed = pack(WeightDtype::kF32, cases[c], d, k);
     Activations a;
     a.reserve(n, k);
     a.prepare(x.data(), n, k, WeightDtype::kF32);
     for (Isa isa : runnable_isas()) {
-      for (int threads : {1, 2}) {
+      for (int threads : {1, 2, 3}) {
         SCOPED_TRACE(::testing::Message() << "case " << c << " " << isa_name(isa) << " threads=" << threads);
         ScopedIsa scoped_isa(isa);
         ScopedThreads scoped_threads(threads);
