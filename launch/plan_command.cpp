@@ -124,6 +124,7 @@ int plan_command(const std::vector<std::string>& args) {
   std::string model, preset, cluster_file, probe_file, tp_list, pp_list, m_list;
   std::string objective = "latency", dtype = "fp32", kv_dtype = "auto";
   int batch = 1, context = 0, prompt_tokens = 0, top = 5, ranks = 0, ranks_per_domain = 0;
+  float temperature = 0.0f;
   bool json = false;
   std::string emit;
   po::options_description options("plan options");
@@ -138,6 +139,8 @@ int plan_command(const std::vector<std::string>& args) {
       ("prompt-tokens", po::value(&prompt_tokens)->default_value(0, "context/2"), "prompt length, for TTFT and the chunk size")
       ("dtype", po::value(&dtype)->default_value("fp32"), "weight dtype: fp32 | bf16 | int8")
       ("kv-dtype", po::value(&kv_dtype)->default_value("auto"), kKvDtypeFlagHelp)
+      ("temperature", po::value(&temperature)->default_value(0.0f, "0"),
+       "the run's sampling temperature: 0 (greedy) exchanges each TP rank's best token, > 0 gathers the logits")
       ("np", po::value(&ranks)->default_value(0, "any"), "plan for exactly this many ranks")
       ("ranks-per-domain", po::value(&ranks_per_domain)->default_value(0, "from the cluster"),
        "rank slots per domain (e.g. to plan an oversubscribed run)")
@@ -170,6 +173,8 @@ int plan_command(const std::vector<std::string>& args) {
   } else {
     throw ConfigError(fmt::format("shardline plan: --objective '{}' is not latency or throughput", objective));
   }
+  if (!(temperature >= 0.0f)) throw ConfigError("shardline plan: --temperature must be >= 0");
+  w.greedy = temperature == 0.0f;
   if (batch < 1) throw ConfigError("shardline plan: --batch must be >= 1");
   w.batch = batch;
   w.context = context > 0 ? context : std::min(w.shape.seq_len, 2048);
@@ -229,17 +234,19 @@ int plan_command(const std::vector<std::string>& args) {
                             {"context", w.context},
                             {"prompt_tokens", w.prompt()},
                             {"dtype", dtype},
-                            {"kv_bytes_per_value", w.kv_bytes_per_value}}},
+                            {"kv_bytes_per_value", w.kv_bytes_per_value},
+                            {"greedy", w.greedy}}},
                           {"plans", nlohmann::json::array()}};
     for (const auto& p : plans) out["plans"].push_back(plan_to_json(p));
     std::cout << out.dump(2) << "\n";
   } else {
     std::cout << fmt::format("{} ({:.2f}B params, {} {}) on '{}': {} node(s) x {} domain(s) x {} slot(s), {} per rank "
-                             "slot\nobjective {}: batch {}, context {}, prompt {} tokens\n\n",
+                             "slot\nobjective {}: batch {}, context {}, prompt {} tokens, {}\n\n",
                              preset.empty() ? model : preset, w.shape.n_params() / 1e9, format_bytes(weights), dtype,
                              cluster.name, cluster.nodes, cluster.domains_per_node, cluster.ranks_per_domain,
                              format_bytes(cluster.domain.memory_bytes / cluster.ranks_per_domain),
-                             partition::objective_name(w.objective), w.batch, w.context, w.prompt());
+                             partition::objective_name(w.objective), w.batch, w.context, w.prompt(),
+                             w.greedy ? "greedy" : "sampled (the logits gathered)");
     print_table(plans);
     std::cout << "\nm = micro-batches; tok/s = decode tokens/s over the batch; token lat = one decode step; bubble = "
                  "(p-1)/(m+p-1);\ncomp/mem/comm = where decode time goes; chunk = prefill chunk; s* = the design's "

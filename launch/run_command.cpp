@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -354,6 +355,9 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
       const bool cuda = runtime::choose_backend(config->device, mpi.local_rank()).cuda;
       request.kv_bytes_per_value = kernels::cpu::kv_bytes_per_value(
           runtime::resolve_kv_dtype(config->engine.kv_dtype, config->engine.weights_dtype, cuda), shape->head_size());
+      request.greedy = config->dump_logits.empty() &&
+                       std::all_of(config->requests.begin(), config->requests.end(),
+                                   [](const auto& r) { return r.sampler.temperature == 0.0f; });
       plan = runtime::plan_job(*world, request);
       RunConfig planned = *config;
       planned.tp = plan->tp;

@@ -44,6 +44,7 @@ const char* objective_name(Objective objective) {
 namespace {
 
 constexpr double kFloat = 4.0;            // activations and messages are fp32
+constexpr double kGreedyPickBytes = 8.0;  // a row's best (float value, int index) from each TP rank
 constexpr double kSmallOpsPerLayer = 6;   // rmsnorm x2, rope, swiglu, residual adds: overhead only
 constexpr int kHeaderInts = 3;            // per-row header entries of a stage-to-stage message
 
@@ -145,8 +146,12 @@ TimeBreakdown stage_pass(const LayoutGeometry& g, int s, double rows, double log
   for (int l = 0; l < g.stage_layers[s].size(); ++l) total += layer;
   if (s == g.layout.pp - 1 && logit_rows > 0) {
     roofline(g.vocab_local() * d * wb, 2.0 * logit_rows * g.vocab_local() * d, rates, overhead, total);
-    total.comm_s += logit_rows * ring_allgather_s(g.layout.tp, w.shape.vocab_size * kFloat, tp_link);
-    total.compute_s += logit_rows * w.shape.vocab_size * 1e-9;  // sampling scan, ~1 ns per logit
+    if (w.greedy) {
+      total.comm_s += ring_allgather_s(g.layout.tp, logit_rows * g.layout.tp * kGreedyPickBytes, tp_link);
+    } else {
+      total.comm_s += logit_rows * ring_allgather_s(g.layout.tp, w.shape.vocab_size * kFloat, tp_link);
+      total.compute_s += logit_rows * w.shape.vocab_size * 1e-9;  // sampling scan, ~1 ns per logit
+    }
   }
   return total;
 }

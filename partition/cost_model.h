@@ -45,6 +45,10 @@ struct Workload {
   int context = 512;         // positions per sequence (prompt + generated); sizes the KV cache
   int prompt_tokens = 0;     // 0 = context / 2
   int max_chunk_tokens = 512;  // largest prefill chunk the runtime takes
+  // Greedy decoding (temperature 0, `run`'s default): the last stage's TP ranks exchange each row's best
+  // (value, index) of their vocabulary slices, picked inside the classifier's pass, instead of gathering
+  // the logits for a sampler to scan.
+  bool greedy = true;
   int prompt() const { return prompt_tokens > 0 ? prompt_tokens : std::max(1, context / 2); }
   int generated() const { return std::max(1, context - prompt()); }
 };

@@ -47,6 +47,7 @@ AutoPlan plan_job(comm::Communicator& world, const AutoPlanRequest& request) {
       w.shape = request.shape;
       w.weight_bytes_per_param = request.weight_bytes_per_param;
       w.kv_bytes_per_value = request.kv_bytes_per_value;
+      w.greedy = request.greedy;
       w.batch = std::max(1, request.sequences);
       w.context = std::max(2, request.context);
       w.prompt_tokens = std::clamp(request.prompt_tokens, 1, w.context - 1);

@@ -22,6 +22,7 @@ struct AutoPlanRequest {
   int micro_batches = 0;  // 0 = choose
   double weight_bytes_per_param = 4.0;  // of the dtype the weights are converted to (run --weights-dtype)
   double kv_bytes_per_value = 4.0;      // of the KV cache's dtype (run --kv-dtype, resolved)
+  bool greedy = true;                   // every request at temperature 0 and no logits dumped (Workload::greedy)
 };
 
 struct AutoPlan {

@@ -72,6 +72,27 @@ TEST_F(PlanCli, KvDtypeSizesTheCache) {
   EXPECT_NE(bad.err.find("unknown --kv-dtype 'int4'"), std::string::npos) << bad.err;
 }
 
+TEST_F(PlanCli, TemperatureSaysWhetherTheLastStageGathersTheLogits) {
+  // tp = 2 on this VM's profile, batch 16: greedy decoding exchanges 8 bytes a row where sampling gathers 16
+  // rows of 32000 logits, so the modelled decode step spends less time communicating.
+  auto plan = [&](const std::string& temperature) {
+    const ProcessResult r = run_process(shardline_binary() +
+                                        " plan --preset 110m --dtype int8 --tp 2 --pp 1 --top 1 --json --objective "
+                                        "throughput --batch 16 --cluster " +
+                                        cluster_file("cluster-this-vm.json") + temperature);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return nlohmann::json::parse(r.out);
+  };
+  const auto greedy = plan(""), sampled = plan(" --temperature 0.8");
+  EXPECT_TRUE(greedy["workload"]["greedy"].get<bool>());
+  EXPECT_FALSE(sampled["workload"]["greedy"].get<bool>());
+  EXPECT_LT(greedy["plans"][0]["fractions"]["comm"].get<double>(), sampled["plans"][0]["fractions"]["comm"].get<double>());
+  EXPECT_GT(greedy["plans"][0]["throughput_tok_s"].get<double>(), sampled["plans"][0]["throughput_tok_s"].get<double>());
+  const ProcessResult bad = run_process(shardline_binary() + " plan --preset 110m --temperature -0.5");
+  EXPECT_EQ(bad.exit_code, 2) << bad.err;
+  EXPECT_NE(bad.err.find("--temperature must be >= 0"), std::string::npos) << bad.err;
+}
+
 TEST_F(PlanCli, TableIsReadable) {
   const ProcessResult r = run_process(shardline_binary() + " plan --preset llama2-70b --dtype bf16 --cluster " +
                                       cluster_file("cluster-4node-8gpu-nvlink-ib.json"));
