@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include <benchmark/benchmark.h>
@@ -82,6 +83,48 @@ void packed_matmul_args(benchmark::internal::Benchmark* b) {
 BENCHMARK(BM_PackedMatmul)->Apply(packed_matmul_args)->Unit(benchmark::kMicrosecond)->UseRealTime();
 
 // Args: n_ctx, n_heads, n_kv_heads, threads. head_size 64 for both models.
+// The greedy pick from the classifier: n rows x a 32000-entry vocabulary, either the logits written and
+// each row's argmax() after (fused 0, what sampling needs) or matmul_argmax (fused 1, what greedy decoding
+// runs). Args: dtype, n, k (288: the 15M shape's dim, 768: 110M's), fused, threads.
+void BM_ClassifierPick(benchmark::State& state) {
+  const auto dtype = static_cast<WeightDtype>(state.range(0));
+  const int n = static_cast<int>(state.range(1));
+  const int k = static_cast<int>(state.range(2));
+  const bool fused = state.range(3) != 0;
+  ScopedThreads threads(static_cast<int>(state.range(4)));
+  constexpr int kVocab = 32000;
+  const std::vector<float> w = random_floats(static_cast<std::size_t>(kVocab) * k, 1);
+  const std::vector<float> x = random_floats(static_cast<std::size_t>(n) * k, 2);
+  std::vector<float> logits(static_cast<std::size_t>(n) * kVocab), values(n);
+  std::vector<int> tokens(n);
+  const int group = default_int8_group(k);
+  const std::size_t bytes = packed_size_bytes(dtype, kVocab, k, group);
+  std::unique_ptr<std::byte, decltype(&std::free)> packed(
+      static_cast<std::byte*>(std::aligned_alloc(kPackedAlignment, bytes)), &std::free);
+  pack_weights(dtype, w.data(), k, kVocab, k, packed.get(), group);
+  const PackedMatrix matrix{dtype, kVocab, k, packed.get(), group};
+  Activations activations;
+  activations.reserve(n, k);
+  activations.prepare(x.data(), n, k, dtype);
+  for (auto _ : state) {
+    if (fused) {
+      matmul_argmax(activations, matrix, values.data(), tokens.data(), true);
+    } else {
+      matmul(logits.data(), activations, matrix);
+      parallel_for(n, [&](int r, int) { tokens[r] = argmax(logits.data() + static_cast<std::size_t>(r) * kVocab, kVocab); });
+    }
+    benchmark::DoNotOptimize(tokens.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(state.iterations() * static_cast<std::int64_t>(bytes));
+  state.SetLabel(std::string(weight_dtype_name(dtype)) + (fused ? " fused" : " logits+argmax"));
+}
+BENCHMARK(BM_ClassifierPick)
+    ->ArgNames({"dtype", "n", "k", "fused", "threads"})
+    ->ArgsProduct({{0, 1, 2}, {1, 16}, {288, 768}, {0, 1}, {2}})
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
+
 void BM_Attention(benchmark::State& state) {
   const int n_ctx = static_cast<int>(state.range(0));
   const int n_heads = static_cast<int>(state.range(1));
