@@ -135,6 +135,8 @@ void Stage::attention_block(const LayerWeights& w, float* x, const float* residu
   if (scores_.size() < scores_per_thread * cpu::num_threads()) {
     scores_ = arena_->allocate_array<float>(scores_per_thread * cpu::num_threads());  // threads grew: once
   }
+  // wo's input is prepared row by row on the thread that just computed the row.
+  act_.prepare_shape(att_.data(), n, w.wo);
   cpu::parallel_for(n, [&](int t, int thread) {
     // Causal: the token at pos sees positions 0 .. pos of its own sequence.
     const KvCache& cache = *rows[t].cache;
@@ -143,8 +145,8 @@ void Stage::attention_block(const LayerWeights& w, float* x, const float* residu
                          cache.value_blocks(local_layer), cache.kv_dtype(), cache.block_tokens(),
                          scores_.data() + thread * scores_per_thread, rows[t].pos + 1, n_local_heads, n_local_kv, hs,
                          kv_dim_);
+    act_.prepare_rows(att_.data(), t, t + 1);
   });
-  act_.prepare(att_.data(), n, w.wo);
   cpu::matmul(out_.data(), act_, w.wo);
   tp_comm_.all_reduce_sum(out_.data(), static_cast<std::size_t>(n) * s.dim);  // sum over heads of the group
 }

@@ -46,6 +46,12 @@ class Activations {
   void prepare_normalised(float* out, const float* x, const float* weight, float eps, int n, const PackedMatrix& w) {
     normalise_and_prepare(out, x, nullptr, nullptr, weight, eps, n, w);
   }
+  // prepare(x, n, w) in two halves, for a caller whose threads write x's rows themselves: prepare_shape()
+  // once, then prepare_rows() on each thread for the rows it has just written (disjoint ranges, any
+  // thread), so no row is written on one core and read on another and no parallel pass of its own is
+  // needed. The same bits as prepare().
+  void prepare_shape(const float* x, int n, const PackedMatrix& w) { set_shape(x, n, w.k, w.dtype, w.int8_group_size()); }
+  void prepare_rows(const float* x, int r0, int r1);
 
   WeightDtype dtype() const { return dtype_; }
   int n() const { return n_; }
@@ -71,7 +77,6 @@ class Activations {
   // prepare_normalised(): x_add (x itself, or null without a residual) += residual.
   void normalise_and_prepare(float* out, const float* x, float* x_add, const float* residual, const float* weight,
                              float eps, int n, const PackedMatrix& w);
-  void prepare_rows(const float* x, int r0, int r1);
 
   WeightDtype dtype_ = WeightDtype::kF32;
   int n_ = 0;
