@@ -350,19 +350,15 @@ int argmax_avx512(const float* x, int n) {
 }
 
 // fold_max() 16 values at a time: a mask compare tells whether any beats the maximum so far (or, before
-// the first, whether any is no NaN), and only then are they walked one by one as there. A classifier's
+// the first, whether any is no NaN), and only then does the generic fold walk them one by one. A classifier's
 // tile rows come here: 64 values each, a handful of which ever win.
 void fold_max_avx512(const float* x, int n, int first, RowMax& max) {
   for (int i = 0; i < n; i += 16) {
-    const __mmask16 lanes = n - i >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __mmask16 lanes = first_lanes(n - i);
     const __m512 v = _mm512_maskz_loadu_ps(lanes, x + i);
     const __mmask16 wins = max.index < 0 ? _mm512_mask_cmp_ps_mask(lanes, v, v, _CMP_ORD_Q)
                                          : _mm512_mask_cmp_ps_mask(lanes, v, _mm512_set1_ps(max.value), _CMP_GT_OQ);
-    if (wins == 0) continue;
-    const int end = n - i >= 16 ? i + 16 : n;
-    for (int j = i; j < end; ++j) {
-      if (x[j] > max.value || (max.index < 0 && x[j] == x[j])) max = {x[j], first + j};
-    }
+    if (wins != 0) fold_max(x + i, n - i >= 16 ? 16 : n - i, first + i, max);
   }
 }
 
