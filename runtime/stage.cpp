@@ -166,10 +166,12 @@ void Stage::prepare_classifier_input(const float* x, int n) {
   const std::size_t rows = static_cast<std::size_t>(n);
   if (logits_x_.size() < rows * s.dim) {
     logits_x_.resize(rows * s.dim);
-    best_.resize(rows);
     best_values_.resize(rows);
-    best_indices_.resize(rows);
-    all_best_.resize(rows * tp_comm_.size());
+    if (tp_comm_.size() > 1) {  // the greedy exchange's; one rank writes its indices into the caller's tokens
+      best_indices_.resize(rows);
+      best_.resize(rows);
+      all_best_.resize(rows * tp_comm_.size());
+    }
     act_.reserve(n, s.dim);
   }
   act_.prepare_normalised(logits_x_.data(), x, weights_.rms_final(), options_.rms_eps, n, weights_.classifier());
@@ -213,11 +215,10 @@ void Stage::greedy_tokens(const float* x, int n, float*, int* tokens) {
   prepare_classifier_input(x, n);
   // argmax keeps a NaN in the row's first place (nothing is greater), which only the first slice holds: a
   // later slice skips its NaNs as the scan over the whole row does (a slice of NaNs gets index -1).
-  cpu::matmul_argmax(act_, weights_.classifier(), best_values_.data(), best_indices_.data(), vocab_begin_ == 0);
-  if (tp_comm_.size() == 1) {
-    std::copy_n(best_indices_.data(), n, tokens);
-    return;
-  }
+  const bool alone = tp_comm_.size() == 1;
+  cpu::matmul_argmax(act_, weights_.classifier(), best_values_.data(), alone ? tokens : best_indices_.data(),
+                     vocab_begin_ == 0);
+  if (alone) return;
   for (int r = 0; r < n; ++r) {
     const int index = best_indices_[r];
     best_[r] = {best_values_[r], vocab_begin_ + (index < 0 ? 0 : index)};  // a NaN value never wins below

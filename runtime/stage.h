@@ -126,7 +126,7 @@ class Stage : public StageBackend {
     int index;
   };
   std::vector<float> best_values_;    // (rows): matmul_argmax's answer for this rank's slice
-  std::vector<int> best_indices_;     // (rows)
+  std::vector<int> best_indices_;     // (rows), tp > 1 (one rank's go straight into the caller's tokens)
   std::vector<Best> best_;            // (rows): this rank's
   std::vector<Best> all_best_;        // (tp, rows): every rank's, in rank order
   int vocab_begin_ = 0;               // this rank's first vocabulary entry
