@@ -160,7 +160,7 @@ void bf16_tile(const Tile& t) {
 // Also tried there: A tiles alternating between two registers (no gain), the C tiles preloaded with the
 // -128 x sum offset instead of the epilogue's subtraction (+5 to +9%), 16 KiB ahead (+6%), and no epilogue
 // at all (timing only: +7% and +12% slower, twice; how the loads meet the memory stream, not the epilogue's
-// arithmetic, sets the pace).
+// arithmetic, sets the pace there, although with the weights in L2 the epilogue is 30-45% of the time).
 #define SHARDLINE_AMX_INT8_PANEL(P, B)                                                                 \
   do {                                                                                                 \
     _tile_loadd(B, w + (P) * t.panel_stride + static_cast<std::size_t>(b) * 512, 64);                  \
