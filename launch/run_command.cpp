@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -49,9 +50,13 @@ struct RunConfig {
   bool print_config = false;
   bool default_model = false;
   bool threads_given = false;  // else: one thread per core of the rank's placement
+  bool steps_given = false;    // else: kDefaultSteps, cut to what each prompt leaves of the context
   memory::BindMode bind = memory::BindMode::kAuto;
   runtime::DeviceRequest device = runtime::DeviceRequest::kAuto;
 };
+
+// Without --steps: a demo's length, as far as the model's context allows (an explicit --steps is checked).
+constexpr int kDefaultSteps = 128;
 
 // A model without --tokenizer: "<stem>.tokenizer.bin" (what gen-model writes), else tokenizer.bin beside it.
 std::string find_tokenizer_for(const std::string& model_path) {
@@ -82,7 +87,7 @@ std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, 
   RunConfig c;
   std::string log_level = "info", prompt, prompts_file, layer_split, weights_dtype, kv_dtype, isa;
   std::string bind = "auto", arena_pages = "auto", weights = "map", device = "auto", cuda_graphs = "on";
-  int steps = 256, batch = 1;
+  int steps = kDefaultSteps, batch = 1;
   runtime::SamplerOptions sampler;
   po::options_description options("run options");
   options.add_options()
@@ -91,7 +96,8 @@ std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, 
       ("prompt,i", po::value(&prompt)->default_value("Once upon a time"), "prompt text")
       ("prompts-file", po::value(&prompts_file), "several sequences at once: one prompt per line (replaces --prompt)")
       ("batch", po::value(&batch)->default_value(1), "run each prompt this many times (sequence i samples with seed+i)")
-      ("steps,n", po::value(&steps)->default_value(256), "tokens to generate after the prompt")
+      ("steps,n", po::value(&steps)->default_value(kDefaultSteps, fmt::format("{}, or what the context holds", kDefaultSteps)),
+       "tokens to generate after the prompt")
       ("temperature,t", po::value(&sampler.temperature)->default_value(0.0f, "0"), "sampling temperature; 0 = greedy")
       ("top-p,p", po::value(&sampler.top_p)->default_value(0.9f, "0.9"),
        "nucleus sampling threshold in (0,1); other values disable it")
@@ -169,14 +175,17 @@ std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, 
   if (vm.count("tp") && c.tp < 1) throw ConfigError("--tp must be >= 1");
   if (vm.count("pp") && c.pp < 1) throw ConfigError("--pp must be >= 1");
   if (c.comm_timeout_s <= 0) throw ConfigError("--comm-timeout must be positive");
-  if (c.engine.micro_batches < 0) throw ConfigError("--micro-batches must be >= 1");
-  if (c.engine.chunk_tokens < 0) throw ConfigError("--chunk-tokens must be >= 1");
+  if (c.engine.micro_batches < 0) throw ConfigError("--micro-batches must be >= 1 (or 0: planned)");
+  if (c.engine.chunk_tokens < 0) throw ConfigError("--chunk-tokens must be >= 1 (or 0: planned per prompt)");
+  // A NaN would reach the sampler as probabilities that sum to nothing.
+  if (!std::isfinite(sampler.temperature) || sampler.temperature < 0.0f) {
+    throw ConfigError(fmt::format("--temperature must be a finite number >= 0 (0 = greedy); got {}", sampler.temperature));
+  }
+  if (std::isnan(sampler.top_p)) throw ConfigError("--top-p must be a number (values outside (0,1) disable it); got nan");
   if (c.plan != "auto" && c.plan != "none") throw ConfigError(fmt::format("--plan '{}' is not auto or none", c.plan));
   const std::vector<std::string> prompts =
       prompts_file.empty() ? std::vector<std::string>{prompt} : read_prompts_file(prompts_file);
-  const bool steps_given = !vm["steps"].defaulted();
-  // The default step count is a convenience; keep it short like a demo. An explicit --steps is checked.
-  if (!steps_given) steps = 128;
+  c.steps_given = !vm["steps"].defaulted();
   for (const auto& text : prompts) {
     for (int b = 0; b < batch; ++b) {
       runtime::SamplerOptions s = sampler;
@@ -189,10 +198,8 @@ std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, 
       throw ConfigError("--tokenizer without --model: the built-in model has its own tokenizer; pass --model too");
     }
     c.default_model = true;
-  } else if (c.engine.tokenizer_path.empty()) {
-    c.engine.tokenizer_path = find_tokenizer_for(c.engine.model_path);
   }
-  return c;
+  return c;  // a tokenizer left open is looked for once the model's header has been read
 }
 
 // tp x pp from the flags and the world size; without flags: all ranks in TP if the model allows, else PP.
@@ -322,8 +329,16 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
       log::warn("no --model given: using the built-in default model, which has RANDOM WEIGHTS (its text is "
                 "gibberish); pass --model to run a real checkpoint");
     }
-    shape = runtime::read_checkpoint_shape(config->engine.model_path);
+    shape = runtime::read_checkpoint_shape(config->engine.model_path);  // a missing model is named first
+    if (config->engine.tokenizer_path.empty()) config->engine.tokenizer_path = find_tokenizer_for(config->engine.model_path);
     const runtime::Tokenizer tokenizer(config->engine.tokenizer_path, shape->vocab_size);
+    if (!config->steps_given) {
+      for (auto& request : config->requests) {
+        const int prompt_tokens = static_cast<int>(tokenizer.encode(request.prompt, true, false).size());
+        request.steps = std::clamp(shape->seq_len - prompt_tokens + 1, 1, kDefaultSteps);
+      }
+    }
+    runtime::check_requests(tokenizer, shape->seq_len, config->requests);  // before any rank maps weights
     for (const auto& request : config->requests) {
       longest_prompt = std::max<int>(longest_prompt, tokenizer.encode(request.prompt, true, false).size());
     }

@@ -1,5 +1,7 @@
 #include "runtime/checkpoint.h"
 
+#include <cstring>
+
 #include <fmt/format.h>
 
 #include "common/error.h"
@@ -43,6 +45,11 @@ partition::ModelShape read_checkpoint_shape(const std::string& path) {
   }
   std::int32_t header[7];
   file.read(0, header, sizeof(header));
+  // A GGUF file's magic would otherwise be read as a dimension of about 1.2e9 and called nonsense.
+  if (std::memcmp(header, "GGUF", 4) == 0) {
+    throw FormatError(fmt::format("'{}' is a GGUF file, which shardline does not read: it reads llama2.c "
+                                  "checkpoints (the legacy format, llama2.c export.py --version 0)", path));
+  }
   partition::ModelShape shape;
   shape.dim = header[0];
   shape.hidden_dim = header[1];

@@ -81,22 +81,40 @@ Engine::Engine(const EngineOptions& options, const partition::Mesh& mesh, comm::
   load_s_ = now_s() - created_s_;
 }
 
-std::vector<int> Engine::encode_checked(const GenerationRequest& request) const {
+std::vector<int> encode_checked(const Tokenizer& tokenizer, int seq_len, const GenerationRequest& request) {
   if (request.steps < 1) throw ConfigError(fmt::format("--steps must be >= 1, got {}", request.steps));
-  std::vector<int> ids = tokenizer_.encode(request.prompt, /*bos=*/true, /*eos=*/false);
+  std::vector<int> ids = tokenizer.encode(request.prompt, /*bos=*/true, /*eos=*/false);
   const int n_prompt = static_cast<int>(ids.size());
-  if (n_prompt > shape_.seq_len) {
+  if (n_prompt > seq_len) {
     throw ConfigError(fmt::format("the prompt is {} tokens but the model's context (seq_len) is {}; shorten it",
-                                  n_prompt, shape_.seq_len));
+                                  n_prompt, seq_len));
   }
   // The last generated token is never fed back, so prompt + steps - 1 positions are used.
-  if (n_prompt + request.steps - 1 > shape_.seq_len) {
+  if (n_prompt + request.steps - 1 > seq_len) {
     throw ConfigError(fmt::format("--steps {} after a {}-token prompt needs {} positions but seq_len is {}; use "
                                   "--steps {} or less",
-                                  request.steps, n_prompt, n_prompt + request.steps - 1, shape_.seq_len,
-                                  shape_.seq_len - n_prompt + 1));
+                                  request.steps, n_prompt, n_prompt + request.steps - 1, seq_len,
+                                  seq_len - n_prompt + 1));
   }
   return ids;
+}
+
+void check_requests(const Tokenizer& tokenizer, int seq_len, const std::vector<GenerationRequest>& requests) {
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    try {
+      encode_checked(tokenizer, seq_len, requests[i]);
+    } catch (const ConfigError& e) {
+      if (requests.size() == 1) throw;
+      const std::string& prompt = requests[i].prompt;
+      constexpr std::size_t kShown = 40;
+      throw ConfigError(fmt::format("sequence {} of {} (prompt \"{}{}\"): {}", i + 1, requests.size(),
+                                    prompt.substr(0, kShown), prompt.size() > kShown ? "..." : "", e.what()));
+    }
+  }
+}
+
+std::vector<int> Engine::encode_checked(const GenerationRequest& request) const {
+  return runtime::encode_checked(tokenizer_, shape_.seq_len, request);
 }
 
 void Engine::check_kv_capacity(const std::vector<GenerationRequest>& requests) const {

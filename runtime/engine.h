@@ -72,6 +72,12 @@ using PieceCallback = std::function<void(std::string_view)>;
 // Called on the output rank with each step's logits: (sequence, step, logits[vocab]).
 using LogitsCallback = std::function<void(int sequence, int step, const float* logits)>;
 
+// Encodes request's prompt and checks that it and its steps fit seq_len positions; ConfigError if not.
+// The CLI runs it on every request before any rank maps weights; the engine runs it again on what it gets.
+std::vector<int> encode_checked(const Tokenizer& tokenizer, int seq_len, const GenerationRequest& request);
+// The same for several requests; an error names the sequence (1-based) and the start of its prompt.
+void check_requests(const Tokenizer& tokenizer, int seq_len, const std::vector<GenerationRequest>& requests);
+
 class Engine {
  public:
   // Loads and validates everything before any work: a bad file or layout throws here, on every rank alike.

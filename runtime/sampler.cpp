@@ -1,6 +1,9 @@
 #include "runtime/sampler.h"
 
 #include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
 
 #include "common/error.h"
 #include "kernels/cpu/ops.h"
@@ -10,6 +13,10 @@ namespace shardline::runtime {
 Sampler::Sampler(int vocab_size, const SamplerOptions& options)
     : vocab_size_(vocab_size), options_(options), rng_state_(options.seed) {
   SL_CHECK(vocab_size > 0);
+  if (!std::isfinite(options.temperature) || options.temperature < 0.0f || std::isnan(options.top_p)) {
+    throw ConfigError(fmt::format("sampler: temperature must be finite and >= 0 and top-p a number; got {} and {}",
+                                  options.temperature, options.top_p));
+  }
   // xorshift never leaves the all-zero state; llama2.c users pass non-zero seeds, we make sure of it.
   if (rng_state_ == 0) rng_state_ = 0x9E3779B97F4A7C15ull;
   candidates_.reserve(vocab_size);
@@ -49,6 +56,9 @@ int Sampler::sample_top_p(const float* probs, float coin) {
   for (int i = 0; i < vocab_size_; ++i) {
     if (probs[i] >= cutoff) candidates_.emplace_back(probs[i], i);
   }
+  // Valid probabilities always leave the largest (>= 1/n >= cutoff); NaN ones (from NaN logits) leave none,
+  // and the token is then the probabilities' argmax, a valid id, rather than an index past the end.
+  if (candidates_.empty()) return kernels::cpu::argmax(probs, vocab_size_);
   std::sort(candidates_.begin(), candidates_.end(), [](const auto& a, const auto& b) {
     return a.first > b.first || (a.first == b.first && a.second < b.second);
   });

@@ -125,6 +125,51 @@ TEST_F(Cli, MissingModelFile) {
   expect_clean_failure("run --model " + path("nope.bin") + " --tokenizer " + path("nope.tok"), 4, "nope.bin");
 }
 
+TEST_F(Cli, MissingModelIsNamedBeforeItsTokenizerIsLookedFor) {
+  // Without --tokenizer the tokenizer is looked for beside the model; a missing model must say so itself.
+  expect_clean_failure("run --model " + path("nope.bin"), 4, "nope.bin");
+  const ProcessResult r = run_process(shardline() + " run --model " + path("nope.bin"), 60);
+  EXPECT_EQ(r.err.find("tokenizer"), std::string::npos) << r.err;
+}
+
+TEST_F(Cli, GgufFileIsRecognisedAndRefused) {
+  SHARDLINE_REQUIRE_MODEL_FILE(model_file("tiny-32k.gguf"));
+  expect_clean_failure("run --model " + model_file("tiny-32k.gguf") + " --tokenizer " + model_file("tokenizer.bin"), 3,
+                       "is a GGUF file");
+  expect_clean_failure("plan --model " + model_file("tiny-32k.gguf") + " --preset nope", 2, "exactly one of");
+  expect_clean_failure("plan --model " + model_file("tiny-32k.gguf"), 3, "is a GGUF file");
+}
+
+TEST_F(Cli, TemperatureAndTopPMustBeNumbers) {
+  const std::string model = path("m.bin");
+  ASSERT_EQ(run_process(shardline() + " gen-model --dim 32 --hidden 64 --layers 1 --heads 2 --vocab 300 --seq 32 --out " +
+                        model).exit_code, 0);
+  expect_clean_failure("run --model " + model + " --steps 3 -t nan", 2, "--temperature must be a finite number >= 0");
+  expect_clean_failure("run --model " + model + " --steps 3 -t inf --json", 2, "--temperature");
+  expect_clean_failure("run --model " + model + " --steps 3 -t -1", 2, "got -1");
+  expect_clean_failure("run --model " + model + " --steps 3 -t 1 -p nan --json", 2, "--top-p must be a number");
+}
+
+TEST_F(Cli, DefaultStepsFitAShortContext) {
+  // The default of 128 steps is cut to what the prompt leaves of a 16-position context, not refused.
+  const std::string model = path("short.bin");
+  ASSERT_EQ(run_process(shardline() + " gen-model --dim 32 --hidden 64 --layers 1 --heads 2 --vocab 300 --seq 16 --out " +
+                        model).exit_code, 0);
+  const ProcessResult run = run_process(shardline() + " run --json --model " + model + " --prompt hello");
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  const auto j = parse_single_json(run.out);
+  EXPECT_EQ(j["prompt_ids"].size() + j["ids"].size(), 17u);  // the last token is never fed back: 16 + 1
+}
+
+TEST_F(Cli, APromptsFileErrorNamesTheSequence) {
+  const std::string model = path("short.bin");
+  ASSERT_EQ(run_process(shardline() + " gen-model --dim 32 --hidden 64 --layers 1 --heads 2 --vocab 300 --seq 16 --out " +
+                        model).exit_code, 0);
+  std::ofstream(path("prompts.txt")) << "hi\n" << std::string(100, 'x') << " y z\nok\n";
+  expect_clean_failure("run --model " + model + " --steps 2 --prompts-file " + path("prompts.txt"), 2,
+                       "sequence 2 of 3 (prompt \"xxxx");
+}
+
 TEST_F(Cli, TruncatedCheckpoint) {
   SHARDLINE_REQUIRE_MODEL_FILE(model_file("tiny-32k.bin"));
   const std::string model = copy_prefix(model_file("tiny-32k.bin"), fs::file_size(model_file("tiny-32k.bin")) - 1000, "t.bin");

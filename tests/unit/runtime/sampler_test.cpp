@@ -1,9 +1,11 @@
 #include <cmath>
+#include <limits>
 #include <map>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "common/error.h"
 #include "runtime/sampler.h"
 
 namespace shardline::runtime {
@@ -53,6 +55,29 @@ TEST(Sampler, TopPNeverPicksOutsideTheNucleus) {
   }
   EXPECT_EQ(counts[2] + counts[3], 0);
   EXPECT_NEAR(counts[0] / 5000.0, 0.5 / 0.8, 0.03);
+}
+
+TEST(Sampler, RejectsATemperatureOrTopPThatIsNotANumber) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  EXPECT_THROW(Sampler(4, {.temperature = nan}), ConfigError);
+  EXPECT_THROW(Sampler(4, {.temperature = inf}), ConfigError);
+  EXPECT_THROW(Sampler(4, {.temperature = -1.0f}), ConfigError);
+  EXPECT_THROW(Sampler(4, {.temperature = 1.0f, .top_p = nan}), ConfigError);
+  EXPECT_NO_THROW(Sampler(4, {.temperature = 1.0f, .top_p = inf}));  // outside (0, 1): no nucleus
+}
+
+TEST(Sampler, NanLogitsStillGiveATokenOfTheVocabulary) {
+  // NaN weights make NaN logits; with and without a nucleus the pick must stay an id in [0, vocab).
+  for (float top_p : {0.9f, 0.0f}) {
+    Sampler sampler(50, {.temperature = 0.8f, .top_p = top_p, .seed = 3});
+    for (int i = 0; i < 20; ++i) {
+      std::vector<float> logits(50, std::numeric_limits<float>::quiet_NaN());
+      if (i % 2 == 1) logits[7] = 1.0f;  // one real logit among NaNs: softmax still gives NaNs
+      const int token = sampler.sample(logits.data());
+      EXPECT_GE(token, 0);
+      EXPECT_LT(token, 50);
+    }
+  }
 }
 
 }  // namespace
