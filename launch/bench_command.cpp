@@ -86,7 +86,7 @@ std::optional<BenchConfig> parse_bench_config(const std::vector<std::string>& ar
   log::set_level(log::parse_level(log_level));
   c.presets = split_list(presets);
   for (const auto& name : c.presets) partition::find_model_preset(name);  // ConfigError listing the known names
-  for (const auto& name : split_list(dtypes)) c.dtypes.push_back(parse_weights_dtype_flag(name));
+  for (const auto& name : split_list(dtypes)) c.dtypes.push_back(parse_weights_dtype_flag(name, "--dtypes entry"));
   c.kv_dtype = parse_kv_dtype_flag(kv_dtype);
   c.bench.batches = parse_int_list("--batches", batches);
   if (c.presets.empty() || c.dtypes.empty()) throw ConfigError("--presets and --dtypes need at least one entry each");
@@ -123,7 +123,8 @@ partition::Mesh bench_mesh(const BenchConfig& c, const MpiSession& mpi) {
   if (tp == 0) tp = world % pp == 0 ? world / pp : 0;
   if (pp == 0) pp = world % tp == 0 ? world / tp : 0;
   if (tp < 1 || pp < 1 || tp * pp != world) {
-    throw ConfigError(fmt::format("--tp {} x --pp {} does not match the {} rank(s) of this job", c.tp, c.pp, world));
+    throw ConfigError(fmt::format("--tp {} x --pp {} does not match the {} rank(s) of this job",
+                                  c.tp ? std::to_string(c.tp) : "?", c.pp ? std::to_string(c.pp) : "?", world));
   }
   return partition::Mesh(world, mpi.world_rank(), tp, pp);
 }
@@ -231,6 +232,17 @@ int bench_command(const std::vector<std::string>& args, const MpiSession& mpi) {
     config = parse_bench_config(args, mpi);
     if (config) {
       mesh = bench_mesh(*config, mpi);
+      // A bench that would skip every preset measures nothing: that is bad flags, not a result.
+      std::string reasons;
+      for (const std::string& preset : config->presets) {
+        const auto problem = layout_problem(partition::find_model_preset(preset).shape, *mesh, config->bench);
+        if (!problem) {
+          reasons.clear();
+          break;
+        }
+        reasons += fmt::format("{}{}: {}", reasons.empty() ? "" : "; ", preset, *problem);
+      }
+      if (!reasons.empty()) throw ConfigError(fmt::format("no preset can run with these flags ({})", reasons));
     } else {
       help = true;
     }

@@ -52,9 +52,9 @@ std::vector<int> parse_int_list(const std::string& flag, const std::string& text
   return values;
 }
 
-kernels::cpu::WeightDtype parse_weights_dtype_flag(const std::string& text) {
+kernels::cpu::WeightDtype parse_weights_dtype_flag(const std::string& text, const std::string& flag) {
   if (auto dtype = kernels::cpu::parse_weight_dtype(text)) return *dtype;
-  throw ConfigError(fmt::format("unknown --weights-dtype '{}' (use fp32, bf16 or int8)", text));
+  throw ConfigError(fmt::format("unknown {} '{}' (use fp32, bf16 or int8)", flag, text));
 }
 
 std::optional<kernels::cpu::KvDtype> parse_kv_dtype_flag(const std::string& text) {

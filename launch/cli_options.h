@@ -25,7 +25,7 @@ bool parse_command_line(const std::string& command, const std::string& usage, co
 std::vector<int> parse_int_list(const std::string& flag, const std::string& text);
 
 // "fp32" | "bf16" | "int8" -> the dtype; ConfigError naming --weights-dtype otherwise.
-kernels::cpu::WeightDtype parse_weights_dtype_flag(const std::string& text);
+kernels::cpu::WeightDtype parse_weights_dtype_flag(const std::string& text, const std::string& flag = "--weights-dtype");
 // --kv-dtype: "auto" -> nullopt (runtime::resolve_kv_dtype decides), "fp32" | "fp16" | "int8" -> the dtype;
 // ConfigError naming the flag otherwise.
 std::optional<kernels::cpu::KvDtype> parse_kv_dtype_flag(const std::string& text);

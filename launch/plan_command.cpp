@@ -118,6 +118,14 @@ exec srun --mpi=pmix --distribution=block --kill-on-bad-exit=1 "$SHARDLINE" run 
                      flags);
 }
 
+// 15.2M, 1.10B: a parameter count at the scale it has (small models are not "0.00B").
+std::string format_count(double n) {
+  if (n >= 1e9) return fmt::format("{:.2f}B", n / 1e9);
+  if (n >= 1e6) return fmt::format("{:.1f}M", n / 1e6);
+  if (n >= 1e3) return fmt::format("{:.1f}K", n / 1e3);
+  return fmt::format("{:.0f}", n);
+}
+
 }  // namespace
 
 int plan_command(const std::vector<std::string>& args) {
@@ -176,13 +184,17 @@ int plan_command(const std::vector<std::string>& args) {
   if (!(temperature >= 0.0f)) throw ConfigError("shardline plan: --temperature must be >= 0");
   w.greedy = temperature == 0.0f;
   if (batch < 1) throw ConfigError("shardline plan: --batch must be >= 1");
+  if (top < 1) throw ConfigError("shardline plan: --top must be >= 1");
+  if (ranks < 0) throw ConfigError("shardline plan: --np must be >= 1 (or 0: any)");
+  if (context < 0) throw ConfigError("shardline plan: --context must be >= 1 (or 0: min(seq_len, 2048))");
   w.batch = batch;
   w.context = context > 0 ? context : std::min(w.shape.seq_len, 2048);
   if (w.context > w.shape.seq_len) {
     throw ConfigError(fmt::format("shardline plan: --context {} exceeds the model's seq_len {}", w.context, w.shape.seq_len));
   }
   if (prompt_tokens < 0 || prompt_tokens >= w.context) {
-    throw ConfigError(fmt::format("shardline plan: --prompt-tokens must be in [1, context) = [1, {})", w.context));
+    throw ConfigError(fmt::format("shardline plan: --prompt-tokens must be in [1, context) = [1, {}) (or 0: context/2)",
+                                  w.context));
   }
   w.prompt_tokens = prompt_tokens;
 
@@ -194,8 +206,13 @@ int plan_command(const std::vector<std::string>& args) {
     log::info("no --cluster: measuring this machine (use `mpirun ... shardline probe` for measured links)");
     cluster = runtime::probe_this_machine({});
   }
-  if (ranks_per_domain < 0) throw ConfigError("shardline plan: --ranks-per-domain must be >= 1");
-  if (ranks_per_domain > 0) cluster.ranks_per_domain = ranks_per_domain;
+  if (ranks_per_domain < 0) throw ConfigError("shardline plan: --ranks-per-domain must be >= 1 (or 0: the cluster's)");
+  if (ranks_per_domain > 0) {
+    if (static_cast<double>(cluster.nodes) * cluster.domains_per_node * ranks_per_domain > (1 << 20)) {
+      throw ConfigError(fmt::format("shardline plan: --ranks-per-domain {} makes over {} rank slots", ranks_per_domain, 1 << 20));
+    }
+    cluster.ranks_per_domain = ranks_per_domain;
+  }
   partition::PlanSearch search;
   search.world = ranks;
   search.top = top;
@@ -240,9 +257,10 @@ int plan_command(const std::vector<std::string>& args) {
     for (const auto& p : plans) out["plans"].push_back(plan_to_json(p));
     std::cout << out.dump(2) << "\n";
   } else {
-    std::cout << fmt::format("{} ({:.2f}B params, {} {}) on '{}': {} node(s) x {} domain(s) x {} slot(s), {} per rank "
+    std::cout << fmt::format("{} ({} params, {} {}) on '{}': {} node(s) x {} domain(s) x {} slot(s), {} per rank "
                              "slot\nobjective {}: batch {}, context {}, prompt {} tokens, {}\n\n",
-                             preset.empty() ? model : preset, w.shape.n_params() / 1e9, format_bytes(weights), dtype,
+                             preset.empty() ? model : preset, format_count(static_cast<double>(w.shape.n_params())),
+                             format_bytes(weights), dtype,
                              cluster.name, cluster.nodes, cluster.domains_per_node, cluster.ranks_per_domain,
                              format_bytes(cluster.domain.memory_bytes / cluster.ranks_per_domain),
                              partition::objective_name(w.objective), w.batch, w.context, w.prompt(),

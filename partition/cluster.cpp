@@ -45,6 +45,18 @@ double positive(const nlohmann::json& j, const char* key, const std::string& whe
   return value;
 }
 
+// A count (nodes, domains, slots, cores): a whole number from 1 to kMaxCount, so that products of counts
+// (a cluster's rank slots) stay far inside an int.
+constexpr double kMaxCount = 1 << 20;
+int count(const nlohmann::json& j, const char* key, const std::string& where) {
+  const double value = positive(j, key, where);
+  if (value != static_cast<double>(static_cast<long long>(value)) || value > kMaxCount) {
+    throw ConfigError(fmt::format("cluster file: {}.{} must be a whole number from 1 to {}, got {}", where, key,
+                                  static_cast<long long>(kMaxCount), value));
+  }
+  return static_cast<int>(value);
+}
+
 LinkCost link_from_json(const nlohmann::json& links, const char* name) {
   if (!links.contains(name)) throw ConfigError(fmt::format("cluster file: links lacks \"{}\"", name));
   const auto& j = links[name];
@@ -56,8 +68,11 @@ LinkCost link_from_json(const nlohmann::json& links, const char* name) {
     link.beta_s_per_byte = 1.0 / (positive(j, "bandwidth_gbps", where) * 1e9 / 8.0);
   } else if (j.contains("bandwidth_bytes_per_s")) {
     link.beta_s_per_byte = 1.0 / positive(j, "bandwidth_bytes_per_s", where);
-  } else {
+  } else if (j.contains("beta_s_per_byte")) {
     link.beta_s_per_byte = positive(j, "beta_s_per_byte", where);
+  } else {
+    throw ConfigError(fmt::format("cluster file: {} lacks a bandwidth: give \"bandwidth_gbps\", "
+                                  "\"bandwidth_bytes_per_s\" or \"beta_s_per_byte\"", where));
   }
   return link;
 }
@@ -73,12 +88,16 @@ ClusterSpec cluster_from_json(const nlohmann::json& j) {
   if (!j.is_object()) throw ConfigError("cluster file: the top level must be a JSON object");
   ClusterSpec c;
   c.name = j.value("name", "cluster");
-  c.nodes = static_cast<int>(positive(j, "nodes", "cluster"));
-  c.domains_per_node = static_cast<int>(positive(j, "domains_per_node", "cluster"));
-  c.ranks_per_domain = j.contains("ranks_per_domain") ? static_cast<int>(positive(j, "ranks_per_domain", "cluster")) : 1;
+  c.nodes = count(j, "nodes", "cluster");
+  c.domains_per_node = count(j, "domains_per_node", "cluster");
+  c.ranks_per_domain = j.contains("ranks_per_domain") ? count(j, "ranks_per_domain", "cluster") : 1;
+  if (static_cast<double>(c.nodes) * c.domains_per_node * c.ranks_per_domain > kMaxCount) {
+    throw ConfigError(fmt::format("cluster file: {} nodes x {} domains x {} ranks per domain is over {} rank slots",
+                                  c.nodes, c.domains_per_node, c.ranks_per_domain, static_cast<long long>(kMaxCount)));
+  }
   if (!j.contains("domain")) throw ConfigError("cluster file: lacks \"domain\"");
   const auto& d = j["domain"];
-  c.domain.cores = static_cast<int>(positive(d, "cores", "domain"));
+  c.domain.cores = count(d, "cores", "domain");
   c.domain.memory_bytes = positive(d, "memory_bytes", "domain");
   c.domain.core_bandwidth_bytes_per_s = positive(d, "core_bandwidth_bytes_per_s", "domain");
   c.domain.domain_bandwidth_bytes_per_s = positive(d, "domain_bandwidth_bytes_per_s", "domain");

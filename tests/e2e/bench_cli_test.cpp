@@ -118,17 +118,25 @@ TEST_F(BenchCli, RunsUnderMpirunWithTensorParallelismAndOneRankPrints) {
   expect_complete_rows(json_lines(r.out), 2);
 }
 
-TEST_F(BenchCli, SkipsAPresetTheLayoutCannotServe) {
-  // 15m has 6 kv heads: tp=4 does not divide them.
-  const ProcessResult r = run_process("mpirun --oversubscribe --bind-to none -np 4 " + quick_bench("--tp 4"), 300);
+TEST_F(BenchCli, SkipsAPresetTheLayoutCannotServeAndRefusesToMeasureNothing) {
+  // 15m has 6 kv heads: tp=4 does not divide them; 110m's 12 it does.
+  const std::string mpirun = "mpirun --oversubscribe --bind-to none -np 4 ";
+  const ProcessResult r = run_process(
+      mpirun + shardline_binary() + " bench --presets 15m,110m --dtypes int8 --batches 1 --steps 3 --prompt-tokens 2 "
+               "--prefill-tokens 8 --threads 1 --repeats 1 --tp 4 --models-dir " + (dir_ / "models").string(), 300);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("# 15m: skipped: tp=4 does not divide n_kv_heads=6"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\n110m   int8"), std::string::npos) << r.out;
+  const ProcessResult none = run_process(mpirun + quick_bench("--tp 4"), 300);
+  EXPECT_EQ(none.exit_code, 2) << none.err;
+  EXPECT_NE(none.err.find("no preset can run with these flags (15m: tp=4 does not divide"), std::string::npos) << none.err;
 }
 
 TEST_F(BenchCli, BadFlagsGiveOneLineAndExitCode2) {
   for (const auto& [args, expect] : std::vector<std::pair<std::string, std::string>>{
            {"--presets 7b", "unknown model preset '7b'"},
-           {"--dtypes fp32,fp4", "unknown --weights-dtype 'fp4'"},
+           {"--dtypes fp32,fp4", "unknown --dtypes entry 'fp4'"},
+           {"--presets 15m --steps 300", "no preset can run with these flags (15m: prompts and steps exceed its context"},
            {"--kv-dtype bf16", "unknown --kv-dtype 'bf16' (use auto, fp32, fp16 or int8)"},
            {"--batches 1,0", "--batches entries must be >= 1"},
            {"--steps 1", "--steps must be >= 2"},

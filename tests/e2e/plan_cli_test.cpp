@@ -126,6 +126,18 @@ TEST_F(PlanCli, BadInputsAreClearErrors) {
   r = run_process(shardline_binary() + " plan --preset 110m --np 99 --cluster " + cluster_file("cluster-this-vm.json"));
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("--np 99"), std::string::npos) << r.err;
+  for (const char* flag : {"--np -1", "--top 0", "--context -5", "--prompt-tokens -1", "--ranks-per-domain -2"}) {
+    r = run_process(shardline_binary() + " plan --preset 110m " + flag + " --cluster " + cluster_file("cluster-this-vm.json"));
+    EXPECT_EQ(r.exit_code, 2) << flag << ": " << r.err;
+    EXPECT_NE(r.err.find(std::string(flag).substr(0, std::string(flag).find(' '))), std::string::npos) << r.err;
+  }
+}
+
+TEST_F(PlanCli, SmallModelsShowTheirParametersInMillions) {
+  const ProcessResult r = run_process(shardline_binary() + " plan --preset 15m --cluster " + cluster_file("cluster-this-vm.json"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("M params"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("0.00B"), std::string::npos) << r.out;
 }
 
 TEST_F(PlanCli, ProbeUnderMpirunWritesAProfileThatPlanReads) {

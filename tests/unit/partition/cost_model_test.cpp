@@ -108,6 +108,28 @@ TEST(Cluster, JsonRoundTripAndFieldErrors) {
   j = cluster_to_json(c);
   j["nodes"] = -1;
   EXPECT_THROW(cluster_from_json(j), ConfigError);
+  auto message_of = [](const nlohmann::json& bad) {
+    try {
+      cluster_from_json(bad);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  // Counts are whole numbers whose product (the rank slots) stays an int.
+  for (const double nodes : {1e12, 2.5}) {
+    j = cluster_to_json(c);
+    j["nodes"] = nodes;
+    EXPECT_NE(message_of(j).find("whole number from 1 to"), std::string::npos) << message_of(j);
+  }
+  j = cluster_to_json(c);
+  j["nodes"] = 1 << 12;
+  j["domains_per_node"] = 1 << 12;
+  EXPECT_NE(message_of(j).find("rank slots"), std::string::npos) << message_of(j);
+  // A link without any bandwidth names the keys that give one.
+  j = cluster_to_json(c);
+  j["links"]["cross_node"] = {{"alpha_s", 1e-5}};
+  EXPECT_NE(message_of(j).find("\"bandwidth_gbps\""), std::string::npos) << message_of(j);
 }
 
 TEST(CostModel, TensorParallelismDividesTheWeightsPerRank) {
