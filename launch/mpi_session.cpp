@@ -73,6 +73,15 @@ MpiSession::Agreement MpiSession::agree(int local_exit_code) const {
   return {reduced[0], reduced[0] != 0 ? -reduced[1] : -1};
 }
 
+bool MpiSession::same_as_rank0(std::uint64_t value) const {
+  if (!active_ || world_size_ == 1) return true;
+  std::uint64_t rank0 = value;
+  if (MPI_Bcast(&rank0, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD) != MPI_SUCCESS) {
+    throw CommError("MPI_Bcast failed while the ranks compared their configurations");
+  }
+  return rank0 == value;
+}
+
 void MpiSession::abort_job(int exit_code) const {
   std::fflush(stdout);
   std::fflush(stderr);

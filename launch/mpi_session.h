@@ -2,6 +2,8 @@
 // PMIx): a plain `shardline run` is a one-rank job without any MPI machinery.
 #pragma once
 
+#include <cstdint>
+
 #include <string>
 
 #include "launch/launch_env.h"
@@ -37,6 +39,9 @@ class MpiSession {
     int first_failed_rank = -1;
   };
   Agreement agree(int local_exit_code) const;
+  // Collective: whether this rank's value equals rank 0's (true alone or without MPI). For fingerprints of
+  // what every rank must share (the model, the requests, the layout flags).
+  bool same_as_rank0(std::uint64_t value) const;
 
   // Ends the whole job with this exit code (MPI_Abort when active), so no peer waits forever.
   [[noreturn]] void abort_job(int exit_code) const;

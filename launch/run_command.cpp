@@ -7,10 +7,12 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <optional>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
@@ -202,6 +204,24 @@ std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, 
   return c;  // a tokenizer left open is looked for once the model's header has been read
 }
 
+// What every rank must agree on, hashed: the model's shape and file size (not its path: hosts may keep
+// copies in different places), the requests, and the flags that shape the layout or the arithmetic.
+// Threads, binding and page tiers may differ per rank.
+std::uint64_t configuration_fingerprint(const RunConfig& c, const partition::ModelShape& shape) {
+  std::string text = fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", shape.describe(),
+                                 std::filesystem::file_size(c.engine.model_path), c.tp, c.pp, c.plan,
+                                 fmt::join(c.engine.layers_per_stage, ","), c.engine.micro_batches,
+                                 c.engine.chunk_tokens, c.engine.kv_block_tokens, c.engine.kv_blocks,
+                                 kernels::cpu::weight_dtype_name(c.engine.weights_dtype),
+                                 c.engine.kv_dtype ? kernels::cpu::kv_dtype_name(*c.engine.kv_dtype) : "auto",
+                                 c.dump_logits.empty());
+  for (const auto& r : c.requests) {
+    text += fmt::format("|{}:{}:{}:{}:{}:{}", r.prompt.size(), r.prompt, r.steps, r.sampler.temperature,
+                        r.sampler.top_p, r.sampler.seed);
+  }
+  return std::hash<std::string>{}(text);
+}
+
 // tp x pp from the flags and the world size; without flags: all ranks in TP if the model allows, else PP.
 partition::Mesh choose_mesh(const RunConfig& c, const partition::ModelShape& shape, const MpiSession& mpi) {
   const int world = mpi.world_size();
@@ -347,6 +367,16 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
     if (!planned || config->tp > 0 || config->pp > 0) mesh = choose_mesh(*config, *shape, mpi);
   });
   if (code != 0 || help) return code;
+  // Every rank must run the same model, requests and layout flags: an MPMD launch that gave ranks different
+  // ones would otherwise wait in its first collective until --comm-timeout.
+  code = agreed_phase(mpi, [&] {
+    if (!mpi.same_as_rank0(configuration_fingerprint(*config, *shape))) {
+      throw ConfigError(fmt::format("this rank's model or flags differ from rank 0's (this rank: {}, {} sequence(s)); "
+                                    "give every rank the same model, prompts and layout flags",
+                                    shape->describe(), config->requests.size()));
+    }
+  });
+  if (code != 0) return code;
 
   // Phase 1b (collective): the planner fills in whatever the flags left open (with one stage there is
   // nothing to overlap, so a fixed layout needs no plan).

@@ -225,6 +225,21 @@ TEST_F(Cli, BadInputUnderMpirunEndsTheJobWithTheMessage) {
   EXPECT_NE(r.err.find("nope.bin"), std::string::npos) << r.err;
 }
 
+TEST_F(Cli, RanksGivenDifferentModelsOrRequestsStopAtStartUp) {
+  // An MPMD launch whose ranks disagree must not wait for --comm-timeout in its first collective.
+  SHARDLINE_REQUIRE_MODEL_FILE(model_file("mini-gqa.bin"));
+  const std::string common = " --tokenizer " + model_file("tokenizer.bin") + " --tp 2 --comm-timeout 60 --steps 5";
+  for (const auto& [first, second] : std::vector<std::pair<std::string, std::string>>{
+           {"--model " + model_file("tiny-32k.bin"), "--model " + model_file("mini-gqa.bin")},
+           {"--model " + model_file("tiny-32k.bin"), "--model " + model_file("tiny-32k.bin") + " --prompt other"},
+           {"--model " + model_file("tiny-32k.bin"), "--model " + model_file("tiny-32k.bin") + " --weights-dtype bf16"}}) {
+    const ProcessResult r = run_process(kMpirun + "1 " + shardline() + " run " + first + common + " : -np 1 " +
+                                        shardline() + " run " + second + common, 50);
+    EXPECT_EQ(r.exit_code, 2) << second << "\n" << r.err;
+    EXPECT_NE(r.err.find("[r1] error: this rank's model or flags differ from rank 0's"), std::string::npos) << r.err;
+  }
+}
+
 TEST_F(Cli, HelpDescribesEveryCommand) {
   const ProcessResult top = run_process(shardline() + " --help");
   EXPECT_EQ(top.exit_code, 0);
