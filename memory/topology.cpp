@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 
 #include <fmt/format.h>
@@ -29,13 +30,18 @@ HwlocHandle::HwlocHandle(Source source, const std::string& argument, bool with_i
       throw ConfigError(fmt::format("hwloc rejects the synthetic topology '{}' (example: 'pack:2 numa:2 core:8 pu:2')",
                                     argument));
     }
+    // A missing file is a missing resource (exit 4), an unreadable one a corrupt input (exit 3).
+    if (source == Source::kXml && !std::filesystem::is_regular_file(argument)) {
+      throw ResourceError(fmt::format("cannot open topology XML '{}': no such file (write one with `lstopo FILE.xml`)",
+                                      argument));
+    }
     if (source == Source::kXml && hwloc_topology_set_xml(topology_, argument.c_str()) < 0) {
-      throw ConfigError(fmt::format("cannot read topology XML '{}': {} (write one with `lstopo FILE.xml`)", argument,
+      throw FormatError(fmt::format("cannot read topology XML '{}': {} (write one with `lstopo FILE.xml`)", argument,
                                     std::strerror(errno)));
     }
     if (with_io) check_hwloc(hwloc_topology_set_io_types_filter(topology_, HWLOC_TYPE_FILTER_KEEP_IMPORTANT), "io filter");
     if (hwloc_topology_load(topology_) < 0) {
-      if (source == Source::kXml) throw ConfigError(fmt::format("'{}' is not a valid hwloc topology XML", argument));
+      if (source == Source::kXml) throw FormatError(fmt::format("'{}' is not a valid hwloc topology XML", argument));
       check_hwloc(-1, "topology load");
     }
   } catch (...) {

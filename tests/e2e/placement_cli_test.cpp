@@ -4,6 +4,7 @@
 // a KV pool too small for the request as one clean error line, and paged / arena layouts reproducing the
 // goldens under mpirun.
 #include <algorithm>
+#include <fstream>
 #include <regex>
 #include <vector>
 
@@ -78,13 +79,16 @@ TEST_F(Placement, TopoOnASavedTopologyWithMemoryOnlyNodes) {
 TEST_F(Placement, TopoBadInputIsOneLine) {
   struct Case {
     std::string args, expect;
+    int code = 2;
   };
+  std::ofstream(path("bad.xml")) << "<topology><object type=\"Banana\">";
   for (const Case& c : {Case{"--synthetic 'pack:1 numa:1 core:2 pu:1' --np 3 --bind core", "only 2 cores"},
                         Case{"--bind socket", "--bind expects auto, numa, core or none"},
                         Case{"--synthetic 'pack:banana'", "hwloc rejects the synthetic topology"},
-                        Case{"--xml /nonexistent/t.xml", "cannot read topology XML"}, Case{"--np 0", "--np must be >= 1"}}) {
+                        Case{"--xml /nonexistent/t.xml", "cannot open topology XML", 4},
+                        Case{"--xml " + path("bad.xml"), "topology XML", 3}, Case{"--np 0", "--np must be >= 1"}}) {
     const ProcessResult r = run_process(shardline_binary() + " topo " + c.args);
-    expect_one_error_line(r, 2, c.expect);
+    expect_one_error_line(r, c.code, c.expect);
     EXPECT_TRUE(r.out.empty()) << c.args << ":\n" << r.out;
   }
 }

@@ -2,6 +2,7 @@
 // over NUMA nodes in contiguous blocks, disjoint core sets per rank, the auto/core/numa/none modes, and
 // keeping a launcher's binding. Also the real host's topology, read with hwloc and /proc/meminfo.
 #include <algorithm>
+#include <fstream>
 #include <map>
 #include <set>
 
@@ -195,7 +196,10 @@ TEST(Topology, SyntheticDescriptionsAreCountedRight) {
   EXPECT_EQ(host.caches.back().name, "L3");
   EXPECT_EQ(host.caches.back().count, 4);
   EXPECT_THROW(load_synthetic_topology("pack:banana"), ConfigError);
-  EXPECT_THROW(load_xml_topology("/nonexistent/topology.xml"), ConfigError);
+  EXPECT_THROW(load_xml_topology("/nonexistent/topology.xml"), ResourceError);
+  const std::string not_xml = ::testing::TempDir() + "/not-a-topology.xml";
+  std::ofstream(not_xml) << "<topology><object type=\"Banana\">";
+  EXPECT_THROW(load_xml_topology(not_xml), FormatError);
 }
 
 TEST(Topology, ThisHostEveryCoreOnExactlyOneNode) {
