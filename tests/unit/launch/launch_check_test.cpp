@@ -141,6 +141,27 @@ TEST(LaunchCheck, RankfileMustPlaceEveryRankOnAKnownHost) {
 }
 
 // The examples in hostfiles/ are what users copy: each must pass the check its own comment shows.
+TEST(LaunchCheck, RankfileIsNotHeldToTheHostfileSlotsButSharedCoresWarn) {
+  // mpirun --rankfile starts 4 ranks on a host of 2 slots (Open MPI 4.1): the rankfile decides.
+  LaunchRequest r = layout(4, 1);
+  r.hostfile = parse_hostfile("a slots=2\n", "hosts");
+  r.rankfile = parse_rankfile("rank 0=a slot=0\nrank 1=a slot=1\nrank 2=a slot=2\nrank 3=a slot=3\n", "ranks");
+  LaunchCheckReport report = check_launch(r);
+  EXPECT_EQ(report.rank_hosts, (std::vector<std::string>(4, "a")));
+  EXPECT_TRUE(report.warnings.empty());
+  // Overlapping slots on one host warn, in each of mpirun's forms; the same cores on two hosts do not.
+  r = layout(2, 2);  // a TP group per host: no other warning
+  r.hostfile = parse_hostfile("a slots=4\nb slots=4\n", "hosts");
+  r.rankfile = parse_rankfile("rank 0=a slot=0-3\nrank 1=a slot=2\nrank 2=b slot=1:0,1\nrank 3=b slot=1:1\n", "ranks");
+  report = check_launch(r);
+  ASSERT_EQ(report.warnings.size(), 2u);
+  EXPECT_NE(report.warnings[0].find("rankfile lines 1 and 2 bind ranks 0 and 1 to the same cores of a"), std::string::npos)
+      << report.warnings[0];
+  EXPECT_NE(report.warnings[1].find("ranks 2 and 3"), std::string::npos) << report.warnings[1];
+  r.rankfile = parse_rankfile("rank 0=a slot=0\nrank 1=a slot=1:0\nrank 2=b slot=0\nrank 3=b slot=0:1\n", "ranks");
+  EXPECT_TRUE(check_launch(r).warnings.empty());
+}
+
 TEST(LaunchCheck, ExampleFilesPassTheirOwnCheck) {
   const std::string dir = std::string(SHARDLINE_SOURCE_DIR) + "/hostfiles/";
   for (const char* name : {"two-hosts.hostfile", "numa.hostfile"}) {
