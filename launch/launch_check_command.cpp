@@ -40,7 +40,7 @@ int launch_check_command(const std::vector<std::string>& args) {
       ("hostfile", po::value(&hostfile), "Open MPI hostfile mpirun will be given")
       ("rankfile", po::value(&rankfile), "Open MPI rankfile mpirun will be given")
       ("oversubscribe", po::bool_switch(&request.oversubscribe), "mpirun will run with --oversubscribe")
-      ("model,m", po::value(&model), "check that this checkpoint can be split tp x pp ways")
+      ("model,m", po::value(&model), "check that this model (llama2.c or GGUF) can be split tp x pp ways")
       ("layers-per-stage", po::value(&layer_split), "explicit layer split, checked with --model");
   po::options_description all(options);
   all.add_options()("help,h", "show this help and exit");

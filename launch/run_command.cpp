@@ -32,6 +32,7 @@
 #include "runtime/checkpoint.h"
 #include "runtime/comm_groups.h"
 #include "runtime/engine.h"
+#include "runtime/gguf.h"
 #include "runtime/model_generator.h"
 #include "runtime/tokenizer.h"
 
@@ -60,9 +61,11 @@ struct RunConfig {
 // Without --steps: a demo's length, as far as the model's context allows (an explicit --steps is checked).
 constexpr int kDefaultSteps = 128;
 
-// A model without --tokenizer: "<stem>.tokenizer.bin" (what gen-model writes), else tokenizer.bin beside it.
+// A model without --tokenizer: a GGUF file its own vocabulary, else "<stem>.tokenizer.bin" (what gen-model writes),
+// else tokenizer.bin beside it.
 std::string find_tokenizer_for(const std::string& model_path) {
   namespace fs = std::filesystem;
+  if (runtime::is_gguf_file(model_path)) return model_path;  // it carries its own vocabulary
   const std::string generated = runtime::default_tokenizer_path_for(model_path);
   if (fs::exists(generated)) return generated;
   const fs::path beside = fs::path(model_path).parent_path() / "tokenizer.bin";
@@ -93,8 +96,8 @@ std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, 
   runtime::SamplerOptions sampler;
   po::options_description options("run options");
   options.add_options()
-      ("model,m", po::value(&c.engine.model_path), "llama2.c checkpoint (default: a built-in random-weight model)")
-      ("tokenizer,z", po::value(&c.engine.tokenizer_path), "tokenizer.bin (default: found beside the model)")
+      ("model,m", po::value(&c.engine.model_path), "llama2.c checkpoint or F32 GGUF file of a llama model (default: a built-in random-weight model)")
+      ("tokenizer,z", po::value(&c.engine.tokenizer_path), "tokenizer.bin (default: a GGUF model's own vocabulary, else found beside the model)")
       ("prompt,i", po::value(&prompt)->default_value("Once upon a time"), "prompt text")
       ("prompts-file", po::value(&prompts_file), "several sequences at once: one prompt per line (replaces --prompt)")
       ("batch", po::value(&batch)->default_value(1), "run each prompt this many times (sequence i samples with seed+i)")

@@ -1,12 +1,12 @@
 #include "runtime/checkpoint.h"
 
-#include <cstring>
-
 #include <fmt/format.h>
 
 #include "common/error.h"
 #include "common/units.h"
 #include "memory/mapped_file.h"
+#include "runtime/gguf.h"
+#include "runtime/gguf_model.h"
 
 namespace shardline::runtime {
 
@@ -21,23 +21,25 @@ CheckpointLayout checkpoint_layout(const partition::ModelShape& s) {
     return offset;
   };
   c.token_embedding = take(v * d);
-  c.rms_att = take(L * d);
-  c.wq = take(L * d * d);
-  c.wk = take(L * kv * d);
-  c.wv = take(L * kv * d);
-  c.wo = take(L * d * d);
-  c.rms_ffn = take(L * d);
-  c.w1 = take(L * h * d);
-  c.w2 = take(L * d * h);
-  c.w3 = take(L * h * d);
+  // Each kind of tensor is stacked over the layers: layer l's is the l-th of its block.
+  const std::uint64_t rms_att = take(L * d), wq = take(L * d * d), wk = take(L * kv * d), wv = take(L * kv * d),
+                      wo = take(L * d * d), rms_ffn = take(L * d), w1 = take(L * h * d), w2 = take(L * d * h),
+                      w3 = take(L * h * d);
+  for (std::uint64_t l = 0; l < L; ++l) {
+    c.layers.push_back({rms_att + l * d * f, wq + l * d * d * f, wk + l * kv * d * f, wv + l * kv * d * f,
+                        wo + l * d * d * f, rms_ffn + l * d * f, w1 + l * h * d * f, w2 + l * d * h * f,
+                        w3 + l * h * d * f});
+  }
   c.rms_final = take(d);
-  c.rope_tables = take(2 * static_cast<std::uint64_t>(s.seq_len) * (s.head_size() / 2));
+  take(2 * static_cast<std::uint64_t>(s.seq_len) * (s.head_size() / 2));  // RoPE tables: computed instead
   c.classifier = s.shared_classifier ? c.token_embedding : take(v * d);
   c.total_bytes = at;
   return c;
 }
 
-partition::ModelShape read_checkpoint_shape(const std::string& path) {
+namespace {
+
+ModelFile read_llama2c_file(const std::string& path) {
   memory::MappedFile file(path);
   if (file.size_bytes() < kCheckpointHeaderBytes) {
     throw FormatError(fmt::format("'{}' is not a llama2.c checkpoint: {} bytes, shorter than the 28-byte header",
@@ -45,12 +47,8 @@ partition::ModelShape read_checkpoint_shape(const std::string& path) {
   }
   std::int32_t header[7];
   file.read(0, header, sizeof(header));
-  // A GGUF file's magic would otherwise be read as a dimension of about 1.2e9 and called nonsense.
-  if (std::memcmp(header, "GGUF", 4) == 0) {
-    throw FormatError(fmt::format("'{}' is a GGUF file, which shardline does not read: it reads llama2.c "
-                                  "checkpoints (the legacy format, llama2.c export.py --version 0)", path));
-  }
-  partition::ModelShape shape;
+  ModelFile model;
+  partition::ModelShape& shape = model.shape;
   shape.dim = header[0];
   shape.hidden_dim = header[1];
   shape.n_layers = header[2];
@@ -62,16 +60,26 @@ partition::ModelShape read_checkpoint_shape(const std::string& path) {
   if (auto problem = shape.find_problem()) {
     throw FormatError(fmt::format("'{}' has a nonsense llama2.c header: {}", path, *problem));
   }
-  const CheckpointLayout layout = checkpoint_layout(shape);
-  if (file.size_bytes() != layout.total_bytes) {
-    const bool short_file = file.size_bytes() < layout.total_bytes;
+  model.layout = checkpoint_layout(shape);
+  if (file.size_bytes() != model.layout.total_bytes) {
+    const bool short_file = file.size_bytes() < model.layout.total_bytes;
     throw FormatError(fmt::format(
         "'{}' is {}: the header ({}) implies {} bytes but the file has {} bytes; re-copy or re-export it", path,
-        short_file ? "truncated" : "longer than its header says", shape.describe(), layout.total_bytes,
+        short_file ? "truncated" : "longer than its header says", shape.describe(), model.layout.total_bytes,
         file.size_bytes()));
   }
-  return shape;
+  return model;
 }
+
+}  // namespace
+
+ModelFile read_model_file(const std::string& path) {
+  memory::MappedFile probe(path);  // a missing file is a ResourceError naming it, whatever its format
+  if (is_gguf_file(path)) return read_gguf_model(path);
+  return read_llama2c_file(path);
+}
+
+partition::ModelShape read_checkpoint_shape(const std::string& path) { return read_model_file(path).shape; }
 
 void encode_checkpoint_header(const partition::ModelShape& s, std::int32_t out[7]) {
   out[0] = s.dim;

@@ -186,10 +186,10 @@ class CudaStage final : public StageBackend {
 };
 
 void CudaStage::upload_weights() {
-  const CheckpointLayout layout = checkpoint_layout(shape_);
-  whole_file_ = file_.map(0, layout.total_bytes, memory::MapOptions{false, -1});
+  const CheckpointLayout layout = read_model_file(file_.path()).layout;
+  whole_file_ = file_.map(0, file_.size_bytes(), memory::MapOptions{false, -1});
   const auto dtype = device_dtype(options_.weights_dtype);
-  const std::size_t dim = shape_.dim, kv_full = shape_.kv_dim(), hidden_full = shape_.hidden_dim;
+  const std::size_t dim = shape_.dim, hidden_full = shape_.hidden_dim;
   const int hs = shape_.head_size();
   const std::size_t q0 = static_cast<std::size_t>(shard_.heads.begin) * hs;
   const std::size_t kv0 = static_cast<std::size_t>(shard_.kv_heads.begin) * hs;
@@ -197,17 +197,17 @@ void CudaStage::upload_weights() {
   constexpr std::size_t f = sizeof(float);
   for (int g = shard_.layers.begin; g < shard_.layers.end; ++g) {
     DeviceLayer layer;
-    layer.rms_att = upload_floats(file_floats(layout.rms_att + g * dim * f), dim);
-    layer.rms_ffn = upload_floats(file_floats(layout.rms_ffn + g * dim * f), dim);
+    const LayerTensors& t = layout.layers[g];
+    layer.rms_att = upload_floats(file_floats(t.rms_att), dim);
+    layer.rms_ffn = upload_floats(file_floats(t.rms_ffn), dim);
     // Row slices (output features) of q, k, v, w1, w3; column slices (input features) of wo and w2.
-    layer.wq = cuda::DeviceMatrix::upload(file_floats(layout.wq + (g * dim + q0) * dim * f), dim, q_dim_, dim, dtype);
-    layer.wk = cuda::DeviceMatrix::upload(file_floats(layout.wk + (g * kv_full + kv0) * dim * f), dim, kv_dim_, dim, dtype);
-    layer.wv = cuda::DeviceMatrix::upload(file_floats(layout.wv + (g * kv_full + kv0) * dim * f), dim, kv_dim_, dim, dtype);
-    layer.wo = cuda::DeviceMatrix::upload(file_floats(layout.wo + (g * dim * dim + q0) * f), dim, dim, q_dim_, dtype);
-    layer.w1 = cuda::DeviceMatrix::upload(file_floats(layout.w1 + (g * hidden_full + h0) * dim * f), dim, hidden_, dim, dtype);
-    layer.w3 = cuda::DeviceMatrix::upload(file_floats(layout.w3 + (g * hidden_full + h0) * dim * f), dim, hidden_, dim, dtype);
-    layer.w2 = cuda::DeviceMatrix::upload(file_floats(layout.w2 + (g * dim * hidden_full + h0) * f), hidden_full, dim,
-                                          hidden_, dtype);
+    layer.wq = cuda::DeviceMatrix::upload(file_floats(t.wq + q0 * dim * f), dim, q_dim_, dim, dtype);
+    layer.wk = cuda::DeviceMatrix::upload(file_floats(t.wk + kv0 * dim * f), dim, kv_dim_, dim, dtype);
+    layer.wv = cuda::DeviceMatrix::upload(file_floats(t.wv + kv0 * dim * f), dim, kv_dim_, dim, dtype);
+    layer.wo = cuda::DeviceMatrix::upload(file_floats(t.wo + q0 * f), dim, dim, q_dim_, dtype);
+    layer.w1 = cuda::DeviceMatrix::upload(file_floats(t.w1 + h0 * dim * f), dim, hidden_, dim, dtype);
+    layer.w3 = cuda::DeviceMatrix::upload(file_floats(t.w3 + h0 * dim * f), dim, hidden_, dim, dtype);
+    layer.w2 = cuda::DeviceMatrix::upload(file_floats(t.w2 + h0 * f), hidden_full, dim, hidden_, dtype);
     layers_.push_back(std::move(layer));
   }
   if (shard_.has_embedding) embedding_ = file_floats(layout.token_embedding);

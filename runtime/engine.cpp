@@ -41,6 +41,9 @@ Engine::Engine(const EngineOptions& options, const partition::Mesh& mesh, comm::
   const partition::RankShard shard = partition::shard_for(shape_, mesh, stages);
   shard_ = shard;
   StageOptions stage_options;
+  const ModelFile model_file = read_model_file(options.model_path);  // a GGUF file may set these two
+  stage_options.rms_eps = model_file.rms_eps;
+  stage_options.rope_theta = model_file.rope_theta;
   // Scratch for the largest prefill chunk expected; generate() grows it when a batch needs more rows.
   stage_options.max_rows =
       std::min(options.chunk_tokens > 0 ? options.chunk_tokens : options.chunk_policy.max_chunk_tokens, shape_.seq_len);

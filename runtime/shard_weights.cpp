@@ -35,13 +35,13 @@ int w2_int8_group(const partition::ModelShape& s) {
 ShardWeights::ShardWeights(const std::string& path, const partition::ModelShape& shape,
                            const partition::RankShard& shard, const ShardWeightsOptions& options)
     : shape_(shape), shard_(shard), options_(options), file_(path) {
-  const partition::ModelShape on_disk = read_checkpoint_shape(path);
-  if (!(on_disk == shape)) {
+  const ModelFile model = read_model_file(path);
+  if (!(model.shape == shape)) {
     throw FormatError(fmt::format("'{}' holds a model of shape ({}) but ({}) was expected", path,
-                                  on_disk.describe(), shape.describe()));
+                                  model.shape.describe(), shape.describe()));
   }
-  const CheckpointLayout at = checkpoint_layout(shape);
-  const std::uint64_t d = shape.dim, h = shape.hidden_dim, kv = shape.kv_dim();
+  const CheckpointLayout& at = model.layout;
+  const std::uint64_t d = shape.dim;
   const int hs = shape.head_size();
   const partition::Range all_dim{0, shape.dim};
   const partition::Range q_columns{shard.heads.begin * hs, shard.heads.end * hs};
@@ -54,8 +54,9 @@ ShardWeights::ShardWeights(const std::string& path, const partition::ModelShape&
   }
   for (int l = shard.layers.begin; l < shard.layers.end; ++l) {
     LayerWeights w;
-    w.rms_att = map_floats(at.rms_att + l * d * kF, d, true);
-    w.rms_ffn = map_floats(at.rms_ffn + l * d * kF, d, true);
+    const LayerTensors& t = at.layers[l];
+    w.rms_att = map_floats(t.rms_att, d, true);
+    w.rms_ffn = map_floats(t.rms_ffn, d, true);
     // Row slices (q/k/v, w1/w3: this rank's output features) and column slices (wo, w2: its input features).
     // int8 scales wo and w2 in the widest groups (128, 96, 64 or 32 k) on which every valid layout's TP slices
     // of their k fall (wo_int8_group, w2_int8_group): a slice is then grouped exactly as one rank groups
@@ -64,13 +65,13 @@ ShardWeights::ShardWeights(const std::string& path, const partition::ModelShape&
     // Groups of 128 scale a quarter as often as 32, which is what batched int8 decode spends its time on
     // (BENCHMARKS.md, issue #7). The other matrices are never sliced along k and take the widest of 128, 96,
     // 64 and 32 that divides k (kernels/cpu/weight_format.h).
-    w.wq = convert(at.wq + (l * d * d + q_begin * d) * kF, q_rows, shape.dim, all_dim);
-    w.wk = convert(at.wk + (l * kv * d + kv_begin * d) * kF, kv_rows, shape.dim, all_dim);
-    w.wv = convert(at.wv + (l * kv * d + kv_begin * d) * kF, kv_rows, shape.dim, all_dim);
-    w.wo = convert(at.wo + l * d * d * kF, shape.dim, shape.dim, q_columns, wo_int8_group(shape));
-    w.w1 = convert(at.w1 + (l * h * d + h_begin * d) * kF, h_rows, shape.dim, all_dim);
-    w.w2 = convert(at.w2 + l * d * h * kF, shape.dim, shape.hidden_dim, shard.hidden, w2_int8_group(shape));
-    w.w3 = convert(at.w3 + (l * h * d + h_begin * d) * kF, h_rows, shape.dim, all_dim);
+    w.wq = convert(t.wq + q_begin * d * kF, q_rows, shape.dim, all_dim);
+    w.wk = convert(t.wk + kv_begin * d * kF, kv_rows, shape.dim, all_dim);
+    w.wv = convert(t.wv + kv_begin * d * kF, kv_rows, shape.dim, all_dim);
+    w.wo = convert(t.wo, shape.dim, shape.dim, q_columns, wo_int8_group(shape));
+    w.w1 = convert(t.w1 + h_begin * d * kF, h_rows, shape.dim, all_dim);
+    w.w2 = convert(t.w2, shape.dim, shape.hidden_dim, shard.hidden, w2_int8_group(shape));
+    w.w3 = convert(t.w3 + h_begin * d * kF, h_rows, shape.dim, all_dim);
     layers_.push_back(w);
   }
   if (shard.has_classifier) {

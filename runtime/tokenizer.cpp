@@ -15,6 +15,8 @@
 #include <fmt/format.h>
 
 #include "common/error.h"
+#include "runtime/gguf.h"
+#include "runtime/gguf_model.h"
 
 namespace shardline::runtime {
 namespace {
@@ -76,6 +78,16 @@ bool read_pod(const std::string& data, std::size_t& pos, T& out) {
 }  // namespace
 
 Tokenizer::Tokenizer(const std::string& path, int vocab_size) {
+  if (is_gguf_file(path)) {  // a GGUF model carries its vocabulary
+    GgufVocabulary vocabulary = read_gguf_vocabulary(path);
+    pieces_ = std::move(vocabulary.pieces);
+    scores_ = std::move(vocabulary.scores);
+    if (static_cast<int>(pieces_.size()) != vocab_size)
+      throw FormatError(fmt::format("{}: its vocabulary has {} tokens but the model expects {}", path, pieces_.size(),
+                                    vocab_size));
+    build_index(fmt::format("the vocabulary of '{}'", path));
+    return;
+  }
   const std::string data = read_whole_file(path);
   std::size_t pos = 0;
   std::int32_t max_token_length = 0;

@@ -11,6 +11,7 @@
 
 #include "runtime/model_generator.h"
 #include "tests/support/cli_fixture.h"
+#include "tests/support/gguf_writer.h"
 #include "tests/support/models.h"
 #include "tests/support/process.h"
 
@@ -132,12 +133,57 @@ TEST_F(Cli, MissingModelIsNamedBeforeItsTokenizerIsLookedFor) {
   EXPECT_EQ(r.err.find("tokenizer"), std::string::npos) << r.err;
 }
 
-TEST_F(Cli, GgufFileIsRecognisedAndRefused) {
-  SHARDLINE_REQUIRE_MODEL_FILE(model_file("tiny-32k.gguf"));
-  expect_clean_failure("run --model " + model_file("tiny-32k.gguf") + " --tokenizer " + model_file("tokenizer.bin"), 3,
-                       "is a GGUF file");
-  expect_clean_failure("plan --model " + model_file("tiny-32k.gguf") + " --preset nope", 2, "exactly one of");
-  expect_clean_failure("plan --model " + model_file("tiny-32k.gguf"), 3, "is a GGUF file");
+TEST_F(Cli, GgufFilesReproduceEveryGoldenWithTheirOwnVocabulary) {
+  // llama.cpp's GGUF files of the reference models, no --tokenizer: the vocabulary comes from the file.
+  SHARDLINE_REQUIRE_MODEL_FILE(model_file("goldens.jsonl"));
+  for (const auto& golden : load_goldens()) {
+    const std::string gguf = model_file(fs::path(golden.model).replace_extension(".gguf").string());
+    SHARDLINE_REQUIRE_MODEL_FILE(gguf);
+    const ProcessResult r = run_process(shardline() + " run --json --threads 1 --model " + gguf + " --steps " +
+                                        std::to_string(golden.steps) + " --prompt " + shell_quote(golden.prompt));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const auto j = parse_single_json(r.out);
+    EXPECT_EQ(j["prompt_ids"].get<std::vector<int>>(), golden.prompt_ids) << gguf << " " << golden.prompt;
+    EXPECT_EQ(j["ids"].get<std::vector<int>>(), golden.ids) << gguf << " " << golden.prompt;
+    if (golden.model == "mini-gqa.bin" && golden.prompt == "A") {  // and the text, decoded by the file's vocabulary
+      const ProcessResult text = run_process(shardline() + " run --model " + gguf + " --prompt A --steps 64");
+      ASSERT_EQ(text.exit_code, 0) << text.err;
+      EXPECT_EQ(text.out, golden.run_c_text + "\n");
+    }
+  }
+}
+
+TEST_F(Cli, AGgufOfAnotherShapeRunsAsItsCheckpointOnEveryLayout) {
+  // GQA 6/2, head size 20, hidden 250, 3 layers, vocab 301; the GGUF's tensors shuffled and 64-byte aligned.
+  const std::string model = path("odd.bin");
+  ASSERT_EQ(run_process(shardline() + " gen-model --dim 120 --hidden 250 --layers 3 --heads 6 --kv-heads 2 --vocab 301 "
+                                      "--seq 48 --seed 9 --out " + model).exit_code, 0);
+  llama_gguf_from_llama2c(model, runtime::default_tokenizer_path_for(model), {.alignment = 64, .shuffle_seed = 5})
+      .write(path("odd.gguf"), 64);
+  const std::string args = " run --json --threads 1 --steps 24 --prompt 'hello there' ";
+  for (const std::string sampling : {"", "--temperature 0.9 --seed 3", "--weights-dtype bf16"}) {
+    const ProcessResult bin = run_process(shardline() + args + sampling + " --model " + model);
+    ASSERT_EQ(bin.exit_code, 0) << bin.err;
+    const auto expected = parse_single_json(bin.out)["ids"];
+    for (const auto& [np, layout] : std::vector<std::pair<int, std::string>>{{1, ""}, {2, "--tp 2"}, {3, "--pp 3"}}) {
+      const ProcessResult gguf = run_process(kMpirun + std::to_string(np) + " " + shardline() + args + sampling + " " +
+                                             layout + " --model " + path("odd.gguf"));
+      ASSERT_EQ(gguf.exit_code, 0) << layout << "\n" << gguf.err;
+      EXPECT_EQ(parse_single_json(gguf.out)["ids"], expected) << sampling << " " << layout;
+    }
+  }
+}
+
+TEST_F(Cli, GgufModelsPlanAndLaunchCheckLikeCheckpoints) {
+  SHARDLINE_REQUIRE_MODEL_FILE(model_file("mini-gqa.gguf"));
+  const ProcessResult plan = run_process(shardline() + " plan --model " + model_file("mini-gqa.gguf") + " --json --np 2");
+  ASSERT_EQ(plan.exit_code, 0) << plan.err;
+  EXPECT_EQ(nlohmann::json::parse(plan.out)["model"]["shape"],
+            "dim 128, hidden 384, 4 layers, 8 heads / 2 kv, vocab 32000, seq 128, unshared classifier");
+  const ProcessResult check = run_process(shardline() + " launch-check --tp 2 --pp 2 --np 4 --model " +
+                                          model_file("mini-gqa.gguf"));
+  EXPECT_EQ(check.exit_code, 0) << check.err;
+  expect_clean_failure("launch-check --tp 4 --pp 1 --np 4 --model " + model_file("mini-gqa.gguf"), 2, "n_kv_heads=2");
 }
 
 TEST_F(Cli, TemperatureAndTopPMustBeNumbers) {

@@ -59,10 +59,15 @@ INSTANTIATE_TEST_SUITE_P(
                       Layout{"tiny-32k.bin", 4, 2}, Layout{"tiny-32k.bin", 2, 3}, Layout{"mini-gqa.bin", 1, 1},
                       Layout{"mini-gqa.bin", 2, 1}, Layout{"mini-gqa.bin", 1, 2}, Layout{"mini-gqa.bin", 2, 2},
                       Layout{"mini-gqa.bin", 1, 3}, Layout{"mini-gqa.bin", 1, 4}, Layout{"mini-gqa.bin", 2, 3},
-                      Layout{"mini-gqa.bin", 2, 4}),
+                      Layout{"mini-gqa.bin", 2, 4},
+                      // The same models from llama.cpp's GGUF files, with the files' own vocabulary.
+                      Layout{"tiny-32k.gguf", 4, 1}, Layout{"tiny-32k.gguf", 1, 3}, Layout{"mini-gqa.gguf", 2, 2},
+                      Layout{"mini-gqa.gguf", 2, 4}),
     [](const auto& info) {
-      std::string name = info.param.model.substr(0, info.param.model.find('.'));
+      std::string name = info.param.model;
       std::replace(name.begin(), name.end(), '-', '_');
+      name = name.substr(0, name.find(".bin"));  // the llama2.c files keep their old names
+      std::replace(name.begin(), name.end(), '.', '_');
       return name + "_tp" + std::to_string(info.param.tp) + "_pp" + std::to_string(info.param.pp);
     });
 

@@ -30,13 +30,15 @@ struct GoldenRun {
 };
 
 // Writes the golden prompts of `model` (a file name in the models folder) to prompts_path, one per line.
+// A GGUF model ("tiny-32k.gguf") has its checkpoint's goldens and brings its own vocabulary.
 inline GoldenRun prepare_golden_run(const std::string& model, const std::string& prompts_path) {
   GoldenRun run;
   std::ofstream prompts(prompts_path);
-  run.goldens = goldens_of(model);
+  const bool gguf = model.size() > 5 && model.substr(model.size() - 5) == ".gguf";
+  run.goldens = goldens_of(gguf ? model.substr(0, model.size() - 5) + ".bin" : model);
   for (const auto& g : run.goldens) prompts << g.prompt << "\n";
-  run.flags = "--model " + model_file(model) + " --tokenizer " + model_file("tokenizer.bin") + " --prompts-file " +
-              prompts_path + " --steps 64 --json --threads 1";
+  run.flags = "--model " + model_file(model) + (gguf ? "" : " --tokenizer " + model_file("tokenizer.bin")) +
+              " --prompts-file " + prompts_path + " --steps 64 --json --threads 1";
   return run;
 }
 

@@ -1,0 +1,280 @@
+#include "runtime/gguf.h"
+
+#include <cstring>
+#include <fstream>
+
+#include <fmt/format.h>
+
+#include "common/error.h"
+#include "memory/mapped_file.h"
+
+namespace shardline::runtime {
+
+namespace {
+
+// Metadata value types of the format.
+enum ValueType : std::uint32_t {
+  kU8 = 0, kI8 = 1, kU16 = 2, kI16 = 3, kU32 = 4, kI32 = 5, kF32 = 6, kBool = 7,
+  kString = 8, kArray = 9, kU64 = 10, kI64 = 11, kF64 = 12,
+};
+
+// More would be a corrupt count, not a model: the largest llama.cpp models have a few thousand tensors.
+constexpr std::uint64_t kMaxTensors = 1 << 20;
+constexpr std::uint64_t kMaxKeys = 1 << 20;
+constexpr std::uint32_t kMaxDims = 4;
+
+// A bounds-checked cursor over the mapped file: every read that would leave it is a FormatError naming
+// the offset and what was being read.
+class Cursor {
+ public:
+  Cursor(const std::byte* data, std::uint64_t size, const std::string& path) : data_(data), size_(size), path_(path) {}
+
+  std::uint64_t pos() const { return pos_; }
+  std::uint64_t remaining() const { return size_ - pos_; }
+  [[noreturn]] void fail(const std::string& what) const {
+    throw FormatError(fmt::format("GGUF file '{}' is corrupt at byte {}: {}", path_, pos_, what));
+  }
+  void need(std::uint64_t bytes, const char* what) const {
+    if (bytes > size_ - pos_) fail(fmt::format("{} runs past the end of the file ({} bytes)", what, size_));
+  }
+  template <typename T>
+  T pod(const char* what) {
+    need(sizeof(T), what);
+    T value;
+    std::memcpy(&value, data_ + pos_, sizeof(T));
+    pos_ += sizeof(T);
+    return value;
+  }
+  std::string string(const char* what) {
+    const auto length = pod<std::uint64_t>(what);
+    need(length, what);
+    std::string s(reinterpret_cast<const char*>(data_ + pos_), length);
+    pos_ += length;
+    return s;
+  }
+
+ private:
+  const std::byte* data_;
+  std::uint64_t size_;
+  const std::string& path_;
+  std::uint64_t pos_ = 0;
+};
+
+std::uint64_t scalar_bytes(std::uint32_t type) {
+  switch (type) {
+    case kU8: case kI8: case kBool: return 1;
+    case kU16: case kI16: return 2;
+    case kU32: case kI32: case kF32: return 4;
+    case kU64: case kI64: case kF64: return 8;
+    default: return 0;
+  }
+}
+
+// One number of a scalar type as a double (arrays of numbers keep them so).
+double scalar_as_double(Cursor& in, std::uint32_t type) {
+  switch (type) {
+    case kU8: return in.pod<std::uint8_t>("a u8");
+    case kI8: return in.pod<std::int8_t>("an i8");
+    case kU16: return in.pod<std::uint16_t>("a u16");
+    case kI16: return in.pod<std::int16_t>("an i16");
+    case kU32: return in.pod<std::uint32_t>("a u32");
+    case kI32: return in.pod<std::int32_t>("an i32");
+    case kF32: return in.pod<float>("an f32");
+    case kBool: return in.pod<std::uint8_t>("a bool");
+    case kU64: return static_cast<double>(in.pod<std::uint64_t>("a u64"));
+    case kI64: return static_cast<double>(in.pod<std::int64_t>("an i64"));
+    case kF64: return in.pod<double>("an f64");
+    default: in.fail(fmt::format("unknown metadata value type {}", type));
+  }
+}
+
+GgufValue read_value(Cursor& in, std::uint32_t type, int depth) {
+  GgufValue v;
+  switch (type) {
+    case kU8: case kU16: case kU32: case kU64:
+      v.kind = GgufValue::Kind::kUnsigned;
+      v.u = type == kU64 ? in.pod<std::uint64_t>("a u64") : static_cast<std::uint64_t>(scalar_as_double(in, type));
+      v.f = static_cast<double>(v.u);
+      return v;
+    case kI8: case kI16: case kI32: case kI64:
+      v.kind = GgufValue::Kind::kSigned;
+      v.i = type == kI64 ? in.pod<std::int64_t>("an i64") : static_cast<std::int64_t>(scalar_as_double(in, type));
+      v.f = static_cast<double>(v.i);
+      return v;
+    case kF32: case kF64:
+      v.kind = GgufValue::Kind::kFloat;
+      v.f = scalar_as_double(in, type);
+      return v;
+    case kBool:
+      v.kind = GgufValue::Kind::kBool;
+      v.u = in.pod<std::uint8_t>("a bool") != 0;
+      return v;
+    case kString:
+      v.kind = GgufValue::Kind::kString;
+      v.s = in.string("a string");
+      return v;
+    case kArray: {
+      if (depth > 2) in.fail("arrays nested deeper than 2");
+      const auto element_type = in.pod<std::uint32_t>("an array's type");
+      const auto n = in.pod<std::uint64_t>("an array's length");
+      // Each element takes at least one byte (a string at least its 8-byte length): a larger count is corrupt.
+      const std::uint64_t at_least = element_type == kString || element_type == kArray ? 8 : scalar_bytes(element_type);
+      if (at_least == 0) in.fail(fmt::format("unknown array element type {}", element_type));
+      if (n > in.remaining() / at_least) in.fail(fmt::format("an array of {} elements runs past the end of the file", n));
+      if (element_type == kString) {
+        v.kind = GgufValue::Kind::kStrings;
+        v.strings.reserve(n);
+        for (std::uint64_t k = 0; k < n; ++k) v.strings.push_back(in.string("an array's string"));
+      } else if (element_type == kArray) {
+        for (std::uint64_t k = 0; k < n; ++k) read_value(in, kArray, depth + 1);  // checked, not kept
+      } else {
+        v.kind = GgufValue::Kind::kNumbers;
+        v.numbers.reserve(n);
+        for (std::uint64_t k = 0; k < n; ++k) v.numbers.push_back(scalar_as_double(in, element_type));
+      }
+      return v;
+    }
+    default: in.fail(fmt::format("unknown metadata value type {}", type));
+  }
+}
+
+// Bytes per element of the types shardline reads; 0 for the others (quantised blocks), whose tensors are
+// refused by name when a model needs them.
+std::uint64_t element_bytes(std::uint32_t type) {
+  switch (static_cast<GgufType>(type)) {
+    case GgufType::kF32: return 4;
+    case GgufType::kF16: case GgufType::kBF16: return 2;
+    default: return 0;
+  }
+}
+
+}  // namespace
+
+bool is_gguf_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  char magic[4] = {};
+  return in.read(magic, sizeof magic) && std::memcmp(magic, kGgufMagic, sizeof magic) == 0;
+}
+
+std::string gguf_type_name(std::uint32_t type) {
+  static const char* const names[] = {"F32", "F16", "Q4_0", "Q4_1", "Q4_2", "Q4_3", "Q5_0", "Q5_1", "Q8_0", "Q8_1",
+                                      "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K", "IQ2_XXS", "IQ2_XS", "IQ3_XXS",
+                                      "IQ1_S", "IQ4_NL", "IQ3_S", "IQ2_S", "IQ4_XS", "I8", "I16", "I32", "I64", "F64",
+                                      "IQ1_M", "BF16"};
+  if (type < sizeof(names) / sizeof(names[0])) return names[type];
+  return fmt::format("type {}", type);
+}
+
+std::uint64_t GgufTensor::elements() const {
+  std::uint64_t n = 1;
+  for (std::uint64_t d : ne) n *= d;
+  return n;
+}
+
+GgufFile::GgufFile(const std::string& path) : path_(path) {
+  const memory::MappedFile file(path);
+  size_bytes_ = file.size_bytes();
+  if (size_bytes_ < 24) {
+    throw FormatError(fmt::format("GGUF file '{}' is {} bytes, shorter than its 24-byte header", path, size_bytes_));
+  }
+  // The metadata and tensor table are read through a mapping of the whole file; only the pages they cover
+  // are touched (the tensors' data is not read here).
+  const memory::MappedRegion whole = file.map(0, size_bytes_, {.populate = false});
+  Cursor in(whole.data(), size_bytes_, path);
+  char magic[4];
+  for (char& c : magic) c = static_cast<char>(in.pod<std::uint8_t>("the magic"));
+  if (std::memcmp(magic, kGgufMagic, sizeof magic) != 0) in.fail("no GGUF magic");
+  version_ = in.pod<std::uint32_t>("the version");
+  if (version_ != 2 && version_ != 3) {
+    throw FormatError(fmt::format("GGUF file '{}' has version {}; shardline reads versions 2 and 3", path, version_));
+  }
+  const auto n_tensors = in.pod<std::uint64_t>("the tensor count");
+  const auto n_kv = in.pod<std::uint64_t>("the metadata count");
+  if (n_tensors > kMaxTensors || n_kv > kMaxKeys) {
+    in.fail(fmt::format("{} tensors and {} metadata keys is no model", n_tensors, n_kv));
+  }
+  for (std::uint64_t k = 0; k < n_kv; ++k) {
+    std::string key = in.string("a metadata key");
+    const auto type = in.pod<std::uint32_t>("a metadata type");
+    GgufValue value = read_value(in, type, 0);
+    if (!metadata_.emplace(key, std::move(value)).second) {
+      throw FormatError(fmt::format("GGUF file '{}' holds the key '{}' twice", path, key));
+    }
+  }
+  std::vector<GgufTensor> table;
+  for (std::uint64_t t = 0; t < n_tensors; ++t) {
+    GgufTensor tensor;
+    tensor.name = in.string("a tensor name");
+    const auto n_dims = in.pod<std::uint32_t>("a tensor's dimension count");
+    if (n_dims < 1 || n_dims > kMaxDims) in.fail(fmt::format("tensor '{}' has {} dimensions", tensor.name, n_dims));
+    std::uint64_t elements = 1;
+    for (std::uint32_t d = 0; d < n_dims; ++d) {
+      const auto extent = in.pod<std::uint64_t>("a tensor dimension");
+      if (extent < 1 || extent > size_bytes_ || elements > size_bytes_ / extent) {
+        in.fail(fmt::format("tensor '{}' has a dimension of {}, more than the file could hold", tensor.name, extent));
+      }
+      elements *= extent;
+      tensor.ne.push_back(extent);
+    }
+    tensor.type = in.pod<std::uint32_t>("a tensor type");
+    tensor.offset = in.pod<std::uint64_t>("a tensor offset");
+    tensor.bytes = elements * element_bytes(tensor.type);
+    table.push_back(std::move(tensor));
+  }
+  std::uint64_t alignment = 32;
+  if (auto a = get_count("general.alignment")) alignment = *a;
+  if (alignment == 0 || (alignment & (alignment - 1)) != 0 || alignment > 1 << 20) {
+    throw FormatError(fmt::format("GGUF file '{}': general.alignment {} is not a power of two", path, alignment));
+  }
+  const std::uint64_t data_start = (in.pos() + alignment - 1) / alignment * alignment;
+  for (GgufTensor& tensor : table) {
+    if (tensor.offset % alignment != 0 || tensor.offset > size_bytes_ || data_start > size_bytes_ - tensor.offset ||
+        tensor.bytes > size_bytes_ - data_start - tensor.offset) {
+      throw FormatError(fmt::format("GGUF file '{}' is truncated or corrupt: tensor '{}' ({} bytes at data offset {}) "
+                                    "does not lie inside the file's {} bytes",
+                                    path, tensor.name, tensor.bytes, tensor.offset, size_bytes_));
+    }
+    tensor.offset += data_start;
+    const std::string name = tensor.name;
+    if (!tensors_.emplace(name, std::move(tensor)).second) {
+      throw FormatError(fmt::format("GGUF file '{}' holds two tensors named '{}'", path, name));
+    }
+  }
+}
+
+const GgufValue* GgufFile::find(const std::string& key) const {
+  auto it = metadata_.find(key);
+  return it == metadata_.end() ? nullptr : &it->second;
+}
+
+std::optional<std::uint64_t> GgufFile::get_count(const std::string& key) const {
+  const GgufValue* v = find(key);
+  if (!v) return std::nullopt;
+  if (v->kind == GgufValue::Kind::kUnsigned) return v->u;
+  if (v->kind == GgufValue::Kind::kSigned && v->i >= 0) return static_cast<std::uint64_t>(v->i);
+  throw FormatError(fmt::format("GGUF file '{}': {} should be a non-negative integer", path_, key));
+}
+
+std::optional<double> GgufFile::get_number(const std::string& key) const {
+  const GgufValue* v = find(key);
+  if (!v) return std::nullopt;
+  if (v->kind == GgufValue::Kind::kUnsigned || v->kind == GgufValue::Kind::kSigned ||
+      v->kind == GgufValue::Kind::kFloat) {
+    return v->f;
+  }
+  throw FormatError(fmt::format("GGUF file '{}': {} should be a number", path_, key));
+}
+
+std::optional<std::string> GgufFile::get_string(const std::string& key) const {
+  const GgufValue* v = find(key);
+  if (!v) return std::nullopt;
+  if (v->kind == GgufValue::Kind::kString) return v->s;
+  throw FormatError(fmt::format("GGUF file '{}': {} should be a string", path_, key));
+}
+
+const GgufTensor* GgufFile::tensor(const std::string& name) const {
+  auto it = tensors_.find(name);
+  return it == tensors_.end() ? nullptr : &it->second;
+}
+
+}  // namespace shardline::runtime

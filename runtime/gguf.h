@@ -1,0 +1,75 @@
+// GGUF, llama.cpp's model container (versions 2 and 3, little endian): a header, typed key/value metadata,
+// tensor descriptions, then the tensors' data, each at an offset aligned to general.alignment (default 32)
+// from the start of the data section. This file reads the container and checks that every string, array
+// and tensor lies inside the file; gguf_model.h maps a llama model's keys and tensor names onto shardline's.
+//
+//   "GGUF" | u32 version | u64 n_tensors | u64 n_kv
+//   n_kv x      (string key | u32 type | value)        string = u64 length + bytes; array = u32 type, u64 n, n values
+//   n_tensors x (string name | u32 n_dims | n_dims x u64 ne (ne[0] the contiguous one) | u32 type | u64 offset)
+//   padding to the alignment, then the data section
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace shardline::runtime {
+
+inline constexpr char kGgufMagic[4] = {'G', 'G', 'U', 'F'};
+
+// Whether the file at path starts with the GGUF magic (false if it cannot be read).
+bool is_gguf_file(const std::string& path);
+
+// The tensor types shardline can read (others are named in errors by gguf_type_name()).
+enum class GgufType : std::uint32_t { kF32 = 0, kF16 = 1, kBF16 = 30 };
+std::string gguf_type_name(std::uint32_t type);
+
+struct GgufTensor {
+  std::string name;
+  std::vector<std::uint64_t> ne;  // ne[0] varies fastest: a matrix of rows x cols has ne = {cols, rows}
+  std::uint32_t type = 0;
+  std::uint64_t offset = 0;       // from the start of the file
+  std::uint64_t bytes = 0;        // 0 for a type whose size this reader does not know
+  std::uint64_t elements() const;
+};
+
+// One metadata value. Numbers keep their kind; arrays of strings or of numbers are kept (arrays of arrays
+// are checked and skipped).
+struct GgufValue {
+  enum class Kind { kUnsigned, kSigned, kFloat, kBool, kString, kStrings, kNumbers, kOther } kind = Kind::kOther;
+  std::uint64_t u = 0;
+  std::int64_t i = 0;
+  double f = 0.0;
+  std::string s;
+  std::vector<std::string> strings;
+  std::vector<double> numbers;
+};
+
+class GgufFile {
+ public:
+  // Reads and checks the header, metadata and tensor table. ResourceError if the file cannot be opened,
+  // FormatError naming the path and the byte offset for anything malformed or out of bounds.
+  explicit GgufFile(const std::string& path);
+
+  const std::string& path() const { return path_; }
+  std::uint32_t version() const { return version_; }
+  std::uint64_t size_bytes() const { return size_bytes_; }
+
+  const GgufValue* find(const std::string& key) const;
+  // Typed lookups: nullopt when the key is absent; FormatError when it holds another kind of value.
+  std::optional<std::uint64_t> get_count(const std::string& key) const;  // a non-negative integer
+  std::optional<double> get_number(const std::string& key) const;        // any number
+  std::optional<std::string> get_string(const std::string& key) const;
+  const GgufTensor* tensor(const std::string& name) const;
+
+ private:
+  std::string path_;
+  std::uint32_t version_ = 0;
+  std::uint64_t size_bytes_ = 0;
+  std::map<std::string, GgufValue> metadata_;
+  std::map<std::string, GgufTensor> tensors_;
+};
+
+}  // namespace shardline::runtime

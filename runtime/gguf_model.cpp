@@ -1,0 +1,148 @@
+#include "runtime/gguf_model.h"
+
+#include <cstdint>
+#include <limits>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "common/error.h"
+#include "runtime/gguf.h"
+#include "runtime/tokenizer.h"
+
+namespace shardline::runtime {
+
+namespace {
+
+[[noreturn]] void refuse(const GgufFile& file, const std::string& why) {
+  throw FormatError(fmt::format("GGUF file '{}': {}", file.path(), why));
+}
+
+// A dimension from the metadata: present, and an int shardline's shape can hold.
+int required_dimension(const GgufFile& file, const std::string& key) {
+  const std::optional<std::uint64_t> value = file.get_count(key);
+  if (!value) refuse(file, fmt::format("has no {} (a llama model's GGUF carries it)", key));
+  if (*value < 1 || *value > static_cast<std::uint64_t>(std::numeric_limits<std::int32_t>::max())) {
+    refuse(file, fmt::format("{} is {}", key, *value));
+  }
+  return static_cast<int>(*value);
+}
+
+// The file offset of an F32 tensor of ne = {cols, rows} (a vector: rows = 1, ne = {cols}).
+std::uint64_t f32_tensor(const GgufFile& file, const std::string& name, std::uint64_t rows, std::uint64_t cols) {
+  const GgufTensor* t = file.tensor(name);
+  if (!t) refuse(file, fmt::format("has no tensor '{}'", name));
+  if (t->type != static_cast<std::uint32_t>(GgufType::kF32)) {
+    refuse(file, fmt::format("tensor '{}' is {}; shardline maps F32 tensors only (convert the model with --outtype f32)",
+                             name, gguf_type_name(t->type)));
+  }
+  const std::vector<std::uint64_t> expected = rows == 1 ? std::vector<std::uint64_t>{cols}
+                                                        : std::vector<std::uint64_t>{cols, rows};
+  if (t->ne != expected) {
+    refuse(file, fmt::format("tensor '{}' has ne [{}] but the metadata's shape implies [{}]", name,
+                             fmt::join(t->ne, ", "), fmt::join(expected, ", ")));
+  }
+  return t->offset;
+}
+
+}  // namespace
+
+ModelFile read_gguf_model(const std::string& path) {
+  const GgufFile file(path);
+  const std::optional<std::string> arch = file.get_string("general.architecture");
+  if (arch != "llama") {
+    refuse(file, fmt::format("architecture '{}' is not one shardline runs (it runs 'llama')", arch.value_or("")));
+  }
+  const std::string p = "llama.";
+  if (file.get_count(p + "expert_count").value_or(0) > 0) refuse(file, "mixture-of-experts models are not supported");
+  if (auto scaling = file.get_string(p + "rope.scaling.type"); scaling && *scaling != "none") {
+    refuse(file, fmt::format("RoPE scaling '{}' is not supported", *scaling));
+  }
+  ModelFile model;
+  model.format = ModelFormat::kGguf;
+  partition::ModelShape& s = model.shape;
+  s.dim = required_dimension(file, p + "embedding_length");
+  s.hidden_dim = required_dimension(file, p + "feed_forward_length");
+  s.n_layers = required_dimension(file, p + "block_count");
+  s.n_heads = required_dimension(file, p + "attention.head_count");
+  s.n_kv_heads = file.find(p + "attention.head_count_kv") ? required_dimension(file, p + "attention.head_count_kv")
+                                                            : s.n_heads;
+  s.seq_len = required_dimension(file, p + "context_length");
+  const GgufTensor* embedding = file.tensor("token_embd.weight");
+  if (!embedding) refuse(file, "has no tensor 'token_embd.weight'");
+  if (embedding->ne.size() != 2 || embedding->ne[1] > static_cast<std::uint64_t>(std::numeric_limits<std::int32_t>::max())) {
+    refuse(file, "tensor 'token_embd.weight' is not a (vocab, dim) matrix");
+  }
+  s.vocab_size = static_cast<int>(embedding->ne[1]);
+  s.shared_classifier = file.tensor("output.weight") == nullptr;
+  if (auto problem = s.find_problem()) refuse(file, fmt::format("its metadata give a shape shardline cannot run: {}", *problem));
+  if (auto rotated = file.get_count(p + "rope.dimension_count"); rotated && *rotated != static_cast<std::uint64_t>(s.head_size())) {
+    refuse(file, fmt::format("RoPE rotates {} of each head's {} dimensions; shardline rotates them all", *rotated,
+                             s.head_size()));
+  }
+  model.rms_eps = static_cast<float>(file.get_number(p + "attention.layer_norm_rms_epsilon").value_or(1e-5));
+  model.rope_theta = static_cast<float>(file.get_number(p + "rope.freq_base").value_or(10000.0));
+  if (!(model.rms_eps > 0.0f) || !(model.rope_theta > 0.0f)) {
+    refuse(file, fmt::format("layer_norm_rms_epsilon {} and rope.freq_base {} must be positive", model.rms_eps,
+                             model.rope_theta));
+  }
+
+  const std::uint64_t d = s.dim, h = s.hidden_dim, kv = s.kv_dim(), v = s.vocab_size;
+  CheckpointLayout& at = model.layout;
+  at.token_embedding = f32_tensor(file, "token_embd.weight", v, d);
+  at.rms_final = f32_tensor(file, "output_norm.weight", 1, d);
+  at.classifier = s.shared_classifier ? at.token_embedding : f32_tensor(file, "output.weight", v, d);
+  for (int l = 0; l < s.n_layers; ++l) {
+    const std::string b = fmt::format("blk.{}.", l);
+    at.layers.push_back({f32_tensor(file, b + "attn_norm.weight", 1, d), f32_tensor(file, b + "attn_q.weight", d, d),
+                         f32_tensor(file, b + "attn_k.weight", kv, d), f32_tensor(file, b + "attn_v.weight", kv, d),
+                         f32_tensor(file, b + "attn_output.weight", d, d), f32_tensor(file, b + "ffn_norm.weight", 1, d),
+                         f32_tensor(file, b + "ffn_gate.weight", h, d), f32_tensor(file, b + "ffn_down.weight", d, h),
+                         f32_tensor(file, b + "ffn_up.weight", h, d)});
+  }
+  at.total_bytes = file.size_bytes();
+  return model;
+}
+
+GgufVocabulary read_gguf_vocabulary(const std::string& path) {
+  const GgufFile file(path);
+  const std::optional<std::string> kind = file.get_string("tokenizer.ggml.model");
+  if (kind != "llama") {
+    refuse(file, kind ? fmt::format("its tokenizer is '{}'; shardline reads llama (SentencePiece) vocabularies", *kind)
+                      : std::string("carries no vocabulary (tokenizer.ggml.model); pass --tokenizer tokenizer.bin"));
+  }
+  const GgufValue* tokens = file.find("tokenizer.ggml.tokens");
+  const GgufValue* scores = file.find("tokenizer.ggml.scores");
+  if (!tokens || tokens->kind != GgufValue::Kind::kStrings) refuse(file, "tokenizer.ggml.tokens is not an array of strings");
+  if (!scores || scores->kind != GgufValue::Kind::kNumbers || scores->numbers.size() != tokens->strings.size()) {
+    refuse(file, "tokenizer.ggml.scores is not an array of one number per token");
+  }
+  // llama2.c's tokenizer (and so shardline's) has BOS = 1 and EOS = 2.
+  if (file.get_count("tokenizer.ggml.bos_token_id").value_or(kBosId) != static_cast<std::uint64_t>(kBosId) ||
+      file.get_count("tokenizer.ggml.eos_token_id").value_or(kEosId) != static_cast<std::uint64_t>(kEosId)) {
+    refuse(file, fmt::format("BOS and EOS must be tokens {} and {}, as in the Llama 2 vocabulary", kBosId, kEosId));
+  }
+  GgufVocabulary vocabulary;
+  const std::string sentencepiece_space = "\xE2\x96\x81";  // U+2581
+  for (const std::string& token : tokens->strings) {
+    std::string piece;
+    for (std::size_t i = 0; i < token.size();) {
+      if (token.compare(i, sentencepiece_space.size(), sentencepiece_space) == 0) {
+        piece += ' ';
+        i += sentencepiece_space.size();
+      } else {
+        piece += token[i++];
+      }
+    }
+    vocabulary.pieces.push_back(std::move(piece));
+  }
+  for (double score : scores->numbers) vocabulary.scores.push_back(static_cast<float>(score));
+  // llama2.c's tokenizer.bin spells the two control tokens with newlines around them.
+  if (vocabulary.pieces.size() > kEosId && vocabulary.pieces[kBosId] == "<s>" && vocabulary.pieces[kEosId] == "</s>") {
+    vocabulary.pieces[kBosId] = "\n<s>\n";
+    vocabulary.pieces[kEosId] = "\n</s>\n";
+  }
+  return vocabulary;
+}
+
+}  // namespace shardline::runtime

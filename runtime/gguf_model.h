@@ -1,0 +1,36 @@
+// A llama model in a GGUF file, as shardline runs it: the "llama" architecture's metadata keys give the
+// shape, the tensor names give the layout, and the tokenizer.ggml.* arrays give the vocabulary.
+//
+//   llama.embedding_length = dim            token_embd.weight  (vocab, dim)    blk.N.attn_q.weight      wq
+//   llama.feed_forward_length = hidden      output_norm.weight (dim)           blk.N.attn_k/v.weight    wk, wv
+//   llama.block_count = n_layers            output.weight      (vocab, dim),   blk.N.attn_output.weight wo
+//   llama.attention.head_count(_kv)                            absent: tied    blk.N.attn_norm/ffn_norm rms_att/ffn
+//   llama.context_length = seq_len                                             blk.N.ffn_gate/down/up   w1, w2, w3
+//
+// The tensors must be F32: they are mapped and sliced in place as llama2.c's are (GGUF F16, BF16 and the
+// quantised types are refused by name). llama.cpp's converters store q and k for RoPE on adjacent pairs, the
+// rotation llama2.c and shardline use, so the tensors are used as they are (tests/unit/runtime/gguf_test.cpp
+// checks this byte for byte against the llama2.c files in shared/models).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "runtime/checkpoint.h"
+
+namespace shardline::runtime {
+
+// Shape, tensor offsets, RMSNorm epsilon and RoPE base of a llama GGUF file. FormatError naming the path and
+// the key or tensor for anything shardline cannot run.
+ModelFile read_gguf_model(const std::string& path);
+
+// The vocabulary of a GGUF file's tokenizer.ggml.* arrays in llama2.c's conventions (tokenizer.h): spaces
+// where SentencePiece writes U+2581, and BOS and EOS as llama2.c's tokenizer.bin spells them.
+struct GgufVocabulary {
+  std::vector<std::string> pieces;
+  std::vector<float> scores;
+};
+// FormatError when the file has no vocabulary or one of another kind (only "llama", SentencePiece, is read).
+GgufVocabulary read_gguf_vocabulary(const std::string& path);
+
+}  // namespace shardline::runtime

@@ -1,0 +1,177 @@
+// Writes GGUF files for tests: any metadata and tensors (so a test can build malformed ones), and
+// llama_gguf_from_llama2c(), which turns a llama2.c checkpoint and its tokenizer into the GGUF file
+// llama.cpp's converter would write, with the tensors in an order and alignment of the test's choosing.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "runtime/checkpoint.h"
+#include "runtime/tokenizer.h"
+
+namespace shardline::test {
+
+class GgufWriter {
+ public:
+  enum : std::uint32_t { kU32 = 4, kI32 = 5, kF32 = 6, kString = 8, kArray = 9, kU64 = 10 };
+
+  void u32(const std::string& key, std::uint32_t v) { entry(key, kU32), pod(meta_, v); }
+  void f32(const std::string& key, float v) { entry(key, kF32), pod(meta_, v); }
+  void string(const std::string& key, const std::string& v) { entry(key, kString), str(meta_, v); }
+  void strings(const std::string& key, const std::vector<std::string>& v) {
+    entry(key, kArray), pod(meta_, std::uint32_t{kString}), pod(meta_, std::uint64_t{v.size()});
+    for (const auto& s : v) str(meta_, s);
+  }
+  void f32s(const std::string& key, const std::vector<float>& v) {
+    entry(key, kArray), pod(meta_, std::uint32_t{kF32}), pod(meta_, std::uint64_t{v.size()});
+    for (float x : v) pod(meta_, x);
+  }
+  // ne[0] is the contiguous dimension; data holds the tensor's bytes (type 0 = F32, 1 = F16, ...).
+  void tensor(const std::string& name, std::vector<std::uint64_t> ne, std::uint32_t type, std::vector<char> data) {
+    tensors_.push_back({name, std::move(ne), type, std::move(data)});
+  }
+
+  // The file: header, metadata, tensor table, then the data with every tensor at a multiple of alignment.
+  // version and a forced tensor count let a test write the corrupt variants.
+  std::vector<char> bytes(std::uint32_t alignment = 32, std::uint32_t version = 3) const {
+    std::vector<char> out(kMagic, kMagic + 4);
+    pod(out, version), pod(out, std::uint64_t{tensors_.size()}), pod(out, std::uint64_t{n_kv_});
+    out.insert(out.end(), meta_.begin(), meta_.end());
+    std::uint64_t offset = 0, end = 0;  // no padding after the last tensor: a cut of one byte cuts its data
+    std::vector<std::uint64_t> offsets;
+    for (const auto& t : tensors_) {
+      str(out, t.name), pod(out, std::uint32_t(t.ne.size()));
+      for (std::uint64_t d : t.ne) pod(out, d);
+      pod(out, t.type), pod(out, offset);
+      offsets.push_back(offset);
+      end = offset + t.data.size();
+      offset = (end + alignment - 1) / alignment * alignment;
+    }
+    out.resize((out.size() + alignment - 1) / alignment * alignment, 0);
+    const std::size_t data_start = out.size();
+    out.resize(data_start + end, 0);
+    for (std::size_t i = 0; i < tensors_.size(); ++i) {
+      std::copy(tensors_[i].data.begin(), tensors_[i].data.end(), out.begin() + data_start + offsets[i]);
+    }
+    return out;
+  }
+  void write(const std::string& path, std::uint32_t alignment = 32) const {
+    const std::vector<char> b = bytes(alignment);
+    std::ofstream(path, std::ios::binary).write(b.data(), static_cast<std::streamsize>(b.size()));
+  }
+
+ private:
+  static constexpr char kMagic[4] = {'G', 'G', 'U', 'F'};
+  struct Tensor {
+    std::string name;
+    std::vector<std::uint64_t> ne;
+    std::uint32_t type;
+    std::vector<char> data;
+  };
+  template <typename T>
+  static void pod(std::vector<char>& out, T v) {
+    const char* p = reinterpret_cast<const char*>(&v);
+    out.insert(out.end(), p, p + sizeof(T));
+  }
+  static void str(std::vector<char>& out, const std::string& s) {
+    pod(out, std::uint64_t{s.size()});
+    out.insert(out.end(), s.begin(), s.end());
+  }
+  void entry(const std::string& key, std::uint32_t type) {
+    str(meta_, key), pod(meta_, type);
+    ++n_kv_;
+  }
+  std::vector<char> meta_;
+  std::uint64_t n_kv_ = 0;
+  std::vector<Tensor> tensors_;
+};
+
+struct LlamaGgufOptions {
+  std::uint32_t alignment = 32;
+  unsigned shuffle_seed = 0;     // 0: llama.cpp's order; else the tensors in a random order
+  bool write_output = true;      // llama.cpp's converter writes output.weight even for a tied classifier
+  bool with_vocabulary = true;
+  std::uint32_t context_length = 0;       // 0: the checkpoint's seq_len
+  std::uint32_t rope_dimension_count = 0;  // 0: the head size
+  std::uint32_t feed_forward_length = 0;   // 0: the checkpoint's hidden_dim
+};
+
+// The GGUF of a llama2.c checkpoint (and its tokenizer), as llama.cpp's llama2c converter lays it out.
+inline GgufWriter llama_gguf_from_llama2c(const std::string& checkpoint, const std::string& tokenizer_path,
+                                          const LlamaGgufOptions& options = {}) {
+  const runtime::ModelFile model = runtime::read_model_file(checkpoint);
+  const partition::ModelShape& s = model.shape;
+  std::ifstream in(checkpoint, std::ios::binary);
+  auto read = [&](std::uint64_t offset, std::uint64_t floats) {
+    std::vector<char> data(floats * 4);
+    in.seekg(static_cast<std::streamoff>(offset));
+    in.read(data.data(), static_cast<std::streamsize>(data.size()));
+    return data;
+  };
+  GgufWriter w;
+  w.string("general.architecture", "llama");
+  w.string("general.name", "test");
+  if (options.alignment != 32) w.u32("general.alignment", options.alignment);  // else the default, 32
+  w.u32("llama.context_length", options.context_length ? options.context_length : s.seq_len);
+  w.u32("llama.embedding_length", s.dim);
+  w.u32("llama.feed_forward_length", options.feed_forward_length ? options.feed_forward_length : s.hidden_dim);
+  w.u32("llama.attention.head_count", s.n_heads);
+  w.u32("llama.attention.head_count_kv", s.n_kv_heads);
+  w.u32("llama.block_count", s.n_layers);
+  w.u32("llama.rope.dimension_count", options.rope_dimension_count ? options.rope_dimension_count : s.head_size());
+  w.f32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
+  if (options.with_vocabulary) {
+    const runtime::Tokenizer tokenizer(tokenizer_path, s.vocab_size);
+    std::vector<std::string> tokens;
+    std::vector<float> scores;
+    for (int id = 0; id < s.vocab_size; ++id) {
+      std::string piece = tokenizer.piece(id), token;
+      if (id == runtime::kBosId) piece = "<s>";
+      if (id == runtime::kEosId) piece = "</s>";
+      for (char c : piece) token += c == ' ' ? std::string("\xE2\x96\x81") : std::string(1, c);
+      tokens.push_back(token);
+      scores.push_back(tokenizer.score(id));
+    }
+    w.string("tokenizer.ggml.model", "llama");
+    w.strings("tokenizer.ggml.tokens", tokens);
+    w.f32s("tokenizer.ggml.scores", scores);
+    w.u32("tokenizer.ggml.bos_token_id", runtime::kBosId);
+    w.u32("tokenizer.ggml.eos_token_id", runtime::kEosId);
+  }
+  const std::uint64_t d = s.dim, h = s.hidden_dim, kv = s.kv_dim(), v = s.vocab_size;
+  struct Entry {
+    std::string name;
+    std::vector<std::uint64_t> ne;
+    std::uint64_t offset;
+  };
+  std::vector<Entry> entries = {{"token_embd.weight", {d, v}, model.layout.token_embedding},
+                                {"output_norm.weight", {d}, model.layout.rms_final}};
+  if (options.write_output || !s.shared_classifier) entries.push_back({"output.weight", {d, v}, model.layout.classifier});
+  for (int l = 0; l < s.n_layers; ++l) {
+    const runtime::LayerTensors& t = model.layout.layers[l];
+    const std::string b = "blk." + std::to_string(l) + ".";
+    entries.insert(entries.end(), {{b + "attn_q.weight", {d, d}, t.wq},
+                                   {b + "attn_k.weight", {d, kv}, t.wk},
+                                   {b + "attn_v.weight", {d, kv}, t.wv},
+                                   {b + "attn_output.weight", {d, d}, t.wo},
+                                   {b + "attn_norm.weight", {d}, t.rms_att},
+                                   {b + "ffn_gate.weight", {d, h}, t.w1},
+                                   {b + "ffn_down.weight", {h, d}, t.w2},
+                                   {b + "ffn_up.weight", {d, h}, t.w3},
+                                   {b + "ffn_norm.weight", {d}, t.rms_ffn}});
+  }
+  if (options.shuffle_seed != 0) std::shuffle(entries.begin(), entries.end(), std::mt19937(options.shuffle_seed));
+  for (const auto& e : entries) {
+    std::uint64_t floats = 1;
+    for (std::uint64_t n : e.ne) floats *= n;
+    w.tensor(e.name, e.ne, 0, read(e.offset, floats));
+  }
+  return w;
+}
+
+}  // namespace shardline::test

@@ -1,0 +1,242 @@
+// GGUF model files: the llama.cpp-written files in shared/models hold exactly the llama2.c checkpoints'
+// tensors and vocabulary; a converted model of another shape, with its tensors in any order and alignment,
+// reads back as its checkpoint; and every corruption is a FormatError naming what is wrong, never a crash.
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "common/error.h"
+#include "memory/mapped_file.h"
+#include "runtime/checkpoint.h"
+#include "runtime/gguf.h"
+#include "runtime/gguf_model.h"
+#include "runtime/model_generator.h"
+#include "runtime/tokenizer.h"
+#include "tests/support/gguf_writer.h"
+#include "tests/support/models.h"
+
+namespace shardline::runtime {
+namespace {
+
+namespace fs = std::filesystem;
+using test::GgufWriter;
+using test::LlamaGgufOptions;
+using test::llama_gguf_from_llama2c;
+using test::model_file;
+
+std::vector<char> file_bytes(const std::string& path, std::uint64_t offset, std::uint64_t bytes) {
+  std::vector<char> data(bytes);
+  std::ifstream in(path, std::ios::binary);
+  in.seekg(static_cast<std::streamoff>(offset));
+  in.read(data.data(), static_cast<std::streamsize>(bytes));
+  EXPECT_TRUE(in) << path << " at " << offset;
+  return data;
+}
+
+// Every tensor of the two files, byte for byte (the GGUF classifier against the checkpoint's, tied or not).
+void expect_same_tensors(const std::string& gguf, const std::string& checkpoint) {
+  const ModelFile g = read_model_file(gguf), c = read_model_file(checkpoint);
+  const partition::ModelShape& s = c.shape;
+  const std::uint64_t d = s.dim, h = s.hidden_dim, kv = s.kv_dim(), v = s.vocab_size;
+  auto same = [&](std::uint64_t at_g, std::uint64_t at_c, std::uint64_t floats, const std::string& what) {
+    EXPECT_EQ(file_bytes(gguf, at_g, floats * 4), file_bytes(checkpoint, at_c, floats * 4)) << gguf << ": " << what;
+  };
+  same(g.layout.token_embedding, c.layout.token_embedding, v * d, "token embedding");
+  same(g.layout.classifier, c.layout.classifier, v * d, "classifier");
+  same(g.layout.rms_final, c.layout.rms_final, d, "final norm");
+  ASSERT_EQ(g.layout.layers.size(), c.layout.layers.size());
+  for (std::size_t l = 0; l < c.layout.layers.size(); ++l) {
+    const LayerTensors &a = g.layout.layers[l], &b = c.layout.layers[l];
+    const std::string layer = "layer " + std::to_string(l) + " ";
+    same(a.rms_att, b.rms_att, d, layer + "rms_att");
+    same(a.wq, b.wq, d * d, layer + "wq");
+    same(a.wk, b.wk, kv * d, layer + "wk");
+    same(a.wv, b.wv, kv * d, layer + "wv");
+    same(a.wo, b.wo, d * d, layer + "wo");
+    same(a.rms_ffn, b.rms_ffn, d, layer + "rms_ffn");
+    same(a.w1, b.w1, h * d, layer + "w1");
+    same(a.w2, b.w2, d * h, layer + "w2");
+    same(a.w3, b.w3, h * d, layer + "w3");
+  }
+}
+
+TEST(Gguf, LlamaCppFilesHoldTheCheckpointsTensorsAsTheyAre) {
+  // llama.cpp's llama2c converter neither permutes q and k nor reorders anything: the same bytes.
+  for (const std::string name : {"tiny-32k", "mini-gqa"}) {
+    SHARDLINE_REQUIRE_MODEL_FILE(model_file(name + ".gguf"));
+    SHARDLINE_REQUIRE_MODEL_FILE(model_file(name + ".bin"));
+    const ModelFile g = read_model_file(model_file(name + ".gguf"));
+    partition::ModelShape expected = read_checkpoint_shape(model_file(name + ".bin"));
+    EXPECT_EQ(g.format, ModelFormat::kGguf);
+    expected.seq_len = 128;               // the converter's context length
+    expected.shared_classifier = false;   // it writes output.weight even for a tied classifier
+    EXPECT_EQ(g.shape, expected) << g.shape.describe();
+    EXPECT_FLOAT_EQ(g.rms_eps, 1e-5f);
+    EXPECT_FLOAT_EQ(g.rope_theta, 10000.0f);
+    expect_same_tensors(model_file(name + ".gguf"), model_file(name + ".bin"));
+  }
+}
+
+TEST(Gguf, VocabularyIsTheTokenizerBinOne) {
+  SHARDLINE_REQUIRE_MODEL_FILE(model_file("mini-gqa.gguf"));
+  SHARDLINE_REQUIRE_MODEL_FILE(model_file("tokenizer.bin"));
+  const Tokenizer from_gguf(model_file("mini-gqa.gguf"), 32000), from_bin(model_file("tokenizer.bin"), 32000);
+  for (int id = 0; id < 32000; ++id) {
+    ASSERT_EQ(from_gguf.piece(id), from_bin.piece(id)) << id;
+    ASSERT_EQ(from_gguf.score(id), from_bin.score(id)) << id;
+  }
+  for (const char* text : {"Once upon a time", "The cluster has eight nodes", "naïve café 東京 🚀", ""}) {
+    EXPECT_EQ(from_gguf.encode(text, true, false), from_bin.encode(text, true, false)) << text;
+  }
+  EXPECT_THROW(Tokenizer(model_file("mini-gqa.gguf"), 31999), FormatError);
+}
+
+class GeneratedGguf : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::path(::testing::TempDir()) / ("gguf_" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+    // A shape the reference files do not have: GQA 6/2, head size 20, hidden not a multiple of 32, tied.
+    shape_ = {.dim = 120, .hidden_dim = 250, .n_layers = 3, .n_heads = 6, .n_kv_heads = 2, .vocab_size = 301,
+              .seq_len = 48, .shared_classifier = true};
+    paths_ = {(dir_ / "m.bin").string(), (dir_ / "m.tokenizer.bin").string()};
+    generate_model(shape_, 5, paths_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+  // A valid GGUF of the generated model, written to name.
+  std::string write(const std::string& name, const LlamaGgufOptions& options = {}) {
+    llama_gguf_from_llama2c(paths_.model, paths_.tokenizer, options).write(path(name), options.alignment);
+    return path(name);
+  }
+  static std::string error_of(const std::string& file) {
+    try {
+      read_model_file(file);
+    } catch (const FormatError& e) {
+      return e.what();
+    }
+    return "no FormatError";
+  }
+
+  fs::path dir_;
+  partition::ModelShape shape_;
+  GeneratedModelPaths paths_;
+};
+
+TEST_F(GeneratedGguf, AnyTensorOrderAndAlignmentReadsBackAsTheCheckpoint) {
+  for (const LlamaGgufOptions& options : {LlamaGgufOptions{}, LlamaGgufOptions{.alignment = 64, .shuffle_seed = 7},
+                                          LlamaGgufOptions{.alignment = 4096, .shuffle_seed = 11, .write_output = false}}) {
+    const std::string file = write("m.gguf", options);
+    const ModelFile g = read_model_file(file);
+    partition::ModelShape expected = shape_;
+    expected.shared_classifier = !options.write_output;
+    EXPECT_EQ(g.shape, expected) << g.shape.describe();
+    expect_same_tensors(file, paths_.model);
+    const Tokenizer from_gguf(file, shape_.vocab_size), from_bin(paths_.tokenizer, shape_.vocab_size);
+    for (int id = 0; id < shape_.vocab_size; ++id) ASSERT_EQ(from_gguf.piece(id), from_bin.piece(id)) << id;
+  }
+}
+
+TEST_F(GeneratedGguf, EveryTruncationIsAFormatError) {
+  const std::string good = write("good.gguf");
+  const std::uint64_t size = fs::file_size(good);
+  const std::vector<char> bytes = file_bytes(good, 0, size);
+  // Through the header, the metadata, the tensor table and the data.
+  for (const std::uint64_t cut : std::vector<std::uint64_t>{4, 23, 30, 200, 3000, 9000, size / 3, size / 2, size - 4096, size - 1}) {
+    std::ofstream(path("cut.gguf"), std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(cut));
+    const std::string message = error_of(path("cut.gguf"));
+    EXPECT_NE(message.find("cut.gguf"), std::string::npos) << cut << ": " << message;
+    EXPECT_TRUE(message.find("corrupt") != std::string::npos || message.find("truncated") != std::string::npos ||
+                message.find("shorter") != std::string::npos)
+        << cut << ": " << message;
+  }
+}
+
+TEST_F(GeneratedGguf, MalformedContainersAreFormatErrors) {
+  std::vector<char> bytes = llama_gguf_from_llama2c(paths_.model, paths_.tokenizer).bytes();
+  auto with = [&](std::size_t at, const void* value, std::size_t n) {
+    std::vector<char> b = bytes;
+    std::memcpy(b.data() + at, value, n);
+    std::ofstream(path("bad.gguf"), std::ios::binary).write(b.data(), static_cast<std::streamsize>(b.size()));
+    return error_of(path("bad.gguf"));
+  };
+  const std::uint32_t version1 = 1;
+  EXPECT_NE(with(4, &version1, 4).find("version 1"), std::string::npos);
+  const std::uint64_t huge = 1ull << 60;
+  EXPECT_NE(with(8, &huge, 8).find("is no model"), std::string::npos);   // tensor count
+  EXPECT_NE(with(24, &huge, 8).find("runs past the end"), std::string::npos);  // the first key's length
+  // The first key is general.architecture (a string): its value's length.
+  const std::size_t first_value_length = 24 + 8 + std::strlen("general.architecture") + 4;
+  EXPECT_NE(with(first_value_length, &huge, 8).find("runs past the end"), std::string::npos);
+}
+
+TEST_F(GeneratedGguf, ModelsShardlineCannotRunAreRefusedByName) {
+  auto model_with = [&](auto&& edit) {
+    GgufWriter w = llama_gguf_from_llama2c(paths_.model, paths_.tokenizer);
+    edit(w);
+    w.write(path("x.gguf"));
+    return error_of(path("x.gguf"));
+  };
+  EXPECT_NE(model_with([](GgufWriter& w) { w.tensor("blk.0.attn_q.weight", {4}, 0, std::vector<char>(16)); })
+                .find("holds two tensors named 'blk.0.attn_q.weight'"),
+            std::string::npos);
+  EXPECT_NE(model_with([](GgufWriter& w) { w.u32("llama.block_count", 3); }).find("holds the key 'llama.block_count' twice"),
+            std::string::npos);
+  // An F16 tensor (the converters' default for real models) is named with its type.
+  GgufWriter f16;
+  f16.string("general.architecture", "llama");
+  for (const auto& [key, value] : std::vector<std::pair<std::string, std::uint32_t>>{
+           {"llama.embedding_length", 8}, {"llama.feed_forward_length", 16}, {"llama.block_count", 1},
+           {"llama.attention.head_count", 2}, {"llama.context_length", 8}}) {
+    f16.u32(key, value);
+  }
+  f16.tensor("token_embd.weight", {8, 300}, 1, std::vector<char>(8 * 300 * 2));
+  f16.write(path("f16.gguf"));
+  EXPECT_NE(error_of(path("f16.gguf")).find("tensor 'token_embd.weight' is F16"), std::string::npos)
+      << error_of(path("f16.gguf"));
+  GgufWriter gpt2;
+  gpt2.string("general.architecture", "gpt2");
+  gpt2.write(path("gpt2.gguf"));
+  EXPECT_NE(error_of(path("gpt2.gguf")).find("architecture 'gpt2'"), std::string::npos);
+}
+
+TEST_F(GeneratedGguf, MissingOrMisshapenTensorsAndPartialRopeAreRefused) {
+  // Built from the generated model, then one thing changed.
+  const std::string good = write("good.gguf");
+  std::vector<char> bytes = file_bytes(good, 0, fs::file_size(good));
+  auto replaced = [&](const std::string& from, const std::string& to) {
+    std::string text(bytes.begin(), bytes.end());
+    const std::size_t at = text.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    std::vector<char> b = bytes;
+    std::copy(to.begin(), to.end(), b.begin() + at);
+    std::ofstream(path("edit.gguf"), std::ios::binary).write(b.data(), static_cast<std::streamsize>(b.size()));
+    return error_of(path("edit.gguf"));
+  };
+  EXPECT_NE(replaced("blk.1.ffn_up.weight", "blk.1.ffn_UP.weight").find("has no tensor 'blk.1.ffn_up.weight'"),
+            std::string::npos);
+  llama_gguf_from_llama2c(paths_.model, paths_.tokenizer, {.rope_dimension_count = 10}).write(path("rope.gguf"));
+  EXPECT_NE(error_of(path("rope.gguf")).find("RoPE rotates 10 of each head's 20 dimensions"), std::string::npos)
+      << error_of(path("rope.gguf"));
+  llama_gguf_from_llama2c(paths_.model, paths_.tokenizer, {.feed_forward_length = 256}).write(path("shape.gguf"));
+  EXPECT_NE(error_of(path("shape.gguf")).find("tensor 'blk.0.ffn_gate.weight' has ne [120, 250] but the metadata's "
+                                               "shape implies [120, 256]"),
+            std::string::npos)
+      << error_of(path("shape.gguf"));
+  GgufWriter no_vocab = llama_gguf_from_llama2c(paths_.model, paths_.tokenizer, {.with_vocabulary = false});
+  no_vocab.write(path("novocab.gguf"));
+  EXPECT_EQ(read_model_file(path("novocab.gguf")).shape.vocab_size, shape_.vocab_size);
+  try {
+    Tokenizer(path("novocab.gguf"), shape_.vocab_size);
+    FAIL() << "no vocabulary, no tokenizer";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("pass --tokenizer"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace shardline::runtime
