@@ -10,6 +10,18 @@
 
 namespace shardline::runtime {
 
+std::uint64_t element_bytes(TensorElement element) { return element == TensorElement::kF32 ? 4 : 2; }
+
+bool CheckpointLayout::all_f32() const {
+  auto f32 = [](const TensorRef& t) { return t.element == TensorElement::kF32; };
+  for (const LayerTensors& l : layers) {
+    for (const TensorRef* t : {&l.rms_att, &l.wq, &l.wk, &l.wv, &l.wo, &l.rms_ffn, &l.w1, &l.w2, &l.w3}) {
+      if (!f32(*t)) return false;
+    }
+  }
+  return f32(token_embedding) && f32(rms_final) && f32(classifier);
+}
+
 CheckpointLayout checkpoint_layout(const partition::ModelShape& s) {
   const std::uint64_t f = sizeof(float);
   const std::uint64_t L = s.n_layers, d = s.dim, h = s.hidden_dim, kv = s.kv_dim(), v = s.vocab_size;
@@ -20,19 +32,19 @@ CheckpointLayout checkpoint_layout(const partition::ModelShape& s) {
     at += n_floats * f;
     return offset;
   };
-  c.token_embedding = take(v * d);
+  c.token_embedding = {take(v * d)};
   // Each kind of tensor is stacked over the layers: layer l's is the l-th of its block.
   const std::uint64_t rms_att = take(L * d), wq = take(L * d * d), wk = take(L * kv * d), wv = take(L * kv * d),
                       wo = take(L * d * d), rms_ffn = take(L * d), w1 = take(L * h * d), w2 = take(L * d * h),
                       w3 = take(L * h * d);
   for (std::uint64_t l = 0; l < L; ++l) {
-    c.layers.push_back({rms_att + l * d * f, wq + l * d * d * f, wk + l * kv * d * f, wv + l * kv * d * f,
-                        wo + l * d * d * f, rms_ffn + l * d * f, w1 + l * h * d * f, w2 + l * d * h * f,
-                        w3 + l * h * d * f});
+    c.layers.push_back({{rms_att + l * d * f}, {wq + l * d * d * f}, {wk + l * kv * d * f}, {wv + l * kv * d * f},
+                        {wo + l * d * d * f}, {rms_ffn + l * d * f}, {w1 + l * h * d * f}, {w2 + l * d * h * f},
+                        {w3 + l * h * d * f}});
   }
-  c.rms_final = take(d);
+  c.rms_final = {take(d)};
   take(2 * static_cast<std::uint64_t>(s.seq_len) * (s.head_size() / 2));  // RoPE tables: computed instead
-  c.classifier = s.shared_classifier ? c.token_embedding : take(v * d);
+  c.classifier = s.shared_classifier ? c.token_embedding : TensorRef{take(v * d)};
   c.total_bytes = at;
   return c;
 }

@@ -13,27 +13,43 @@ namespace shardline::runtime {
 
 inline constexpr std::uint64_t kCheckpointHeaderBytes = 7 * sizeof(std::int32_t);
 
-// Byte offsets of one layer's tensors in the file, each row-major with rows = output features.
-struct LayerTensors {
-  std::uint64_t rms_att = 0;  // (dim)
-  std::uint64_t wq = 0;       // (dim, dim)
-  std::uint64_t wk = 0;       // (kv_dim, dim)
-  std::uint64_t wv = 0;       // (kv_dim, dim)
-  std::uint64_t wo = 0;       // (dim, dim)
-  std::uint64_t rms_ffn = 0;  // (dim)
-  std::uint64_t w1 = 0;       // (hidden, dim)
-  std::uint64_t w2 = 0;       // (dim, hidden)
-  std::uint64_t w3 = 0;       // (hidden, dim)
+// The element types a model file's tensors may have: llama2.c's are all F32; a GGUF file's matrices may be
+// F16 or BF16 (converted to fp32 as a rank reads its slice), its norms usually stay F32.
+enum class TensorElement { kF32, kF16, kBF16 };
+std::uint64_t element_bytes(TensorElement element);
+
+// Where a tensor is: its first byte in the file and its elements' type. at(i) is element i of it (row r of
+// a (rows, cols) matrix starts at element r * cols).
+struct TensorRef {
+  std::uint64_t offset = 0;
+  TensorElement element = TensorElement::kF32;
+  TensorRef at(std::uint64_t index) const { return {offset + index * element_bytes(element), element}; }
+  bool operator==(const TensorRef&) const = default;
 };
 
-// Byte offsets of every float32 tensor a rank may read: llama2.c stacks each kind over the layers, GGUF
-// puts them wherever its tensor table says; the readers only see these offsets.
+// One layer's tensors, each row-major with rows = output features.
+struct LayerTensors {
+  TensorRef rms_att;  // (dim)
+  TensorRef wq;       // (dim, dim)
+  TensorRef wk;       // (kv_dim, dim)
+  TensorRef wv;       // (kv_dim, dim)
+  TensorRef wo;       // (dim, dim)
+  TensorRef rms_ffn;  // (dim)
+  TensorRef w1;       // (hidden, dim)
+  TensorRef w2;       // (dim, hidden)
+  TensorRef w3;       // (hidden, dim)
+};
+
+// Every tensor a rank may read: llama2.c stacks each kind over the layers, GGUF puts them wherever its
+// tensor table says; the readers only see these references.
 struct CheckpointLayout {
-  std::uint64_t token_embedding = 0;  // (vocab, dim)
-  std::uint64_t rms_final = 0;        // (dim)
-  std::uint64_t classifier = 0;       // (vocab, dim): == token_embedding when shared
-  std::vector<LayerTensors> layers;   // (n_layers)
-  std::uint64_t total_bytes = 0;      // llama2.c: the exact file size the header implies; GGUF: the file's size
+  TensorRef token_embedding;        // (vocab, dim)
+  TensorRef rms_final;              // (dim)
+  TensorRef classifier;             // (vocab, dim): == token_embedding when shared
+  std::vector<LayerTensors> layers;  // (n_layers)
+  std::uint64_t total_bytes = 0;     // llama2.c: the exact file size the header implies; GGUF: the file's size
+  // Whether every tensor is F32 (all of a llama2.c file's are).
+  bool all_f32() const;
 };
 
 // The llama2.c layout of a model of this shape (header, then the tensors in the fixed order).

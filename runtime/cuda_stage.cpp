@@ -187,6 +187,12 @@ class CudaStage final : public StageBackend {
 
 void CudaStage::upload_weights() {
   const CheckpointLayout layout = read_model_file(file_.path()).layout;
+  // The device stage uploads straight from the mapped file as fp32 (a GGUF file's F16/BF16 tensors are
+  // widened only by the CPU stage's loader).
+  if (!layout.all_f32()) {
+    throw FormatError(fmt::format("'{}' has F16 or BF16 tensors, which --device cuda does not read yet: run it on "
+                                  "the CPU (--device cpu) or convert it with --outtype f32", file_.path()));
+  }
   whole_file_ = file_.map(0, file_.size_bytes(), memory::MapOptions{false, -1});
   const auto dtype = device_dtype(options_.weights_dtype);
   const std::size_t dim = shape_.dim, hidden_full = shape_.hidden_dim;
@@ -198,22 +204,22 @@ void CudaStage::upload_weights() {
   for (int g = shard_.layers.begin; g < shard_.layers.end; ++g) {
     DeviceLayer layer;
     const LayerTensors& t = layout.layers[g];
-    layer.rms_att = upload_floats(file_floats(t.rms_att), dim);
-    layer.rms_ffn = upload_floats(file_floats(t.rms_ffn), dim);
+    layer.rms_att = upload_floats(file_floats(t.rms_att.offset), dim);
+    layer.rms_ffn = upload_floats(file_floats(t.rms_ffn.offset), dim);
     // Row slices (output features) of q, k, v, w1, w3; column slices (input features) of wo and w2.
-    layer.wq = cuda::DeviceMatrix::upload(file_floats(t.wq + q0 * dim * f), dim, q_dim_, dim, dtype);
-    layer.wk = cuda::DeviceMatrix::upload(file_floats(t.wk + kv0 * dim * f), dim, kv_dim_, dim, dtype);
-    layer.wv = cuda::DeviceMatrix::upload(file_floats(t.wv + kv0 * dim * f), dim, kv_dim_, dim, dtype);
-    layer.wo = cuda::DeviceMatrix::upload(file_floats(t.wo + q0 * f), dim, dim, q_dim_, dtype);
-    layer.w1 = cuda::DeviceMatrix::upload(file_floats(t.w1 + h0 * dim * f), dim, hidden_, dim, dtype);
-    layer.w3 = cuda::DeviceMatrix::upload(file_floats(t.w3 + h0 * dim * f), dim, hidden_, dim, dtype);
-    layer.w2 = cuda::DeviceMatrix::upload(file_floats(t.w2 + h0 * f), hidden_full, dim, hidden_, dtype);
+    layer.wq = cuda::DeviceMatrix::upload(file_floats(t.wq.offset + q0 * dim * f), dim, q_dim_, dim, dtype);
+    layer.wk = cuda::DeviceMatrix::upload(file_floats(t.wk.offset + kv0 * dim * f), dim, kv_dim_, dim, dtype);
+    layer.wv = cuda::DeviceMatrix::upload(file_floats(t.wv.offset + kv0 * dim * f), dim, kv_dim_, dim, dtype);
+    layer.wo = cuda::DeviceMatrix::upload(file_floats(t.wo.offset + q0 * f), dim, dim, q_dim_, dtype);
+    layer.w1 = cuda::DeviceMatrix::upload(file_floats(t.w1.offset + h0 * dim * f), dim, hidden_, dim, dtype);
+    layer.w3 = cuda::DeviceMatrix::upload(file_floats(t.w3.offset + h0 * dim * f), dim, hidden_, dim, dtype);
+    layer.w2 = cuda::DeviceMatrix::upload(file_floats(t.w2.offset + h0 * f), hidden_full, dim, hidden_, dtype);
     layers_.push_back(std::move(layer));
   }
-  if (shard_.has_embedding) embedding_ = file_floats(layout.token_embedding);
+  if (shard_.has_embedding) embedding_ = file_floats(layout.token_embedding.offset);
   if (shard_.has_classifier) {
-    rms_final_ = upload_floats(file_floats(layout.rms_final), dim);
-    classifier_ = cuda::DeviceMatrix::upload(file_floats(layout.classifier + shard_.vocab.begin * dim * f), dim,
+    rms_final_ = upload_floats(file_floats(layout.rms_final.offset), dim);
+    classifier_ = cuda::DeviceMatrix::upload(file_floats(layout.classifier.offset + shard_.vocab.begin * dim * f), dim,
                                              shard_.vocab.size(), dim, dtype);
   }
   max_k_ = std::max({static_cast<int>(dim), q_dim_, hidden_});

@@ -28,13 +28,19 @@ int required_dimension(const GgufFile& file, const std::string& key) {
   return static_cast<int>(*value);
 }
 
-// The file offset of an F32 tensor of ne = {cols, rows} (a vector: rows = 1, ne = {cols}).
-std::uint64_t f32_tensor(const GgufFile& file, const std::string& name, std::uint64_t rows, std::uint64_t cols) {
+// Where a tensor of ne = {cols, rows} is (a vector: rows = 1, ne = {cols}): F32, F16 or BF16.
+TensorRef float_tensor(const GgufFile& file, const std::string& name, std::uint64_t rows, std::uint64_t cols) {
   const GgufTensor* t = file.tensor(name);
   if (!t) refuse(file, fmt::format("has no tensor '{}'", name));
-  if (t->type != static_cast<std::uint32_t>(GgufType::kF32)) {
-    refuse(file, fmt::format("tensor '{}' is {}; shardline maps F32 tensors only (convert the model with --outtype f32)",
-                             name, gguf_type_name(t->type)));
+  TensorElement element = TensorElement::kF32;
+  switch (static_cast<GgufType>(t->type)) {
+    case GgufType::kF32: break;
+    case GgufType::kF16: element = TensorElement::kF16; break;
+    case GgufType::kBF16: element = TensorElement::kBF16; break;
+    default:
+      refuse(file, fmt::format("tensor '{}' is {}; shardline reads F32, F16 and BF16 tensors (convert the model "
+                               "with --outtype f16 or f32)",
+                               name, gguf_type_name(t->type)));
   }
   const std::vector<std::uint64_t> expected = rows == 1 ? std::vector<std::uint64_t>{cols}
                                                         : std::vector<std::uint64_t>{cols, rows};
@@ -42,7 +48,7 @@ std::uint64_t f32_tensor(const GgufFile& file, const std::string& name, std::uin
     refuse(file, fmt::format("tensor '{}' has ne [{}] but the metadata's shape implies [{}]", name,
                              fmt::join(t->ne, ", "), fmt::join(expected, ", ")));
   }
-  return t->offset;
+  return {t->offset, element};
 }
 
 }  // namespace
@@ -89,16 +95,16 @@ ModelFile read_gguf_model(const std::string& path) {
 
   const std::uint64_t d = s.dim, h = s.hidden_dim, kv = s.kv_dim(), v = s.vocab_size;
   CheckpointLayout& at = model.layout;
-  at.token_embedding = f32_tensor(file, "token_embd.weight", v, d);
-  at.rms_final = f32_tensor(file, "output_norm.weight", 1, d);
-  at.classifier = s.shared_classifier ? at.token_embedding : f32_tensor(file, "output.weight", v, d);
+  at.token_embedding = float_tensor(file, "token_embd.weight", v, d);
+  at.rms_final = float_tensor(file, "output_norm.weight", 1, d);
+  at.classifier = s.shared_classifier ? at.token_embedding : float_tensor(file, "output.weight", v, d);
   for (int l = 0; l < s.n_layers; ++l) {
     const std::string b = fmt::format("blk.{}.", l);
-    at.layers.push_back({f32_tensor(file, b + "attn_norm.weight", 1, d), f32_tensor(file, b + "attn_q.weight", d, d),
-                         f32_tensor(file, b + "attn_k.weight", kv, d), f32_tensor(file, b + "attn_v.weight", kv, d),
-                         f32_tensor(file, b + "attn_output.weight", d, d), f32_tensor(file, b + "ffn_norm.weight", 1, d),
-                         f32_tensor(file, b + "ffn_gate.weight", h, d), f32_tensor(file, b + "ffn_down.weight", d, h),
-                         f32_tensor(file, b + "ffn_up.weight", h, d)});
+    at.layers.push_back({float_tensor(file, b + "attn_norm.weight", 1, d), float_tensor(file, b + "attn_q.weight", d, d),
+                         float_tensor(file, b + "attn_k.weight", kv, d), float_tensor(file, b + "attn_v.weight", kv, d),
+                         float_tensor(file, b + "attn_output.weight", d, d), float_tensor(file, b + "ffn_norm.weight", 1, d),
+                         float_tensor(file, b + "ffn_gate.weight", h, d), float_tensor(file, b + "ffn_down.weight", d, h),
+                         float_tensor(file, b + "ffn_up.weight", h, d)});
   }
   at.total_bytes = file.size_bytes();
   return model;

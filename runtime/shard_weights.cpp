@@ -1,8 +1,11 @@
 #include "runtime/shard_weights.h"
 
+#include <cstring>
+
 #include <fmt/format.h>
 
 #include "common/error.h"
+#include "kernels/cpu/weight_format.h"
 #include "runtime/checkpoint.h"
 
 namespace shardline::runtime {
@@ -65,18 +68,18 @@ ShardWeights::ShardWeights(const std::string& path, const partition::ModelShape&
     // Groups of 128 scale a quarter as often as 32, which is what batched int8 decode spends its time on
     // (BENCHMARKS.md, issue #7). The other matrices are never sliced along k and take the widest of 128, 96,
     // 64 and 32 that divides k (kernels/cpu/weight_format.h).
-    w.wq = convert(t.wq + q_begin * d * kF, q_rows, shape.dim, all_dim);
-    w.wk = convert(t.wk + kv_begin * d * kF, kv_rows, shape.dim, all_dim);
-    w.wv = convert(t.wv + kv_begin * d * kF, kv_rows, shape.dim, all_dim);
+    w.wq = convert(t.wq.at(q_begin * d), q_rows, shape.dim, all_dim);
+    w.wk = convert(t.wk.at(kv_begin * d), kv_rows, shape.dim, all_dim);
+    w.wv = convert(t.wv.at(kv_begin * d), kv_rows, shape.dim, all_dim);
     w.wo = convert(t.wo, shape.dim, shape.dim, q_columns, wo_int8_group(shape));
-    w.w1 = convert(t.w1 + h_begin * d * kF, h_rows, shape.dim, all_dim);
+    w.w1 = convert(t.w1.at(h_begin * d), h_rows, shape.dim, all_dim);
     w.w2 = convert(t.w2, shape.dim, shape.hidden_dim, shard.hidden, w2_int8_group(shape));
-    w.w3 = convert(t.w3 + h_begin * d * kF, h_rows, shape.dim, all_dim);
+    w.w3 = convert(t.w3.at(h_begin * d), h_rows, shape.dim, all_dim);
     layers_.push_back(w);
   }
   if (shard.has_classifier) {
     rms_final_ = map_floats(at.rms_final, d, true);
-    classifier_ = convert(at.classifier + static_cast<std::uint64_t>(shard.vocab.begin) * d * kF, shard.vocab.size(),
+    classifier_ = convert(at.classifier.at(static_cast<std::uint64_t>(shard.vocab.begin) * d), shard.vocab.size(),
                           shape.dim, all_dim);
   }
 }
@@ -102,24 +105,56 @@ std::uint64_t ShardWeights::arena_bytes_needed(const partition::ModelShape& shap
   return bytes;
 }
 
-const float* ShardWeights::map_floats(std::uint64_t offset_bytes, std::uint64_t n_floats, bool populate) {
+namespace {
+
+// n values of a tensor's elements as fp32 (exact: every F16 and BF16 value is a float).
+void widen(const std::byte* src, TensorElement element, std::uint64_t n, float* dst) {
+  for (std::uint64_t i = 0; i < n; ++i) {
+    std::uint16_t bits;
+    std::memcpy(&bits, src + 2 * i, sizeof bits);
+    dst[i] = element == TensorElement::kF16 ? kernels::cpu::fp16_to_float(bits) : kernels::cpu::bf16_to_float(bits);
+  }
+}
+
+}  // namespace
+
+const float* ShardWeights::map_floats(TensorRef tensor, std::uint64_t n_floats, bool populate) {
+  if (tensor.element != TensorElement::kF32) {
+    const memory::MappedRegion source = file_.map(tensor.offset, n_floats * element_bytes(tensor.element), {.populate = true});
+    float* dst = nullptr;
+    if (options_.copy_to_arena && options_.arena) {
+      dst = options_.arena->allocate<float>(n_floats);
+    } else {
+      widened_.emplace_back(n_floats);
+      dst = widened_.back().data();
+    }
+    widen(source.data(), tensor.element, n_floats, dst);
+    copied_bytes_ += n_floats * kF;
+    return dst;
+  }
   if (options_.copy_to_arena && options_.arena) {
     float* copy = options_.arena->allocate<float>(n_floats);
-    file_.read(offset_bytes, copy, n_floats * kF);
+    file_.read(tensor.offset, copy, n_floats * kF);
     copied_bytes_ += n_floats * kF;
     return copy;
   }
-  regions_.push_back(file_.map(offset_bytes, n_floats * kF, {.populate = populate, .numa_node = options_.numa_node}));
+  regions_.push_back(file_.map(tensor.offset, n_floats * kF, {.populate = populate, .numa_node = options_.numa_node}));
   mapped_bytes_ += n_floats * kF;
   return regions_.back().as<float>();
 }
 
-PackedMatrix ShardWeights::convert(std::uint64_t matrix_offset_bytes, int rows, int cols, partition::Range columns,
-                                   int int8_group) {
+PackedMatrix ShardWeights::convert(TensorRef matrix, int rows, int cols, partition::Range columns, int int8_group) {
   // The mapping is dropped on return: its pages were only read to convert this rank's part, so they do not
   // stay in the rank's resident set. A column slice maps every row whole (its columns are strided).
-  const memory::MappedRegion source =
-      file_.map(matrix_offset_bytes, static_cast<std::uint64_t>(rows) * cols * kF, {.populate = true});
+  const std::uint64_t n = static_cast<std::uint64_t>(rows) * cols;
+  const memory::MappedRegion source = file_.map(matrix.offset, n * element_bytes(matrix.element), {.populate = true});
+  // F16 and BF16 slices go through fp32 first (a temporary of the slice's rows), which the packers take.
+  std::vector<float> widened;
+  if (matrix.element != TensorElement::kF32) {
+    widened.resize(n);
+    widen(source.data(), matrix.element, n, widened.data());
+  }
+  const float* floats = widened.empty() ? source.as<float>() : widened.data();
   PackedMatrix m{options_.dtype, rows, columns.size(), nullptr,
                  options_.dtype == kernels::cpu::WeightDtype::kInt8 ? int8_group : 0};
   std::byte* dst = nullptr;
@@ -129,7 +164,7 @@ PackedMatrix ShardWeights::convert(std::uint64_t matrix_offset_bytes, int rows, 
     converted_.push_back(allocate_weight_memory(m.size_bytes()));
     dst = converted_.back().get();
   }
-  kernels::cpu::pack_weights(m.dtype, source.as<float>() + columns.begin, cols, m.d, m.k, dst, m.int8_group);
+  kernels::cpu::pack_weights(m.dtype, floats + columns.begin, cols, m.d, m.k, dst, m.int8_group);
   m.data = dst;
   repacked_bytes_ += m.size_bytes();
   return m;

@@ -17,6 +17,7 @@
 #include "memory/mapped_file.h"
 #include "partition/model_shape.h"
 #include "partition/shard.h"
+#include "runtime/checkpoint.h"
 #include "runtime/weight_memory.h"
 
 namespace shardline::runtime {
@@ -76,11 +77,11 @@ class ShardWeights {
   std::vector<kernels::cpu::ReadRegion> streamed_regions() const;
 
  private:
-  const float* map_floats(std::uint64_t offset_bytes, std::uint64_t n_floats, bool populate);
-  // Converts rows [0, rows) x columns [columns.begin, columns.end) of the (rows, cols) matrix at offset;
+  // n_floats of the tensor as fp32: mapped in place (F32), or converted into the arena or an owned buffer.
+  const float* map_floats(TensorRef tensor, std::uint64_t n_floats, bool populate);
+  // Converts rows [0, rows) x columns [columns.begin, columns.end) of the (rows, cols) matrix at `matrix`;
   // int8_group: int8's k values per scale (0: the default for the slice's k).
-  PackedMatrix convert(std::uint64_t matrix_offset_bytes, int rows, int cols, partition::Range columns,
-                       int int8_group = 0);
+  PackedMatrix convert(TensorRef matrix, int rows, int cols, partition::Range columns, int int8_group = 0);
 
   partition::ModelShape shape_;
   partition::RankShard shard_;
@@ -88,6 +89,7 @@ class ShardWeights {
   memory::MappedFile file_;
   std::vector<memory::MappedRegion> regions_;
   std::vector<WeightMemory> converted_;
+  std::vector<std::vector<float>> widened_;  // F16/BF16 norms and embedding as fp32 (outside an arena)
   std::vector<LayerWeights> layers_;
   const float* token_embedding_ = nullptr;
   const float* rms_final_ = nullptr;

@@ -2,6 +2,7 @@
 // the built-in default model, and one clear error line with a meaningful exit code for each bad input.
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <vector>
@@ -9,6 +10,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "kernels/cpu/weight_format.h"
 #include "runtime/model_generator.h"
 #include "tests/support/cli_fixture.h"
 #include "tests/support/gguf_writer.h"
@@ -170,6 +172,37 @@ TEST_F(Cli, AGgufOfAnotherShapeRunsAsItsCheckpointOnEveryLayout) {
                                              layout + " --model " + path("odd.gguf"));
       ASSERT_EQ(gguf.exit_code, 0) << layout << "\n" << gguf.err;
       EXPECT_EQ(parse_single_json(gguf.out)["ids"], expected) << sampling << " " << layout;
+    }
+  }
+}
+
+TEST_F(Cli, F16AndBf16GgufGiveTheTokensOfTheirRoundedCheckpoint) {
+  // The F16 (BF16) file's weights widen exactly to the checkpoint's weights rounded to F16 (BF16): a
+  // llama2.c file of those rounded weights must give the same tokens, on one rank and on a TP layout.
+  const std::string model = path("h.bin");
+  ASSERT_EQ(run_process(shardline() + " gen-model --dim 64 --hidden 160 --layers 2 --heads 4 --kv-heads 2 --vocab 300 "
+                                      "--seq 40 --seed 4 --out " + model).exit_code, 0);
+  const std::string tokenizer = runtime::default_tokenizer_path_for(model);
+  for (const std::uint32_t type : {1u, 30u}) {
+    llama_gguf_from_llama2c(model, tokenizer, {.matrix_type = type}).write(path("h.gguf"));
+    std::ifstream in(model, std::ios::binary);
+    std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    for (std::size_t at = 28; at + 4 <= bytes.size(); at += 4) {  // every float after the header, rounded
+      float value;
+      std::memcpy(&value, bytes.data() + at, 4);
+      value = type == 1 ? kernels::cpu::fp16_to_float(kernels::cpu::float_to_fp16(value))
+                        : kernels::cpu::bf16_to_float(kernels::cpu::float_to_bf16(value));
+      std::memcpy(bytes.data() + at, &value, 4);
+    }
+    std::ofstream(path("rounded.bin"), std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    const std::string args = " run --json --threads 1 --steps 20 --prompt hello --tokenizer " + tokenizer;
+    const ProcessResult rounded = run_process(shardline() + args + " --model " + path("rounded.bin"));
+    ASSERT_EQ(rounded.exit_code, 0) << rounded.err;
+    for (const std::string np : {"1", "2"}) {
+      const ProcessResult gguf = run_process(kMpirun + np + " " + shardline() + args + " --tp " + np + " --model " +
+                                             path("h.gguf"));
+      ASSERT_EQ(gguf.exit_code, 0) << gguf.err;
+      EXPECT_EQ(parse_single_json(gguf.out)["ids"], parse_single_json(rounded.out)["ids"]) << type << " np " << np;
     }
   }
 }

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/weight_format.h"
 #include "runtime/checkpoint.h"
 #include "runtime/tokenizer.h"
 
@@ -99,7 +100,20 @@ struct LlamaGgufOptions {
   std::uint32_t context_length = 0;       // 0: the checkpoint's seq_len
   std::uint32_t rope_dimension_count = 0;  // 0: the head size
   std::uint32_t feed_forward_length = 0;   // 0: the checkpoint's hidden_dim
+  std::uint32_t matrix_type = 0;           // the matrices' and embedding's: 0 F32, 1 F16, 30 BF16 (norms stay F32)
 };
+
+// F32 bytes as F16 or BF16 ones (round to nearest even), as a converter with --outtype f16/bf16 writes them.
+inline std::vector<char> narrowed(const std::vector<char>& f32, std::uint32_t type) {
+  std::vector<char> out(f32.size() / 2);
+  for (std::size_t i = 0; i < f32.size() / 4; ++i) {
+    float value;
+    std::memcpy(&value, f32.data() + 4 * i, 4);
+    const std::uint16_t bits = type == 1 ? kernels::cpu::float_to_fp16(value) : kernels::cpu::float_to_bf16(value);
+    std::memcpy(out.data() + 2 * i, &bits, 2);
+  }
+  return out;
+}
 
 // The GGUF of a llama2.c checkpoint (and its tokenizer), as llama.cpp's llama2c converter lays it out.
 inline GgufWriter llama_gguf_from_llama2c(const std::string& checkpoint, const std::string& tokenizer_path,
@@ -149,27 +163,33 @@ inline GgufWriter llama_gguf_from_llama2c(const std::string& checkpoint, const s
     std::vector<std::uint64_t> ne;
     std::uint64_t offset;
   };
-  std::vector<Entry> entries = {{"token_embd.weight", {d, v}, model.layout.token_embedding},
-                                {"output_norm.weight", {d}, model.layout.rms_final}};
-  if (options.write_output || !s.shared_classifier) entries.push_back({"output.weight", {d, v}, model.layout.classifier});
+  std::vector<Entry> entries = {{"token_embd.weight", {d, v}, model.layout.token_embedding.offset},
+                                {"output_norm.weight", {d}, model.layout.rms_final.offset}};
+  if (options.write_output || !s.shared_classifier) {
+    entries.push_back({"output.weight", {d, v}, model.layout.classifier.offset});
+  }
   for (int l = 0; l < s.n_layers; ++l) {
     const runtime::LayerTensors& t = model.layout.layers[l];
     const std::string b = "blk." + std::to_string(l) + ".";
-    entries.insert(entries.end(), {{b + "attn_q.weight", {d, d}, t.wq},
-                                   {b + "attn_k.weight", {d, kv}, t.wk},
-                                   {b + "attn_v.weight", {d, kv}, t.wv},
-                                   {b + "attn_output.weight", {d, d}, t.wo},
-                                   {b + "attn_norm.weight", {d}, t.rms_att},
-                                   {b + "ffn_gate.weight", {d, h}, t.w1},
-                                   {b + "ffn_down.weight", {h, d}, t.w2},
-                                   {b + "ffn_up.weight", {d, h}, t.w3},
-                                   {b + "ffn_norm.weight", {d}, t.rms_ffn}});
+    entries.insert(entries.end(), {{b + "attn_q.weight", {d, d}, t.wq.offset},
+                                   {b + "attn_k.weight", {d, kv}, t.wk.offset},
+                                   {b + "attn_v.weight", {d, kv}, t.wv.offset},
+                                   {b + "attn_output.weight", {d, d}, t.wo.offset},
+                                   {b + "attn_norm.weight", {d}, t.rms_att.offset},
+                                   {b + "ffn_gate.weight", {d, h}, t.w1.offset},
+                                   {b + "ffn_down.weight", {h, d}, t.w2.offset},
+                                   {b + "ffn_up.weight", {d, h}, t.w3.offset},
+                                   {b + "ffn_norm.weight", {d}, t.rms_ffn.offset}});
   }
   if (options.shuffle_seed != 0) std::shuffle(entries.begin(), entries.end(), std::mt19937(options.shuffle_seed));
   for (const auto& e : entries) {
     std::uint64_t floats = 1;
     for (std::uint64_t n : e.ne) floats *= n;
-    w.tensor(e.name, e.ne, 0, read(e.offset, floats));
+    if (options.matrix_type != 0 && e.ne.size() == 2) {
+      w.tensor(e.name, e.ne, options.matrix_type, narrowed(read(e.offset, floats), options.matrix_type));
+    } else {
+      w.tensor(e.name, e.ne, 0, read(e.offset, floats));
+    }
   }
   return w;
 }

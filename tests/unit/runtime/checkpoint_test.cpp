@@ -67,20 +67,21 @@ TEST_F(CheckpointTest, GeneratedModelRoundTripsItsShape) {
 
 TEST_F(CheckpointTest, LayoutMatchesTheDocumentedOrder) {
   const CheckpointLayout at = checkpoint_layout(shape_);
-  EXPECT_EQ(at.token_embedding, 28u);
+  EXPECT_EQ(at.token_embedding.offset, 28u);
   ASSERT_EQ(at.layers.size(), 2u);
   // Each kind stacked over the 2 layers: layer 1's follows layer 0's.
-  EXPECT_EQ(at.layers[0].rms_att, 28u + 4u * 300 * 32);
-  EXPECT_EQ(at.layers[1].rms_att - at.layers[0].rms_att, 4u * 32);
-  EXPECT_EQ(at.layers[0].wq - at.layers[0].rms_att, 4u * 2 * 32);
-  EXPECT_EQ(at.layers[1].wq - at.layers[0].wq, 4u * 32 * 32);
-  EXPECT_EQ(at.layers[0].wk - at.layers[0].wq, 4u * 2 * 32 * 32);
-  EXPECT_EQ(at.layers[1].wk - at.layers[0].wk, 4u * 16 * 32);  // kv_dim = 2 heads * 8
-  EXPECT_EQ(at.layers[0].wv - at.layers[0].wk, 4u * 2 * 16 * 32);
-  EXPECT_EQ(at.layers[1].w3 + 4u * 70 * 32, at.rms_final);  // hidden 70
-  EXPECT_EQ(at.classifier - at.rms_final, 4u * 32 + 4u * 2 * 16 * 4);  // then 2 RoPE tables (seq 16, head_size/2 = 4)
+  EXPECT_EQ(at.layers[0].rms_att.offset, 28u + 4u * 300 * 32);
+  EXPECT_EQ(at.layers[1].rms_att.offset - at.layers[0].rms_att.offset, 4u * 32);
+  EXPECT_EQ(at.layers[0].wq.offset - at.layers[0].rms_att.offset, 4u * 2 * 32);
+  EXPECT_EQ(at.layers[1].wq.offset - at.layers[0].wq.offset, 4u * 32 * 32);
+  EXPECT_EQ(at.layers[0].wk.offset - at.layers[0].wq.offset, 4u * 2 * 32 * 32);
+  EXPECT_EQ(at.layers[1].wk.offset - at.layers[0].wk.offset, 4u * 16 * 32);  // kv_dim = 2 heads * 8
+  EXPECT_EQ(at.layers[0].wv.offset - at.layers[0].wk.offset, 4u * 2 * 16 * 32);
+  EXPECT_EQ(at.layers[1].w3.offset + 4u * 70 * 32, at.rms_final.offset);  // hidden 70
+  EXPECT_EQ(at.classifier.offset - at.rms_final.offset, 4u * 32 + 4u * 2 * 16 * 4);  // then 2 RoPE tables (seq 16, head_size/2 = 4)
   shape_.shared_classifier = true;
   EXPECT_EQ(checkpoint_layout(shape_).classifier, checkpoint_layout(shape_).token_embedding);
+  EXPECT_TRUE(at.all_f32());
 }
 
 TEST_F(CheckpointTest, TruncatedFileIsAFormatErrorNamingBothSizes) {

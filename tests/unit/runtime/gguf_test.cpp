@@ -42,8 +42,10 @@ void expect_same_tensors(const std::string& gguf, const std::string& checkpoint)
   const ModelFile g = read_model_file(gguf), c = read_model_file(checkpoint);
   const partition::ModelShape& s = c.shape;
   const std::uint64_t d = s.dim, h = s.hidden_dim, kv = s.kv_dim(), v = s.vocab_size;
-  auto same = [&](std::uint64_t at_g, std::uint64_t at_c, std::uint64_t floats, const std::string& what) {
-    EXPECT_EQ(file_bytes(gguf, at_g, floats * 4), file_bytes(checkpoint, at_c, floats * 4)) << gguf << ": " << what;
+  auto same = [&](TensorRef at_g, TensorRef at_c, std::uint64_t floats, const std::string& what) {
+    EXPECT_EQ(at_g.element, TensorElement::kF32) << what;
+    EXPECT_EQ(file_bytes(gguf, at_g.offset, floats * 4), file_bytes(checkpoint, at_c.offset, floats * 4))
+        << gguf << ": " << what;
   };
   same(g.layout.token_embedding, c.layout.token_embedding, v * d, "token embedding");
   same(g.layout.classifier, c.layout.classifier, v * d, "classifier");
@@ -141,6 +143,20 @@ TEST_F(GeneratedGguf, AnyTensorOrderAndAlignmentReadsBackAsTheCheckpoint) {
   }
 }
 
+TEST_F(GeneratedGguf, F16AndBf16MatricesAreReadAsTheirTypeNormsStayF32) {
+  for (const std::uint32_t type : {1u, 30u}) {
+    const ModelFile g = read_model_file(write("h.gguf", {.matrix_type = type}));
+    const TensorElement expected = type == 1 ? TensorElement::kF16 : TensorElement::kBF16;
+    EXPECT_EQ(g.layout.token_embedding.element, expected);
+    EXPECT_EQ(g.layout.classifier.element, expected);
+    EXPECT_EQ(g.layout.layers[2].w2.element, expected);
+    EXPECT_EQ(g.layout.layers[2].rms_ffn.element, TensorElement::kF32);
+    EXPECT_FALSE(g.layout.all_f32());
+    // Element i of a narrow tensor is 2 i bytes in.
+    EXPECT_EQ(g.layout.layers[0].wq.at(5).offset, g.layout.layers[0].wq.offset + 10);
+  }
+}
+
 TEST_F(GeneratedGguf, EveryTruncationIsAFormatError) {
   const std::string good = write("good.gguf");
   const std::uint64_t size = fs::file_size(good);
@@ -186,18 +202,19 @@ TEST_F(GeneratedGguf, ModelsShardlineCannotRunAreRefusedByName) {
             std::string::npos);
   EXPECT_NE(model_with([](GgufWriter& w) { w.u32("llama.block_count", 3); }).find("holds the key 'llama.block_count' twice"),
             std::string::npos);
-  // An F16 tensor (the converters' default for real models) is named with its type.
-  GgufWriter f16;
-  f16.string("general.architecture", "llama");
+  // A quantised tensor is named with its type.
+  GgufWriter q8;
+  q8.string("general.architecture", "llama");
   for (const auto& [key, value] : std::vector<std::pair<std::string, std::uint32_t>>{
            {"llama.embedding_length", 8}, {"llama.feed_forward_length", 16}, {"llama.block_count", 1},
            {"llama.attention.head_count", 2}, {"llama.context_length", 8}}) {
-    f16.u32(key, value);
+    q8.u32(key, value);
   }
-  f16.tensor("token_embd.weight", {8, 300}, 1, std::vector<char>(8 * 300 * 2));
-  f16.write(path("f16.gguf"));
-  EXPECT_NE(error_of(path("f16.gguf")).find("tensor 'token_embd.weight' is F16"), std::string::npos)
-      << error_of(path("f16.gguf"));
+  q8.tensor("token_embd.weight", {8, 300}, 8, std::vector<char>(300 * 34 / 4));
+  q8.write(path("q8.gguf"));
+  EXPECT_NE(error_of(path("q8.gguf")).find("tensor 'token_embd.weight' is Q8_0; shardline reads F32, F16 and BF16"),
+            std::string::npos)
+      << error_of(path("q8.gguf"));
   GgufWriter gpt2;
   gpt2.string("general.architecture", "gpt2");
   gpt2.write(path("gpt2.gguf"));
