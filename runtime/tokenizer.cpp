@@ -4,6 +4,7 @@
 #include <array>
 #include <bit>
 #include <cerrno>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -138,6 +139,10 @@ void Tokenizer::build_index(const std::string& source) {
     throw FormatError(fmt::format("{} has {} tokens; a llama2.c vocabulary needs at least {} (<unk>, BOS, EOS "
                                   "and 256 byte tokens)",
                                   source, pieces_.size(), kMinVocabSize));
+  // encode() orders merges by score: a NaN has no order (and would break the heap's).
+  for (int id = 0; id < vocab_size(); ++id) {
+    if (std::isnan(scores_[id])) throw FormatError(fmt::format("{}: token {} has a NaN score", source, id));
+  }
   // encode() emits 3 + b for an unknown byte b and decode() must turn it back into b.
   for (int b = 0; b < 256; ++b) {
     if (pieces_[kByteFallbackId + b] != byte_piece(b))

@@ -10,6 +10,7 @@
 #include <memory>
 #include <random>
 #include <set>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -283,6 +284,15 @@ TEST(TokenizerTest, InMemoryVocabularyIsValidated) {
   for (int id = 0; id < 300; ++id) pieces.push_back(synthetic.piece(id));
   std::swap(pieces[3 + 'A'], pieces[3 + 'B']);  // byte tokens out of place
   EXPECT_THROW(Tokenizer(pieces, std::vector<float>(300)), FormatError);
+  std::swap(pieces[3 + 'A'], pieces[3 + 'B']);
+  std::vector<float> scores(300);
+  scores[280] = std::numeric_limits<float>::quiet_NaN();  // merges are ordered by score: a NaN has no place
+  try {
+    Tokenizer(pieces, scores);
+    FAIL() << "a NaN score was accepted";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("token 280 has a NaN score"), std::string::npos) << e.what();
+  }
 }
 
 // ---- file errors -----------------------------------------------------------------------------------------
