@@ -70,7 +70,9 @@ ModelFile read_llama2c_file(const std::string& path) {
   shape.vocab_size = header[5] < 0 ? -header[5] : header[5];
   shape.seq_len = header[6];
   if (auto problem = shape.find_problem()) {
-    throw FormatError(fmt::format("'{}' has a nonsense llama2.c header: {}", path, *problem));
+    throw FormatError(fmt::format("'{}' is neither a GGUF file nor a llama2.c checkpoint: read as a llama2.c header, "
+                                  "its first 28 bytes say {}",
+                                  path, *problem));
   }
   model.layout = checkpoint_layout(shape);
   if (file.size_bytes() != model.layout.total_bytes) {
