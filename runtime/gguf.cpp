@@ -1,5 +1,6 @@
 #include "runtime/gguf.h"
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 
@@ -52,6 +53,10 @@ class Cursor {
     pos_ += length;
     return s;
   }
+  void skip(std::uint64_t bytes, const char* what) {
+    need(bytes, what);
+    pos_ += bytes;
+  }
 
  private:
   const std::byte* data_;
@@ -59,6 +64,7 @@ class Cursor {
   const std::string& path_;
   std::uint64_t pos_ = 0;
 };
+
 
 std::uint64_t scalar_bytes(std::uint32_t type) {
   switch (type) {
@@ -88,7 +94,25 @@ double scalar_as_double(Cursor& in, std::uint32_t type) {
   }
 }
 
-GgufValue read_value(Cursor& in, std::uint32_t type, int depth) {
+// Checks an array's elements and steps over them (nested arrays too, up to depth 2).
+void skip_array(Cursor& in, std::uint32_t element_type, std::uint64_t n, int depth) {
+  if (element_type == kString) {
+    for (std::uint64_t k = 0; k < n; ++k) in.skip(in.pod<std::uint64_t>("an array's string"), "an array's string");
+  } else if (element_type == kArray) {
+    if (depth >= 2) in.fail("arrays nested deeper than 2");
+    for (std::uint64_t k = 0; k < n; ++k) {
+      const auto inner_type = in.pod<std::uint32_t>("an array's type");
+      skip_array(in, inner_type, in.pod<std::uint64_t>("an array's length"), depth + 1);
+    }
+  } else {
+    const std::uint64_t size = scalar_bytes(element_type);
+    if (size == 0) in.fail(fmt::format("unknown array element type {}", element_type));
+    if (n > in.remaining() / size) in.fail(fmt::format("an array of {} elements runs past the end of the file", n));
+    in.skip(n * size, "an array");
+  }
+}
+
+GgufValue read_value(Cursor& in, std::uint32_t type) {
   GgufValue v;
   switch (type) {
     case kU8: case kU16: case kU32: case kU64:
@@ -113,38 +137,46 @@ GgufValue read_value(Cursor& in, std::uint32_t type, int depth) {
       v.kind = GgufValue::Kind::kString;
       v.s = in.string("a string");
       return v;
-    case kArray: {
-      if (depth > 2) in.fail("arrays nested deeper than 2");
-      const auto element_type = in.pod<std::uint32_t>("an array's type");
-      const auto n = in.pod<std::uint64_t>("an array's length");
-      // Each element takes at least one byte (a string at least its 8-byte length): a larger count is corrupt.
-      const std::uint64_t at_least = element_type == kString || element_type == kArray ? 8 : scalar_bytes(element_type);
-      if (at_least == 0) in.fail(fmt::format("unknown array element type {}", element_type));
-      if (n > in.remaining() / at_least) in.fail(fmt::format("an array of {} elements runs past the end of the file", n));
-      if (element_type == kString) {
-        v.kind = GgufValue::Kind::kStrings;
-        v.strings.reserve(n);
-        for (std::uint64_t k = 0; k < n; ++k) v.strings.push_back(in.string("an array's string"));
-      } else if (element_type == kArray) {
-        for (std::uint64_t k = 0; k < n; ++k) read_value(in, kArray, depth + 1);  // checked, not kept
-      } else {
-        v.kind = GgufValue::Kind::kNumbers;
-        v.numbers.reserve(n);
-        for (std::uint64_t k = 0; k < n; ++k) v.numbers.push_back(scalar_as_double(in, element_type));
-      }
+    case kArray:
+      v.kind = GgufValue::Kind::kArray;
+      v.array_type = in.pod<std::uint32_t>("an array's type");
+      v.array_count = in.pod<std::uint64_t>("an array's length");
+      v.array_offset = in.pos();
+      skip_array(in, v.array_type, v.array_count, 0);
       return v;
-    }
     default: in.fail(fmt::format("unknown metadata value type {}", type));
   }
 }
 
-// Bytes per element of the types shardline reads; 0 for the others (quantised blocks), whose tensors are
+// ggml's tensor types as (elements per block, bytes per block), for the types whose layout this reader
+// knows (ggml-common.h's block structs); {0, 0} for the others, whose tensors are not bounds-checked and are
 // refused by name when a model needs them.
-std::uint64_t element_bytes(std::uint32_t type) {
-  switch (static_cast<GgufType>(type)) {
-    case GgufType::kF32: return 4;
-    case GgufType::kF16: case GgufType::kBF16: return 2;
-    default: return 0;
+struct BlockSize {
+  std::uint64_t elements, bytes;
+};
+BlockSize block_size(std::uint32_t type) {
+  switch (type) {
+    case 0: return {1, 4};      // F32
+    case 1: return {1, 2};      // F16
+    case 2: return {32, 18};    // Q4_0
+    case 3: return {32, 20};    // Q4_1
+    case 6: return {32, 22};    // Q5_0
+    case 7: return {32, 24};    // Q5_1
+    case 8: return {32, 34};    // Q8_0
+    case 9: return {32, 36};    // Q8_1
+    case 10: return {256, 84};  // Q2_K
+    case 11: return {256, 110}; // Q3_K
+    case 12: return {256, 144}; // Q4_K
+    case 13: return {256, 176}; // Q5_K
+    case 14: return {256, 210}; // Q6_K
+    case 15: return {256, 292}; // Q8_K
+    case 24: return {1, 1};     // I8
+    case 25: return {1, 2};     // I16
+    case 26: return {1, 4};     // I32
+    case 27: return {1, 8};     // I64
+    case 28: return {1, 8};     // F64
+    case 30: return {1, 2};     // BF16
+    default: return {0, 0};
   }
 }
 
@@ -171,22 +203,23 @@ std::uint64_t GgufTensor::elements() const {
   return n;
 }
 
-GgufFile::GgufFile(const std::string& path) : path_(path) {
-  const memory::MappedFile file(path);
-  size_bytes_ = file.size_bytes();
+GgufFile::GgufFile(const std::string& path) : path_(path), file_(path) {
+  size_bytes_ = file_.size_bytes();
   if (size_bytes_ < 24) {
     throw FormatError(fmt::format("GGUF file '{}' is {} bytes, shorter than its 24-byte header", path, size_bytes_));
   }
   // The metadata and tensor table are read through a mapping of the whole file; only the pages they cover
-  // are touched (the tensors' data is not read here).
-  const memory::MappedRegion whole = file.map(0, size_bytes_, {.populate = false});
-  Cursor in(whole.data(), size_bytes_, path);
+  // are touched (the tensors' data is not read here), and it stays for the arrays decoded later.
+  whole_ = file_.map(0, size_bytes_, {.populate = false});
+  Cursor in(whole_.data(), size_bytes_, path);
   char magic[4];
   for (char& c : magic) c = static_cast<char>(in.pod<std::uint8_t>("the magic"));
   if (std::memcmp(magic, kGgufMagic, sizeof magic) != 0) in.fail("no GGUF magic");
   version_ = in.pod<std::uint32_t>("the version");
   if (version_ != 2 && version_ != 3) {
-    throw FormatError(fmt::format("GGUF file '{}' has version {}; shardline reads versions 2 and 3", path, version_));
+    const std::uint32_t swapped = __builtin_bswap32(version_);
+    throw FormatError(fmt::format("GGUF file '{}' has version {}; shardline reads little-endian versions 2 and 3{}", path,
+                                  version_, swapped == 2 || swapped == 3 ? " (this one is big-endian)" : ""));
   }
   const auto n_tensors = in.pod<std::uint64_t>("the tensor count");
   const auto n_kv = in.pod<std::uint64_t>("the metadata count");
@@ -196,9 +229,9 @@ GgufFile::GgufFile(const std::string& path) : path_(path) {
   for (std::uint64_t k = 0; k < n_kv; ++k) {
     std::string key = in.string("a metadata key");
     const auto type = in.pod<std::uint32_t>("a metadata type");
-    GgufValue value = read_value(in, type, 0);
+    GgufValue value = read_value(in, type);
     if (!metadata_.emplace(key, std::move(value)).second) {
-      throw FormatError(fmt::format("GGUF file '{}' holds the key '{}' twice", path, key));
+      throw FormatError(fmt::format("GGUF file '{}' holds the key '{}' twice", path, printable(key)));
     }
   }
   std::vector<GgufTensor> table;
@@ -206,38 +239,65 @@ GgufFile::GgufFile(const std::string& path) : path_(path) {
     GgufTensor tensor;
     tensor.name = in.string("a tensor name");
     const auto n_dims = in.pod<std::uint32_t>("a tensor's dimension count");
-    if (n_dims < 1 || n_dims > kMaxDims) in.fail(fmt::format("tensor '{}' has {} dimensions", tensor.name, n_dims));
+    if (n_dims < 1 || n_dims > kMaxDims) {
+      in.fail(fmt::format("tensor '{}' has {} dimensions (1 to {})", printable(tensor.name), n_dims, kMaxDims));
+    }
     std::uint64_t elements = 1;
     for (std::uint32_t d = 0; d < n_dims; ++d) {
       const auto extent = in.pod<std::uint64_t>("a tensor dimension");
-      if (extent < 1 || extent > size_bytes_ || elements > size_bytes_ / extent) {
-        in.fail(fmt::format("tensor '{}' has a dimension of {}, more than the file could hold", tensor.name, extent));
+      if (extent > size_bytes_ || (extent > 0 && elements > size_bytes_ / extent)) {
+        in.fail(fmt::format("tensor '{}' has a dimension of {}, more than the file could hold", printable(tensor.name),
+                            extent));
       }
       elements *= extent;
       tensor.ne.push_back(extent);
     }
     tensor.type = in.pod<std::uint32_t>("a tensor type");
     tensor.offset = in.pod<std::uint64_t>("a tensor offset");
-    tensor.bytes = elements * element_bytes(tensor.type);
+    const BlockSize block = block_size(tensor.type);
+    if (block.elements > 0) {
+      if (tensor.ne[0] % block.elements != 0) {
+        in.fail(fmt::format("tensor '{}' of type {} has rows of {} values, no multiple of its blocks of {}",
+                            printable(tensor.name), gguf_type_name(tensor.type), tensor.ne[0], block.elements));
+      }
+      tensor.bytes = elements / block.elements * block.bytes;
+    }
     table.push_back(std::move(tensor));
   }
+  // The specification asks for a multiple of 8; it also keeps every F32 tensor's floats aligned.
   std::uint64_t alignment = 32;
   if (auto a = get_count("general.alignment")) alignment = *a;
-  if (alignment == 0 || (alignment & (alignment - 1)) != 0 || alignment > 1 << 20) {
-    throw FormatError(fmt::format("GGUF file '{}': general.alignment {} is not a power of two", path, alignment));
+  if (alignment < 8 || (alignment & (alignment - 1)) != 0 || alignment > 1 << 20) {
+    throw FormatError(fmt::format("GGUF file '{}': general.alignment {} is not a power of two of at least 8", path,
+                                  alignment));
   }
   const std::uint64_t data_start = (in.pos() + alignment - 1) / alignment * alignment;
   for (GgufTensor& tensor : table) {
     if (tensor.offset % alignment != 0 || tensor.offset > size_bytes_ || data_start > size_bytes_ - tensor.offset ||
         tensor.bytes > size_bytes_ - data_start - tensor.offset) {
-      throw FormatError(fmt::format("GGUF file '{}' is truncated or corrupt: tensor '{}' ({} bytes at data offset {}) "
-                                    "does not lie inside the file's {} bytes",
-                                    path, tensor.name, tensor.bytes, tensor.offset, size_bytes_));
+      throw FormatError(fmt::format("GGUF file '{}' is truncated or corrupt: tensor '{}' ({}, {} bytes at data offset "
+                                    "{}) does not lie inside the file's {} bytes",
+                                    path, printable(tensor.name), gguf_type_name(tensor.type), tensor.bytes,
+                                    tensor.offset, size_bytes_));
     }
     tensor.offset += data_start;
+  }
+  // No two tensors may share bytes (a forged offset would otherwise read another tensor's data).
+  std::vector<const GgufTensor*> by_offset;
+  for (const GgufTensor& tensor : table) {
+    if (tensor.bytes > 0) by_offset.push_back(&tensor);
+  }
+  std::sort(by_offset.begin(), by_offset.end(), [](const auto* a, const auto* b) { return a->offset < b->offset; });
+  for (std::size_t i = 1; i < by_offset.size(); ++i) {
+    if (by_offset[i - 1]->offset + by_offset[i - 1]->bytes > by_offset[i]->offset) {
+      throw FormatError(fmt::format("GGUF file '{}' is corrupt: tensors '{}' and '{}' overlap", path,
+                                    printable(by_offset[i - 1]->name), printable(by_offset[i]->name)));
+    }
+  }
+  for (GgufTensor& tensor : table) {
     const std::string name = tensor.name;
     if (!tensors_.emplace(name, std::move(tensor)).second) {
-      throw FormatError(fmt::format("GGUF file '{}' holds two tensors named '{}'", path, name));
+      throw FormatError(fmt::format("GGUF file '{}' holds two tensors named '{}'", path, printable(name)));
     }
   }
 }
@@ -270,6 +330,49 @@ std::optional<std::string> GgufFile::get_string(const std::string& key) const {
   if (!v) return std::nullopt;
   if (v->kind == GgufValue::Kind::kString) return v->s;
   throw FormatError(fmt::format("GGUF file '{}': {} should be a string", path_, key));
+}
+
+const GgufValue& GgufFile::array(const std::string& key) const {
+  const GgufValue* v = find(key);
+  if (!v) throw FormatError(fmt::format("GGUF file '{}' has no {}", path_, key));
+  if (v->kind != GgufValue::Kind::kArray) throw FormatError(fmt::format("GGUF file '{}': {} should be an array", path_, key));
+  return *v;
+}
+
+std::vector<std::string> GgufFile::strings(const std::string& key) const {
+  const GgufValue& v = array(key);
+  if (v.array_type != kString) throw FormatError(fmt::format("GGUF file '{}': {} should be an array of strings", path_, key));
+  Cursor in(whole_.data(), size_bytes_, path_);
+  in.skip(v.array_offset, "an array");  // checked when the file was read
+  std::vector<std::string> out;
+  out.reserve(v.array_count);
+  for (std::uint64_t k = 0; k < v.array_count; ++k) out.push_back(in.string("an array's string"));
+  return out;
+}
+
+std::vector<double> GgufFile::numbers(const std::string& key) const {
+  const GgufValue& v = array(key);
+  if (scalar_bytes(v.array_type) == 0) {
+    throw FormatError(fmt::format("GGUF file '{}': {} should be an array of numbers", path_, key));
+  }
+  Cursor in(whole_.data(), size_bytes_, path_);
+  in.skip(v.array_offset, "an array");
+  std::vector<double> out;
+  out.reserve(v.array_count);
+  for (std::uint64_t k = 0; k < v.array_count; ++k) out.push_back(scalar_as_double(in, v.array_type));
+  return out;
+}
+
+std::string printable(const std::string& text) {
+  std::string out;
+  for (unsigned char c : text) {
+    if (c >= 0x20 && c < 0x7f && c != '\\') {
+      out += static_cast<char>(c);
+    } else {
+      out += fmt::format("\\x{:02x}", c);
+    }
+  }
+  return out;
 }
 
 const GgufTensor* GgufFile::tensor(const std::string& name) const {

@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "memory/mapped_file.h"
+
 namespace shardline::runtime {
 
 inline constexpr char kGgufMagic[4] = {'G', 'G', 'U', 'F'};
@@ -26,25 +28,30 @@ bool is_gguf_file(const std::string& path);
 enum class GgufType : std::uint32_t { kF32 = 0, kF16 = 1, kBF16 = 30 };
 std::string gguf_type_name(std::uint32_t type);
 
+// Text from a file, safe to print in an error line: bytes outside printable ASCII become \xHH.
+std::string printable(const std::string& text);
+
 struct GgufTensor {
   std::string name;
   std::vector<std::uint64_t> ne;  // ne[0] varies fastest: a matrix of rows x cols has ne = {cols, rows}
   std::uint32_t type = 0;
   std::uint64_t offset = 0;       // from the start of the file
-  std::uint64_t bytes = 0;        // 0 for a type whose size this reader does not know
+  std::uint64_t bytes = 0;        // 0 for a type whose size this reader does not know (not bounds-checked)
   std::uint64_t elements() const;
 };
 
-// One metadata value. Numbers keep their kind; arrays of strings or of numbers are kept (arrays of arrays
-// are checked and skipped).
+// One metadata value. Numbers keep their kind. An array is checked when the file is read but only
+// located (its element type, count and first byte): GgufFile::strings() and numbers() decode it on request,
+// so a file's memory cost does not grow with arrays nobody asks for (or with a count forged to be huge).
 struct GgufValue {
-  enum class Kind { kUnsigned, kSigned, kFloat, kBool, kString, kStrings, kNumbers, kOther } kind = Kind::kOther;
+  enum class Kind { kUnsigned, kSigned, kFloat, kBool, kString, kArray } kind = Kind::kBool;
   std::uint64_t u = 0;
   std::int64_t i = 0;
   double f = 0.0;
   std::string s;
-  std::vector<std::string> strings;
-  std::vector<double> numbers;
+  std::uint32_t array_type = 0;
+  std::uint64_t array_count = 0;
+  std::uint64_t array_offset = 0;  // from the start of the file
 };
 
 class GgufFile {
@@ -62,10 +69,18 @@ class GgufFile {
   std::optional<std::uint64_t> get_count(const std::string& key) const;  // a non-negative integer
   std::optional<double> get_number(const std::string& key) const;        // any number
   std::optional<std::string> get_string(const std::string& key) const;
+  // An array of strings, or of numbers of any type, decoded; FormatError when the key is absent or holds
+  // something else.
+  std::vector<std::string> strings(const std::string& key) const;
+  std::vector<double> numbers(const std::string& key) const;
   const GgufTensor* tensor(const std::string& name) const;
 
  private:
+  const GgufValue& array(const std::string& key) const;
+
   std::string path_;
+  memory::MappedFile file_;
+  memory::MappedRegion whole_;  // the metadata's arrays are decoded from here on request
   std::uint32_t version_ = 0;
   std::uint64_t size_bytes_ = 0;
   std::map<std::string, GgufValue> metadata_;

@@ -1,5 +1,6 @@
 #include "runtime/gguf_model.h"
 
+#include <cmath>
 #include <cstdint>
 #include <limits>
 
@@ -40,12 +41,12 @@ TensorRef float_tensor(const GgufFile& file, const std::string& name, std::uint6
     default:
       refuse(file, fmt::format("tensor '{}' is {}; shardline reads F32, F16 and BF16 tensors (convert the model "
                                "with --outtype f16 or f32)",
-                               name, gguf_type_name(t->type)));
+                               printable(name), gguf_type_name(t->type)));
   }
   const std::vector<std::uint64_t> expected = rows == 1 ? std::vector<std::uint64_t>{cols}
                                                         : std::vector<std::uint64_t>{cols, rows};
   if (t->ne != expected) {
-    refuse(file, fmt::format("tensor '{}' has ne [{}] but the metadata's shape implies [{}]", name,
+    refuse(file, fmt::format("tensor '{}' has ne [{}] but the metadata's shape implies [{}]", printable(name),
                              fmt::join(t->ne, ", "), fmt::join(expected, ", ")));
   }
   return {t->offset, element};
@@ -57,12 +58,12 @@ ModelFile read_gguf_model(const std::string& path) {
   const GgufFile file(path);
   const std::optional<std::string> arch = file.get_string("general.architecture");
   if (arch != "llama") {
-    refuse(file, fmt::format("architecture '{}' is not one shardline runs (it runs 'llama')", arch.value_or("")));
+    refuse(file, fmt::format("architecture '{}' is not one shardline runs (it runs 'llama')", printable(arch.value_or(""))));
   }
   const std::string p = "llama.";
   if (file.get_count(p + "expert_count").value_or(0) > 0) refuse(file, "mixture-of-experts models are not supported");
   if (auto scaling = file.get_string(p + "rope.scaling.type"); scaling && *scaling != "none") {
-    refuse(file, fmt::format("RoPE scaling '{}' is not supported", *scaling));
+    refuse(file, fmt::format("RoPE scaling '{}' is not supported", printable(*scaling)));
   }
   ModelFile model;
   model.format = ModelFormat::kGguf;
@@ -86,12 +87,13 @@ ModelFile read_gguf_model(const std::string& path) {
     refuse(file, fmt::format("RoPE rotates {} of each head's {} dimensions; shardline rotates them all", *rotated,
                              s.head_size()));
   }
-  model.rms_eps = static_cast<float>(file.get_number(p + "attention.layer_norm_rms_epsilon").value_or(1e-5));
-  model.rope_theta = static_cast<float>(file.get_number(p + "rope.freq_base").value_or(10000.0));
-  if (!(model.rms_eps > 0.0f) || !(model.rope_theta > 0.0f)) {
-    refuse(file, fmt::format("layer_norm_rms_epsilon {} and rope.freq_base {} must be positive", model.rms_eps,
-                             model.rope_theta));
-  }
+  // Checked as the file gives them, before they become floats (a double beyond float's range has no float).
+  const double eps = file.get_number(p + "attention.layer_norm_rms_epsilon").value_or(1e-5);
+  const double theta = file.get_number(p + "rope.freq_base").value_or(10000.0);
+  if (!(eps >= 1e-30 && eps < 1.0)) refuse(file, fmt::format("{}attention.layer_norm_rms_epsilon {} is not in [1e-30, 1)", p, eps));
+  if (!(theta >= 1.0 && theta <= 1e12)) refuse(file, fmt::format("{}rope.freq_base {} is not in [1, 1e12]", p, theta));
+  model.rms_eps = static_cast<float>(eps);
+  model.rope_theta = static_cast<float>(theta);
 
   const std::uint64_t d = s.dim, h = s.hidden_dim, kv = s.kv_dim(), v = s.vocab_size;
   CheckpointLayout& at = model.layout;
@@ -110,17 +112,21 @@ ModelFile read_gguf_model(const std::string& path) {
   return model;
 }
 
-GgufVocabulary read_gguf_vocabulary(const std::string& path) {
+GgufVocabulary read_gguf_vocabulary(const std::string& path, int vocab_size) {
   const GgufFile file(path);
   const std::optional<std::string> kind = file.get_string("tokenizer.ggml.model");
   if (kind != "llama") {
-    refuse(file, kind ? fmt::format("its tokenizer is '{}'; shardline reads llama (SentencePiece) vocabularies", *kind)
+    refuse(file, kind ? fmt::format("its tokenizer is '{}'; shardline reads llama (SentencePiece) vocabularies", printable(*kind))
                       : std::string("carries no vocabulary (tokenizer.ggml.model); pass --tokenizer tokenizer.bin"));
   }
+  // The counts first: nothing is decoded unless it is the model's vocabulary.
   const GgufValue* tokens = file.find("tokenizer.ggml.tokens");
   const GgufValue* scores = file.find("tokenizer.ggml.scores");
-  if (!tokens || tokens->kind != GgufValue::Kind::kStrings) refuse(file, "tokenizer.ggml.tokens is not an array of strings");
-  if (!scores || scores->kind != GgufValue::Kind::kNumbers || scores->numbers.size() != tokens->strings.size()) {
+  if (!tokens || tokens->kind != GgufValue::Kind::kArray) refuse(file, "has no tokenizer.ggml.tokens array");
+  if (tokens->array_count != static_cast<std::uint64_t>(vocab_size)) {
+    refuse(file, fmt::format("its vocabulary has {} tokens but the model expects {}", tokens->array_count, vocab_size));
+  }
+  if (!scores || scores->kind != GgufValue::Kind::kArray || scores->array_count != tokens->array_count) {
     refuse(file, "tokenizer.ggml.scores is not an array of one number per token");
   }
   // llama2.c's tokenizer (and so shardline's) has BOS = 1 and EOS = 2.
@@ -130,7 +136,7 @@ GgufVocabulary read_gguf_vocabulary(const std::string& path) {
   }
   GgufVocabulary vocabulary;
   const std::string sentencepiece_space = "\xE2\x96\x81";  // U+2581
-  for (const std::string& token : tokens->strings) {
+  for (const std::string& token : file.strings("tokenizer.ggml.tokens")) {
     std::string piece;
     for (std::size_t i = 0; i < token.size();) {
       if (token.compare(i, sentencepiece_space.size(), sentencepiece_space) == 0) {
@@ -142,7 +148,12 @@ GgufVocabulary read_gguf_vocabulary(const std::string& path) {
     }
     vocabulary.pieces.push_back(std::move(piece));
   }
-  for (double score : scores->numbers) vocabulary.scores.push_back(static_cast<float>(score));
+  for (const double score : file.numbers("tokenizer.ggml.scores")) {
+    if (!(std::fabs(score) <= std::numeric_limits<float>::max())) {  // also NaN: no float holds it
+      refuse(file, fmt::format("token {} has the score {}", vocabulary.scores.size(), score));
+    }
+    vocabulary.scores.push_back(static_cast<float>(score));
+  }
   // llama2.c's tokenizer.bin spells the two control tokens with newlines around them.
   if (vocabulary.pieces.size() > kEosId && vocabulary.pieces[kBosId] == "<s>" && vocabulary.pieces[kEosId] == "</s>") {
     vocabulary.pieces[kBosId] = "\n<s>\n";

@@ -30,7 +30,8 @@ struct GgufVocabulary {
   std::vector<std::string> pieces;
   std::vector<float> scores;
 };
-// FormatError when the file has no vocabulary or one of another kind (only "llama", SentencePiece, is read).
-GgufVocabulary read_gguf_vocabulary(const std::string& path);
+// FormatError when the file has no vocabulary, one of another kind (only "llama", SentencePiece, is read) or
+// one of other than vocab_size tokens (checked before anything is decoded).
+GgufVocabulary read_gguf_vocabulary(const std::string& path, int vocab_size);
 
 }  // namespace shardline::runtime

@@ -80,12 +80,9 @@ bool read_pod(const std::string& data, std::size_t& pos, T& out) {
 
 Tokenizer::Tokenizer(const std::string& path, int vocab_size) {
   if (is_gguf_file(path)) {  // a GGUF model carries its vocabulary
-    GgufVocabulary vocabulary = read_gguf_vocabulary(path);
+    GgufVocabulary vocabulary = read_gguf_vocabulary(path, vocab_size);
     pieces_ = std::move(vocabulary.pieces);
     scores_ = std::move(vocabulary.scores);
-    if (static_cast<int>(pieces_.size()) != vocab_size)
-      throw FormatError(fmt::format("{}: its vocabulary has {} tokens but the model expects {}", path, pieces_.size(),
-                                    vocab_size));
     build_index(fmt::format("the vocabulary of '{}'", path));
     return;
   }

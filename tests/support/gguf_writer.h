@@ -101,6 +101,8 @@ struct LlamaGgufOptions {
   std::uint32_t rope_dimension_count = 0;  // 0: the head size
   std::uint32_t feed_forward_length = 0;   // 0: the checkpoint's hidden_dim
   std::uint32_t matrix_type = 0;           // the matrices' and embedding's: 0 F32, 1 F16, 30 BF16 (norms stay F32)
+  float rms_eps = 1e-5f;
+  double rope_freq_base = 0;               // 0: not written (the default, 10000)
 };
 
 // F32 bytes as F16 or BF16 ones (round to nearest even), as a converter with --outtype f16/bf16 writes them.
@@ -138,7 +140,8 @@ inline GgufWriter llama_gguf_from_llama2c(const std::string& checkpoint, const s
   w.u32("llama.attention.head_count_kv", s.n_kv_heads);
   w.u32("llama.block_count", s.n_layers);
   w.u32("llama.rope.dimension_count", options.rope_dimension_count ? options.rope_dimension_count : s.head_size());
-  w.f32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
+  w.f32("llama.attention.layer_norm_rms_epsilon", options.rms_eps);
+  if (options.rope_freq_base != 0) w.f32("llama.rope.freq_base", static_cast<float>(options.rope_freq_base));
   if (options.with_vocabulary) {
     const runtime::Tokenizer tokenizer(tokenizer_path, s.vocab_size);
     std::vector<std::string> tokens;

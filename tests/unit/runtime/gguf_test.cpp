@@ -4,6 +4,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -190,6 +191,53 @@ TEST_F(GeneratedGguf, MalformedContainersAreFormatErrors) {
   EXPECT_NE(with(first_value_length, &huge, 8).find("runs past the end"), std::string::npos);
 }
 
+TEST_F(GeneratedGguf, ForgedFieldsAreRefusedByName) {
+  // (From a fuzzing pass: each of these once ran, or printed the file's bytes raw.)
+  const std::vector<char> good = llama_gguf_from_llama2c(paths_.model, paths_.tokenizer).bytes();
+  auto save = [&](const std::vector<char>& b) {
+    std::ofstream(path("f.gguf"), std::ios::binary).write(b.data(), static_cast<std::streamsize>(b.size()));
+    return error_of(path("f.gguf"));
+  };
+  // A tensor's offset pointed into another tensor's bytes.
+  std::string text(good.begin(), good.end());
+  const std::string name = "blk.0.attn_v.weight";
+  const std::size_t offset_field = text.find(name) + name.size() + 4 + 2 * 8 + 4;
+  std::vector<char> overlapping = good;
+  std::memset(overlapping.data() + offset_field, 0, 8);  // data offset 0: token_embd's
+  const std::string overlap = save(overlapping);
+  EXPECT_NE(overlap.find("overlap"), std::string::npos) << overlap;
+  EXPECT_NE(overlap.find("'token_embd.weight'"), std::string::npos) << overlap;
+  EXPECT_NE(overlap.find("'blk.0.attn_v.weight'"), std::string::npos) << overlap;
+  // Constants out of range, reported as the file gives them.
+  llama_gguf_from_llama2c(paths_.model, paths_.tokenizer, {.rms_eps = std::numeric_limits<float>::infinity()})
+      .write(path("eps.gguf"));
+  EXPECT_NE(error_of(path("eps.gguf")).find("layer_norm_rms_epsilon inf is not in"), std::string::npos)
+      << error_of(path("eps.gguf"));
+  llama_gguf_from_llama2c(paths_.model, paths_.tokenizer, {.rope_freq_base = 0.5}).write(path("theta.gguf"));
+  EXPECT_NE(error_of(path("theta.gguf")).find("rope.freq_base 0.5 is not in [1, 1e12]"), std::string::npos);
+  // An alignment that would leave F32 tensors misaligned.
+  llama_gguf_from_llama2c(paths_.model, paths_.tokenizer, {.alignment = 2}).write(path("a2.gguf"), 2);
+  EXPECT_NE(error_of(path("a2.gguf")).find("general.alignment 2 is not a power of two of at least 8"), std::string::npos);
+  // A name with control bytes is printed escaped, on one line.
+  GgufWriter ctrl;
+  ctrl.tensor("bad\n\x1b[31mname", {}, 0, {});
+  ctrl.write(path("ctrl.gguf"));
+  EXPECT_NE(error_of(path("ctrl.gguf")).find("tensor 'bad\\x0a\\x1b[31mname' has 0 dimensions"), std::string::npos)
+      << error_of(path("ctrl.gguf"));
+  // A quantised tensor is bounds-checked by its blocks (Q4_K: 144 bytes per 256 values), used or not.
+  GgufWriter q4k = llama_gguf_from_llama2c(paths_.model, paths_.tokenizer);
+  q4k.tensor("unused.weight", {256, 4}, 12, std::vector<char>(4 * 144 - 1));
+  std::vector<char> short_q4k = q4k.bytes();
+  EXPECT_NE(save(short_q4k).find("tensor 'unused.weight' (Q4_K, 576 bytes"), std::string::npos) << save(short_q4k);
+  // A big-endian file says so.
+  std::vector<char> big_endian = good;
+  const std::uint32_t version = __builtin_bswap32(3u);
+  std::memcpy(big_endian.data() + 4, &version, 4);
+  EXPECT_NE(save(big_endian).find("(this one is big-endian)"), std::string::npos);
+  // A vocabulary of another size is refused before its strings are decoded.
+  EXPECT_THROW(read_gguf_vocabulary(write("v.gguf"), shape_.vocab_size + 1), FormatError);
+}
+
 TEST_F(GeneratedGguf, ModelsShardlineCannotRunAreRefusedByName) {
   auto model_with = [&](auto&& edit) {
     GgufWriter w = llama_gguf_from_llama2c(paths_.model, paths_.tokenizer);
@@ -206,11 +254,11 @@ TEST_F(GeneratedGguf, ModelsShardlineCannotRunAreRefusedByName) {
   GgufWriter q8;
   q8.string("general.architecture", "llama");
   for (const auto& [key, value] : std::vector<std::pair<std::string, std::uint32_t>>{
-           {"llama.embedding_length", 8}, {"llama.feed_forward_length", 16}, {"llama.block_count", 1},
+           {"llama.embedding_length", 32}, {"llama.feed_forward_length", 64}, {"llama.block_count", 1},
            {"llama.attention.head_count", 2}, {"llama.context_length", 8}}) {
     q8.u32(key, value);
   }
-  q8.tensor("token_embd.weight", {8, 300}, 8, std::vector<char>(300 * 34 / 4));
+  q8.tensor("token_embd.weight", {32, 300}, 8, std::vector<char>(300 * 34));  // blocks of 32 values in 34 bytes
   q8.write(path("q8.gguf"));
   EXPECT_NE(error_of(path("q8.gguf")).find("tensor 'token_embd.weight' is Q8_0; shardline reads F32, F16 and BF16"),
             std::string::npos)
