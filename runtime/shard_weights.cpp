@@ -52,7 +52,8 @@ ShardWeights::ShardWeights(const std::string& path, const partition::ModelShape&
   const std::uint64_t q_begin = q_columns.begin, kv_begin = shard.kv_heads.begin * hs, h_begin = shard.hidden.begin;
 
   if (shard.has_embedding) {
-    // Looked up by token id, so any row may be needed; not populated: only rows actually used fault in.
+    // Looked up by token id, so any row may be needed; not populated: only rows actually used fault in (an
+    // F16/BF16 embedding is widened whole, once, at load).
     token_embedding_ = map_floats(at.token_embedding, shape.vocab_size * d, false);
   }
   for (int l = shard.layers.begin; l < shard.layers.end; ++l) {
