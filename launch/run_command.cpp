@@ -96,7 +96,7 @@ std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, 
   runtime::SamplerOptions sampler;
   po::options_description options("run options");
   options.add_options()
-      ("model,m", po::value(&c.engine.model_path), "llama2.c checkpoint or GGUF file (F32/F16/BF16) of a llama model (default: a built-in random-weight model)")
+      ("model,m", po::value(&c.engine.model_path), "llama2.c checkpoint or GGUF file (F32/F16/BF16/Q8_0) of a llama model (default: a built-in random-weight model)")
       ("tokenizer,z", po::value(&c.engine.tokenizer_path), "tokenizer.bin (default: a GGUF model's own vocabulary, else found beside the model)")
       ("prompt,i", po::value(&prompt)->default_value("Once upon a time"), "prompt text")
       ("prompts-file", po::value(&prompts_file), "several sequences at once: one prompt per line (replaces --prompt)")

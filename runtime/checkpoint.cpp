@@ -10,7 +10,15 @@
 
 namespace shardline::runtime {
 
-std::uint64_t element_bytes(TensorElement element) { return element == TensorElement::kF32 ? 4 : 2; }
+std::uint64_t tensor_bytes(TensorElement element, std::uint64_t n) {
+  switch (element) {
+    case TensorElement::kF32: return 4 * n;
+    case TensorElement::kQ8_0:
+      SL_CHECK_MSG(n % kQ8_0Block == 0, "{} Q8_0 values are no whole number of blocks", n);
+      return n / kQ8_0Block * (2 + kQ8_0Block);
+    default: return 2 * n;
+  }
+}
 
 bool CheckpointLayout::all_f32() const {
   auto f32 = [](const TensorRef& t) { return t.element == TensorElement::kF32; };

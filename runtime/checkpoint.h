@@ -14,16 +14,19 @@ namespace shardline::runtime {
 inline constexpr std::uint64_t kCheckpointHeaderBytes = 7 * sizeof(std::int32_t);
 
 // The element types a model file's tensors may have: llama2.c's are all F32; a GGUF file's matrices may be
-// F16 or BF16 (converted to fp32 as a rank reads its slice), its norms usually stay F32.
-enum class TensorElement { kF32, kF16, kBF16 };
-std::uint64_t element_bytes(TensorElement element);
+// F16, BF16 or Q8_0 (blocks of 32 int8 values and their fp16 scale, 34 bytes), converted to fp32 as a rank
+// reads its slice; its norms usually stay F32.
+enum class TensorElement { kF32, kF16, kBF16, kQ8_0 };
+inline constexpr std::uint64_t kQ8_0Block = 32;
+// Bytes of n consecutive elements (for Q8_0, n a multiple of kQ8_0Block).
+std::uint64_t tensor_bytes(TensorElement element, std::uint64_t n);
 
 // Where a tensor is: its first byte in the file and its elements' type. at(i) is element i of it (row r of
-// a (rows, cols) matrix starts at element r * cols).
+// a (rows, cols) matrix starts at element r * cols; for Q8_0, i a multiple of kQ8_0Block).
 struct TensorRef {
   std::uint64_t offset = 0;
   TensorElement element = TensorElement::kF32;
-  TensorRef at(std::uint64_t index) const { return {offset + index * element_bytes(element), element}; }
+  TensorRef at(std::uint64_t index) const { return {offset + tensor_bytes(element, index), element}; }
   bool operator==(const TensorRef&) const = default;
 };
 

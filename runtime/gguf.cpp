@@ -245,7 +245,9 @@ GgufFile::GgufFile(const std::string& path) : path_(path), file_(path) {
     std::uint64_t elements = 1;
     for (std::uint32_t d = 0; d < n_dims; ++d) {
       const auto extent = in.pod<std::uint64_t>("a tensor dimension");
-      if (extent > size_bytes_ || (extent > 0 && elements > size_bytes_ / extent)) {
+      // No type packs more than 8 values into a byte (the smallest take about 1.6 bits): a bound that keeps
+      // the products below from overflowing.
+      if (extent > 8 * size_bytes_ || (extent > 0 && elements > 8 * size_bytes_ / extent)) {
         in.fail(fmt::format("tensor '{}' has a dimension of {}, more than the file could hold", printable(tensor.name),
                             extent));
       }

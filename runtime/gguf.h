@@ -25,7 +25,7 @@ inline constexpr char kGgufMagic[4] = {'G', 'G', 'U', 'F'};
 bool is_gguf_file(const std::string& path);
 
 // The tensor types shardline can read (others are named in errors by gguf_type_name()).
-enum class GgufType : std::uint32_t { kF32 = 0, kF16 = 1, kBF16 = 30 };
+enum class GgufType : std::uint32_t { kF32 = 0, kF16 = 1, kQ8_0 = 8, kBF16 = 30 };
 std::string gguf_type_name(std::uint32_t type);
 
 // Text from a file, safe to print in an error line: bytes outside printable ASCII become \xHH.

@@ -38,9 +38,10 @@ TensorRef float_tensor(const GgufFile& file, const std::string& name, std::uint6
     case GgufType::kF32: break;
     case GgufType::kF16: element = TensorElement::kF16; break;
     case GgufType::kBF16: element = TensorElement::kBF16; break;
+    case GgufType::kQ8_0: element = TensorElement::kQ8_0; break;  // rows of whole blocks: checked with the table
     default:
-      refuse(file, fmt::format("tensor '{}' is {}; shardline reads F32, F16 and BF16 tensors (convert the model "
-                               "with --outtype f16 or f32)",
+      refuse(file, fmt::format("tensor '{}' is {}; shardline reads F32, F16, BF16 and Q8_0 tensors (convert "
+                               "the model with --outtype f16, bf16 or q8_0)",
                                printable(name), gguf_type_name(t->type)));
   }
   const std::vector<std::uint64_t> expected = rows == 1 ? std::vector<std::uint64_t>{cols}

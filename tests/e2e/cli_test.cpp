@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kernels/cpu/weight_format.h"
+#include "runtime/checkpoint.h"
 #include "runtime/model_generator.h"
 #include "tests/support/cli_fixture.h"
 #include "tests/support/gguf_writer.h"
@@ -176,23 +177,41 @@ TEST_F(Cli, AGgufOfAnotherShapeRunsAsItsCheckpointOnEveryLayout) {
   }
 }
 
-TEST_F(Cli, F16AndBf16GgufGiveTheTokensOfTheirRoundedCheckpoint) {
-  // The F16 (BF16) file's weights widen exactly to the checkpoint's weights rounded to F16 (BF16): a
-  // llama2.c file of those rounded weights must give the same tokens, on one rank and on a TP layout.
+TEST_F(Cli, F16Bf16AndQ8_0GgufGiveTheTokensOfTheirRoundedCheckpoint) {
+  // The F16 (BF16, Q8_0) file's weights widen exactly to the checkpoint's weights rounded to F16 (BF16, Q8_0
+  // blocks): a llama2.c file of those rounded weights must give the same tokens, on one rank and with TP.
   const std::string model = path("h.bin");
   ASSERT_EQ(run_process(shardline() + " gen-model --dim 64 --hidden 160 --layers 2 --heads 4 --kv-heads 2 --vocab 300 "
                                       "--seq 40 --seed 4 --out " + model).exit_code, 0);
   const std::string tokenizer = runtime::default_tokenizer_path_for(model);
-  for (const std::uint32_t type : {1u, 30u}) {
+  for (const std::uint32_t type : {1u, 30u, 8u}) {
     llama_gguf_from_llama2c(model, tokenizer, {.matrix_type = type}).write(path("h.gguf"));
     std::ifstream in(model, std::ios::binary);
     std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    for (std::size_t at = 28; at + 4 <= bytes.size(); at += 4) {  // every float after the header, rounded
-      float value;
-      std::memcpy(&value, bytes.data() + at, 4);
-      value = type == 1 ? kernels::cpu::fp16_to_float(kernels::cpu::float_to_fp16(value))
-                        : kernels::cpu::bf16_to_float(kernels::cpu::float_to_bf16(value));
-      std::memcpy(bytes.data() + at, &value, 4);
+    // The embedding's and every matrix's floats rounded as the file's (the norms stay F32 there); rows
+    // of 64 and 160 values are whole Q8_0 blocks.
+    const runtime::CheckpointLayout at = runtime::read_model_file(model).layout;
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> matrices = {{at.token_embedding.offset, 300 * 64}};
+    for (const auto& l : at.layers) {
+      for (const auto& [t, n] : std::vector<std::pair<runtime::TensorRef, std::uint64_t>>{
+               {l.wq, 64 * 64}, {l.wk, 32 * 64}, {l.wv, 32 * 64}, {l.wo, 64 * 64}, {l.w1, 160 * 64},
+               {l.w2, 64 * 160}, {l.w3, 160 * 64}}) {
+        matrices.emplace_back(t.offset, n);
+      }
+    }
+    for (const auto& [offset, n] : matrices) {
+      for (std::uint64_t block = 0; block < n / 32; ++block) {
+        char* values = bytes.data() + offset + 128 * block;
+        const std::vector<char> q8 = q8_0_blocks(std::vector<char>(values, values + 128));
+        for (int i = 0; i < 32; ++i) {
+          float value;
+          std::memcpy(&value, values + 4 * i, 4);
+          value = type == 1    ? kernels::cpu::fp16_to_float(kernels::cpu::float_to_fp16(value))
+                  : type == 30 ? kernels::cpu::bf16_to_float(kernels::cpu::float_to_bf16(value))
+                               : q8_0_value(q8.data(), i);
+          std::memcpy(values + 4 * i, &value, 4);
+        }
+      }
     }
     std::ofstream(path("rounded.bin"), std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
     const std::string args = " run --json --threads 1 --steps 20 --prompt hello --tokenizer " + tokenizer;

@@ -251,18 +251,18 @@ TEST_F(GeneratedGguf, ModelsShardlineCannotRunAreRefusedByName) {
   EXPECT_NE(model_with([](GgufWriter& w) { w.u32("llama.block_count", 3); }).find("holds the key 'llama.block_count' twice"),
             std::string::npos);
   // A quantised tensor is named with its type.
-  GgufWriter q8;
-  q8.string("general.architecture", "llama");
+  GgufWriter q4k_model;
+  q4k_model.string("general.architecture", "llama");
   for (const auto& [key, value] : std::vector<std::pair<std::string, std::uint32_t>>{
-           {"llama.embedding_length", 32}, {"llama.feed_forward_length", 64}, {"llama.block_count", 1},
+           {"llama.embedding_length", 256}, {"llama.feed_forward_length", 512}, {"llama.block_count", 1},
            {"llama.attention.head_count", 2}, {"llama.context_length", 8}}) {
-    q8.u32(key, value);
+    q4k_model.u32(key, value);
   }
-  q8.tensor("token_embd.weight", {32, 300}, 8, std::vector<char>(300 * 34));  // blocks of 32 values in 34 bytes
-  q8.write(path("q8.gguf"));
-  EXPECT_NE(error_of(path("q8.gguf")).find("tensor 'token_embd.weight' is Q8_0; shardline reads F32, F16 and BF16"),
+  q4k_model.tensor("token_embd.weight", {256, 300}, 12, std::vector<char>(300 * 144));  // Q4_K: 256 values in 144 bytes
+  q4k_model.write(path("q4k.gguf"));
+  EXPECT_NE(error_of(path("q4k.gguf")).find("tensor 'token_embd.weight' is Q4_K; shardline reads F32, F16, BF16 and Q8_0"),
             std::string::npos)
-      << error_of(path("q8.gguf"));
+      << error_of(path("q4k.gguf"));
   GgufWriter gpt2;
   gpt2.string("general.architecture", "gpt2");
   gpt2.write(path("gpt2.gguf"));
