@@ -29,7 +29,7 @@ int required_dimension(const GgufFile& file, const std::string& key) {
   return static_cast<int>(*value);
 }
 
-// Where a tensor of ne = {cols, rows} is (a vector: rows = 1, ne = {cols}): F32, F16 or BF16.
+// Where a tensor of ne = {cols, rows} is (a vector: rows = 1, ne = {cols}): F32, F16, BF16 or Q8_0.
 TensorRef float_tensor(const GgufFile& file, const std::string& name, std::uint64_t rows, std::uint64_t cols) {
   const GgufTensor* t = file.tensor(name);
   if (!t) refuse(file, fmt::format("has no tensor '{}'", name));
