@@ -1,6 +1,8 @@
 // GGUF model files: the llama.cpp-written files in shared/models hold exactly the llama2.c checkpoints'
 // tensors and vocabulary; a converted model of another shape, with its tensors in any order and alignment,
 // reads back as its checkpoint; and every corruption is a FormatError naming what is wrong, never a crash.
+#include <unistd.h>
+
 #include <cstring>
 #include <filesystem>
 #include <fstream>
