@@ -44,9 +44,12 @@ TensorRef float_tensor(const GgufFile& file, const std::string& name, std::uint6
                                "the model with --outtype f16, bf16 or q8_0)",
                                printable(name), gguf_type_name(t->type)));
   }
+  // Compared without trailing 1s, which writers may or may not keep (ggml drops them: a 1-row matrix is {cols}).
   const std::vector<std::uint64_t> expected = rows == 1 ? std::vector<std::uint64_t>{cols}
                                                         : std::vector<std::uint64_t>{cols, rows};
-  if (t->ne != expected) {
+  std::vector<std::uint64_t> ne = t->ne;
+  while (ne.size() > 1 && ne.back() == 1) ne.pop_back();
+  if (ne != expected) {
     refuse(file, fmt::format("tensor '{}' has ne [{}] but the metadata's shape implies [{}]", printable(name),
                              fmt::join(t->ne, ", "), fmt::join(expected, ", ")));
   }
