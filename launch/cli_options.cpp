@@ -19,7 +19,16 @@ bool parse_command_line(const std::string& command, const std::string& usage, co
   po::options_description all(options);
   all.add_options()("help,h", "show this help and exit");
   try {
-    po::store(po::command_line_parser(args).options(all).run(), vm);
+    const po::parsed_options parsed = po::command_line_parser(args).options(all).run();
+    // A word without a flag would otherwise be dropped: `shardline run model.bin` ran the built-in model.
+    for (const po::option& option : parsed.options) {
+      if (option.string_key.empty() && !option.original_tokens.empty()) {
+        throw ConfigError(fmt::format("shardline {}: unexpected argument '{}': every value follows its flag (e.g. "
+                                      "--model FILE; see 'shardline {} --help')",
+                                      command, option.original_tokens.front(), command));
+      }
+    }
+    po::store(parsed, vm);
     if (vm.count("help")) {
       if (print_help) std::cout << usage << "\n\n" << all << "\n";
       return false;

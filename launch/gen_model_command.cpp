@@ -33,7 +33,7 @@ int gen_model_command(const std::vector<std::string>& args) {
       ("unshared-classifier", po::bool_switch(&unshared), "write a separate classifier matrix")
       ("seed", po::value(&seed)->default_value(42), "random seed (same seed and shape = same file)")
       ("out", po::value(&out)->required(), "checkpoint path to write, e.g. model.bin")
-      ("tokenizer-out", po::value(&tokenizer_out), "tokenizer path (default: --out with its extension replaced by .tokenizer.bin)");
+      ("tokenizer-out", po::value(&tokenizer_out), "tokenizer path (default: --out with .bin replaced by .tokenizer.bin)");
   po::variables_map vm;
   const std::string usage =
       "Usage: shardline gen-model (--preset NAME | --dim D --hidden H --layers L --heads N --vocab V --seq S) "
@@ -65,6 +65,11 @@ int gen_model_command(const std::vector<std::string>& args) {
     throw ConfigError(fmt::format("shardline gen-model: --vocab {} is too small: the tokenizer needs 3 special "
                                   "and 256 byte tokens (use --vocab 259 or more)",
                                   shape.vocab_size));
+  }
+  if (out.ends_with(".gguf")) {  // a llama2.c file under a GGUF name would only mislead
+    throw ConfigError(fmt::format("shardline gen-model: --out '{}': gen-model writes llama2.c checkpoints; name it "
+                                  "*.bin",
+                                  out));
   }
   if (tokenizer_out.empty()) tokenizer_out = runtime::default_tokenizer_path_for(out);
 

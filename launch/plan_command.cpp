@@ -137,7 +137,7 @@ int plan_command(const std::vector<std::string>& args) {
   std::string emit;
   po::options_description options("plan options");
   options.add_options()
-      ("model", po::value(&model), "llama2.c checkpoint or GGUF file: only its header (metadata) is read")
+      ("model,m", po::value(&model), "llama2.c checkpoint or GGUF file: only its header (metadata) is read")
       ("preset", po::value(&preset), fmt::format("model shape by name: {}", partition::model_preset_names()).c_str())
       ("cluster", po::value(&cluster_file), "cluster description JSON (examples in hostfiles/)")
       ("probe-file", po::value(&probe_file), "cluster profile written by `shardline probe`")

@@ -207,6 +207,16 @@ std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, 
   return c;  // a tokenizer left open is looked for once the model's header has been read
 }
 
+// Why this run cannot go to a GPU, or "": the CUDA stage converts weights to fp32 or bf16 only, and uploads
+// F32 tensors only. --device auto then keeps the CPU (and says why); --device cuda gives the stage's error.
+std::string cpu_only_reason(const RunConfig& c) {
+  if (c.engine.weights_dtype == kernels::cpu::WeightDtype::kInt8) return "--weights-dtype int8 runs on the CPU only";
+  if (!runtime::read_model_file(c.engine.model_path).layout.all_f32()) {
+    return "the CUDA stage reads F32 model files only and this one has F16, BF16 or Q8_0 tensors";
+  }
+  return "";
+}
+
 // What every rank must agree on, hashed: the model's shape and file size (not its path: hosts may keep
 // copies in different places), the requests, and the flags that shape the layout or the arithmetic.
 // Threads, binding and page tiers may differ per rank.
@@ -400,7 +410,7 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
                                        kernels::cpu::typical_bytes_per_weight(config->engine.weights_dtype)};
       // The cache's dtype depends on the backend this rank will get (CUDA keeps fp32), which --device auto
       // decides by whether the rank sees a GPU: the same test as the backend choice below.
-      const bool cuda = runtime::choose_backend(config->device, mpi.local_rank()).cuda;
+      const bool cuda = runtime::choose_backend(config->device, mpi.local_rank(), cpu_only_reason(*config)).cuda;
       request.kv_bytes_per_value = kernels::cpu::kv_bytes_per_value(
           runtime::resolve_kv_dtype(config->engine.kv_dtype, config->engine.weights_dtype, cuda), shape->head_size());
       request.greedy = config->dump_logits.empty() &&
@@ -459,7 +469,9 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
   std::optional<PlacedRank> placed;
   runtime::BackendChoice backend;
   // The backend comes first: a GPU rank is placed next to its GPU.
-  code = agreed_phase(mpi, [&] { backend = runtime::choose_backend(config->device, mpi.local_rank()); });
+  code = agreed_phase(mpi, [&] {
+    backend = runtime::choose_backend(config->device, mpi.local_rank(), cpu_only_reason(*config));
+  });
   if (code != 0) return code;
   // Every rank runs the same backend (the TP all-reduces of one group are all NCCL or all MPI): auto uses
   // the GPUs only when every rank has one.

@@ -23,9 +23,13 @@ const char* device_request_name(DeviceRequest request) {
   return "?";
 }
 
-BackendChoice choose_backend(DeviceRequest request, int local_rank) {
+BackendChoice choose_backend(DeviceRequest request, int local_rank, const std::string& cpu_only_reason) {
   BackendChoice choice;
   if (request == DeviceRequest::kCpu) return choice;
+  if (request == DeviceRequest::kAuto && !cpu_only_reason.empty()) {
+    choice.cpu_reason = cpu_only_reason;
+    return choice;
+  }
   const kernels::cuda::DeviceCount devices = kernels::cuda::device_count();
   if (devices.count > 0) {
     choice.cuda = true;

@@ -22,8 +22,9 @@ struct BackendChoice {
 };
 
 // The backend for a rank that is local_rank on its host. cpu: always the CPU. auto: the GPU of this local
-// rank when the process sees one, else the CPU with the reason. cuda: the GPU, or ResourceError (exit 4)
-// with the reason and what to do instead.
-BackendChoice choose_backend(DeviceRequest request, int local_rank);
+// rank when the process sees one and the run can go there (cpu_only_reason empty), else the CPU with the
+// reason. cuda: the GPU, or ResourceError (exit 4) with the reason and what to do instead (a cpu_only_reason
+// is then the CUDA stage's own error to give, when it loads).
+BackendChoice choose_backend(DeviceRequest request, int local_rank, const std::string& cpu_only_reason = "");
 
 }  // namespace shardline::runtime

@@ -74,6 +74,7 @@ class GgufFile {
   std::vector<std::string> strings(const std::string& key) const;
   std::vector<double> numbers(const std::string& key) const;
   const GgufTensor* tensor(const std::string& name) const;
+  const std::map<std::string, GgufTensor>& tensors() const { return tensors_; }
 
  private:
   const GgufValue& array(const std::string& key) const;

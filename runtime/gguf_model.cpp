@@ -1,6 +1,7 @@
 #include "runtime/gguf_model.h"
 
 #include <cmath>
+#include <cstdio>
 #include <cstdint>
 #include <limits>
 
@@ -56,6 +57,21 @@ TensorRef float_tensor(const GgufFile& file, const std::string& name, std::uint6
   return {t->offset, element};
 }
 
+// "blk.N.<one of the nine per-layer tensors>.weight" with N < n_layers.
+bool is_layer_tensor(const std::string& name, int n_layers) {
+  static const char* const kinds[] = {"attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
+                                      "ffn_norm",  "ffn_gate", "ffn_down", "ffn_up"};
+  int layer = -1, consumed = 0;
+  if (std::sscanf(name.c_str(), "blk.%d.%n", &layer, &consumed) != 1 || consumed == 0 || layer < 0 ||
+      layer >= n_layers || name != fmt::format("blk.{}.", layer) + name.substr(consumed)) {
+    return false;  // (the last test refuses "blk.+1." or "blk.01.")
+  }
+  for (const char* kind : kinds) {
+    if (name.substr(consumed) == std::string(kind) + ".weight") return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 ModelFile read_gguf_model(const std::string& path) {
@@ -68,6 +84,12 @@ ModelFile read_gguf_model(const std::string& path) {
   if (file.get_count(p + "expert_count").value_or(0) > 0) refuse(file, "mixture-of-experts models are not supported");
   if (auto scaling = file.get_string(p + "rope.scaling.type"); scaling && *scaling != "none") {
     refuse(file, fmt::format("RoPE scaling '{}' is not supported", printable(*scaling)));
+  }
+  // llama.cpp also scales RoPE linearly by these two keys without a scaling type.
+  for (const std::string& key : {p + "rope.scaling.factor", p + "rope.scale_linear"}) {
+    if (auto factor = file.get_number(key); factor && *factor != 0.0 && *factor != 1.0) {
+      refuse(file, fmt::format("{} {} asks for RoPE scaling, which is not supported", key, *factor));
+    }
   }
   ModelFile model;
   model.format = ModelFormat::kGguf;
@@ -94,6 +116,12 @@ ModelFile read_gguf_model(const std::string& path) {
   // Checked as the file gives them, before they become floats (a double beyond float's range has no float).
   const double eps = file.get_number(p + "attention.layer_norm_rms_epsilon").value_or(1e-5);
   const double theta = file.get_number(p + "rope.freq_base").value_or(10000.0);
+  for (const std::string& key : {p + "attention.key_length", p + "attention.value_length"}) {
+    if (auto length = file.get_count(key); length && *length != static_cast<std::uint64_t>(s.head_size())) {
+      refuse(file, fmt::format("{} is {} but dim / head_count is {}; shardline needs heads of dim / head_count", key,
+                               *length, s.head_size()));
+    }
+  }
   if (!(eps >= 1e-30 && eps < 1.0)) refuse(file, fmt::format("{}attention.layer_norm_rms_epsilon {} is not in [1e-30, 1)", p, eps));
   if (!(theta >= 1.0 && theta <= 1e12)) refuse(file, fmt::format("{}rope.freq_base {} is not in [1, 1e12]", p, theta));
   model.rms_eps = static_cast<float>(eps);
@@ -111,6 +139,17 @@ ModelFile read_gguf_model(const std::string& path) {
                          float_tensor(file, b + "attn_output.weight", d, d), float_tensor(file, b + "ffn_norm.weight", 1, d),
                          float_tensor(file, b + "ffn_gate.weight", h, d), float_tensor(file, b + "ffn_down.weight", d, h),
                          float_tensor(file, b + "ffn_up.weight", h, d)});
+  }
+  // Any other tensor (biases, rope_freqs for Llama 3.1's RoPE, ...) would change the arithmetic if it were
+  // used, so a file with one is refused, as llama.cpp refuses a llama file with tensors it does not expect.
+  for (const auto& [name, tensor] : file.tensors()) {
+    const bool known = name == "token_embd.weight" || name == "output_norm.weight" ||
+                       (name == "output.weight" && !s.shared_classifier) || is_layer_tensor(name, s.n_layers);
+    if (!known) {
+      refuse(file, fmt::format("holds the tensor '{}', which shardline's llama model does not use (biases, RoPE "
+                               "frequency factors and other extras are not supported)",
+                               printable(name)));
+    }
   }
   at.total_bytes = file.size_bytes();
   return model;

@@ -222,6 +222,9 @@ TEST_F(Cli, F16Bf16AndQ8_0GgufGiveTheTokensOfTheirRoundedCheckpoint) {
                                              path("h.gguf"));
       ASSERT_EQ(gguf.exit_code, 0) << gguf.err;
       EXPECT_EQ(parse_single_json(gguf.out)["ids"], parse_single_json(rounded.out)["ids"]) << type << " np " << np;
+      // --device auto keeps such a file on the CPU, GPU or not: the CUDA stage uploads F32 files only.
+      EXPECT_NE(gguf.err.find("running on the CPU: the CUDA stage reads F32 model files only"), std::string::npos)
+          << gguf.err;
     }
   }
 }
@@ -311,6 +314,10 @@ TEST_F(Cli, UnknownFlagsAndCommands) {
   expect_clean_failure("gen-model --out x.bin --sizzle", 2, "unknown flag '--sizzle'");
   expect_clean_failure("fly", 2, "unknown command 'fly'");
   expect_clean_failure("run --steps many", 2, "steps");
+  // A model named without --model used to be dropped, and the built-in model ran instead.
+  expect_clean_failure("run " + path("model.bin") + " --steps 4", 2, "unexpected argument '" + path("model.bin") + "'");
+  expect_clean_failure("gen-model --dim 32 --hidden 64 --layers 1 --heads 2 --vocab 300 --seq 8 --out " + path("g.gguf"),
+                       2, "gen-model writes llama2.c checkpoints");
   expect_clean_failure("gen-model --dim 30 --hidden 64 --layers 1 --heads 4 --vocab 300 --seq 8 --out " + path("x.bin"),
                        2, "n_heads=4 does not divide dim=30");
   expect_clean_failure("gen-model --dim 32 --hidden 64 --layers 1 --heads 4 --vocab 100 --seq 8 --out " + path("x.bin"),

@@ -38,6 +38,14 @@ TEST_F(Device, AutoWithoutAGpuUnderMpirunSaysWhyOnceAndReproducesTheGoldens) {
   EXPECT_EQ(count_of(r.err, "running on the CPU: no usable GPU ("), 1u) << r.err;
 }
 
+TEST_F(Device, AutoKeepsTheCpuForWhatTheCudaStageCannotRun) {
+  // With or without a GPU: int8 weights run on the CPU only, so auto stays there and says why (it used to
+  // pick the GPU and fail there).
+  const ProcessResult r = run_process(golden_run(kModel, "--device auto --weights-dtype int8"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(count_of(r.err, "--device auto: running on the CPU: --weights-dtype int8 runs on the CPU only"), 1u) << r.err;
+}
+
 TEST_F(Device, CpuIsTheCpuWithoutANotice) {
   const ProcessResult r = run_process(golden_run(kModel, "--device cpu"));
   expect_goldens(r, golden_.goldens, "--device cpu");
