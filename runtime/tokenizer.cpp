@@ -144,7 +144,7 @@ void Tokenizer::build_index(const std::string& source) {
   for (int b = 0; b < 256; ++b) {
     if (pieces_[kByteFallbackId + b] != byte_piece(b))
       throw FormatError(fmt::format("{}: token {} is '{}' but the byte-fallback token '{}' belongs there", source,
-                                    kByteFallbackId + b, pieces_[kByteFallbackId + b], byte_piece(b)));
+                                    kByteFallbackId + b, printable(pieces_[kByteFallbackId + b]), byte_piece(b)));
   }
   index_.clear();
   index_.reserve(pieces_.size());
