@@ -28,9 +28,10 @@ inline constexpr int kMinVocabSize = kByteFallbackId + 256;
 
 class Tokenizer {
  public:
-  // Reads a llama2.c tokenizer.bin holding exactly vocab_size tokens. Throws ResourceError when the file
+  // Reads a llama2.c tokenizer.bin holding exactly vocab_size tokens, or the vocabulary of a GGUF file
+  // (gguf_model.h: the same pieces, converted to llama2.c's conventions). Throws ResourceError when the file
   // cannot be opened, FormatError (naming the path) when it is truncated, has the wrong number of tokens,
-  // negative lengths, or byte-fallback tokens where "<0x00>".."<0xFF>" should be.
+  // negative lengths, NaN scores, or byte-fallback tokens where "<0x00>".."<0xFF>" should be.
   Tokenizer(const std::string& path, int vocab_size);
   // From in-memory pieces (synthetic vocabularies, tests). Same validation, FormatError on failure.
   Tokenizer(std::vector<std::string> pieces, std::vector<float> scores);
