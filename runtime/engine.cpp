@@ -109,9 +109,10 @@ void check_requests(const Tokenizer& tokenizer, int seq_len, const std::vector<G
     } catch (const ConfigError& e) {
       if (requests.size() == 1) throw;
       const std::string& prompt = requests[i].prompt;
-      constexpr std::size_t kShown = 40;
+      std::size_t shown = std::min<std::size_t>(prompt.size(), 40);
+      while (shown < prompt.size() && (static_cast<unsigned char>(prompt[shown]) & 0xC0) == 0x80) --shown;  // whole UTF-8
       throw ConfigError(fmt::format("sequence {} of {} (prompt \"{}{}\"): {}", i + 1, requests.size(),
-                                    prompt.substr(0, kShown), prompt.size() > kShown ? "..." : "", e.what()));
+                                    prompt.substr(0, shown), shown < prompt.size() ? "..." : "", e.what()));
     }
   }
 }
