@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -54,6 +55,8 @@ struct RunConfig {
   bool default_model = false;
   bool threads_given = false;  // else: one thread per core of the rank's placement
   bool steps_given = false;    // else: kDefaultSteps, cut to what each prompt leaves of the context
+  std::string cpu_only_reason;  // why the CUDA stage cannot take this run (phase 1), or ""
+  std::uint64_t prompt_ids_hash = 0;  // of every request's token ids (phase 1): ranks must encode alike
   memory::BindMode bind = memory::BindMode::kAuto;
   runtime::DeviceRequest device = runtime::DeviceRequest::kAuto;
 };
@@ -119,7 +122,8 @@ std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, 
        "prefill chunk size in tokens (split granularity)")
       ("threads", po::value<int>(), "kernel threads of this rank (default: one per core of its placement)")
       ("device", po::value(&device)->default_value("auto"),
-       "cpu|cuda|auto: where each rank's stage runs (auto: its GPU when it has one, else the CPU)")
+       "cpu|cuda|auto: where each rank's stage runs (auto: its GPU when it has one and the CUDA stage can take the "
+       "run, else the CPU, saying why)")
       ("cuda-graphs", po::value(&cuda_graphs)->default_value("on"),
        "on|off: with --device cuda, replay each decode step from a captured CUDA graph (off: launch every kernel)")
       ("bind", po::value(&bind)->default_value("auto"),
@@ -232,6 +236,7 @@ std::uint64_t configuration_fingerprint(const RunConfig& c, const partition::Mod
     text += fmt::format("|{}:{}:{}:{}:{}:{}", r.prompt.size(), r.prompt, r.steps, r.sampler.temperature,
                         r.sampler.top_p, r.sampler.seed);
   }
+  text += fmt::format("|ids {}|print-config {}", c.prompt_ids_hash, c.print_config);  // another tokenizer, an early exit
   return std::hash<std::string>{}(text);
 }
 
@@ -348,6 +353,7 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
   std::optional<partition::ModelShape> shape;
   std::optional<partition::Mesh> mesh;
   int longest_prompt = 1;
+  int longest_sequence = 1;  // prompt + steps of the longest request: the planner's context
   bool help = false;
   int code = agreed_phase(mpi, [&] {
     config = parse_run_config(args, mpi);
@@ -372,24 +378,41 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
       }
     }
     runtime::check_requests(tokenizer, shape->seq_len, config->requests);  // before any rank maps weights
+    std::string all_ids;
     for (const auto& request : config->requests) {
-      longest_prompt = std::max<int>(longest_prompt, tokenizer.encode(request.prompt, true, false).size());
+      const std::vector<int> ids = tokenizer.encode(request.prompt, true, false);
+      longest_prompt = std::max<int>(longest_prompt, ids.size());
+      longest_sequence = std::max<int>(longest_sequence, static_cast<int>(ids.size()) + request.steps);
+      all_ids += fmt::format("{};", fmt::join(ids, ","));
     }
+    config->prompt_ids_hash = std::hash<std::string>{}(all_ids);
+    config->cpu_only_reason = cpu_only_reason(*config);  // read once: the phases below only look it up
     // Flags that fix the layout are checked here, before anyone measures anything.
     const bool planned = config->plan == "auto" && mpi.world_size() > 1;
     if (!planned || config->tp > 0 || config->pp > 0) mesh = choose_mesh(*config, *shape, mpi);
   });
-  if (code != 0 || help) return code;
+  if (code != 0) return code;
   // Every rank must run the same model, requests and layout flags: an MPMD launch that gave ranks different
-  // ones would otherwise wait in its first collective until --comm-timeout.
+  // ones would otherwise wait in its first collective until --comm-timeout (--help and --print-config, which
+  // end a rank early, count). Every rank reaches the broadcast, whatever computing its own value did.
   code = agreed_phase(mpi, [&] {
-    if (!mpi.same_as_rank0(configuration_fingerprint(*config, *shape))) {
-      throw ConfigError(fmt::format("this rank's model or flags differ from rank 0's (this rank: {}, {} sequence(s)); "
-                                    "give every rank the same model, prompts and layout flags",
-                                    shape->describe(), config->requests.size()));
+    std::uint64_t fingerprint = 0;
+    std::exception_ptr failure;
+    try {
+      fingerprint = help ? std::hash<std::string>{}("--help") : configuration_fingerprint(*config, *shape);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    const bool same = mpi.same_as_rank0(fingerprint);
+    if (failure) std::rethrow_exception(failure);
+    if (!same) {
+      throw ConfigError(help ? std::string("this rank was given --help and rank 0 was not; give every rank the same flags")
+                             : fmt::format("this rank's model or flags differ from rank 0's (this rank: {}, {} "
+                                           "sequence(s)); give every rank the same model, prompts and layout flags",
+                                           shape->describe(), config->requests.size()));
     }
   });
-  if (code != 0) return code;
+  if (code != 0 || help) return code;
 
   // Phase 1b (collective): the planner fills in whatever the flags left open (with one stage there is
   // nothing to overlap, so a fixed layout needs no plan).
@@ -405,12 +428,12 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
     code = agreed_phase(mpi, [&] {
       auto world = comm::make_mpi_world({config->comm_timeout_s});
       runtime::AutoPlanRequest request{*shape, static_cast<int>(config->requests.size()),
-                                       longest_prompt + config->requests[0].steps, longest_prompt, config->tp,
+                                       longest_sequence, longest_prompt, config->tp,
                                        config->pp, config->engine.micro_batches,
                                        kernels::cpu::typical_bytes_per_weight(config->engine.weights_dtype)};
       // The cache's dtype depends on the backend this rank will get (CUDA keeps fp32), which --device auto
       // decides by whether the rank sees a GPU: the same test as the backend choice below.
-      const bool cuda = runtime::choose_backend(config->device, mpi.local_rank(), cpu_only_reason(*config)).cuda;
+      const bool cuda = runtime::choose_backend(config->device, mpi.local_rank(), config->cpu_only_reason).cuda;
       request.kv_bytes_per_value = kernels::cpu::kv_bytes_per_value(
           runtime::resolve_kv_dtype(config->engine.kv_dtype, config->engine.weights_dtype, cuda), shape->head_size());
       request.greedy = config->dump_logits.empty() &&
@@ -470,7 +493,11 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
   runtime::BackendChoice backend;
   // The backend comes first: a GPU rank is placed next to its GPU.
   code = agreed_phase(mpi, [&] {
-    backend = runtime::choose_backend(config->device, mpi.local_rank(), cpu_only_reason(*config));
+    // --device cuda for a run the CUDA stage cannot take is a bad flag, said before any rank builds NCCL groups.
+    if (config->device == runtime::DeviceRequest::kCuda && !config->cpu_only_reason.empty()) {
+      throw ConfigError(fmt::format("--device cuda: {}; run with --device cpu or auto", config->cpu_only_reason));
+    }
+    backend = runtime::choose_backend(config->device, mpi.local_rank(), config->cpu_only_reason);
   });
   if (code != 0) return code;
   // Every rank runs the same backend (the TP all-reduces of one group are all NCCL or all MPI): auto uses

@@ -31,9 +31,19 @@ HwlocHandle::HwlocHandle(Source source, const std::string& argument, bool with_i
                                     argument));
     }
     // A missing file is a missing resource (exit 4), an unreadable one a corrupt input (exit 3).
-    if (source == Source::kXml && !std::filesystem::is_regular_file(argument)) {
-      throw ResourceError(fmt::format("cannot open topology XML '{}': no such file (write one with `lstopo FILE.xml`)",
-                                      argument));
+    if (source == Source::kXml) {
+      std::string problem;
+      if (!std::filesystem::exists(argument)) {
+        problem = "no such file";
+      } else if (!std::filesystem::is_regular_file(argument)) {
+        problem = "not a regular file";
+      } else if (::access(argument.c_str(), R_OK) != 0) {
+        problem = std::strerror(errno);
+      }
+      if (!problem.empty()) {
+        throw ResourceError(fmt::format("cannot open topology XML '{}': {} (write one with `lstopo FILE.xml`)",
+                                        argument, problem));
+      }
     }
     if (source == Source::kXml && hwloc_topology_set_xml(topology_, argument.c_str()) < 0) {
       throw FormatError(fmt::format("cannot read topology XML '{}': {} (write one with `lstopo FILE.xml`)", argument,

@@ -50,7 +50,7 @@ double positive(const nlohmann::json& j, const char* key, const std::string& whe
 constexpr double kMaxCount = 1 << 20;
 int count(const nlohmann::json& j, const char* key, const std::string& where) {
   const double value = positive(j, key, where);
-  if (value != static_cast<double>(static_cast<long long>(value)) || value > kMaxCount) {
+  if (value > kMaxCount || value != static_cast<double>(static_cast<long long>(value))) {
     throw ConfigError(fmt::format("cluster file: {}.{} must be a whole number from 1 to {}, got {}", where, key,
                                   static_cast<long long>(kMaxCount), value));
   }

@@ -3,8 +3,9 @@
 // asked for (fp32, bf16 or int8; see kernels/cpu/weight_format.h): its file pages are mapped only while
 // they are read, so they do not stay in the rank's resident set. The norms stay zero-copy mappings,
 // populated and bound to the node, and so does the token embedding, looked up one row per token (with
-// copy_to_arena those are read into the arena too). Nothing else of the checkpoint is mapped, so resident
-// memory scales with the shard.
+// copy_to_arena those are read into the arena too; a GGUF file's F16, BF16 or Q8_0 norms and embedding are
+// widened into rank-local fp32 copies either way). Nothing else of the file is mapped, so resident memory
+// scales with the shard.
 #pragma once
 
 #include <cstdint>
@@ -70,7 +71,7 @@ class ShardWeights {
 
   // Bytes still mapped from the file (norms, token embedding).
   std::uint64_t mapped_bytes() const { return mapped_bytes_; }
-  std::uint64_t copied_bytes() const { return copied_bytes_; }  // norms/embedding read into the arena
+  std::uint64_t copied_bytes() const { return copied_bytes_; }  // norms/embedding copied (arena or widened)
   // Bytes of weight matrices converted into rank-local memory.
   std::uint64_t repacked_bytes() const { return repacked_bytes_; }
   // The rank-local buffers a forward pass streams, in the order it reads them (for the bandwidth probe).

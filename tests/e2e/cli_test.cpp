@@ -222,11 +222,37 @@ TEST_F(Cli, F16Bf16AndQ8_0GgufGiveTheTokensOfTheirRoundedCheckpoint) {
                                              path("h.gguf"));
       ASSERT_EQ(gguf.exit_code, 0) << gguf.err;
       EXPECT_EQ(parse_single_json(gguf.out)["ids"], parse_single_json(rounded.out)["ids"]) << type << " np " << np;
-      // --device auto keeps such a file on the CPU, GPU or not: the CUDA stage uploads F32 files only.
+      // --device auto keeps such a file on the CPU, GPU or not: the CUDA stage uploads F32 files only, so
+      // --device cuda is a bad flag for it, said before anything starts.
       EXPECT_NE(gguf.err.find("running on the CPU: the CUDA stage reads F32 model files only"), std::string::npos)
           << gguf.err;
+      if (np == "1") {
+        expect_clean_failure(args + " --device cuda --model " + path("h.gguf"), 2,
+                             "--device cuda: the CUDA stage reads F32 model files only");
+      }
     }
   }
+}
+
+TEST_F(Cli, AGgufFilesEpsilonAndRopeBaseReachTheArithmetic) {
+  // The same weights with another RMSNorm epsilon or RoPE base must give other tokens (the defaults are
+  // llama2.c's 1e-5 and 10000, which every other test uses).
+  const std::string model = path("e.bin");
+  ASSERT_EQ(run_process(shardline() + " gen-model --dim 64 --hidden 160 --layers 2 --heads 4 --vocab 300 --seq 64 "
+                                      "--seed 6 --out " + model).exit_code, 0);
+  const std::string tokenizer = runtime::default_tokenizer_path_for(model);
+  auto ids_of = [&](const LlamaGgufOptions& options) {
+    llama_gguf_from_llama2c(model, tokenizer, options).write(path("e.gguf"));
+    const ProcessResult r = run_process(shardline() + " run --json --threads 1 --steps 40 --prompt hi --model " +
+                                        path("e.gguf"));
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return parse_single_json(r.out)["ids"];
+  };
+  const auto defaults = ids_of({});
+  const ProcessResult bin = run_process(shardline() + " run --json --threads 1 --steps 40 --prompt hi --model " + model);
+  EXPECT_EQ(defaults, parse_single_json(bin.out)["ids"]);
+  EXPECT_NE(ids_of({.rope_freq_base = 500000}), defaults);
+  EXPECT_NE(ids_of({.rms_eps = 0.5f}), defaults);
 }
 
 TEST_F(Cli, GgufModelsPlanAndLaunchCheckLikeCheckpoints) {
@@ -337,11 +363,17 @@ TEST_F(Cli, RanksGivenDifferentModelsOrRequestsStopAtStartUp) {
   for (const auto& [first, second] : std::vector<std::pair<std::string, std::string>>{
            {"--model " + model_file("tiny-32k.bin"), "--model " + model_file("mini-gqa.bin")},
            {"--model " + model_file("tiny-32k.bin"), "--model " + model_file("tiny-32k.bin") + " --prompt other"},
-           {"--model " + model_file("tiny-32k.bin"), "--model " + model_file("tiny-32k.bin") + " --weights-dtype bf16"}}) {
+           {"--model " + model_file("tiny-32k.bin"), "--model " + model_file("tiny-32k.bin") + " --weights-dtype bf16"},
+           // Flags that end one rank early would leave the others waiting too.
+           {"--model " + model_file("tiny-32k.bin"), "--model " + model_file("tiny-32k.bin") + " --print-config"},
+           {"--model " + model_file("tiny-32k.bin"), "--model " + model_file("tiny-32k.bin") + " --help"}}) {
     const ProcessResult r = run_process(kMpirun + "1 " + shardline() + " run " + first + common + " : -np 1 " +
                                         shardline() + " run " + second + common, 50);
     EXPECT_EQ(r.exit_code, 2) << second << "\n" << r.err;
-    EXPECT_NE(r.err.find("[r1] error: this rank's model or flags differ from rank 0's"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find(second.ends_with("--help") ? "[r1] error: this rank was given --help and rank 0 was not"
+                                                    : "[r1] error: this rank's model or flags differ from rank 0's"),
+              std::string::npos)
+        << r.err;
   }
 }
 

@@ -44,6 +44,8 @@ TEST_F(Device, AutoKeepsTheCpuForWhatTheCudaStageCannotRun) {
   const ProcessResult r = run_process(golden_run(kModel, "--device auto --weights-dtype int8"));
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(count_of(r.err, "--device auto: running on the CPU: --weights-dtype int8 runs on the CPU only"), 1u) << r.err;
+  expect_one_error_line(run_process(golden_run(kModel, "--device cuda --weights-dtype int8")), 2,
+                        "--device cuda: --weights-dtype int8 runs on the CPU only");
 }
 
 TEST_F(Device, CpuIsTheCpuWithoutANotice) {
