@@ -118,6 +118,14 @@ class GeneratedGguf : public ::testing::Test {
     llama_gguf_from_llama2c(paths_.model, paths_.tokenizer, options).write(path(name), options.alignment);
     return path(name);
   }
+  // The error of the generated model's GGUF with one edit made to it (none: "no FormatError").
+  template <typename Edit>
+  std::string error_with(Edit&& edit) {
+    GgufWriter w = llama_gguf_from_llama2c(paths_.model, paths_.tokenizer);
+    edit(w);
+    w.write(path("edited.gguf"));
+    return error_of(path("edited.gguf"));
+  }
   static std::string error_of(const std::string& file) {
     try {
       read_model_file(file);
@@ -241,16 +249,10 @@ TEST_F(GeneratedGguf, ForgedFieldsAreRefusedByName) {
 }
 
 TEST_F(GeneratedGguf, ModelsShardlineCannotRunAreRefusedByName) {
-  auto model_with = [&](auto&& edit) {
-    GgufWriter w = llama_gguf_from_llama2c(paths_.model, paths_.tokenizer);
-    edit(w);
-    w.write(path("x.gguf"));
-    return error_of(path("x.gguf"));
-  };
-  EXPECT_NE(model_with([](GgufWriter& w) { w.tensor("blk.0.attn_q.weight", {4}, 0, std::vector<char>(16)); })
+  EXPECT_NE(error_with([](GgufWriter& w) { w.tensor("blk.0.attn_q.weight", {4}, 0, std::vector<char>(16)); })
                 .find("holds two tensors named 'blk.0.attn_q.weight'"),
             std::string::npos);
-  EXPECT_NE(model_with([](GgufWriter& w) { w.u32("llama.block_count", 3); }).find("holds the key 'llama.block_count' twice"),
+  EXPECT_NE(error_with([](GgufWriter& w) { w.u32("llama.block_count", 3); }).find("holds the key 'llama.block_count' twice"),
             std::string::npos);
   // A quantised tensor is named with its type.
   GgufWriter q4k_model;
@@ -296,28 +298,22 @@ TEST_F(GeneratedGguf, MissingOrMisshapenTensorsAndPartialRopeAreRefused) {
       << error_of(path("shape.gguf"));
   // What llama.cpp would use and shardline cannot: extra tensors (biases, RoPE factors), RoPE scaling by
   // factor alone, heads of another size than dim / head_count.
-  auto refusal_of = [&](auto&& edit) {
-    GgufWriter w = llama_gguf_from_llama2c(paths_.model, paths_.tokenizer);
-    edit(w);
-    w.write(path("extra.gguf"));
-    return error_of(path("extra.gguf"));
-  };
-  EXPECT_NE(refusal_of([](GgufWriter& w) { w.tensor("blk.1.attn_q.bias", {120}, 0, std::vector<char>(480)); })
+  EXPECT_NE(error_with([](GgufWriter& w) { w.tensor("blk.1.attn_q.bias", {120}, 0, std::vector<char>(480)); })
                 .find("holds the tensor 'blk.1.attn_q.bias', which shardline's llama model does not use"),
             std::string::npos);
-  EXPECT_NE(refusal_of([](GgufWriter& w) { w.tensor("rope_freqs.weight", {10}, 0, std::vector<char>(40)); })
+  EXPECT_NE(error_with([](GgufWriter& w) { w.tensor("rope_freqs.weight", {10}, 0, std::vector<char>(40)); })
                 .find("'rope_freqs.weight'"),
             std::string::npos);
-  EXPECT_NE(refusal_of([](GgufWriter& w) { w.tensor("blk.3.attn_q.weight", {120, 120}, 0, std::vector<char>(57600)); })
+  EXPECT_NE(error_with([](GgufWriter& w) { w.tensor("blk.3.attn_q.weight", {120, 120}, 0, std::vector<char>(57600)); })
                 .find("'blk.3.attn_q.weight'"),
             std::string::npos);  // a fourth layer's tensor in a 3-layer model
-  EXPECT_NE(refusal_of([](GgufWriter& w) { w.f32("llama.rope.scaling.factor", 4.0f); })
+  EXPECT_NE(error_with([](GgufWriter& w) { w.f32("llama.rope.scaling.factor", 4.0f); })
                 .find("llama.rope.scaling.factor 4 asks for RoPE scaling"),
             std::string::npos);
-  EXPECT_NE(refusal_of([](GgufWriter& w) { w.u32("llama.attention.key_length", 10); })
+  EXPECT_NE(error_with([](GgufWriter& w) { w.u32("llama.attention.key_length", 10); })
                 .find("llama.attention.key_length is 10 but dim / head_count is 20"),
             std::string::npos);
-  EXPECT_EQ(refusal_of([](GgufWriter& w) { w.f32("llama.rope.scaling.factor", 1.0f); }), "no FormatError");
+  EXPECT_EQ(error_with([](GgufWriter& w) { w.f32("llama.rope.scaling.factor", 1.0f); }), "no FormatError");
   GgufWriter no_vocab = llama_gguf_from_llama2c(paths_.model, paths_.tokenizer, {.with_vocabulary = false});
   no_vocab.write(path("novocab.gguf"));
   EXPECT_EQ(read_model_file(path("novocab.gguf")).shape.vocab_size, shape_.vocab_size);
