@@ -197,12 +197,6 @@ std::string gguf_type_name(std::uint32_t type) {
   return fmt::format("type {}", type);
 }
 
-std::uint64_t GgufTensor::elements() const {
-  std::uint64_t n = 1;
-  for (std::uint64_t d : ne) n *= d;
-  return n;
-}
-
 GgufFile::GgufFile(const std::string& path) : path_(path), file_(path) {
   size_bytes_ = file_.size_bytes();
   if (size_bytes_ < 24) {
@@ -215,11 +209,11 @@ GgufFile::GgufFile(const std::string& path) : path_(path), file_(path) {
   char magic[4];
   for (char& c : magic) c = static_cast<char>(in.pod<std::uint8_t>("the magic"));
   if (std::memcmp(magic, kGgufMagic, sizeof magic) != 0) in.fail("no GGUF magic");
-  version_ = in.pod<std::uint32_t>("the version");
-  if (version_ != 2 && version_ != 3) {
-    const std::uint32_t swapped = __builtin_bswap32(version_);
+  const auto version = in.pod<std::uint32_t>("the version");
+  if (version != 2 && version != 3) {
+    const std::uint32_t swapped = __builtin_bswap32(version);
     throw FormatError(fmt::format("GGUF file '{}' has version {}; shardline reads little-endian versions 2 and 3{}", path,
-                                  version_, swapped == 2 || swapped == 3 ? " (this one is big-endian)" : ""));
+                                  version, swapped == 2 || swapped == 3 ? " (this one is big-endian)" : ""));
   }
   const auto n_tensors = in.pod<std::uint64_t>("the tensor count");
   const auto n_kv = in.pod<std::uint64_t>("the metadata count");

@@ -37,7 +37,6 @@ struct GgufTensor {
   std::uint32_t type = 0;
   std::uint64_t offset = 0;       // from the start of the file
   std::uint64_t bytes = 0;        // 0 for a type whose size this reader does not know (not bounds-checked)
-  std::uint64_t elements() const;
 };
 
 // One metadata value. Numbers keep their kind. An array is checked when the file is read but only
@@ -61,7 +60,6 @@ class GgufFile {
   explicit GgufFile(const std::string& path);
 
   const std::string& path() const { return path_; }
-  std::uint32_t version() const { return version_; }
   std::uint64_t size_bytes() const { return size_bytes_; }
 
   const GgufValue* find(const std::string& key) const;
@@ -82,7 +80,6 @@ class GgufFile {
   std::string path_;
   memory::MappedFile file_;
   memory::MappedRegion whole_;  // the metadata's arrays are decoded from here on request
-  std::uint32_t version_ = 0;
   std::uint64_t size_bytes_ = 0;
   std::map<std::string, GgufValue> metadata_;
   std::map<std::string, GgufTensor> tensors_;
