@@ -15,13 +15,13 @@ namespace shardline::runtime {
 
 namespace {
 
-partition::ModelShape checked_shape(const EngineOptions& options, const partition::Mesh& mesh) {
-  partition::ModelShape shape = read_checkpoint_shape(options.model_path);
-  if (auto problem = partition::find_layout_problem(shape, mesh.tp_size(), mesh.pp_size())) {
+ModelFile checked_model(const EngineOptions& options, const partition::Mesh& mesh) {
+  ModelFile model = read_model_file(options.model_path);
+  if (auto problem = partition::find_layout_problem(model.shape, mesh.tp_size(), mesh.pp_size())) {
     throw ConfigError(fmt::format("layout tp={} pp={} cannot serve '{}': {}", mesh.tp_size(), mesh.pp_size(),
                                   options.model_path, *problem));
   }
-  return shape;
+  return model;
 }
 
 }  // namespace
@@ -32,21 +32,20 @@ Engine::Engine(const EngineOptions& options, const partition::Mesh& mesh, comm::
       options_(options),
       mesh_(mesh),
       world_(world),
-      shape_(checked_shape(options, mesh)),
-      tokenizer_(options.tokenizer_path, shape_.vocab_size) {
+      model_(checked_model(options, mesh)),
+      tokenizer_(options.tokenizer_path, model_.shape.vocab_size) {
   if (options.chunk_tokens < 0) throw ConfigError("--chunk-tokens must be >= 1");
   if (options.micro_batches < 1) throw ConfigError("--micro-batches must be >= 1");
   kernels::cpu::set_num_threads(options.threads);  // pinning them is the rank's placement's job (rank_binding.h)
-  const auto stages = partition::stage_layer_ranges(shape_, mesh.pp_size(), options.layers_per_stage);
-  const partition::RankShard shard = partition::shard_for(shape_, mesh, stages);
+  const auto stages = partition::stage_layer_ranges(model_.shape, mesh.pp_size(), options.layers_per_stage);
+  const partition::RankShard shard = partition::shard_for(model_.shape, mesh, stages);
   shard_ = shard;
   StageOptions stage_options;
-  const ModelFile model_file = read_model_file(options.model_path);  // a GGUF file may set these two
-  stage_options.rms_eps = model_file.rms_eps;
-  stage_options.rope_theta = model_file.rope_theta;
+  stage_options.rms_eps = model_.rms_eps;  // a GGUF file may set these two
+  stage_options.rope_theta = model_.rope_theta;
   // Scratch for the largest prefill chunk expected; generate() grows it when a batch needs more rows.
-  stage_options.max_rows =
-      std::min(options.chunk_tokens > 0 ? options.chunk_tokens : options.chunk_policy.max_chunk_tokens, shape_.seq_len);
+  stage_options.max_rows = std::min(
+      options.chunk_tokens > 0 ? options.chunk_tokens : options.chunk_policy.max_chunk_tokens, model_.shape.seq_len);
   if (options.kv_block_tokens < 1) throw ConfigError("--kv-block-tokens must be >= 1");
   if (options.kv_blocks < 0) throw ConfigError("--kv-blocks must be >= 0 (0 = automatic)");
   stage_options.kv_block_tokens = options.kv_block_tokens;
@@ -67,15 +66,15 @@ Engine::Engine(const EngineOptions& options, const partition::Mesh& mesh, comm::
     cuda_options.weights_dtype = options.weights_dtype;
     cuda_options.comm_timeout_s = options.comm_timeout_s;
     cuda_options.graphs = options.cuda_graphs;
-    stage_ = make_cuda_stage(options.model_path, shape_, shard, mesh, cuda_options);
+    stage_ = make_cuda_stage(options.model_path, model_.shape, shard, mesh, cuda_options);
   } else {
     // One arena for the weights' copies and the stage's scratch, sized for both up front.
-    arena_options.initial_bytes = ShardWeights::arena_bytes_needed(shape_, shard, options.weights_dtype,
+    arena_options.initial_bytes = ShardWeights::arena_bytes_needed(model_.shape, shard, options.weights_dtype,
                                                                    options.weights_in_arena) +
-                                  Stage::scratch_bytes(shape_, shard, stage_options.max_rows);
+                                  Stage::scratch_bytes(model_.shape, shard, stage_options.max_rows);
     arena_ = std::make_unique<memory::Arena>(arena_options);
     weights_ = std::make_unique<ShardWeights>(
-        options.model_path, shape_, shard,
+        options.model_path, model_.shape, shard,
         ShardWeightsOptions{options.weights_dtype, arena_.get(), options.numa_node, options.weights_in_arena});
     stage_options.arena = arena_.get();
     stage_ = std::make_unique<Stage>(*weights_, tp_comm, stage_options);
@@ -110,7 +109,8 @@ void check_requests(const Tokenizer& tokenizer, int seq_len, const std::vector<G
       if (requests.size() == 1) throw;
       const std::string& prompt = requests[i].prompt;
       std::size_t shown = std::min<std::size_t>(prompt.size(), 40);
-      while (shown < prompt.size() && (static_cast<unsigned char>(prompt[shown]) & 0xC0) == 0x80) --shown;  // whole UTF-8
+      // Cut at a whole UTF-8 character: back over continuation bytes.
+      while (shown < prompt.size() && (static_cast<unsigned char>(prompt[shown]) & 0xC0) == 0x80) --shown;
       throw ConfigError(fmt::format("sequence {} of {} (prompt \"{}{}\"): {}", i + 1, requests.size(),
                                     prompt.substr(0, shown), shown < prompt.size() ? "..." : "", e.what()));
     }
@@ -118,7 +118,7 @@ void check_requests(const Tokenizer& tokenizer, int seq_len, const std::vector<G
 }
 
 std::vector<int> Engine::encode_checked(const GenerationRequest& request) const {
-  return runtime::encode_checked(tokenizer_, shape_.seq_len, request);
+  return runtime::encode_checked(tokenizer_, model_.shape.seq_len, request);
 }
 
 void Engine::check_kv_capacity(const std::vector<GenerationRequest>& requests) const {

@@ -12,6 +12,7 @@
 #include "memory/arena.h"
 #include "partition/chunk_policy.h"
 #include "partition/mesh.h"
+#include "runtime/checkpoint.h"
 #include "runtime/pipeline.h"
 #include "runtime/sampler.h"
 #include "runtime/shard_weights.h"
@@ -85,7 +86,7 @@ class Engine {
   Engine(const EngineOptions& options, const partition::Mesh& mesh, comm::Communicator& world,
          comm::Communicator& tp_comm);
 
-  const partition::ModelShape& shape() const { return shape_; }
+  const partition::ModelShape& shape() const { return model_.shape; }
   const Tokenizer& tokenizer() const { return tokenizer_; }
   // The CPU stage's host weights; the CUDA stage uploads its own from the file, so has_host_weights() is
   // false there.
@@ -133,7 +134,7 @@ class Engine {
   EngineOptions options_;
   partition::Mesh mesh_;
   comm::Communicator& world_;
-  partition::ModelShape shape_;
+  ModelFile model_;  // read once: its shape, and the RMSNorm epsilon and RoPE base a GGUF file may set
   partition::RankShard shard_;
   kernels::cpu::KvDtype kv_dtype_ = kernels::cpu::KvDtype::kF32;
   Tokenizer tokenizer_;
