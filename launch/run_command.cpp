@@ -212,10 +212,10 @@ std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, 
 }
 
 // Why this run cannot go to a GPU, or "": the CUDA stage converts weights to fp32 or bf16 only, and uploads
-// F32 tensors only. --device auto then keeps the CPU (and says why); --device cuda gives the stage's error.
-std::string cpu_only_reason(const RunConfig& c) {
+// F32 tensors only. --device auto then keeps the CPU (and says why); --device cuda is refused (exit 2).
+std::string cpu_only_reason(const RunConfig& c, const runtime::CheckpointLayout& layout) {
   if (c.engine.weights_dtype == kernels::cpu::WeightDtype::kInt8) return "--weights-dtype int8 runs on the CPU only";
-  if (!runtime::read_model_file(c.engine.model_path).layout.all_f32()) {
+  if (!layout.all_f32()) {
     return "the CUDA stage reads F32 model files only and this one has F16, BF16 or Q8_0 tensors";
   }
   return "";
@@ -368,25 +368,22 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
       log::warn("no --model given: using the built-in default model, which has RANDOM WEIGHTS (its text is "
                 "gibberish); pass --model to run a real checkpoint");
     }
-    shape = runtime::read_checkpoint_shape(config->engine.model_path);  // a missing model is named first
+    const runtime::ModelFile model = runtime::read_model_file(config->engine.model_path);  // a missing one first
+    shape = model.shape;
+    config->cpu_only_reason = cpu_only_reason(*config, model.layout);  // the phases below only look it up
     if (config->engine.tokenizer_path.empty()) config->engine.tokenizer_path = find_tokenizer_for(config->engine.model_path);
     const runtime::Tokenizer tokenizer(config->engine.tokenizer_path, shape->vocab_size);
-    if (!config->steps_given) {
-      for (auto& request : config->requests) {
-        const int prompt_tokens = static_cast<int>(tokenizer.encode(request.prompt, true, false).size());
-        request.steps = std::clamp(shape->seq_len - prompt_tokens + 1, 1, kDefaultSteps);
-      }
-    }
-    runtime::check_requests(tokenizer, shape->seq_len, config->requests);  // before any rank maps weights
     std::string all_ids;
-    for (const auto& request : config->requests) {
+    for (auto& request : config->requests) {
       const std::vector<int> ids = tokenizer.encode(request.prompt, true, false);
-      longest_prompt = std::max<int>(longest_prompt, ids.size());
-      longest_sequence = std::max<int>(longest_sequence, static_cast<int>(ids.size()) + request.steps);
+      const int prompt_tokens = static_cast<int>(ids.size());
+      if (!config->steps_given) request.steps = std::clamp(shape->seq_len - prompt_tokens + 1, 1, kDefaultSteps);
+      longest_prompt = std::max(longest_prompt, prompt_tokens);
+      longest_sequence = std::max(longest_sequence, prompt_tokens + request.steps);
       all_ids += fmt::format("{};", fmt::join(ids, ","));
     }
     config->prompt_ids_hash = std::hash<std::string>{}(all_ids);
-    config->cpu_only_reason = cpu_only_reason(*config);  // read once: the phases below only look it up
+    runtime::check_requests(tokenizer, shape->seq_len, config->requests);  // before any rank maps weights
     // Flags that fix the layout are checked here, before anyone measures anything.
     const bool planned = config->plan == "auto" && mpi.world_size() > 1;
     if (!planned || config->tp > 0 || config->pp > 0) mesh = choose_mesh(*config, *shape, mpi);
