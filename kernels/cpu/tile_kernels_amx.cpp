@@ -68,13 +68,16 @@ inline void prefetch_lines(const char* at, int lines) {
   for (int line = 0; line < lines; ++line) __builtin_prefetch(at + line * 64, 0, Locality);
 }
 
-// Panel 0's k block `next` (of `blocks`, block_bytes each) for the kernels to prefetch: in this tile, or past
-// its end the start of the next tile (only from the last row block, which is the last to read this one), or
-// null.
-inline const char* block_ahead(const Tile& t, const char* w, int next, int blocks, std::size_t block_bytes,
-                               bool last_rows) {
+// Panel 0's k block `distance` blocks after `block` (of `blocks`, block_bytes each) for the kernels to
+// prefetch: in this tile, or past its end in the next tile (only from the last row block, which is the last
+// to read this one), or null. A tile of fewer blocks than the distance prefetches one tile ahead (block
+// `block` of the next tile): the full distance would land past the next tile's first blocks, which nothing
+// would then prefetch.
+inline const char* block_ahead(const Tile& t, const char* w, int block, int distance, int blocks,
+                               std::size_t block_bytes, bool last_rows) {
+  const int next = block + (distance < blocks ? distance : blocks);
   if (next < blocks) return w + static_cast<std::size_t>(next) * block_bytes;
-  if (t.prefetch == nullptr || !last_rows || next - blocks >= blocks) return nullptr;
+  if (t.prefetch == nullptr || !last_rows) return nullptr;
   return reinterpret_cast<const char*>(t.prefetch) + static_cast<std::size_t>(next - blocks) * block_bytes;
 }
 
@@ -115,7 +118,7 @@ void bf16_rows(const Tile& t, int r0, int m) {
   if constexpr (P > 3) _tile_zero(3);
   const int blocks = (t.k + 31) / 32;  // the panels and x are zero past k up to the block
   for (int block = 0; block < blocks; ++block) {
-    const char* ahead = block_ahead(t, w, block + kBf16PrefetchBlocks, blocks, 1024, r0 + m == t.n_rows);
+    const char* ahead = block_ahead(t, w, block, kBf16PrefetchBlocks, blocks, 1024, r0 + m == t.n_rows);
     _tile_loadd(4, hi + block * 64, x_bytes);
     _tile_loadd(5, lo + block * 64, x_bytes);
     SHARDLINE_AMX_BF16_PANEL(0, 6);
@@ -226,7 +229,7 @@ void int8_rows(const Tile& t, int r0, int m) {
     if constexpr (P > 3) _tile_zero(3);
     for (int i = 0; i < multiplies_per_group; ++i) {
       const int b = g * blocks_per_group + i * blocks_per_multiply;
-      const char* ahead = block_ahead(t, w, b + kInt8PrefetchBlocks, blocks, 512, r0 + m == t.n_rows);
+      const char* ahead = block_ahead(t, w, b, kInt8PrefetchBlocks, blocks, 512, r0 + m == t.n_rows);
       _tile_loadd(4, x + b * 32, t.x_stride);
       SHARDLINE_AMX_INT8_PANEL(0, 6);
       if constexpr (P > 1) SHARDLINE_AMX_INT8_PANEL(1, 7);
