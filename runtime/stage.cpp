@@ -66,7 +66,10 @@ void Stage::reserve_rows(int max_rows) {
   rope_ = arena_->allocate_array<float>(rows * shape().head_size());
   hb_ = arena_->allocate_array<float>(rows * hidden_);
   out_ = arena_->allocate_array<float>(rows * dim);
-  act_.reserve(max_rows, std::max({dim, q_dim_, hidden_}));
+  act_.reserve(max_rows, dim);
+  act_wo_.reserve(max_rows, q_dim_);
+  act_ffn_.reserve(max_rows, dim);
+  act_w2_.reserve(max_rows, hidden_);
 }
 
 KvCache Stage::make_kv_cache(int n_positions) {
@@ -95,10 +98,6 @@ void Stage::forward(float* x, const Row* rows, int n) {
   SL_CHECK(n >= 1 && n <= options_.max_rows);
   // Blocks for every row's position first: an exhausted pool fails here, before any layer ran.
   for (int t = 0; t < n; ++t) rows[t].cache->reserve_through(rows[t].pos);
-  const int hs = shape().head_size();
-  cpu::parallel_for(n, [&](int t, int) {
-    cpu::rope_angles(rope_.data() + static_cast<std::size_t>(t) * hs, hs, rows[t].pos, options_.rope_theta);
-  });
   for (int l = 0; l < weights_.n_local_layers(); ++l) {
     const LayerWeights& w = weights_.layer(l);
     attention_block(w, x, l > 0 ? out_.data() : nullptr, rows, n, l);
@@ -107,56 +106,94 @@ void Stage::forward(float* x, const Row* rows, int n) {
   if (weights_.n_local_layers() > 0) cpu::add_inplace(x, out_.data(), n * shape().dim);  // the last layer's output
 }
 
+// Each half of a layer is one parallel pass of the kernel threads (cpu::run_team), its steps separated by
+// barriers: a batch's step made nine passes a layer, each a fork and join of the threads, which cost the
+// 15M shape's batch-16 step about a tenth of its time. The steps split their work as their own passes did,
+// so the results are the same bits. The TP all-reduces run between the passes, on the calling thread.
 void Stage::attention_block(const LayerWeights& w, float* x, const float* residual, const Row* rows, int n,
                             int local_layer) {
   const auto& s = shape();
   const int hs = s.head_size();
   const int n_local_heads = q_dim_ / hs;
   const int n_local_kv = kv_dim_ / hs;
-  // q, k and v read the same normalised rows: prepared once, one parallel pass over the three matrices.
-  act_.prepare_normalised(xb_.data(), x, residual, w.rms_att, options_.rms_eps, n, w.wq);
-  const cpu::MatmulOutput qkv[] = {{q_.data(), &w.wq}, {k_.data(), &w.wk}, {v_.data(), &w.wv}};
-  cpu::matmul(act_, qkv);
-  // Every row's key and value go into its cache first, so rows of one prefill chunk see each other. Rows
-  // are independent in both loops: a batch's rows go to the kernel threads whole.
-  cpu::parallel_for(n, [&](int t, int) {
-    const int pos = rows[t].pos;
-    float* qt = q_.data() + static_cast<std::size_t>(t) * q_dim_;
-    float* kt = k_.data() + static_cast<std::size_t>(t) * kv_dim_;
-    const float* angles = rope_.data() + static_cast<std::size_t>(t) * hs;
-    cpu::rope_rotate(qt, n_local_heads, hs, angles);
-    cpu::rope_rotate(kt, n_local_kv, hs, angles);
-    KvCache& cache = *rows[t].cache;
-    cpu::store_kv_row(cache.key_row(local_layer, pos), kt, kv_dim_, hs, cache.kv_dtype());
-    cpu::store_kv_row(cache.value_row(local_layer, pos), v_.data() + static_cast<std::size_t>(t) * kv_dim_, kv_dim_,
-                      hs, cache.kv_dtype());
-  });
   const std::size_t scores_per_thread = static_cast<std::size_t>(n_local_heads) * s.seq_len;
   if (scores_.size() < scores_per_thread * cpu::num_threads()) {
     scores_ = arena_->allocate_array<float>(scores_per_thread * cpu::num_threads());  // threads grew: once
   }
-  // wo's input is prepared row by row on the thread that just computed the row.
-  act_.prepare_shape(att_.data(), n, w.wo);
-  cpu::parallel_for(n, [&](int t, int thread) {
-    // Causal: the token at pos sees positions 0 .. pos of its own sequence.
-    const KvCache& cache = *rows[t].cache;
-    cpu::attention_paged(att_.data() + static_cast<std::size_t>(t) * q_dim_,
-                         q_.data() + static_cast<std::size_t>(t) * q_dim_, cache.key_blocks(local_layer),
-                         cache.value_blocks(local_layer), cache.kv_dtype(), cache.block_tokens(),
-                         scores_.data() + thread * scores_per_thread, rows[t].pos + 1, n_local_heads, n_local_kv, hs,
-                         kv_dim_);
-    act_.prepare_rows(att_.data(), t, t + 1);
+  // Fewer rows than threads: each row's heads go to the threads instead, where its context is long enough.
+  int longest = 0;
+  for (int t = 0; t < n; ++t) longest = std::max(longest, rows[t].pos + 1);
+  const bool split_heads =
+      n < cpu::num_threads() && n_local_heads > 1 && longest > cpu::kMinParallelAttentionContext;
+  // q, k and v read the same normalised rows: prepared once, one pass over the three matrices.
+  act_.prepare_shape(xb_.data(), n, w.wq);
+  act_wo_.prepare_shape(att_.data(), n, w.wo);
+  const cpu::MatmulOutput qkv[] = {{q_.data(), &w.wq}, {k_.data(), &w.wk}, {v_.data(), &w.wv}};
+  cpu::run_team([&](cpu::Team team) {
+    const cpu::Band mine = team.share(n);  // this thread's rows
+    if (local_layer == 0) {  // each row's rotary angles, once per forward
+      for (int t = mine.begin; t < mine.end; ++t) {
+        cpu::rope_angles(rope_.data() + static_cast<std::size_t>(t) * hs, hs, rows[t].pos, options_.rope_theta);
+      }
+    }
+    act_.normalise_rows(xb_.data(), x, residual, w.rms_att, options_.rms_eps, mine.begin, mine.end);
+    cpu::team_barrier();
+    cpu::matmul(act_, qkv, team);
+    cpu::team_barrier();
+    // Every row's key and value go into its cache first, so rows of one prefill chunk see each other.
+    for (int t = mine.begin; t < mine.end; ++t) {
+      const int pos = rows[t].pos;
+      float* qt = q_.data() + static_cast<std::size_t>(t) * q_dim_;
+      float* kt = k_.data() + static_cast<std::size_t>(t) * kv_dim_;
+      const float* angles = rope_.data() + static_cast<std::size_t>(t) * hs;
+      cpu::rope_rotate(qt, n_local_heads, hs, angles);
+      cpu::rope_rotate(kt, n_local_kv, hs, angles);
+      KvCache& cache = *rows[t].cache;
+      cpu::store_kv_row(cache.key_row(local_layer, pos), kt, kv_dim_, hs, cache.kv_dtype());
+      cpu::store_kv_row(cache.value_row(local_layer, pos), v_.data() + static_cast<std::size_t>(t) * kv_dim_,
+                        kv_dim_, hs, cache.kv_dtype());
+    }
+    cpu::team_barrier();
+    // Causal: the token at pos sees positions 0 .. pos of its own sequence. wo's input is prepared row by row
+    // on the thread that just computed the row (after a barrier where the threads shared the rows' heads).
+    float* scratch = scores_.data() + team.thread * scores_per_thread;
+    auto attend = [&](int t, cpu::Team heads) {
+      const KvCache& cache = *rows[t].cache;
+      cpu::attention_paged(att_.data() + static_cast<std::size_t>(t) * q_dim_,
+                           q_.data() + static_cast<std::size_t>(t) * q_dim_, cache.key_blocks(local_layer),
+                           cache.value_blocks(local_layer), cache.kv_dtype(), cache.block_tokens(), scratch,
+                           rows[t].pos + 1, n_local_heads, n_local_kv, hs, kv_dim_, heads);
+    };
+    if (split_heads) {
+      for (int t = 0; t < n; ++t) attend(t, team);
+      cpu::team_barrier();
+      act_wo_.prepare_rows(att_.data(), mine.begin, mine.end);
+    } else {
+      for (int t = mine.begin; t < mine.end; ++t) {
+        attend(t, cpu::Team{});
+        act_wo_.prepare_rows(att_.data(), t, t + 1);
+      }
+    }
+    cpu::team_barrier();
+    cpu::matmul(out_.data(), act_wo_, w.wo, team);
   });
-  cpu::matmul(out_.data(), act_, w.wo);
   tp_comm_.all_reduce_sum(out_.data(), static_cast<std::size_t>(n) * s.dim);  // sum over heads of the group
 }
 
 void Stage::mlp_block(const LayerWeights& w, float* x, int n) {
   const auto& s = shape();
-  act_.prepare_normalised(xb_.data(), x, out_.data(), w.rms_ffn, options_.rms_eps, n, w.w1);  // x += attention
-  cpu::matmul_swiglu(hb_.data(), act_, w.w1, w.w3);  // silu(x W1ᵀ) * (x W3ᵀ), gate fused into the matmuls
-  act_.prepare(hb_.data(), n, w.w2);
-  cpu::matmul(out_.data(), act_, w.w2);
+  act_ffn_.prepare_shape(xb_.data(), n, w.w1);
+  act_w2_.prepare_shape(hb_.data(), n, w.w2);
+  cpu::run_team([&](cpu::Team team) {
+    const cpu::Band mine = team.share(n);
+    act_ffn_.normalise_rows(xb_.data(), x, out_.data(), w.rms_ffn, options_.rms_eps, mine.begin, mine.end);  // x += attention
+    cpu::team_barrier();
+    cpu::matmul_swiglu(hb_.data(), act_ffn_, w.w1, w.w3, team);  // silu(x W1ᵀ) * (x W3ᵀ), gate fused into the matmuls
+    cpu::team_barrier();
+    act_w2_.prepare_rows(hb_.data(), mine.begin, mine.end);
+    cpu::team_barrier();
+    cpu::matmul(out_.data(), act_w2_, w.w2, team);
+  });
   tp_comm_.all_reduce_sum(out_.data(), static_cast<std::size_t>(n) * s.dim);  // sum over hidden slices
 }
 

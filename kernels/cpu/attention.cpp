@@ -55,7 +55,9 @@ void load_kv_row(float* x, const void* src, int n, int head_size, KvDtype dtype)
 
 void attention_paged(float* out, const float* q, const void* const* k_blocks, const void* const* v_blocks,
                      KvDtype dtype, int block_tokens, float* scratch, int n_ctx, int n_heads, int n_kv_heads,
-                     int head_size, int kv_stride) {
+                     int head_size, int kv_stride, Team team) {
+  const Band heads = team.share(n_heads);
+  if (heads.begin == heads.end) return;
   const row::AttentionHeads args{out,
                                  q,
                                  k_blocks,
@@ -70,15 +72,17 @@ void attention_paged(float* out, const float* q, const void* const* k_blocks, co
                                  head_size,
                                  kv_stride,
                                  1.0f / std::sqrt(static_cast<float>(head_size))};
-  const row::AttentionHeadsKernel attention_heads = row::active_row_kernels().attention_heads;
+  row::active_row_kernels().attention_heads(args, heads.begin, heads.end);
+}
+
+void attention_paged(float* out, const float* q, const void* const* k_blocks, const void* const* v_blocks,
+                     KvDtype dtype, int block_tokens, float* scratch, int n_ctx, int n_heads, int n_kv_heads,
+                     int head_size, int kv_stride) {
   const int n_threads = num_threads();
-  // Long contexts split the heads over the kernel threads in contiguous bands (short ones are not worth
-  // waking them; a batch's rows already run on different threads).
-#pragma omp parallel num_threads(n_threads) if (n_threads > 1 && n_heads > 1 && n_ctx > 64)
-  {
-    const Band heads = thread_band(n_heads, omp_get_thread_num(), omp_get_num_threads());
-    if (heads.begin < heads.end) attention_heads(args, heads.begin, heads.end);
-  }
+  // Long contexts split the heads over the kernel threads in contiguous bands.
+#pragma omp parallel num_threads(n_threads) if (n_threads > 1 && n_heads > 1 && n_ctx > kMinParallelAttentionContext)
+  attention_paged(out, q, k_blocks, v_blocks, dtype, block_tokens, scratch, n_ctx, n_heads, n_kv_heads, head_size,
+                  kv_stride, Team{omp_get_thread_num(), omp_get_num_threads()});
 }
 
 void attention(float* out, const float* q, const float* k_cache, const float* v_cache, float* scratch,

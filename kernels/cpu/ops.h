@@ -29,8 +29,28 @@ inline Band thread_band(int n_items, int thread, int n_threads) {
           static_cast<int>(static_cast<long>(n_items) * (thread + 1) / n_threads)};
 }
 
+// The kernel threads of one parallel pass, as one of them sees it. A kernel given a Team does this thread's
+// share of its work (the same split its own parallel pass would make) and opens no pass of its own, so a
+// caller runs several steps in one pass, team_barrier() between them: one fork and join (about 1.3 us of
+// both threads' time on the project VM) where each step took one, and a barrier (about 0.3 us) instead.
+struct Team {
+  int thread = 0;
+  int n_threads = 1;
+  Band share(int n_items) const { return thread_band(n_items, thread, n_threads); }
+};
+// Runs body(team) once on each of the num_threads() kernel threads, in one parallel pass (on the caller
+// alone with one thread). Every thread must reach the same team_barrier() calls.
+void run_team_impl(void (*body)(void* context, Team team), void* context);
+template <typename Body>
+void run_team(Body&& body) {
+  run_team_impl([](void* context, Team team) { (*static_cast<std::remove_reference_t<Body>*>(context))(team); }, &body);
+}
+// Waits until every thread of the running run_team() pass has reached it: what one thread wrote before is
+// then visible to all. Outside a pass (one thread) it returns at once.
+void team_barrier();
+
 // Runs body(item, thread) for item in [0, n) on the kernel threads, each thread a contiguous band of items
-// (thread < num_threads()). For independent per-row work (attention of the rows of a batch); a kernel
+// (thread < num_threads()). For independent per-row work (the greedy picks of a batch's rows); a kernel
 // called from the body runs on its caller's thread alone. n = 1 runs on the calling thread, so a single
 // row keeps its own inner parallelism. No allocation.
 void parallel_for_impl(int n, void (*body)(void* context, int item, int thread), void* context);
@@ -105,9 +125,16 @@ void attention(float* out, const float* q, const float* k_cache, const float* v_
 // bit for bit. An int8 cache's codes are converted exactly too; a head's score is its dot product with the
 // codes times the key row's scale, and a position's softmax weight is multiplied by the value row's scale
 // before the weighted sum (one multiply per head and position, not per value). Every ISA gives the same bits.
+// Contexts longer than this split one row's heads over the kernel threads; shorter ones are not worth
+// waking them for (a batch's rows already run on different threads).
+inline constexpr int kMinParallelAttentionContext = 64;
 void attention_paged(float* out, const float* q, const void* const* k_blocks, const void* const* v_blocks,
                      KvDtype dtype, int block_tokens, float* scratch, int n_ctx, int n_heads, int n_kv_heads,
                      int head_size, int kv_stride);
+// The team's share of the same: this thread's band of the heads (Team), no parallel pass of its own.
+void attention_paged(float* out, const float* q, const void* const* k_blocks, const void* const* v_blocks,
+                     KvDtype dtype, int block_tokens, float* scratch, int n_ctx, int n_heads, int n_kv_heads,
+                     int head_size, int kv_stride, Team team);
 
 // Index of the largest value (first on ties), as llama2.c's argmax.
 int argmax(const float* x, int size);

@@ -225,20 +225,24 @@ void Activations::prepare(const float* x, int n, int k, WeightDtype dtype, int i
 void Activations::normalise_and_prepare(float* out, const float* x, float* x_add, const float* residual,
                                         const float* weight, float eps, int n, const PackedMatrix& w) {
   set_shape(out, n, w.k, w.dtype, w.int8_group_size());
-  const int dim = w.k;
   const int n_threads = num_threads();
 #pragma omp parallel num_threads(n_threads) if (n_threads > 1 && n > 1)
   {
     const auto [begin, end] = my_band(n);
-    if (begin < end) {
-      const std::size_t at = static_cast<std::size_t>(begin) * dim, values = static_cast<std::size_t>(end - begin) * dim;
-      if (residual != nullptr) {
-        for (std::size_t i = at; i < at + values; ++i) x_add[i] += residual[i];  // add_inplace()'s additions
-      }
-      rmsnorm_serial(out + at, x + at, weight, end - begin, dim, eps);
-      prepare_rows(out, begin, end);
-    }
+    normalise_rows(out, x, x_add, residual, weight, eps, begin, end);
   }
+}
+
+void Activations::normalise_rows(float* out, const float* x, float* x_add, const float* residual, const float* weight,
+                                 float eps, int r0, int r1) {
+  if (r0 >= r1) return;
+  const int dim = k_;
+  const std::size_t at = static_cast<std::size_t>(r0) * dim, values = static_cast<std::size_t>(r1 - r0) * dim;
+  if (residual != nullptr) {
+    for (std::size_t i = at; i < at + values; ++i) x_add[i] += residual[i];  // add_inplace()'s additions
+  }
+  rmsnorm_serial(out + at, x + at, weight, r1 - r0, dim, eps);
+  prepare_rows(out, r0, r1);
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -251,25 +255,35 @@ void matmul(float* y, const Activations& x, const PackedMatrix& w) {
 
 void matmul(const Activations& x, std::span<const MatmulOutput> outputs) {
   long work = 0;
+  for (const MatmulOutput& o : outputs) {
+    check_operands(x, *o.w);  // here, where an exception can leave (not from inside the parallel pass)
+    work += static_cast<long>(x.n()) * o.w->d * o.w->k;
+  }
+  const int n_threads = num_threads();
+#pragma omp parallel num_threads(n_threads) if (n_threads > 1 && work > kMinParallelWork)
+  matmul(x, outputs, Team{omp_get_thread_num(), omp_get_num_threads()});
+}
+
+void matmul(float* y, const Activations& x, const PackedMatrix& w, Team team) {
+  const MatmulOutput output{y, &w};
+  matmul(x, std::span<const MatmulOutput>(&output, 1), team);
+}
+
+void matmul(const Activations& x, std::span<const MatmulOutput> outputs, Team team) {
   int total_panels = 0;
   for (const MatmulOutput& o : outputs) {
     check_operands(x, *o.w);
-    work += static_cast<long>(x.n()) * o.w->d * o.w->k;
     total_panels += panel_count(o.w->d);
   }
   const tile::TileKernel kernel = tile_kernel(x.dtype());
-  const int n_threads = num_threads();
   // Threads take contiguous bands of the panels of all outputs together, in order.
-#pragma omp parallel num_threads(n_threads) if (n_threads > 1 && work > kMinParallelWork)
-  {
-    const auto [begin, end] = my_band(total_panels);
-    int first = 0;  // the first panel of the current output in the concatenation
-    for (const MatmulOutput& o : outputs) {
-      const int panels = panel_count(o.w->d);
-      const int lo = std::max(begin, first), hi = std::min(end, first + panels);
-      if (lo < hi) matmul_panels(o.y, x, *o.w, lo - first, hi - first, kernel);
-      first += panels;
-    }
+  const auto [begin, end] = team.share(total_panels);
+  int first = 0;  // the first panel of the current output in the concatenation
+  for (const MatmulOutput& o : outputs) {
+    const int panels = panel_count(o.w->d);
+    const int lo = std::max(begin, first), hi = std::min(end, first + panels);
+    if (lo < hi) matmul_panels(o.y, x, *o.w, lo - first, hi - first, kernel);
+    first += panels;
   }
 }
 
@@ -318,38 +332,43 @@ void matmul_argmax(const Activations& x, const PackedMatrix& w, float* values, i
 }
 
 void matmul_swiglu(float* h, const Activations& x, const PackedMatrix& w1, const PackedMatrix& w3) {
+  check_operands(x, w1);  // here, where an exception can leave (not from inside the parallel pass)
+  check_operands(x, w3);
+  SL_CHECK(w1.d == w3.d);
+  const long work = 2L * x.n() * w1.d * w1.k;
+  const int n_threads = num_threads();
+#pragma omp parallel num_threads(n_threads) if (n_threads > 1 && work > kMinParallelWork)
+  matmul_swiglu(h, x, w1, w3, Team{omp_get_thread_num(), omp_get_num_threads()});
+}
+
+void matmul_swiglu(float* h, const Activations& x, const PackedMatrix& w1, const PackedMatrix& w3, Team team) {
   check_operands(x, w1);
   check_operands(x, w3);
   SL_CHECK(w1.d == w3.d);
   const tile::TileKernel kernel = tile_kernel(x.dtype());
   const row::SiluMul silu_mul = row::active_row_kernels().silu_mul;
   const int d = w1.d;
-  const int n_threads = num_threads();
-  const long work = 2L * x.n() * d * w1.k;
-#pragma omp parallel num_threads(n_threads) if (n_threads > 1 && work > kMinParallelWork)
-  {
-    alignas(64) float gate[tile::kTileRows * tile::kTileStride];
-    alignas(64) float up[tile::kTileRows * tile::kTileStride];
-    const auto [begin, end] = my_band(panel_count(d));
-    for (int p = begin; p < end; p += tile::kTilePanels) {
-      const int n_panels = std::min(tile::kTilePanels, end - p);
-      for (int r = 0; r < x.n(); r += tile::kTileRows) {
-        const int n_rows = std::min(tile::kTileRows, x.n() - r);
-        tile::Tile t1 = make_tile(x, w1, p, n_panels, r, n_rows, gate);
-        tile::Tile t3 = make_tile(x, w3, p, n_panels, r, n_rows, up);
-        // Each call prefetches the panels of the call after it on this thread where nothing has read them
-        // yet: t1 of the first rows the same panels' w3 (t3 runs next), t3 of the last rows the next panels'
-        // w1; later row blocks find both in cache.
-        if (r == 0) t1.prefetch = t3.panels;
-        if (r + n_rows == x.n()) t3.prefetch = next_tile(w1, p, n_panels, end);
-        kernel(t1);
-        kernel(t3);
-        // silu(g) * u by the kernel swiglu() calls, so the fusion does not change a bit.
-        for (int row = 0; row < n_rows; ++row) {
-          silu_mul(gate + row * tile::kTileStride, up + row * tile::kTileStride, n_panels * kPanelWidth);
-        }
-        store_tile(gate, h, d, r, n_rows, p, n_panels);
+  alignas(64) float gate[tile::kTileRows * tile::kTileStride];
+  alignas(64) float up[tile::kTileRows * tile::kTileStride];
+  const auto [begin, end] = team.share(panel_count(d));
+  for (int p = begin; p < end; p += tile::kTilePanels) {
+    const int n_panels = std::min(tile::kTilePanels, end - p);
+    for (int r = 0; r < x.n(); r += tile::kTileRows) {
+      const int n_rows = std::min(tile::kTileRows, x.n() - r);
+      tile::Tile t1 = make_tile(x, w1, p, n_panels, r, n_rows, gate);
+      tile::Tile t3 = make_tile(x, w3, p, n_panels, r, n_rows, up);
+      // Each call prefetches the panels of the call after it on this thread where nothing has read them
+      // yet: t1 of the first rows the same panels' w3 (t3 runs next), t3 of the last rows the next panels'
+      // w1; later row blocks find both in cache.
+      if (r == 0) t1.prefetch = t3.panels;
+      if (r + n_rows == x.n()) t3.prefetch = next_tile(w1, p, n_panels, end);
+      kernel(t1);
+      kernel(t3);
+      // silu(g) * u by the kernel swiglu() calls, so the fusion does not change a bit.
+      for (int row = 0; row < n_rows; ++row) {
+        silu_mul(gate + row * tile::kTileStride, up + row * tile::kTileStride, n_panels * kPanelWidth);
       }
+      store_tile(gate, h, d, r, n_rows, p, n_panels);
     }
   }
 }

@@ -18,6 +18,7 @@
 #include <span>
 #include <vector>
 
+#include "kernels/cpu/ops.h"
 #include "kernels/cpu/weight_format.h"
 
 namespace shardline::kernels::cpu {
@@ -52,6 +53,12 @@ class Activations {
   // needed. The same bits as prepare().
   void prepare_shape(const float* x, int n, const PackedMatrix& w) { set_shape(x, n, w.k, w.dtype, w.int8_group_size()); }
   void prepare_rows(const float* x, int r0, int r1);
+  // prepare_normalised(out, x, residual, ...) in the same two halves: prepare_shape(out, n, w) once, then
+  // normalise_rows() on each thread for its rows [r0, r1) (x += residual unless null, out = rmsnorm(x),
+  // prepared). The same bits as prepare_normalised().
+  void normalise_rows(float* out, float* x, const float* residual, const float* weight, float eps, int r0, int r1) {
+    normalise_rows(out, x, x, residual, weight, eps, r0, r1);
+  }
 
   WeightDtype dtype() const { return dtype_; }
   int n() const { return n_; }
@@ -77,6 +84,8 @@ class Activations {
   // prepare_normalised(): x_add (x itself, or null without a residual) += residual.
   void normalise_and_prepare(float* out, const float* x, float* x_add, const float* residual, const float* weight,
                              float eps, int n, const PackedMatrix& w);
+  void normalise_rows(float* out, const float* x, float* x_add, const float* residual, const float* weight, float eps,
+                      int r0, int r1);
 
   WeightDtype dtype_ = WeightDtype::kF32;
   int n_ = 0;
@@ -106,6 +115,10 @@ void matmul(float* y, const Activations& x, const PackedMatrix& w);
 // all of them together, which balances better than one small matmul after another.
 void matmul(const Activations& x, std::span<const MatmulOutput> outputs);
 
+// The team's share of either (ops.h Team): this thread's band of the panels, no parallel pass of its own.
+void matmul(float* y, const Activations& x, const PackedMatrix& w, Team team);
+void matmul(const Activations& x, std::span<const MatmulOutput> outputs, Team team);
+
 // Per row r of x, the index of the largest of the w.d values x · Wᵀ holds and that value, without writing
 // them: greedy decoding's pick from the classifier, which saves storing the (n, vocabulary) logits and a
 // second pass to find their maxima. With first_nan_wins the index is what argmax() returns for the row:
@@ -118,5 +131,6 @@ void matmul_argmax(const Activations& x, const PackedMatrix& w, float* values, i
 // same arithmetic as swiglu() in ops.h. Saves writing and re-reading x · W3ᵀ and runs the gate on every
 // thread. w1 and w3 have the same shape and dtype.
 void matmul_swiglu(float* h, const Activations& x, const PackedMatrix& w1, const PackedMatrix& w3);
+void matmul_swiglu(float* h, const Activations& x, const PackedMatrix& w1, const PackedMatrix& w3, Team team);
 
 }  // namespace shardline::kernels::cpu

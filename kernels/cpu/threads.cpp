@@ -23,6 +23,20 @@ void run_on_each_thread(void (*fn)(int thread, void* context), void* context) {
   fn(omp_get_thread_num(), context);
 }
 
+void run_team_impl(void (*body)(void* context, Team team), void* context) {
+  const int n_threads = num_threads();
+  if (n_threads == 1) {
+    body(context, Team{});
+    return;
+  }
+#pragma omp parallel num_threads(n_threads)
+  body(context, Team{omp_get_thread_num(), omp_get_num_threads()});
+}
+
+void team_barrier() {
+#pragma omp barrier
+}
+
 void parallel_for_impl(int n, void (*body)(void* context, int item, int thread), void* context) {
   if (n <= 1 || g_num_threads == 1) {
     for (int i = 0; i < n; ++i) body(context, i, 0);

@@ -239,5 +239,36 @@ TEST(AttentionPaged, Int8CacheIsAttentionOverTheDequantizedRows) {
   EXPECT_LT(worst_int8, 0.02f * scale);   // and as small as its half-scale steps make it
 }
 
+// A long context's heads split over a team (what a stage does for fewer rows than threads): each thread's
+// share, with its own scratch, together give one thread's result bit for bit; so does the pass
+// attention_paged() opens itself.
+TEST(AttentionPaged, TeamSharesOfTheHeadsEqualOneThread) {
+  const CacheCase c(12);
+  for (KvDtype dtype : {KvDtype::kF32, KvDtype::kF16, KvDtype::kInt8}) {
+    SCOPED_TRACE(kv_dtype_name(dtype));
+    const std::vector<std::uint8_t> k_rows = to_rows(c.k, c.kv_stride, c.head_size, dtype);
+    const std::vector<std::uint8_t> v_rows = to_rows(c.v, c.kv_stride, c.head_size, dtype);
+    std::vector<float> one_thread;
+    {
+      test::ScopedThreads scoped(1);
+      one_thread = c.paged(k_rows, v_rows, dtype);
+    }
+    const void* k_block = k_rows.data();
+    const void* v_block = v_rows.data();
+    for (int threads : {2, 3}) {
+      test::ScopedThreads scoped(threads);
+      EXPECT_EQ(c.paged(k_rows, v_rows, dtype), one_thread) << threads << " threads, attention_paged's own pass";
+      std::vector<float> out(one_thread.size(), -1.0f);
+      std::vector<float> scratch(static_cast<std::size_t>(threads) * c.n_heads * c.n_ctx);
+      run_team([&](Team team) {
+        attention_paged(out.data(), c.q.data(), &k_block, &v_block, dtype, c.n_ctx,
+                        scratch.data() + static_cast<std::size_t>(team.thread) * c.n_heads * c.n_ctx, c.n_ctx,
+                        c.n_heads, c.n_kv_heads, c.head_size, c.kv_stride, team);
+      });
+      EXPECT_EQ(out, one_thread) << threads << " threads, shares of one team";
+    }
+  }
+}
+
 }  // namespace
 }  // namespace shardline::kernels::cpu

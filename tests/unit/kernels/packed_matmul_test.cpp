@@ -785,6 +785,50 @@ TEST(PackedMatmul, FusedSwigluEqualsMatmulsThenSwiglu) {
   }
 }
 
+// Several steps in one pass of the threads (run_team, as a stage's layer runs them): each step's Team form
+// does its thread's share, and together the shares are the whole matmul, bit for bit, for any thread count.
+TEST(PackedMatmul, TeamSharesInOnePassEqualTheWholeMatmuls) {
+  std::mt19937 rng(15);
+  const int n = 5, k = 96, d = 150;
+  const std::vector<float> x = random_floats(rng, static_cast<std::size_t>(n) * k, -3.0f, 3.0f);
+  for (WeightDtype dtype : kDtypes) {
+    SCOPED_TRACE(weight_dtype_name(dtype));
+    const Packed w1 = pack(dtype, random_floats(rng, static_cast<std::size_t>(d) * k), d, k);
+    const Packed w3 = pack(dtype, random_floats(rng, static_cast<std::size_t>(d) * k), d, k);
+    const Packed w2 = pack(dtype, random_floats(rng, static_cast<std::size_t>(k) * d), k, d);
+    Activations a, a2;
+    a.reserve(n, k);
+    a2.reserve(n, d);
+    a.prepare(x.data(), n, k, dtype);
+    std::vector<float> y1(static_cast<std::size_t>(n) * d), h(y1.size()), y2(static_cast<std::size_t>(n) * k);
+    const MatmulOutput grouped[] = {{y1.data(), &w1.matrix}};
+    matmul(a, grouped);
+    matmul_swiglu(h.data(), a, w1.matrix, w3.matrix);
+    a2.prepare(h.data(), n, w2.matrix);
+    matmul(y2.data(), a2, w2.matrix);
+    for (int threads : {1, 2, 3}) {
+      ScopedThreads scoped(threads);
+      std::vector<float> team_y1(y1.size()), team_h(h.size()), team_y2(y2.size());
+      Activations b;
+      b.reserve(n, d);
+      b.prepare_shape(team_h.data(), n, w2.matrix);
+      const MatmulOutput team_grouped[] = {{team_y1.data(), &w1.matrix}};
+      run_team([&](Team team) {
+        matmul(a, team_grouped, team);
+        matmul_swiglu(team_h.data(), a, w1.matrix, w3.matrix, team);
+        team_barrier();  // w2's rows need all of h
+        const Band rows = team.share(n);
+        b.prepare_rows(team_h.data(), rows.begin, rows.end);
+        team_barrier();
+        matmul(team_y2.data(), b, w2.matrix, team);
+      });
+      EXPECT_EQ(team_y1, y1) << threads << " threads";
+      EXPECT_EQ(team_h, h) << threads << " threads";
+      EXPECT_EQ(team_y2, y2) << threads << " threads";
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // threads and the bandwidth probe
 
@@ -818,6 +862,26 @@ TEST(Threads, ParallelForVisitsEveryItemOnceOnAKernelThread) {
     int level = -1;
     parallel_for(1, [&](int, int) { level = omp_get_level(); });
     EXPECT_EQ(level, 0);
+  }
+}
+
+TEST(Threads, RunTeamRunsOncePerThreadAndTheBarrierPublishesEveryWrite) {
+  for (int threads : {1, 2, 3}) {
+    ScopedThreads scoped(threads);
+    std::vector<int> ran(threads, 0), seen(threads, 0), bands(10, -1);
+    run_team([&](Team team) {
+      ASSERT_EQ(team.n_threads, threads);
+      ++ran[team.thread];
+      const Band mine = team.share(10);
+      for (int i = mine.begin; i < mine.end; ++i) bands[i] = team.thread;
+      team_barrier();
+      // After the barrier every thread sees what every other wrote before it.
+      for (int v : ran) seen[team.thread] += v;
+    });
+    EXPECT_EQ(ran, std::vector<int>(threads, 1)) << threads << " threads";
+    EXPECT_EQ(seen, std::vector<int>(threads, threads)) << threads << " threads";
+    EXPECT_TRUE(std::is_sorted(bands.begin(), bands.end()) && bands.front() == 0 && bands.back() == threads - 1)
+        << threads << " threads: the shares are contiguous bands in thread order covering every item";
   }
 }
 

@@ -1,0 +1,71 @@
+// A stage's logits must not depend on how many kernel threads compute them: each half of a layer is one
+// parallel pass of the threads with barriers between its steps (stage.cpp), rows go to the threads as
+// bands, or, with fewer rows than threads and a context longer than cpu::kMinParallelAttentionContext, each
+// row's heads do. Decoding a few sequences side by side past that length on 1, 2 and 3 threads must give the
+// same bits at every step, for fp32 and int8 weights (the AMX path where the CPU has it).
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "comm/communicator.h"
+#include "kernels/cpu/ops.h"
+#include "partition/mesh.h"
+#include "partition/shard.h"
+#include "runtime/checkpoint.h"
+#include "runtime/shard_weights.h"
+#include "runtime/stage.h"
+#include "tests/support/kernel_fixtures.h"
+#include "tests/support/models.h"
+
+namespace shardline::runtime {
+namespace {
+
+constexpr int kSteps = 80;  // past kMinParallelAttentionContext, so the heads' split runs too
+
+// Every step's logits of n_sequences sequences decoded side by side (one row each per forward call) from
+// different first tokens, greedy: (steps, n_sequences, vocab) flattened.
+std::vector<float> decode_logits(const ShardWeights& weights, int threads, int n_sequences) {
+  test::ScopedThreads scoped(threads);
+  auto comm = comm::make_solo_communicator();
+  const partition::ModelShape& shape = weights.shape();
+  Stage stage(weights, *comm, {.max_rows = 4, .kv_block_tokens = 16});
+  std::vector<KvCache> caches;
+  for (int s = 0; s < n_sequences; ++s) caches.push_back(stage.make_kv_cache(kSteps));
+  std::vector<int> tokens;
+  for (int s = 0; s < n_sequences; ++s) tokens.push_back(1 + 97 * s);
+  std::vector<Row> rows(n_sequences);
+  std::vector<float> x(static_cast<std::size_t>(n_sequences) * shape.dim);
+  std::vector<float> step(static_cast<std::size_t>(n_sequences) * shape.vocab_size), all;
+  for (int pos = 0; pos < kSteps; ++pos) {
+    for (int s = 0; s < n_sequences; ++s) rows[s] = {&caches[s], pos};
+    stage.embed(tokens.data(), n_sequences, x.data());
+    stage.forward(x.data(), rows.data(), n_sequences);
+    stage.logits(x.data(), n_sequences, step.data());
+    all.insert(all.end(), step.begin(), step.end());
+    for (int s = 0; s < n_sequences; ++s) {
+      tokens[s] = kernels::cpu::argmax(step.data() + static_cast<std::size_t>(s) * shape.vocab_size, shape.vocab_size);
+    }
+  }
+  return all;
+}
+
+TEST(StageThreads, LogitsAreTheSameBitsForEveryThreadCountBatchAndContext) {
+  const std::string path = test::model_file("mini-gqa.bin");
+  SHARDLINE_REQUIRE_MODEL_FILE(path);
+  const partition::ModelShape shape = read_checkpoint_shape(path);
+  const auto shard = partition::shard_for(shape, partition::Mesh::single(), partition::stage_layer_ranges(shape, 1));
+  for (kernels::cpu::WeightDtype dtype : {kernels::cpu::WeightDtype::kF32, kernels::cpu::WeightDtype::kInt8}) {
+    SCOPED_TRACE(kernels::cpu::weight_dtype_name(dtype));
+    ShardWeights weights(path, shape, shard, {dtype});
+    for (int n_sequences : {1, 2, 3}) {
+      const std::vector<float> one_thread = decode_logits(weights, 1, n_sequences);
+      for (int threads : {2, 3}) {
+        EXPECT_TRUE(decode_logits(weights, threads, n_sequences) == one_thread)
+            << n_sequences << " sequences on " << threads << " threads differ from one thread";
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace shardline::runtime
