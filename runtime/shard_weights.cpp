@@ -71,9 +71,14 @@ ShardWeights::ShardWeights(const std::string& path, const partition::ModelShape&
     // Groups of 128 scale a quarter as often as 32, which is what batched int8 decode spends its time on
     // (BENCHMARKS.md, issue #7). The other matrices are never sliced along k and take the widest of 128, 96,
     // 64 and 32 that divides k (kernels/cpu/weight_format.h).
-    w.wq = convert(t.wq.at(q_begin * d), q_rows, shape.dim, all_dim);
-    w.wk = convert(t.wk.at(kv_begin * d), kv_rows, shape.dim, all_dim);
-    w.wv = convert(t.wv.at(kv_begin * d), kv_rows, shape.dim, all_dim);
+    // q, k and v one after the other in one buffer: the grouped matmul then runs them as one matrix, its
+    // tiles and prefetches across their borders (kernels/cpu/packed_matmul.h).
+    const std::size_t q_bytes = kernels::cpu::packed_size_bytes(options_.dtype, q_rows, shape.dim);
+    const std::size_t kv_bytes = kernels::cpu::packed_size_bytes(options_.dtype, kv_rows, shape.dim);
+    std::byte* qkv = allocate_packed(q_bytes + 2 * kv_bytes);
+    w.wq = convert(t.wq.at(q_begin * d), q_rows, shape.dim, all_dim, 0, qkv);
+    w.wk = convert(t.wk.at(kv_begin * d), kv_rows, shape.dim, all_dim, 0, qkv + q_bytes);
+    w.wv = convert(t.wv.at(kv_begin * d), kv_rows, shape.dim, all_dim, 0, qkv + q_bytes + kv_bytes);
     w.wo = convert(t.wo, shape.dim, shape.dim, q_columns, wo_int8_group(shape));
     w.w1 = convert(t.w1.at(h_begin * d), h_rows, shape.dim, all_dim);
     w.w2 = convert(t.w2, shape.dim, shape.hidden_dim, shard.hidden, w2_int8_group(shape));
@@ -96,7 +101,7 @@ std::uint64_t ShardWeights::arena_bytes_needed(const partition::ModelShape& shap
   auto packed = [&](int rows, int cols, int int8_group = 0) {
     return kernels::cpu::packed_size_bytes(dtype, rows, cols, int8_group) + 64;
   };
-  std::uint64_t bytes = n_layers * (packed(q_rows, d) + 2 * packed(kv_rows, d) + packed(d, q_rows, wo_int8_group(shape)) +
+  std::uint64_t bytes = n_layers * (packed(q_rows, d) + 2 * packed(kv_rows, d) + packed(d, q_rows, wo_int8_group(shape)) +  // (q, k and v in one buffer: less than this)
                                     2 * packed(h_rows, d) + packed(d, h_rows, w2_int8_group(shape)));
   if (shard.has_classifier) bytes += packed(shard.vocab.size(), d);
   if (copy_to_arena) {
@@ -163,7 +168,16 @@ const float* ShardWeights::map_floats(TensorRef tensor, std::uint64_t n_floats, 
   return regions_.back().as<float>();
 }
 
-PackedMatrix ShardWeights::convert(TensorRef matrix, int rows, int cols, partition::Range columns, int int8_group) {
+std::byte* ShardWeights::allocate_packed(std::size_t bytes) {
+  if (options_.arena) {
+    return static_cast<std::byte*>(options_.arena->allocate_bytes(bytes, kernels::cpu::kPackedAlignment));
+  }
+  converted_.push_back(allocate_weight_memory(bytes));
+  return converted_.back().get();
+}
+
+PackedMatrix ShardWeights::convert(TensorRef matrix, int rows, int cols, partition::Range columns, int int8_group,
+                                   std::byte* into) {
   // The mapping is dropped on return: its pages were only read to convert this rank's part, so they do not
   // stay in the rank's resident set. A column slice maps every row whole (its columns are strided).
   const std::uint64_t n = static_cast<std::uint64_t>(rows) * cols;
@@ -177,13 +191,7 @@ PackedMatrix ShardWeights::convert(TensorRef matrix, int rows, int cols, partiti
   const float* floats = widened.empty() ? source.as<float>() : widened.data();
   PackedMatrix m{options_.dtype, rows, columns.size(), nullptr,
                  options_.dtype == kernels::cpu::WeightDtype::kInt8 ? int8_group : 0};
-  std::byte* dst = nullptr;
-  if (options_.arena) {
-    dst = static_cast<std::byte*>(options_.arena->allocate_bytes(m.size_bytes(), kernels::cpu::kPackedAlignment));
-  } else {
-    converted_.push_back(allocate_weight_memory(m.size_bytes()));
-    dst = converted_.back().get();
-  }
+  std::byte* dst = into != nullptr ? into : allocate_packed(m.size_bytes());
   kernels::cpu::pack_weights(m.dtype, floats + columns.begin, cols, m.d, m.k, dst, m.int8_group);
   m.data = dst;
   repacked_bytes_ += m.size_bytes();

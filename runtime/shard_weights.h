@@ -81,8 +81,12 @@ class ShardWeights {
   // n_floats of the tensor as fp32: mapped in place (F32), or converted into the arena or an owned buffer.
   const float* map_floats(TensorRef tensor, std::uint64_t n_floats, bool populate);
   // Converts rows [0, rows) x columns [columns.begin, columns.end) of the (rows, cols) matrix at `matrix`;
-  // int8_group: int8's k values per scale (0: the default for the slice's k).
-  PackedMatrix convert(TensorRef matrix, int rows, int cols, partition::Range columns, int int8_group = 0);
+  // int8_group: int8's k values per scale (0: the default for the slice's k). Into `into` (packed_size of
+  // the result's bytes) where given, else into memory of its own.
+  PackedMatrix convert(TensorRef matrix, int rows, int cols, partition::Range columns, int int8_group = 0,
+                       std::byte* into = nullptr);
+  // Rank-local memory for bytes of packed weights: from the arena where there is one, else owned.
+  std::byte* allocate_packed(std::size_t bytes);
 
   partition::ModelShape shape_;
   partition::RankShard shard_;

@@ -625,6 +625,57 @@ TEST(PackedMatmul, GroupedOutputsEqualSeparateMatmuls) {
   }
 }
 
+// Matrices packed one after the other in one buffer (as ShardWeights packs q, k and v) are one matrix to
+// the grouped matmul: its tiles span their borders, here with padding panels inside (40 and 24 features
+// are no multiples of the 16-wide panel), and each tile's results still land in the right output, bit for
+// bit as separate matmuls, for batches of one, one tile and more than one tile of rows, on 1 to 3 threads.
+TEST(PackedMatmul, AdjacentMatricesGroupedEqualSeparateMatmuls) {
+  std::mt19937 rng(16);
+  const int k = 96;
+  const int ds[] = {40, 24, 24};
+  for (WeightDtype dtype : kDtypes) {
+    SCOPED_TRACE(weight_dtype_name(dtype));
+    std::size_t total = 0;
+    for (int d : ds) total += packed_size_bytes(dtype, d, k);
+    std::unique_ptr<std::byte, decltype(&std::free)> buffer(
+        static_cast<std::byte*>(std::aligned_alloc(kPackedAlignment, total)), &std::free);
+    std::vector<PackedMatrix> matrices;
+    std::byte* at = buffer.get();
+    for (int d : ds) {
+      const std::vector<float> w = random_floats(rng, static_cast<std::size_t>(d) * k);
+      pack_weights(dtype, w.data(), k, d, k, at);
+      matrices.push_back({dtype, d, k, at});
+      at += packed_size_bytes(dtype, d, k);
+    }
+    for (int n : {1, 16, 70}) {
+      const std::vector<float> x = random_floats(rng, static_cast<std::size_t>(n) * k);
+      Activations a;
+      a.reserve(n, k);
+      a.prepare(x.data(), n, k, dtype);
+      std::vector<std::vector<float>> separate(3);
+      for (int i = 0; i < 3; ++i) {
+        separate[i].assign(static_cast<std::size_t>(n) * ds[i], 0.0f);
+        matmul(separate[i].data(), a, matrices[i]);
+      }
+      for (int threads : {1, 2, 3}) {
+        ScopedThreads scoped(threads);
+        std::vector<std::vector<float>> grouped(3);
+        std::vector<MatmulOutput> outputs;
+        for (int i = 0; i < 3; ++i) {
+          grouped[i].assign(separate[i].size() + 1, -7.0f);  // one guard value past each output
+          outputs.push_back({grouped[i].data(), &matrices[i]});
+        }
+        matmul(a, outputs);
+        for (int i = 0; i < 3; ++i) {
+          EXPECT_EQ(grouped[i].back(), -7.0f) << "wrote past output " << i;
+          grouped[i].pop_back();
+          EXPECT_EQ(grouped[i], separate[i]) << "output " << i << ", " << n << " rows, " << threads << " threads";
+        }
+      }
+    }
+  }
+}
+
 // matmul_argmax against argmax() over matmul()'s output: the same index and value, bit for bit.
 void expect_argmax_of_matmul(const Activations& a, const PackedMatrix& w, bool first_nan_wins) {
   const int n = a.n(), d = w.d;
