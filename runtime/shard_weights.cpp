@@ -101,7 +101,8 @@ std::uint64_t ShardWeights::arena_bytes_needed(const partition::ModelShape& shap
   auto packed = [&](int rows, int cols, int int8_group = 0) {
     return kernels::cpu::packed_size_bytes(dtype, rows, cols, int8_group) + 64;
   };
-  std::uint64_t bytes = n_layers * (packed(q_rows, d) + 2 * packed(kv_rows, d) + packed(d, q_rows, wo_int8_group(shape)) +  // (q, k and v in one buffer: less than this)
+  // (q, k and v share one allocation, so their three alignment pads overestimate it by two.)
+  std::uint64_t bytes = n_layers * (packed(q_rows, d) + 2 * packed(kv_rows, d) + packed(d, q_rows, wo_int8_group(shape)) +
                                     2 * packed(h_rows, d) + packed(d, h_rows, w2_int8_group(shape)));
   if (shard.has_classifier) bytes += packed(shard.vocab.size(), d);
   if (copy_to_arena) {

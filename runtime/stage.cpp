@@ -67,9 +67,7 @@ void Stage::reserve_rows(int max_rows) {
   hb_ = arena_->allocate_array<float>(rows * hidden_);
   out_ = arena_->allocate_array<float>(rows * dim);
   act_.reserve(max_rows, dim);
-  act_wo_.reserve(max_rows, q_dim_);
-  act_ffn_.reserve(max_rows, dim);
-  act_w2_.reserve(max_rows, hidden_);
+  act_inner_.reserve(max_rows, std::max(q_dim_, hidden_));
 }
 
 KvCache Stage::make_kv_cache(int n_positions) {
@@ -127,7 +125,7 @@ void Stage::attention_block(const LayerWeights& w, float* x, const float* residu
       n < cpu::num_threads() && n_local_heads > 1 && longest > cpu::kMinParallelAttentionContext;
   // q, k and v read the same normalised rows: prepared once, one pass over the three matrices.
   act_.prepare_shape(xb_.data(), n, w.wq);
-  act_wo_.prepare_shape(att_.data(), n, w.wo);
+  act_inner_.prepare_shape(att_.data(), n, w.wo);
   const cpu::MatmulOutput qkv[] = {{q_.data(), &w.wq}, {k_.data(), &w.wk}, {v_.data(), &w.wv}};
   cpu::run_team([&](cpu::Team team) {
     const cpu::Band mine = team.share(n);  // this thread's rows
@@ -167,32 +165,32 @@ void Stage::attention_block(const LayerWeights& w, float* x, const float* residu
     if (split_heads) {
       for (int t = 0; t < n; ++t) attend(t, team);
       cpu::team_barrier();
-      act_wo_.prepare_rows(att_.data(), mine.begin, mine.end);
+      act_inner_.prepare_rows(att_.data(), mine.begin, mine.end);
     } else {
       for (int t = mine.begin; t < mine.end; ++t) {
         attend(t, cpu::Team{});
-        act_wo_.prepare_rows(att_.data(), t, t + 1);
+        act_inner_.prepare_rows(att_.data(), t, t + 1);
       }
     }
     cpu::team_barrier();
-    cpu::matmul(out_.data(), act_wo_, w.wo, team);
+    cpu::matmul(out_.data(), act_inner_, w.wo, team);
   });
   tp_comm_.all_reduce_sum(out_.data(), static_cast<std::size_t>(n) * s.dim);  // sum over heads of the group
 }
 
 void Stage::mlp_block(const LayerWeights& w, float* x, int n) {
   const auto& s = shape();
-  act_ffn_.prepare_shape(xb_.data(), n, w.w1);
-  act_w2_.prepare_shape(hb_.data(), n, w.w2);
+  act_.prepare_shape(xb_.data(), n, w.w1);
+  act_inner_.prepare_shape(hb_.data(), n, w.w2);
   cpu::run_team([&](cpu::Team team) {
     const cpu::Band mine = team.share(n);
-    act_ffn_.normalise_rows(xb_.data(), x, out_.data(), w.rms_ffn, options_.rms_eps, mine.begin, mine.end);  // x += attention
+    act_.normalise_rows(xb_.data(), x, out_.data(), w.rms_ffn, options_.rms_eps, mine.begin, mine.end);  // x += attention
     cpu::team_barrier();
-    cpu::matmul_swiglu(hb_.data(), act_ffn_, w.w1, w.w3, team);  // silu(x W1ᵀ) * (x W3ᵀ), gate fused into the matmuls
+    cpu::matmul_swiglu(hb_.data(), act_, w.w1, w.w3, team);  // silu(x W1ᵀ) * (x W3ᵀ), gate fused into the matmuls
     cpu::team_barrier();
-    act_w2_.prepare_rows(hb_.data(), mine.begin, mine.end);
+    act_inner_.prepare_rows(hb_.data(), mine.begin, mine.end);
     cpu::team_barrier();
-    cpu::matmul(out_.data(), act_w2_, w.w2, team);
+    cpu::matmul(out_.data(), act_inner_, w.w2, team);
   });
   tp_comm_.all_reduce_sum(out_.data(), static_cast<std::size_t>(n) * s.dim);  // sum over hidden slices
 }

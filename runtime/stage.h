@@ -115,12 +115,11 @@ class Stage : public StageBackend {
   memory::ArenaArray<float> hb_;     // (max_rows, hidden)
   memory::ArenaArray<float> out_;    // (max_rows, dim)
   memory::ArenaArray<Row> rows_;     // (max_rows) for the single-sequence forward
-  // The matmuls' inputs, prepared for the weight dtype, one per input so that a layer's half can set every
-  // shape before its parallel pass: q/k/v's (and the classifier's), wo's, w1/w3's and w2's.
-  kernels::cpu::Activations act_;      // (max_rows, dim)
-  kernels::cpu::Activations act_wo_;   // (max_rows, q_dim)
-  kernels::cpu::Activations act_ffn_;  // (max_rows, dim)
-  kernels::cpu::Activations act_w2_;   // (max_rows, hidden)
+  // The matmuls' inputs, prepared for the weight dtype. Two, so that each half layer's parallel pass has
+  // both its shapes set before it starts: the normalised rows (q/k/v's, w1/w3's and the classifier's) and
+  // the inner ones (wo's input, the heads' output; w2's, the SwiGLU gate's).
+  kernels::cpu::Activations act_;        // (max_rows, dim)
+  kernels::cpu::Activations act_inner_;  // (max_rows, max(q_dim, hidden))
   // Grown to the most rows one logits or greedy_tokens call has seen (batched decode: one per sequence of a
   // micro-batch); the logits' own buffers only by logits() with tp > 1.
   std::vector<float> logits_x_;       // (rows, dim)

@@ -115,6 +115,10 @@ void load_kv_row(float* x, const void* src, int n, int head_size, KvDtype dtype)
 void attention(float* out, const float* q, const float* k_cache, const float* v_cache, float* scratch,
                int n_ctx, int n_heads, int n_kv_heads, int head_size, int kv_stride);
 
+// Contexts longer than this split one row's heads over the kernel threads; shorter ones are not worth
+// waking them for (a batch's rows already run on different threads).
+inline constexpr int kMinParallelAttentionContext = 64;
+
 // The same over a paged cache: position t's key row is k_blocks[t / block_tokens] + (t % block_tokens) *
 // kv_stride (values alike), so a sequence's positions may live in blocks anywhere in memory.
 //   k_blocks, v_blocks: (ceil(n_ctx / block_tokens)) pointers to (block_tokens, kv_stride) blocks.
@@ -125,9 +129,6 @@ void attention(float* out, const float* q, const float* k_cache, const float* v_
 // bit for bit. An int8 cache's codes are converted exactly too; a head's score is its dot product with the
 // codes times the key row's scale, and a position's softmax weight is multiplied by the value row's scale
 // before the weighted sum (one multiply per head and position, not per value). Every ISA gives the same bits.
-// Contexts longer than this split one row's heads over the kernel threads; shorter ones are not worth
-// waking them for (a batch's rows already run on different threads).
-inline constexpr int kMinParallelAttentionContext = 64;
 void attention_paged(float* out, const float* q, const void* const* k_blocks, const void* const* v_blocks,
                      KvDtype dtype, int block_tokens, float* scratch, int n_ctx, int n_heads, int n_kv_heads,
                      int head_size, int kv_stride);

@@ -161,9 +161,10 @@ void bf16_tile(const Tile& t) {
 // 110M shape, variants interleaved step by step in one process (the VM's noise is +-10% between runs): -5%
 // against L1 prefetches in three runs (again about even with 64-k multiplies, as were 4 and 12 KiB ahead).
 // Also tried there: A tiles alternating between two registers (no gain), the C tiles preloaded with the
-// -128 x sum offset instead of the epilogue's subtraction (+5 to +9%), 16 KiB ahead (+6%), and no epilogue
-// at all (timing only: +7% and +12% slower, twice; how the loads meet the memory stream, not the epilogue's
-// arithmetic, sets the pace there, although with the weights in L2 the epilogue is 30-45% of the time).
+// -128 x sum offset instead of the epilogue's subtraction (+5 to +9%), and 16 KiB ahead (+6%). Timing
+// only: with the epilogue cut to a store of fixed values a 15M batch-16 step ran 5-8% faster (an earlier
+// cut that left garbage in the outputs ran slower, from what the garbage did downstream), so its arithmetic
+// is at most that share; with the weights in L2 it is 30-45% of a matmul's time.
 #define SHARDLINE_AMX_INT8_PANEL(P, B)                                                                 \
   do {                                                                                                 \
     _tile_loadd(B, w + (P) * t.panel_stride + static_cast<std::size_t>(b) * 512, 64);                  \
