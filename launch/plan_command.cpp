@@ -14,6 +14,7 @@
 #include "launch/cli_options.h"
 #include "partition/model_presets.h"
 #include "partition/planner.h"
+#include "runtime/auto_plan.h"
 #include "runtime/checkpoint.h"
 #include "runtime/kv_cache.h"
 #include "runtime/machine_probe.h"
@@ -172,6 +173,7 @@ int plan_command(const std::vector<std::string>& args) {
   const std::optional<kernels::cpu::WeightDtype> weight_dtype = kernels::cpu::parse_weight_dtype(dtype);
   if (!weight_dtype) throw ConfigError(fmt::format("shardline plan: --dtype '{}' is not fp32, bf16 or int8", dtype));
   w.weight_bytes_per_param = kernels::cpu::typical_bytes_per_weight(*weight_dtype);
+  w.weight_format = runtime::weight_format_of(*weight_dtype);
   w.kv_bytes_per_value = kernels::cpu::kv_bytes_per_value(
       runtime::resolve_kv_dtype(parse_kv_dtype_flag(kv_dtype), *weight_dtype, false), w.shape.head_size());
   if (objective == "latency") {
@@ -204,7 +206,10 @@ int plan_command(const std::vector<std::string>& args) {
     cluster = partition::load_cluster_file(cluster_file.empty() ? probe_file : cluster_file);
   } else {
     log::info("no --cluster: measuring this machine (use `mpirun ... shardline probe` for measured links)");
-    cluster = runtime::probe_this_machine({});
+    runtime::MachineProbeOptions probe;
+    probe.formats.clear();  // fp32's rates (always measured) and those of the weight format planned for
+    if (w.weight_format != partition::WeightFormat::kF32) probe.formats.push_back(w.weight_format);
+    cluster = runtime::probe_this_machine(probe);
   }
   if (ranks_per_domain < 0) throw ConfigError("shardline plan: --ranks-per-domain must be >= 1 (or 0: the cluster's)");
   if (ranks_per_domain > 0) {

@@ -1,5 +1,6 @@
 #include "launch/probe_command.h"
 
+#include <algorithm>
 #include <fstream>
 #include <iostream>
 #include <thread>
@@ -38,13 +39,15 @@ int probe_command(const std::vector<std::string>& args, const MpiSession& mpi) {
   po::options_description options("probe options");
   options.add_options()
       ("out,o", po::value(&out)->default_value(out), "where to write the cluster profile (JSON, for `plan --probe-file`)")
-      ("quick", po::bool_switch(&quick), "fewer repetitions (about a second)");
+      ("quick", po::bool_switch(&quick), "fewer repetitions and a smaller buffer (about two seconds, not four)");
   po::variables_map vm;
   const std::string usage =
       "Usage: mpirun -np N [--hostfile H] shardline probe [--out FILE]\n\n"
       "Measures point-to-point latency and bandwidth between ranks on one host and across hosts, the\n"
-      "all-reduce over all ranks, and this host's weight-streaming bandwidth and GEMM rate; writes a\n"
-      "cluster profile for `shardline plan --probe-file`. Without mpirun only the host is measured.";
+      "all-reduce over all ranks, and this host: weight-streaming bandwidth and GEMM rate for fp32, bf16 and\n"
+      "int8 weights, the cache they get, and fixed costs (kernel call, barrier, row work, attention head);\n"
+      "writes a cluster profile for `shardline plan --probe-file`. Without mpirun only the host is measured\n"
+      "(the most accurate host numbers: under mpirun the waiting ranks' polling disturbs them).";
   if (!parse_command_line("probe", usage, options, args, vm, mpi.world_rank() == 0)) return 0;
 
   std::unique_ptr<comm::Communicator> world =
@@ -89,10 +92,20 @@ int probe_command(const std::vector<std::string>& args, const MpiSession& mpi) {
              partition::LinkCost{links.allreduce.alpha_s, links.allreduce.beta_s_per_byte});
   const auto& d = cluster.domain;
   std::cout << fmt::format(
-      "  host: {} cores, {:.1f} GiB available, GEMV {:.1f} GB/s (1 core) {:.1f} GB/s (all), cache {:.0f} MiB at "
-      "{:.1f} GB/s, GEMM {:.1f} GFLOP/s (1 core), kernel call {:.1f} us\n",
-      d.cores, d.memory_bytes / (1 << 30), d.core_bandwidth_bytes_per_s / 1e9, d.domain_bandwidth_bytes_per_s / 1e9,
-      d.cache_bytes / (1 << 20), d.cache_bandwidth_bytes_per_s / 1e9, d.core_flops / 1e9, d.op_overhead_s * 1e6);
+      "  host: {} cores, {:.1f} GiB available, cache {:.0f} MiB (as streamed weights get it), kernel call {:.1f} us, "
+      "step in a pass {:.2f} us, row work {:.2f} ns/element, attention {:.2f} us/head, memory and compute "
+      "overlap loss {:.2f}\n",
+      d.cores, d.memory_bytes / (1 << 30), d.cache_bytes / (1 << 20), d.op_overhead_s * 1e6,
+      std::max(0.0, d.step_overhead_s) * 1e6, d.row_element_s * 1e9, d.attention_head_s * 1e6, d.overlap_loss);
+  std::cout << fmt::format("  {:<6} {:>22} {:>22} {:>22} {:>20} {:>20}\n", "format", "GEMV 1 core (memory)",
+                           "GEMV all (memory)", "GEMV 1 core (cache)", "GEMM 1 core, 64 rows", "16 rows");
+  for (const auto format : {partition::WeightFormat::kF32, partition::WeightFormat::kBf16, partition::WeightFormat::kInt8}) {
+    const partition::FormatRates r = d.rates(format);
+    std::cout << fmt::format("  {:<6} {:>17.1f} GB/s {:>17.1f} GB/s {:>17.1f} GB/s {:>12.1f} GFLOP/s {:>12.1f} GFLOP/s\n",
+                             partition::weight_format_name(format), r.core_bandwidth_bytes_per_s / 1e9,
+                             r.domain_bandwidth_bytes_per_s / 1e9, r.cache_bandwidth_bytes_per_s / 1e9, r.core_flops / 1e9,
+                             (r.small_batch_flops > 0 ? r.small_batch_flops : r.core_flops) / 1e9);
+  }
   return 0;
 }
 

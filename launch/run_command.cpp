@@ -427,7 +427,8 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
       runtime::AutoPlanRequest request{*shape, static_cast<int>(config->requests.size()),
                                        longest_sequence, longest_prompt, config->tp,
                                        config->pp, config->engine.micro_batches,
-                                       kernels::cpu::typical_bytes_per_weight(config->engine.weights_dtype)};
+                                       kernels::cpu::typical_bytes_per_weight(config->engine.weights_dtype),
+                                       runtime::weight_format_of(config->engine.weights_dtype)};
       // The cache's dtype depends on the backend this rank will get (CUDA keeps fp32), which --device auto
       // decides by whether the rank sees a GPU: the same test as the backend choice below.
       const bool cuda = runtime::choose_backend(config->device, mpi.local_rank(), config->cpu_only_reason).cuda;

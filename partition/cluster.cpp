@@ -17,6 +17,30 @@ const char* link_class_name(LinkClass link) {
   return "?";
 }
 
+const char* weight_format_name(WeightFormat format) {
+  switch (format) {
+    case WeightFormat::kF32: return "fp32";
+    case WeightFormat::kBf16: return "bf16";
+    case WeightFormat::kInt8: return "int8";
+  }
+  return "?";
+}
+
+FormatRates DomainSpec::rates(WeightFormat format) const {
+  const FormatRates fp32{core_bandwidth_bytes_per_s, domain_bandwidth_bytes_per_s, cache_bandwidth_bytes_per_s,
+                         core_flops, small_batch_flops, row_element_s};
+  if (format == WeightFormat::kF32) return fp32;
+  const FormatRates& own = format == WeightFormat::kBf16 ? bf16 : int8;
+  auto pick = [](double mine, double fallback) { return mine > 0 ? mine : fallback; };
+  return {pick(own.core_bandwidth_bytes_per_s, fp32.core_bandwidth_bytes_per_s),
+          pick(own.domain_bandwidth_bytes_per_s, fp32.domain_bandwidth_bytes_per_s),
+          pick(own.cache_bandwidth_bytes_per_s, fp32.cache_bandwidth_bytes_per_s),
+          pick(own.core_flops, fp32.core_flops),
+          // A format whose GEMM rate is given but not its 16-row one runs small batches at that rate.
+          own.core_flops > 0 ? own.small_batch_flops : fp32.small_batch_flops,
+          pick(own.row_element_s, fp32.row_element_s)};
+}
+
 LinkClass ClusterSpec::link_between(int rank_a, int rank_b) const {
   if (domain_of(rank_a) == domain_of(rank_b)) return LinkClass::kSameDomain;
   if (node_of(rank_a) == node_of(rank_b)) return LinkClass::kCrossDomain;
@@ -77,6 +101,35 @@ LinkCost link_from_json(const nlohmann::json& links, const char* name) {
   return link;
 }
 
+// domain.formats.<name>: every field optional (0 or absent = fp32's), none negative.
+FormatRates format_rates_from_json(const nlohmann::json& formats, WeightFormat format) {
+  const char* name = weight_format_name(format);
+  FormatRates r;
+  if (!formats.contains(name)) return r;
+  const auto& j = formats[name];
+  const std::string where = fmt::format("domain.formats.{}", name);
+  if (!j.is_object()) throw ConfigError(fmt::format("cluster file: {} must be an object", where));
+  auto optional = [&](const char* key, double& field) {
+    if (j.contains(key)) field = positive(j, key, where, true);
+  };
+  optional("core_bandwidth_bytes_per_s", r.core_bandwidth_bytes_per_s);
+  optional("domain_bandwidth_bytes_per_s", r.domain_bandwidth_bytes_per_s);
+  optional("cache_bandwidth_bytes_per_s", r.cache_bandwidth_bytes_per_s);
+  optional("core_flops", r.core_flops);
+  optional("small_batch_flops", r.small_batch_flops);
+  optional("row_element_s", r.row_element_s);
+  return r;
+}
+
+nlohmann::json format_rates_to_json(const FormatRates& r) {
+  return {{"core_bandwidth_bytes_per_s", r.core_bandwidth_bytes_per_s},
+          {"domain_bandwidth_bytes_per_s", r.domain_bandwidth_bytes_per_s},
+          {"cache_bandwidth_bytes_per_s", r.cache_bandwidth_bytes_per_s},
+          {"core_flops", r.core_flops},
+          {"small_batch_flops", r.small_batch_flops},
+          {"row_element_s", r.row_element_s}};
+}
+
 nlohmann::json link_to_json(const LinkCost& link) {
   return {{"alpha_s", link.alpha_s}, {"beta_s_per_byte", link.beta_s_per_byte},
           {"bandwidth_bytes_per_s", link.bandwidth_bytes_per_s()}};
@@ -107,6 +160,28 @@ ClusterSpec cluster_from_json(const nlohmann::json& j) {
     c.domain.cache_bandwidth_bytes_per_s = positive(d, "cache_bandwidth_bytes_per_s", "domain", true);
   }
   if (d.contains("op_overhead_s")) c.domain.op_overhead_s = positive(d, "op_overhead_s", "domain", true);
+  if (d.contains("step_overhead_s")) c.domain.step_overhead_s = positive(d, "step_overhead_s", "domain", true);
+  if (d.contains("small_batch_flops")) c.domain.small_batch_flops = positive(d, "small_batch_flops", "domain", true);
+  if (d.contains("row_element_s")) c.domain.row_element_s = positive(d, "row_element_s", "domain", true);
+  if (d.contains("attention_head_s")) c.domain.attention_head_s = positive(d, "attention_head_s", "domain", true);
+  if (d.contains("overlap_loss")) {
+    c.domain.overlap_loss = positive(d, "overlap_loss", "domain", true);
+    if (c.domain.overlap_loss > 1) {
+      throw ConfigError(fmt::format("cluster file: domain.overlap_loss must be from 0 to 1, got {}", c.domain.overlap_loss));
+    }
+  }
+  if (d.contains("formats")) {
+    const auto& formats = d["formats"];
+    if (!formats.is_object()) throw ConfigError("cluster file: domain.formats must be an object");
+    for (const auto& [name, value] : formats.items()) {
+      if (name != "bf16" && name != "int8") {
+        throw ConfigError(fmt::format("cluster file: domain.formats.{} is not a weight format (bf16 or int8; fp32 is "
+                                      "the domain's own fields)", name));
+      }
+    }
+    c.domain.bf16 = format_rates_from_json(formats, WeightFormat::kBf16);
+    c.domain.int8 = format_rates_from_json(formats, WeightFormat::kInt8);
+  }
   if (!j.contains("links")) throw ConfigError("cluster file: lacks \"links\"");
   c.same_domain = link_from_json(j["links"], "same_domain");
   c.cross_domain = link_from_json(j["links"], "cross_domain");
@@ -115,7 +190,7 @@ ClusterSpec cluster_from_json(const nlohmann::json& j) {
 }
 
 nlohmann::json cluster_to_json(const ClusterSpec& c) {
-  return {{"name", c.name},
+  nlohmann::json j = {{"name", c.name},
           {"nodes", c.nodes},
           {"domains_per_node", c.domains_per_node},
           {"ranks_per_domain", c.ranks_per_domain},
@@ -132,6 +207,13 @@ nlohmann::json cluster_to_json(const ClusterSpec& c) {
            {{"same_domain", link_to_json(c.same_domain)},
             {"cross_domain", link_to_json(c.cross_domain)},
             {"cross_node", link_to_json(c.cross_node)}}}};
+  if (c.domain.step_overhead_s >= 0) j["domain"]["step_overhead_s"] = c.domain.step_overhead_s;
+  j["domain"]["small_batch_flops"] = c.domain.small_batch_flops;
+  j["domain"]["row_element_s"] = c.domain.row_element_s;
+  j["domain"]["attention_head_s"] = c.domain.attention_head_s;
+  j["domain"]["overlap_loss"] = c.domain.overlap_loss;
+  j["domain"]["formats"] = {{"bf16", format_rates_to_json(c.domain.bf16)}, {"int8", format_rates_to_json(c.domain.int8)}};
+  return j;
 }
 
 ClusterSpec load_cluster_file(const std::string& path) {

@@ -22,16 +22,49 @@ struct LinkCost {
 enum class LinkClass { kSameDomain, kCrossDomain, kCrossNode };
 const char* link_class_name(LinkClass link);
 
+// How the weights are stored, for the rates that depend on it: kernels for bf16 and int8 weights stream
+// fewer bytes per multiply and may run on other units (AMX, VNNI, tensor cores) than fp32's.
+enum class WeightFormat { kF32, kBf16, kInt8 };
+const char* weight_format_name(WeightFormat format);
+
+// The rates of ops on one weight format. In a DomainSpec a bf16 or int8 field of 0 means "not measured":
+// the fp32 field applies (the same bytes per second and FLOP rate as fp32 weights).
+struct FormatRates {
+  double core_bandwidth_bytes_per_s = 0;    // weights one core streams from memory (GEMV)
+  double domain_bandwidth_bytes_per_s = 0;  // all cores of the domain together
+  double cache_bandwidth_bytes_per_s = 0;   // one core, weights in the last-level cache
+  double core_flops = 0;                    // one core's GEMM rate, 64 rows (a prefill chunk)
+  double small_batch_flops = 0;             // the same with 16 rows (a decode batch); 0 = core_flops
+  double row_element_s = 0;                 // one core's time per element of a row's element-wise work
+};
+
 // One memory domain (a NUMA node with its cores, or one GPU).
 struct DomainSpec {
   int cores = 1;                              // cores (CPU) or 1 (GPU)
   double memory_bytes = 0;                    // memory usable by the ranks of this domain
   double core_bandwidth_bytes_per_s = 0;      // weights streamed by one core (GEMV), from memory
   double domain_bandwidth_bytes_per_s = 0;    // all cores of the domain together
-  double core_flops = 0;                      // one core's fp32 GEMM rate (FLOP/s)
+  double core_flops = 0;                      // one core's fp32 GEMM rate (FLOP/s), 64 rows
+  double small_batch_flops = 0;               // optional: the same with 16 rows (0 = core_flops)
   double cache_bytes = 0;                     // last-level cache of the domain; 0 = ignore caching
   double cache_bandwidth_bytes_per_s = 0;     // one core, when the rank's weights fit in its cache share
   double op_overhead_s = 2e-6;                // fixed cost of one kernel call (thread fork/join, launch)
+  // Work per activation row that no matrix prices, on one core (0 = not priced): per element of the
+  // row-wise ops (residual add, RMSNorm, the row prepared for the weights' kernels, RoPE, SwiGLU, cache
+  // writes) and per attention head beyond its bytes and FLOPs (softmax, folding the scores).
+  double row_element_s = 0;
+  double attention_head_s = 0;
+  // How much of an op's shorter bound (memory or compute) its time adds to the longer: 0 = they overlap
+  // fully (the plain roofline, max), 1 = not at all (their sum).
+  double overlap_loss = 0;
+  // Fixed cost of one step inside a parallel pass (a barrier of the rank's threads: the CPU stage runs each
+  // half layer as one pass). Negative = not given: every op is its own kernel call, as on a GPU.
+  double step_overhead_s = -1;
+  FormatRates bf16;                           // optional: bf16 weights' rates (0 = fp32's)
+  FormatRates int8;                           // optional: int8 weights' rates (0 = fp32's)
+
+  // The rates for weights of `format`: its own where given, fp32's (the fields above) elsewhere.
+  FormatRates rates(WeightFormat format) const;
 };
 
 struct ClusterSpec {

@@ -46,6 +46,9 @@ namespace {
 constexpr double kFloat = 4.0;            // activations and messages are fp32
 constexpr double kGreedyPickBytes = 8.0;  // a row's best (float value, int index) from each TP rank
 constexpr double kSmallOpsPerLayer = 6;   // rmsnorm x2, rope, swiglu, residual adds: overhead only
+constexpr double kCacheSpill = 4;         // streams this many times the cache's size run at memory's rate
+constexpr double kPassesPerLayer = 2;     // CPU stage: a pass of the threads per half layer (a kernel call's cost)
+constexpr double kStepsPerLayer = 7;      // and the barriers between the passes' steps
 constexpr int kHeaderInts = 3;            // per-row header entries of a stage-to-stage message
 
 // Everything about one layout that does not depend on rows or context.
@@ -93,9 +96,13 @@ struct LayoutGeometry {
 };
 
 struct RankRates {
-  double bandwidth = 0;  // bytes/s of weight streaming
-  double flops = 0;
-  double kv_bandwidth = 0;
+  double bandwidth = 0;     // bytes/s of weight streaming, for the workload's weight format
+  double flops = 0;         // the weight matmuls' FLOP rate, same format, at 64 rows and more
+  double small_flops = 0;   // the same at 16 rows and fewer
+  double kv_bandwidth = 0;  // bytes/s of KV cache streaming (attention's kernels are fp32's)
+  double kv_flops = 0;
+  double row_element_s = 0;  // per element of a row's element-wise work, this format's, on one core
+  double row_threads = 1;    // a batch's rows go to the rank's threads (times its share of the cores)
 };
 
 // What one rank of stage s gets while it works, when `busy` ranks of its domain work at the same time.
@@ -105,27 +112,62 @@ RankRates rank_rates(const LayoutGeometry& g, int s, double busy) {
   const int threads = std::max(1, d.cores / on_domain);  // `run` gives each rank its share of the cores
   busy = std::max(1.0, busy);
   const double core_share = std::min(1.0, d.cores / busy);  // time slicing when ranks outnumber cores
-  const bool cached = d.cache_bytes > 0 && d.cache_bandwidth_bytes_per_s > 0 &&
-                      g.stage_streamed_bytes(s) * on_domain <= d.cache_bytes;
-  const double per_core = cached ? d.cache_bandwidth_bytes_per_s : d.core_bandwidth_bytes_per_s;
-  const double domain_cap = cached ? d.cache_bandwidth_bytes_per_s * d.cores : d.domain_bandwidth_bytes_per_s;
+  // Weights the domain's ranks stream in turn: all from the cache's rate up to cache_bytes, memory's from
+  // kCacheSpill x cache_bytes on, in between a blend by log(size) (measured on the project VM: 55 GB/s on
+  // both cores up to 60 MiB, 47 at 120 MiB, memory's 30 from 240 MiB).
+  const double streamed = g.stage_streamed_bytes(s) * on_domain;
+  const double from_memory = d.cache_bytes <= 0 || d.cache_bandwidth_bytes_per_s <= 0 ? 1.0
+                             : streamed <= d.cache_bytes                             ? 0.0
+                             : std::min(1.0, std::log(streamed / d.cache_bytes) / std::log(kCacheSpill));
+  auto stream = [&](const FormatRates& f) {
+    auto blend = [&](double cache, double memory) { return cache + from_memory * (memory - cache); };
+    const double per_core = blend(f.cache_bandwidth_bytes_per_s, f.core_bandwidth_bytes_per_s);
+    const double domain_cap = blend(f.cache_bandwidth_bytes_per_s * d.cores, f.domain_bandwidth_bytes_per_s);
+    return std::min(threads * per_core * core_share, domain_cap / busy);
+  };
+  const FormatRates weights = d.rates(g.w.weight_format), fp32 = d.rates(WeightFormat::kF32);
   RankRates r;
-  r.bandwidth = std::min(threads * per_core * core_share, domain_cap / busy);
-  r.flops = threads * d.core_flops * core_share;
-  r.kv_bandwidth = r.bandwidth;
+  r.bandwidth = stream(weights);
+  r.flops = threads * weights.core_flops * core_share;
+  r.small_flops = weights.small_batch_flops > 0 ? threads * weights.small_batch_flops * core_share : r.flops;
+  r.kv_bandwidth = stream(fp32);
+  r.kv_flops = threads * fp32.core_flops * core_share;
+  r.row_element_s = weights.row_element_s;
+  r.row_threads = threads * core_share;
   return r;
 }
 
-// One op's roofline time, attributed to compute or memory.
-void roofline(double bytes, double flops, const RankRates& rates, double overhead_s, TimeBreakdown& t) {
-  const double memory_s = bytes / rates.bandwidth;
-  const double compute_s = flops / rates.flops;
+// One op's roofline time: the longer of its memory and compute bounds, plus the share `overlap_loss` of
+// the shorter one that the hardware did not hide behind it, each attributed to its own kind.
+void roofline(double bytes, double flops, double bandwidth, double flop_rate, double overhead_s, double overlap_loss,
+              TimeBreakdown& t) {
+  const double memory_s = bytes / bandwidth;
+  const double compute_s = flops / flop_rate;
   if (memory_s >= compute_s) {
     t.memory_s += memory_s;
+    t.compute_s += overlap_loss * compute_s;
   } else {
     t.compute_s += compute_s;
+    t.memory_s += overlap_loss * memory_s;
   }
   t.compute_s += overhead_s;
+}
+
+// The weight matmuls' FLOP rate for a pass of `rows` rows: the 16-row rate up to 16, the 64-row one from
+// 64, between them by log(rows) (fewer rows reuse each loaded weight less).
+double matmul_flops(const RankRates& r, double rows) {
+  if (rows <= 16) return r.small_flops;
+  if (rows >= 64) return r.flops;
+  const double f = std::log(rows / 16) / std::log(4.0);
+  return r.small_flops + f * (r.flops - r.small_flops);
+}
+
+// The fixed costs of one layer's ops. With a step cost given (the CPU stage: each half layer one pass of the
+// rank's threads, its steps separated by barriers) two kernel calls and the barriers; without (every op its
+// own kernel call, as the CUDA stage launches them) one call per matrix, attention and small op.
+double layer_overhead_s(const DomainSpec& d) {
+  if (d.step_overhead_s >= 0) return kPassesPerLayer * d.op_overhead_s + kStepsPerLayer * d.step_overhead_s;
+  return (7 + 1 + kSmallOpsPerLayer) * d.op_overhead_s;
 }
 
 // One pass of `rows` rows through stage s (logits for `logit_rows` of them), attention over `context`.
@@ -137,15 +179,27 @@ TimeBreakdown stage_pass(const LayoutGeometry& g, int s, double rows, double log
   const LinkCost& tp_link = g.cluster.link(g.tp_link(s));
   TimeBreakdown layer;
   const double mats[][2] = {{q, d}, {kv, d}, {kv, d}, {d, q}, {h, d}, {h, d}, {d, h}};
-  for (const auto& m : mats) roofline(m[0] * m[1] * wb, 2.0 * rows * m[0] * m[1], rates, overhead, layer);
+  const double flop_rate = matmul_flops(rates, rows);
+  const double loss = g.cluster.domain.overlap_loss;
+  for (const auto& m : mats) {
+    roofline(m[0] * m[1] * wb, 2.0 * rows * m[0] * m[1], rates.bandwidth, flop_rate, 0, loss, layer);
+  }
   // Attention reads each cached key and value row once per kv head group and does 4 FLOPs per element.
-  roofline(rows * context * 2.0 * kv * w.kv_bytes_per_value, 4.0 * rows * context * q, rates, overhead, layer);
-  layer.compute_s += kSmallOpsPerLayer * overhead;
+  roofline(rows * context * 2.0 * kv * w.kv_bytes_per_value, 4.0 * rows * context * q, rates.kv_bandwidth,
+           rates.kv_flops, 0, loss, layer);
+  layer.compute_s += layer_overhead_s(g.cluster.domain);
+  // Row-wise work: the two residual adds, RMSNorms and rows prepared for the matrices (2 dim), q and k
+  // rotated, k and v written to the cache (q + 3 kv), the attention output and the hidden row prepared
+  // and the SwiGLU gate (q + 2 hidden); and each head's fixed attention cost.
+  const double row_elements = 2 * d + 2 * q + 3 * kv + 2 * h;
+  const double heads = q / w.shape.head_size();
+  layer.compute_s += rows * (row_elements * rates.row_element_s + heads * g.cluster.domain.attention_head_s) / rates.row_threads;
   layer.comm_s += 2.0 * ring_allreduce_s(g.layout.tp, rows * d * kFloat, tp_link);
   TimeBreakdown total;
   for (int l = 0; l < g.stage_layers[s].size(); ++l) total += layer;
   if (s == g.layout.pp - 1 && logit_rows > 0) {
-    roofline(g.vocab_local() * d * wb, 2.0 * logit_rows * g.vocab_local() * d, rates, overhead, total);
+    roofline(g.vocab_local() * d * wb, 2.0 * logit_rows * g.vocab_local() * d, rates.bandwidth,
+             matmul_flops(rates, logit_rows), overhead, loss, total);
     if (w.greedy) {
       total.comm_s += ring_allgather_s(g.layout.tp, logit_rows * g.layout.tp * kGreedyPickBytes, tp_link);
     } else {

@@ -39,6 +39,7 @@ const char* objective_name(Objective objective);
 struct Workload {
   ModelShape shape;
   double weight_bytes_per_param = 4.0;  // fp32 4, bf16 2, int8 with group scales ~1.03
+  WeightFormat weight_format = WeightFormat::kF32;  // whose rates the weight matmuls run at (DomainSpec::rates)
   double kv_bytes_per_value = 4.0;
   Objective objective = Objective::kLatency;
   int batch = 1;             // sequences decoded together

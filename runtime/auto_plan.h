@@ -7,7 +7,9 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "kernels/cpu/weight_format.h"
 #include "partition/chunk_policy.h"
+#include "partition/cluster.h"
 #include "partition/model_shape.h"
 
 namespace shardline::runtime {
@@ -21,6 +23,7 @@ struct AutoPlanRequest {
   int pp = 0;             // 0 = choose; else fixed
   int micro_batches = 0;  // 0 = choose
   double weight_bytes_per_param = 4.0;  // of the dtype the weights are converted to (run --weights-dtype)
+  partition::WeightFormat weight_format = partition::WeightFormat::kF32;  // the same dtype, for its rates
   double kv_bytes_per_value = 4.0;      // of the KV cache's dtype (run --kv-dtype, resolved)
   bool greedy = true;                   // every request at temperature 0 and no logits dumped (Workload::greedy)
 };
@@ -35,6 +38,9 @@ struct AutoPlan {
   double predicted_token_latency_s = 0;
   bool feasible = true;
 };
+
+// The cost model's name for a weight dtype (partition/ knows no kernels).
+partition::WeightFormat weight_format_of(kernels::cpu::WeightDtype dtype);
 
 // Collective over world. ConfigError when no valid layout exists for the job's ranks.
 AutoPlan plan_job(comm::Communicator& world, const AutoPlanRequest& request);

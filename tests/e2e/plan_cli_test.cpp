@@ -133,6 +133,25 @@ TEST_F(PlanCli, BadInputsAreClearErrors) {
   }
 }
 
+// --dtype plans at the weight format's own rates where the cluster file gives them: this VM's int8 kernels
+// multiply 7x faster than its fp32 ones, which makes batch 16 of the 110M shape bound by bandwidth, not
+// by fp32's FLOP rate.
+TEST_F(PlanCli, WeightFormatsPlanAtTheirOwnRates) {
+  auto throughput = [&](const std::string& cluster) {
+    const ProcessResult r = run_process(shardline_binary() + " plan --preset 110m --dtype int8 --batch 16 --context 64 "
+                                        "--objective throughput --np 1 --top 1 --json --cluster " + cluster);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return nlohmann::json::parse(r.out)["plans"][0]["throughput_tok_s"].get<double>();
+  };
+  std::ifstream in(cluster_file("cluster-this-vm.json"));
+  auto j = nlohmann::json::parse(in);
+  ASSERT_TRUE(j["domain"].contains("formats"));
+  j["domain"].erase("formats");
+  const std::string without = (dir_ / "no-formats.json").string();
+  std::ofstream(without) << j.dump();
+  EXPECT_GT(throughput(cluster_file("cluster-this-vm.json")), 2 * throughput(without));
+}
+
 TEST_F(PlanCli, SmallModelsShowTheirParametersInMillions) {
   const ProcessResult r = run_process(shardline_binary() + " plan --preset 15m --cluster " + cluster_file("cluster-this-vm.json"));
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -152,6 +171,19 @@ TEST_F(PlanCli, ProbeUnderMpirunWritesAProfileThatPlanReads) {
   EXPECT_FALSE(j["measurements"]["point_to_point"]["cross_host"]["measured"].get<bool>());  // one host here
   EXPECT_GT(j["domain"]["core_bandwidth_bytes_per_s"].get<double>(), 1e8);
   EXPECT_GT(j["links"]["same_domain"]["bandwidth_bytes_per_s"].get<double>(), 1e7);
+  // Each weight format's own rates, and the fixed costs the cost model charges per pass and per row.
+  for (const char* format : {"bf16", "int8"}) {
+    EXPECT_GT(j["domain"]["formats"][format]["core_flops"].get<double>(), 1e8) << format;
+    EXPECT_GT(j["domain"]["formats"][format]["core_bandwidth_bytes_per_s"].get<double>(), 1e8) << format;
+    EXPECT_GT(j["domain"]["formats"][format]["row_element_s"].get<double>(), 0) << format;
+  }
+  EXPECT_GE(j["domain"]["step_overhead_s"].get<double>(), 0);
+  EXPECT_GT(j["domain"]["row_element_s"].get<double>(), 0);
+  EXPECT_GT(j["domain"]["attention_head_s"].get<double>(), 0);
+  EXPECT_GT(j["domain"]["small_batch_flops"].get<double>(), 1e8);
+  EXPECT_GE(j["domain"]["overlap_loss"].get<double>(), 0);
+  EXPECT_LE(j["domain"]["overlap_loss"].get<double>(), 1);
+  EXPECT_NE(probe.out.find("int8"), std::string::npos) << probe.out;
   const ProcessResult plan = run_process(shardline_binary() + " plan --preset 110m --np 2 --probe-file " + out);
   EXPECT_EQ(plan.exit_code, 0) << plan.err;
 }

@@ -212,6 +212,154 @@ TEST(CostModel, GreedyDecodingExchangesEachRanksBestTokenInsteadOfTheLogits) {
   EXPECT_LT(greedy_tp1.decode.compute_s, sampled_tp1.decode.compute_s);
 }
 
+TEST(Cluster, WeightFormatsHaveTheirOwnRatesOrFp32s) {
+  ClusterSpec c = uniform_cluster(1, 1, 10e-6, 100);
+  c.domain.cache_bytes = 32e6;
+  c.domain.cache_bandwidth_bytes_per_s = 30e9;
+  c.domain.int8.core_flops = 800e9;  // bandwidths not given: fp32's
+  c.domain.bf16.cache_bandwidth_bytes_per_s = 40e9;
+  c.domain.step_overhead_s = 0.3e-6;
+  c.domain.row_element_s = 0.5e-9;
+  c.domain.attention_head_s = 0.2e-6;
+  const FormatRates int8 = c.domain.rates(WeightFormat::kInt8);
+  EXPECT_DOUBLE_EQ(int8.core_flops, 800e9);
+  EXPECT_DOUBLE_EQ(int8.core_bandwidth_bytes_per_s, 10e9);
+  EXPECT_DOUBLE_EQ(int8.cache_bandwidth_bytes_per_s, 30e9);
+  EXPECT_DOUBLE_EQ(int8.row_element_s, 0.5e-9);
+  EXPECT_DOUBLE_EQ(c.domain.rates(WeightFormat::kBf16).cache_bandwidth_bytes_per_s, 40e9);
+  EXPECT_DOUBLE_EQ(c.domain.rates(WeightFormat::kBf16).core_flops, 50e9);
+  // Every field survives the JSON round trip.
+  const ClusterSpec back = cluster_from_json(cluster_to_json(c));
+  EXPECT_DOUBLE_EQ(back.domain.int8.core_flops, 800e9);
+  EXPECT_DOUBLE_EQ(back.domain.bf16.cache_bandwidth_bytes_per_s, 40e9);
+  EXPECT_DOUBLE_EQ(back.domain.step_overhead_s, 0.3e-6);
+  EXPECT_DOUBLE_EQ(back.domain.row_element_s, 0.5e-9);
+  EXPECT_DOUBLE_EQ(back.domain.attention_head_s, 0.2e-6);
+  c.domain.overlap_loss = 0.6;
+  c.domain.small_batch_flops = 20e9;
+  EXPECT_DOUBLE_EQ(cluster_from_json(cluster_to_json(c)).domain.overlap_loss, 0.6);
+  EXPECT_DOUBLE_EQ(cluster_from_json(cluster_to_json(c)).domain.small_batch_flops, 20e9);
+  // Without the optional fields a file is read as before: no step cost (every op a call), no row costs.
+  nlohmann::json j = cluster_to_json(uniform_cluster(1, 1, 10e-6, 100));
+  j["domain"].erase("formats");
+  j["domain"].erase("row_element_s");
+  j["domain"].erase("attention_head_s");
+  const ClusterSpec plain = cluster_from_json(j);
+  EXPECT_LT(plain.domain.step_overhead_s, 0);
+  EXPECT_DOUBLE_EQ(plain.domain.rates(WeightFormat::kInt8).core_flops, 50e9);
+  // Errors name the field.
+  auto message_of = [](const nlohmann::json& bad) {
+    try {
+      cluster_from_json(bad);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  j = cluster_to_json(c);
+  j["domain"]["formats"]["int4"] = {{"core_flops", 1e12}};
+  EXPECT_NE(message_of(j).find("domain.formats.int4 is not a weight format"), std::string::npos) << message_of(j);
+  j = cluster_to_json(c);
+  j["domain"]["formats"]["int8"]["core_flops"] = -1;
+  EXPECT_NE(message_of(j).find("domain.formats.int8.core_flops"), std::string::npos) << message_of(j);
+}
+
+TEST(CostModel, Int8WeightsMultiplyAtTheirOwnRate) {
+  // Batch 64 of the 110M shape, short contexts: fp32's 50 GFLOP/s a core makes the matrices compute-bound.
+  // The int8 kernels measured 16x faster leave them about even with streaming a quarter of the bytes.
+  ClusterSpec c = uniform_cluster(1, 1, 10e-6, 100);
+  auto w = workload("110m", Objective::kThroughput, 64, 16);
+  w.weight_bytes_per_param = 1.03;
+  w.weight_format = WeightFormat::kInt8;
+  const auto borrowed = estimate_plan(c, w, Layout{});  // no int8 rates given: fp32's
+  c.domain.int8.core_flops = 16 * c.domain.core_flops;
+  const auto own = estimate_plan(c, w, Layout{});
+  EXPECT_GT(own.throughput_tok_s, 4 * borrowed.throughput_tok_s);
+  EXPECT_GT(borrowed.compute_fraction(), 0.8);
+  EXPECT_LT(own.compute_fraction(), borrowed.compute_fraction());
+}
+
+TEST(CostModel, StreamsBeyondTheCacheBlendIntoMemorysRate) {
+  // The 110M shape streams about 0.5 GB of fp32 per token (one rank). The rank's bandwidth is the cache's
+  // while that fits, memory's from 4x the cache on, in between in between.
+  ClusterSpec c = uniform_cluster(1, 1, 10e-6, 100);
+  c.domain.cores = 1;
+  c.domain.cache_bandwidth_bytes_per_s = 40e9;
+  const auto w = workload("110m", Objective::kLatency, 1, 256);
+  auto bandwidth_with_cache = [&](double cache_bytes) {
+    c.domain.cache_bytes = cache_bytes;
+    return estimate_plan(c, w, Layout{}).stages[0].bandwidth_bytes_per_s;
+  };
+  // What a token streams: the layers' matrices and norms, and the classifier (not the embedding table).
+  const double d = 768, hidden = 2048;
+  const double streamed = (12 * (4 * d * d + 3 * d * hidden + 2 * d) + 32000 * d) * 4.0;
+  EXPECT_DOUBLE_EQ(bandwidth_with_cache(2 * streamed), 40e9);
+  EXPECT_DOUBLE_EQ(bandwidth_with_cache(streamed / 8), 10e9);
+  const double halfway = bandwidth_with_cache(streamed / 2);  // log(2) / log(4): half way
+  EXPECT_NEAR(halfway, 25e9, 1e6);
+}
+
+TEST(CostModel, APassPerHalfLayerCostsTwoCallsAndItsBarriers) {
+  // The 15M shape at batch 1 is short enough that fixed costs show: 14 calls a layer where no step cost
+  // is given, 2 calls and 7 barriers where it is.
+  ClusterSpec c = uniform_cluster(1, 1, 10e-6, 100);
+  c.domain.op_overhead_s = 2e-6;
+  const auto w = workload("15m", Objective::kLatency, 1, 64);
+  const auto calls = estimate_plan(c, w, Layout{});
+  c.domain.step_overhead_s = 0.3e-6;
+  const auto pass = estimate_plan(c, w, Layout{});
+  const double per_layer = (14 * 2e-6) - (2 * 2e-6 + 7 * 0.3e-6);
+  EXPECT_NEAR(calls.token_latency_s - pass.token_latency_s, w.shape.n_layers * per_layer, 1e-9);
+}
+
+TEST(CostModel, RowWorkGrowsWithTheBatchAndSplitsOverThreads) {
+  ClusterSpec c = uniform_cluster(1, 1, 10e-6, 100);
+  c.domain.cores = 2;
+  const auto w = workload("15m", Objective::kThroughput, 16, 64);
+  const auto without = estimate_plan(c, w, Layout{});
+  c.domain.row_element_s = 1e-9;
+  c.domain.attention_head_s = 0.2e-6;
+  const auto with = estimate_plan(c, w, Layout{});
+  // Per layer and row: 2 dim + 2 q + 3 kv + 2 hidden elements (288, 288, 288, 768) and 6 heads, the rows
+  // shared by the rank's 2 threads.
+  const double per_row_layer = (2 * 288 + 2 * 288 + 3 * 288 + 2 * 768) * 1e-9 + 6 * 0.2e-6;
+  EXPECT_NEAR(with.decode.compute_s - without.decode.compute_s, 6 * 16 * per_row_layer / 2, 1e-9);
+}
+
+TEST(CostModel, ShorterBoundsAddTheirUnhiddenShare) {
+  // Batch 16 of the 110M shape on one core: streaming its 0.44 GB at 10 GB/s and 3.5 GFLOP at 80 GFLOP/s
+  // take about as long. With overlap_loss 0 an op costs the longer bound; with 1 their sum; 0.5 half way.
+  ClusterSpec c = uniform_cluster(1, 1, 10e-6, 100);
+  c.domain.cores = 1;
+  c.domain.core_flops = 80e9;
+  const auto w = workload("110m", Objective::kThroughput, 16, 16);
+  auto step = [&](double loss) {
+    c.domain.overlap_loss = loss;
+    return estimate_plan(c, w, Layout{}).token_latency_s;
+  };
+  const double hidden = step(0), half = step(0.5), summed = step(1);
+  EXPECT_GT(summed, 1.6 * hidden);
+  EXPECT_NEAR(half, (hidden + summed) / 2, 1e-9);
+  nlohmann::json j = cluster_to_json(c);
+  j["domain"]["overlap_loss"] = 1.5;
+  EXPECT_THROW(cluster_from_json(j), ConfigError);
+}
+
+TEST(CostModel, SmallBatchesMultiplyAtTheSixteenRowRate) {
+  // Decode rows (16) run at the 16-row GEMM rate, prefill chunks (64 rows) at the 64-row one.
+  ClusterSpec c = uniform_cluster(1, 1, 10e-6, 100);
+  c.domain.cores = 1;
+  c.domain.core_flops = 20e9;
+  auto w = workload("110m", Objective::kThroughput, 16, 128);
+  w.prompt_tokens = 64;
+  w.max_chunk_tokens = 64;
+  const auto same = estimate_plan(c, w, Layout{1, 1, {}, 1, 64});
+  c.domain.small_batch_flops = 5e9;
+  const auto slower = estimate_plan(c, w, Layout{1, 1, {}, 1, 64});
+  EXPECT_GT(slower.token_latency_s, 2 * same.token_latency_s);
+  EXPECT_NEAR(slower.ttft_s, same.ttft_s, 1e-9 + 0.01 * same.ttft_s);
+}
+
 TEST(CostModel, RejectsLayoutsTheModelOrClusterCannotTake) {
   const auto c = uniform_cluster(1, 4, 10e-6, 100);
   const auto w = workload("1.1b", Objective::kLatency, 1, 512);  // 4 kv heads
