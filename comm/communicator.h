@@ -36,6 +36,10 @@ class Communicator {
   // Starts a send and returns at once; data must stay valid until the PendingSend's wait() returns.
   virtual std::unique_ptr<PendingSend> isend(const void* data, std::size_t bytes, int dst, int tag) = 0;
   virtual void barrier() = 0;
+  // A barrier for members expected to wait long, while another works alone (`probe` measures its host on
+  // rank 0): they poll every few milliseconds instead of every 50 us, so their wake-ups stay off the cores
+  // the working member is measuring.
+  virtual void idle_barrier() { barrier(); }
 };
 
 // A communicator of one member: collectives are copies or no-ops. Used by single-rank runs and by

@@ -117,6 +117,12 @@ class MpiCommunicator final : public Communicator {
     wait(request, "barrier", -1);
   }
 
+  void idle_barrier() override {
+    MPI_Request request;
+    check_mpi(MPI_Ibarrier(comm_, &request), "barrier");
+    wait(request, "barrier", -1, nullptr, kIdlePollNs);
+  }
+
  private:
   static int checked_count(std::size_t count) {
     SL_CHECK_MSG(count <= static_cast<std::size_t>(INT32_MAX), "message of {} elements is too large for MPI", count);
@@ -125,9 +131,11 @@ class MpiCommunicator final : public Communicator {
 
   friend struct MpiPendingSend;
 
+  static constexpr long kIdlePollNs = 5'000'000;  // idle_barrier(): 5 ms between polls
+
   // Polls until done, with comm/poller.h's backoff.
-  void wait(MPI_Request& request, const char* what, int peer, MPI_Status* status = nullptr) {
-    Poller poller(options_.timeout_s);
+  void wait(MPI_Request& request, const char* what, int peer, MPI_Status* status = nullptr, long sleep_ns = 50'000) {
+    Poller poller(options_.timeout_s, sleep_ns);
     for (;;) {
       int done = 0;
       check_mpi(MPI_Test(&request, &done, status ? status : MPI_STATUS_IGNORE), what);

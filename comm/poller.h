@@ -15,9 +15,11 @@ class Poller {
  public:
   using Clock = std::chrono::steady_clock;
 
-  explicit Poller(double timeout_s)
+  // sleep_ns: the pause once spinning and yielding are over (50 us; longer for waits known to be long).
+  explicit Poller(double timeout_s, long sleep_ns = 50'000)
       : deadline_(Clock::now() +
-                  std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s))) {}
+                  std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s))),
+        sleep_ns_(sleep_ns) {}
 
   // The pause after a poll that found the operation unfinished. Returns false once the deadline has passed
   // (looked at every 64 polls after the first 20000).
@@ -29,7 +31,7 @@ class Poller {
       return true;
     }
     if ((polls_ & 63) == 0 && Clock::now() > deadline_) return false;
-    const timespec pause{0, 50'000};  // 50 us
+    const timespec pause{sleep_ns_ / 1'000'000'000, sleep_ns_ % 1'000'000'000};
     nanosleep(&pause, nullptr);
     return true;
   }
@@ -41,6 +43,7 @@ class Poller {
   static constexpr long kSpins = 2000;
   static constexpr long kYields = 20000;
   Clock::time_point deadline_;
+  long sleep_ns_;
   long polls_ = 0;
 };
 

@@ -46,8 +46,7 @@ int probe_command(const std::vector<std::string>& args, const MpiSession& mpi) {
       "Measures point-to-point latency and bandwidth between ranks on one host and across hosts, the\n"
       "all-reduce over all ranks, and this host: weight-streaming bandwidth and GEMM rate for fp32, bf16 and\n"
       "int8 weights, the cache they get, and fixed costs (kernel call, barrier, row work, attention head);\n"
-      "writes a cluster profile for `shardline plan --probe-file`. Without mpirun only the host is measured\n"
-      "(the most accurate host numbers: under mpirun the waiting ranks' polling disturbs them).";
+      "writes a cluster profile for `shardline plan --probe-file`. Without mpirun only the host is measured.";
   if (!parse_command_line("probe", usage, options, args, vm, mpi.world_rank() == 0)) return 0;
 
   std::unique_ptr<comm::Communicator> world =
@@ -59,7 +58,7 @@ int probe_command(const std::vector<std::string>& args, const MpiSession& mpi) {
     // The host's compute is measured by rank 0 alone while the others wait, so it gets the whole host.
     cluster = runtime::probe_this_machine({quick, 0});
   }
-  world->barrier();
+  world->idle_barrier();  // the others poll every few ms meanwhile, off the cores being measured
   if (world->rank() != 0) return 0;
 
   int on_host = 0;

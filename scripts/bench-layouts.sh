@@ -16,8 +16,8 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 MODEL=$WORK/m110.bin
 [ -f "$MODEL" ] || "$BIN" gen-model --preset 110m --out "$MODEL" >/dev/null 2>&1
 PROBE=$WORK/probe.json
-# Links from two ranks; the host from one process, which has it to itself (under mpirun the waiting rank's
-# polling disturbs the host's numbers: docs/planner.md).
+# Links from two ranks; the host from one process, which has it to itself (as the table in BENCHMARKS.md
+# was made; since the waiting ranks poll every 5 ms, the mpirun probe's host numbers agree with it).
 mpirun --oversubscribe --bind-to none -np 2 "$BIN" probe --out "$WORK/links.json" >&2
 "$BIN" probe --out "$WORK/host.json" >&2
 python3 - "$WORK/host.json" "$WORK/links.json" "$PROBE" <<'PY'
