@@ -98,7 +98,8 @@ int probe_command(const std::vector<std::string>& args, const MpiSession& mpi) {
       std::max(0.0, d.step_overhead_s) * 1e6, d.row_element_s * 1e9, d.attention_head_s * 1e6, d.overlap_loss);
   std::cout << fmt::format("  {:<6} {:>22} {:>22} {:>22} {:>20} {:>20}\n", "format", "GEMV 1 core (memory)",
                            "GEMV all (memory)", "GEMV 1 core (cache)", "GEMM 1 core, 64 rows", "16 rows");
-  for (const auto format : {partition::WeightFormat::kF32, partition::WeightFormat::kBf16, partition::WeightFormat::kInt8}) {
+  using partition::WeightFormat;
+  for (const auto format : {WeightFormat::kF32, WeightFormat::kBf16, WeightFormat::kInt8}) {
     const partition::FormatRates r = d.rates(format);
     std::cout << fmt::format("  {:<6} {:>17.1f} GB/s {:>17.1f} GB/s {:>17.1f} GB/s {:>12.1f} GFLOP/s {:>12.1f} GFLOP/s\n",
                              partition::weight_format_name(format), r.core_bandwidth_bytes_per_s / 1e9,

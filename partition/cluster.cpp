@@ -167,7 +167,8 @@ ClusterSpec cluster_from_json(const nlohmann::json& j) {
   if (d.contains("overlap_loss")) {
     c.domain.overlap_loss = positive(d, "overlap_loss", "domain", true);
     if (c.domain.overlap_loss > 1) {
-      throw ConfigError(fmt::format("cluster file: domain.overlap_loss must be from 0 to 1, got {}", c.domain.overlap_loss));
+      throw ConfigError(
+          fmt::format("cluster file: domain.overlap_loss must be from 0 to 1, got {}", c.domain.overlap_loss));
     }
   }
   if (d.contains("formats")) {
@@ -212,7 +213,8 @@ nlohmann::json cluster_to_json(const ClusterSpec& c) {
   j["domain"]["row_element_s"] = c.domain.row_element_s;
   j["domain"]["attention_head_s"] = c.domain.attention_head_s;
   j["domain"]["overlap_loss"] = c.domain.overlap_loss;
-  j["domain"]["formats"] = {{"bf16", format_rates_to_json(c.domain.bf16)}, {"int8", format_rates_to_json(c.domain.int8)}};
+  j["domain"]["formats"] = {{"bf16", format_rates_to_json(c.domain.bf16)},
+                            {"int8", format_rates_to_json(c.domain.int8)}};
   return j;
 }
 

@@ -193,7 +193,8 @@ TimeBreakdown stage_pass(const LayoutGeometry& g, int s, double rows, double log
   // and the SwiGLU gate (q + 2 hidden); and each head's fixed attention cost.
   const double row_elements = 2 * d + 2 * q + 3 * kv + 2 * h;
   const double heads = q / w.shape.head_size();
-  layer.compute_s += rows * (row_elements * rates.row_element_s + heads * g.cluster.domain.attention_head_s) / rates.row_threads;
+  const double per_row_s = row_elements * rates.row_element_s + heads * g.cluster.domain.attention_head_s;
+  layer.compute_s += rows * per_row_s / rates.row_threads;
   layer.comm_s += 2.0 * ring_allreduce_s(g.layout.tp, rows * d * kFloat, tp_link);
   TimeBreakdown total;
   for (int l = 0; l < g.stage_layers[s].size(); ++l) total += layer;

@@ -88,7 +88,8 @@ double packed_matmul_s(const ProbeMatrix& w, int n, int repeats) {
 double stream_bandwidth(ProbeBuffer& buffer, cpu::WeightDtype dtype, std::size_t bytes, int threads, int repeats) {
   const int cols = 4096;
   const double row_bytes = static_cast<double>(cpu::packed_size_bytes(dtype, 16, cols, cpu::default_int8_group(cols))) / 16;
-  const int rows = std::max(16, static_cast<int>(static_cast<double>(std::min(bytes, buffer.size())) / row_bytes) / 16 * 16);
+  const double fit = static_cast<double>(std::min(bytes, buffer.size())) / row_bytes;
+  const int rows = std::max(16, static_cast<int>(fit) / 16 * 16);
   const ProbeMatrix w(buffer, dtype, rows, cols);
   const int previous = cpu::set_num_threads(threads);
   const double seconds = packed_matmul_s(w, 1, repeats);
@@ -236,7 +237,8 @@ CacheFit fit_cache(ProbeBuffer& buffer, double llc, int cores, double memory_rat
     if (rates.back() <= 1.05 * memory_rate) break;
   }
   if (sizes.empty() || rates[0] < 1.1 * memory_rate) return fit;  // no cache worth the name
-  fit.core_bandwidth_bytes_per_s = stream_bandwidth(buffer, cpu::WeightDtype::kF32, static_cast<std::size_t>(sizes[0]), 1, repeats);
+  fit.core_bandwidth_bytes_per_s =
+      stream_bandwidth(buffer, cpu::WeightDtype::kF32, static_cast<std::size_t>(sizes[0]), 1, repeats);
   const double half_way = (rates[0] + memory_rate) / 2;
   double crossing = sizes.back();  // every stream above half way: the cache holds at least the largest
   for (std::size_t i = 1; i < sizes.size(); ++i) {
@@ -296,9 +298,11 @@ partition::ClusterSpec probe_this_machine(const MachineProbeOptions& options) {
   auto measure = [&](cpu::WeightDtype dtype, double cache_bytes) {
     partition::FormatRates r;
     r.core_bandwidth_bytes_per_s = stream_bandwidth(buffer, dtype, capped, 1, repeats);
-    r.domain_bandwidth_bytes_per_s = std::max(r.core_bandwidth_bytes_per_s, stream_bandwidth(buffer, dtype, capped, cores, repeats));
+    r.domain_bandwidth_bytes_per_s =
+        std::max(r.core_bandwidth_bytes_per_s, stream_bandwidth(buffer, dtype, capped, cores, repeats));
     if (cache_bytes > 0) {
-      r.cache_bandwidth_bytes_per_s = stream_bandwidth(buffer, dtype, static_cast<std::size_t>(cache_bytes / 4), 1, repeats);
+      const auto quarter = static_cast<std::size_t>(cache_bytes / 4);
+      r.cache_bandwidth_bytes_per_s = stream_bandwidth(buffer, dtype, quarter, 1, repeats);
     }
     r.core_flops = gemm_flops_one_core(buffer, dtype, 64, options.quick);
     r.small_batch_flops = gemm_flops_one_core(buffer, dtype, 16, options.quick);
@@ -319,7 +323,8 @@ partition::ClusterSpec probe_this_machine(const MachineProbeOptions& options) {
     if (format == partition::WeightFormat::kBf16) c.domain.bf16 = measure(cpu::WeightDtype::kBf16, cache.bytes);
     if (format == partition::WeightFormat::kInt8) c.domain.int8 = measure(cpu::WeightDtype::kInt8, cache.bytes);
   }
-  c.domain.overlap_loss = overlap_loss(buffer, cores, c.domain.domain_bandwidth_bytes_per_s, c.domain.small_batch_flops, repeats);
+  c.domain.overlap_loss =
+      overlap_loss(buffer, cores, c.domain.domain_bandwidth_bytes_per_s, c.domain.small_batch_flops, repeats);
   c.domain.op_overhead_s = op_overhead_s(buffer, std::max(1, cores));
   c.domain.step_overhead_s = step_overhead_s(cores);
   // Shared-memory MPI between ranks of one host: typical Open MPI vader figures, replaced by `probe`.
