@@ -96,6 +96,7 @@ AutoPlan plan_job(comm::Communicator& world, const AutoPlanRequest& request) {
       std::snprintf(wire.error, sizeof(wire.error), "%s", e.what());
     }
   }
+  world.idle_barrier();  // the others poll every few ms while rank 0 measures (Communicator::idle_barrier)
   world.broadcast(&wire, sizeof(wire), 0);
   if (!wire.ok) throw ConfigError(wire.error);
   AutoPlan plan;
