@@ -14,7 +14,6 @@
 #include "launch/cli_options.h"
 #include "partition/model_presets.h"
 #include "partition/planner.h"
-#include "runtime/auto_plan.h"
 #include "runtime/checkpoint.h"
 #include "runtime/kv_cache.h"
 #include "runtime/machine_probe.h"
@@ -207,8 +206,7 @@ int plan_command(const std::vector<std::string>& args) {
   } else {
     log::info("no --cluster: measuring this machine (use `mpirun ... shardline probe` for measured links)");
     runtime::MachineProbeOptions probe;
-    probe.formats.clear();  // fp32's rates (always measured) and those of the weight format planned for
-    if (w.weight_format != partition::WeightFormat::kF32) probe.formats.push_back(w.weight_format);
+    probe.only_for(w.weight_format);
     cluster = runtime::probe_this_machine(probe);
   }
   if (ranks_per_domain < 0) throw ConfigError("shardline plan: --ranks-per-domain must be >= 1 (or 0: the cluster's)");

@@ -104,7 +104,7 @@ int probe_command(const std::vector<std::string>& args, const MpiSession& mpi) {
     std::cout << fmt::format("  {:<6} {:>17.1f} GB/s {:>17.1f} GB/s {:>17.1f} GB/s {:>12.1f} GFLOP/s {:>12.1f} GFLOP/s\n",
                              partition::weight_format_name(format), r.core_bandwidth_bytes_per_s / 1e9,
                              r.domain_bandwidth_bytes_per_s / 1e9, r.cache_bandwidth_bytes_per_s / 1e9, r.core_flops / 1e9,
-                             (r.small_batch_flops > 0 ? r.small_batch_flops : r.core_flops) / 1e9);
+                             r.small_batch_rate() / 1e9);
   }
   return 0;
 }

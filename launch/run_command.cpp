@@ -34,6 +34,7 @@
 #include "runtime/comm_groups.h"
 #include "runtime/engine.h"
 #include "runtime/gguf.h"
+#include "runtime/machine_probe.h"
 #include "runtime/model_generator.h"
 #include "runtime/tokenizer.h"
 

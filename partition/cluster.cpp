@@ -41,6 +41,21 @@ FormatRates DomainSpec::rates(WeightFormat format) const {
           pick(own.row_element_s, fp32.row_element_s)};
 }
 
+void DomainSpec::set_rates(WeightFormat format, const FormatRates& r) {
+  if (format == WeightFormat::kBf16) {
+    bf16 = r;
+  } else if (format == WeightFormat::kInt8) {
+    int8 = r;
+  } else {
+    core_bandwidth_bytes_per_s = r.core_bandwidth_bytes_per_s;
+    domain_bandwidth_bytes_per_s = r.domain_bandwidth_bytes_per_s;
+    cache_bandwidth_bytes_per_s = r.cache_bandwidth_bytes_per_s;
+    core_flops = r.core_flops;
+    small_batch_flops = r.small_batch_flops;
+    row_element_s = r.row_element_s;
+  }
+}
+
 LinkClass ClusterSpec::link_between(int rank_a, int rank_b) const {
   if (domain_of(rank_a) == domain_of(rank_b)) return LinkClass::kSameDomain;
   if (node_of(rank_a) == node_of(rank_b)) return LinkClass::kCrossDomain;
@@ -67,6 +82,11 @@ double positive(const nlohmann::json& j, const char* key, const std::string& whe
                                   allow_zero ? ">= 0" : "> 0", value));
   }
   return value;
+}
+
+// An optional field: where j has it, a number >= 0 into field; else field keeps its default.
+void read_optional(const nlohmann::json& j, const char* key, const std::string& where, double& field) {
+  if (j.contains(key)) field = positive(j, key, where, true);
 }
 
 // A count (nodes, domains, slots, cores): a whole number from 1 to kMaxCount, so that products of counts
@@ -109,15 +129,12 @@ FormatRates format_rates_from_json(const nlohmann::json& formats, WeightFormat f
   const auto& j = formats[name];
   const std::string where = fmt::format("domain.formats.{}", name);
   if (!j.is_object()) throw ConfigError(fmt::format("cluster file: {} must be an object", where));
-  auto optional = [&](const char* key, double& field) {
-    if (j.contains(key)) field = positive(j, key, where, true);
-  };
-  optional("core_bandwidth_bytes_per_s", r.core_bandwidth_bytes_per_s);
-  optional("domain_bandwidth_bytes_per_s", r.domain_bandwidth_bytes_per_s);
-  optional("cache_bandwidth_bytes_per_s", r.cache_bandwidth_bytes_per_s);
-  optional("core_flops", r.core_flops);
-  optional("small_batch_flops", r.small_batch_flops);
-  optional("row_element_s", r.row_element_s);
+  read_optional(j, "core_bandwidth_bytes_per_s", where, r.core_bandwidth_bytes_per_s);
+  read_optional(j, "domain_bandwidth_bytes_per_s", where, r.domain_bandwidth_bytes_per_s);
+  read_optional(j, "cache_bandwidth_bytes_per_s", where, r.cache_bandwidth_bytes_per_s);
+  read_optional(j, "core_flops", where, r.core_flops);
+  read_optional(j, "small_batch_flops", where, r.small_batch_flops);
+  read_optional(j, "row_element_s", where, r.row_element_s);
   return r;
 }
 
@@ -155,21 +172,16 @@ ClusterSpec cluster_from_json(const nlohmann::json& j) {
   c.domain.core_bandwidth_bytes_per_s = positive(d, "core_bandwidth_bytes_per_s", "domain");
   c.domain.domain_bandwidth_bytes_per_s = positive(d, "domain_bandwidth_bytes_per_s", "domain");
   c.domain.core_flops = positive(d, "core_flops", "domain");
-  if (d.contains("cache_bytes")) c.domain.cache_bytes = positive(d, "cache_bytes", "domain", true);
-  if (d.contains("cache_bandwidth_bytes_per_s")) {
-    c.domain.cache_bandwidth_bytes_per_s = positive(d, "cache_bandwidth_bytes_per_s", "domain", true);
-  }
-  if (d.contains("op_overhead_s")) c.domain.op_overhead_s = positive(d, "op_overhead_s", "domain", true);
-  if (d.contains("step_overhead_s")) c.domain.step_overhead_s = positive(d, "step_overhead_s", "domain", true);
-  if (d.contains("small_batch_flops")) c.domain.small_batch_flops = positive(d, "small_batch_flops", "domain", true);
-  if (d.contains("row_element_s")) c.domain.row_element_s = positive(d, "row_element_s", "domain", true);
-  if (d.contains("attention_head_s")) c.domain.attention_head_s = positive(d, "attention_head_s", "domain", true);
-  if (d.contains("overlap_loss")) {
-    c.domain.overlap_loss = positive(d, "overlap_loss", "domain", true);
-    if (c.domain.overlap_loss > 1) {
-      throw ConfigError(
-          fmt::format("cluster file: domain.overlap_loss must be from 0 to 1, got {}", c.domain.overlap_loss));
-    }
+  read_optional(d, "cache_bytes", "domain", c.domain.cache_bytes);
+  read_optional(d, "cache_bandwidth_bytes_per_s", "domain", c.domain.cache_bandwidth_bytes_per_s);
+  read_optional(d, "op_overhead_s", "domain", c.domain.op_overhead_s);
+  read_optional(d, "step_overhead_s", "domain", c.domain.step_overhead_s);
+  read_optional(d, "small_batch_flops", "domain", c.domain.small_batch_flops);
+  read_optional(d, "row_element_s", "domain", c.domain.row_element_s);
+  read_optional(d, "attention_head_s", "domain", c.domain.attention_head_s);
+  read_optional(d, "overlap_loss", "domain", c.domain.overlap_loss);
+  if (c.domain.overlap_loss > 1) {
+    throw ConfigError(fmt::format("cluster file: domain.overlap_loss must be from 0 to 1, got {}", c.domain.overlap_loss));
   }
   if (d.contains("formats")) {
     const auto& formats = d["formats"];

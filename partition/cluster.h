@@ -36,6 +36,8 @@ struct FormatRates {
   double core_flops = 0;                    // one core's GEMM rate, 64 rows (a prefill chunk)
   double small_batch_flops = 0;             // the same with 16 rows (a decode batch); 0 = core_flops
   double row_element_s = 0;                 // one core's time per element of a row's element-wise work
+
+  double small_batch_rate() const { return small_batch_flops > 0 ? small_batch_flops : core_flops; }
 };
 
 // One memory domain (a NUMA node with its cores, or one GPU).
@@ -65,6 +67,8 @@ struct DomainSpec {
 
   // The rates for weights of `format`: its own where given, fp32's (the fields above) elsewhere.
   FormatRates rates(WeightFormat format) const;
+  // Sets them: fp32's are the fields above, bf16's and int8's their members.
+  void set_rates(WeightFormat format, const FormatRates& rates);
 };
 
 struct ClusterSpec {

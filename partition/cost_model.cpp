@@ -129,7 +129,7 @@ RankRates rank_rates(const LayoutGeometry& g, int s, double busy) {
   RankRates r;
   r.bandwidth = stream(weights);
   r.flops = threads * weights.core_flops * core_share;
-  r.small_flops = weights.small_batch_flops > 0 ? threads * weights.small_batch_flops * core_share : r.flops;
+  r.small_flops = threads * weights.small_batch_rate() * core_share;
   r.kv_bandwidth = stream(fp32);
   r.kv_flops = threads * fp32.core_flops * core_share;
   r.row_element_s = weights.row_element_s;

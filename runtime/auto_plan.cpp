@@ -28,22 +28,13 @@ struct WirePlan {
 
 }  // namespace
 
-partition::WeightFormat weight_format_of(kernels::cpu::WeightDtype dtype) {
-  switch (dtype) {
-    case kernels::cpu::WeightDtype::kF32: return partition::WeightFormat::kF32;
-    case kernels::cpu::WeightDtype::kBf16: return partition::WeightFormat::kBf16;
-    case kernels::cpu::WeightDtype::kInt8: return partition::WeightFormat::kInt8;
-  }
-  return partition::WeightFormat::kF32;
-}
-
 AutoPlan plan_job(comm::Communicator& world, const AutoPlanRequest& request) {
   const comm::LinkProbeResult links = comm::probe_links(world, {.quick = true, .max_bytes = 256 * 1024});
   WirePlan wire{};
   if (world.rank() == 0) {
     try {
-      MachineProbeOptions probe{.quick = true, .cores = 0, .max_buffer_bytes = 64 << 20, .formats = {}};
-      if (request.weight_format != partition::WeightFormat::kF32) probe.formats.push_back(request.weight_format);
+      MachineProbeOptions probe{.quick = true, .cores = 0, .max_buffer_bytes = 64 << 20};
+      probe.only_for(request.weight_format);
       partition::ClusterSpec cluster = probe_this_machine(probe);
       const int per_host = (world.size() + links.n_hosts - 1) / links.n_hosts;
       cluster.nodes = links.n_hosts;

@@ -7,7 +7,6 @@
 #include <vector>
 
 #include "comm/communicator.h"
-#include "kernels/cpu/weight_format.h"
 #include "partition/chunk_policy.h"
 #include "partition/cluster.h"
 #include "partition/model_shape.h"
@@ -38,9 +37,6 @@ struct AutoPlan {
   double predicted_token_latency_s = 0;
   bool feasible = true;
 };
-
-// The cost model's name for a weight dtype (partition/ knows no kernels).
-partition::WeightFormat weight_format_of(kernels::cpu::WeightDtype dtype);
 
 // Collective over world. ConfigError when no valid layout exists for the job's ranks.
 AutoPlan plan_job(comm::Communicator& world, const AutoPlanRequest& request);

@@ -37,7 +37,34 @@ double available_memory_bytes() {
   return 0;
 }
 
+partition::WeightFormat weight_format_of(cpu::WeightDtype dtype) {
+  switch (dtype) {
+    case cpu::WeightDtype::kF32: return partition::WeightFormat::kF32;
+    case cpu::WeightDtype::kBf16: return partition::WeightFormat::kBf16;
+    case cpu::WeightDtype::kInt8: return partition::WeightFormat::kInt8;
+  }
+  return partition::WeightFormat::kF32;
+}
+
 namespace {
+
+// The fastest of `repeats` runs of timed(), in seconds, each run after an untimed before().
+template <typename Before, typename Timed>
+double best_of_s(int repeats, Before&& before, Timed&& timed) {
+  double best = 1e30;
+  for (int r = 0; r < repeats; ++r) {
+    before();
+    const double start = now_s();
+    timed();
+    best = std::min(best, now_s() - start);
+  }
+  return best;
+}
+
+template <typename Timed>
+double best_of_s(int repeats, Timed&& timed) {
+  return best_of_s(repeats, [] {}, timed);
+}
 
 // Memory for the probe's matrices, filled once: every measurement takes a matrix of its dtype from the
 // start of it (allocating and filling a buffer per measurement took longer than the measurements). Bytes of
@@ -74,13 +101,7 @@ double packed_matmul_s(const ProbeMatrix& w, int n, int repeats) {
   act.reserve(n, w.matrix.k);
   act.prepare(x.data(), n, w.matrix);
   cpu::matmul(y.data(), act, w.matrix);  // warm up (page in, caches)
-  double best = 1e30;
-  for (int r = 0; r < repeats; ++r) {
-    const double start = now_s();
-    cpu::matmul(y.data(), act, w.matrix);
-    best = std::min(best, now_s() - start);
-  }
-  return best;
+  return best_of_s(repeats, [&] { cpu::matmul(y.data(), act, w.matrix); });
 }
 
 // Bytes of packed weights of `dtype` streamed per second by a GEMV with `threads` threads, over a matrix
@@ -139,14 +160,11 @@ double step_overhead_s(int threads) {
   if (threads <= 1) return 0.0;
   const int previous = cpu::set_num_threads(threads);
   constexpr int kBarriers = 200;
-  double best = 1e30;
-  for (int r = 0; r < 5; ++r) {
-    const double start = now_s();
+  const double best = best_of_s(5, [] {
     cpu::run_team([](cpu::Team) {
       for (int b = 0; b < kBarriers; ++b) cpu::team_barrier();
     });
-    best = std::min(best, now_s() - start);
-  }
+  });
   cpu::set_num_threads(previous);
   return best / kBarriers;
 }
@@ -162,13 +180,9 @@ double row_element_s(cpu::WeightDtype dtype) {
   cpu::Activations act;
   act.reserve(kRows, kDim);
   act.prepare_shape(out.data(), kRows, shape);
-  double best = 1e30;
-  for (int r = 0; r < 10; ++r) {
-    std::fill(x.begin(), x.end(), 0.5f);  // the residual adds must not grow x without bound
-    const double start = now_s();
-    act.normalise_rows(out.data(), x.data(), residual.data(), weight.data(), 1e-5f, 0, kRows);
-    best = std::min(best, now_s() - start);
-  }
+  const double best = best_of_s(
+      10, [&] { std::fill(x.begin(), x.end(), 0.5f); },  // the residual adds must not grow x without bound
+      [&] { act.normalise_rows(out.data(), x.data(), residual.data(), weight.data(), 1e-5f, 0, kRows); });
   return best / (static_cast<double>(kRows) * kDim);
 }
 
@@ -187,13 +201,10 @@ double attention_head_s() {
   const void* key_blocks[] = {keys.data()};
   const void* value_blocks[] = {values.data()};
   std::vector<float> q(kStride, 0.5f), out(kStride), scratch(static_cast<std::size_t>(kHeads) * kPositions);
-  double best = 1e30;
-  for (int r = 0; r < 50; ++r) {
-    const double start = now_s();
+  const double best = best_of_s(50, [&] {
     cpu::attention_paged(out.data(), q.data(), key_blocks, value_blocks, dtype, kPositions, scratch.data(), kPositions,
                          kHeads, kHeads, kHeadSize, kStride, cpu::Team{});
-    best = std::min(best, now_s() - start);
-  }
+  });
   return best / kHeads;
 }
 
@@ -309,19 +320,18 @@ partition::ClusterSpec probe_this_machine(const MachineProbeOptions& options) {
     r.row_element_s = row_element_s(dtype);
     return r;
   };
+  // fp32's cache rate comes from the cache fit, which needs fp32's memory rate first.
   partition::FormatRates fp32 = measure(cpu::WeightDtype::kF32, 0);
   const CacheFit cache = fit_cache(buffer, llc, cores, fp32.domain_bandwidth_bytes_per_s, repeats);
+  fp32.cache_bandwidth_bytes_per_s = cache.core_bandwidth_bytes_per_s;
   c.domain.cache_bytes = cache.bytes;
-  c.domain.cache_bandwidth_bytes_per_s = cache.core_bandwidth_bytes_per_s;
-  c.domain.core_bandwidth_bytes_per_s = fp32.core_bandwidth_bytes_per_s;
-  c.domain.domain_bandwidth_bytes_per_s = fp32.domain_bandwidth_bytes_per_s;
-  c.domain.core_flops = fp32.core_flops;
-  c.domain.small_batch_flops = fp32.small_batch_flops;
-  c.domain.row_element_s = fp32.row_element_s;
+  c.domain.set_rates(partition::WeightFormat::kF32, fp32);
   c.domain.attention_head_s = attention_head_s();
-  for (const partition::WeightFormat format : options.formats) {
-    if (format == partition::WeightFormat::kBf16) c.domain.bf16 = measure(cpu::WeightDtype::kBf16, cache.bytes);
-    if (format == partition::WeightFormat::kInt8) c.domain.int8 = measure(cpu::WeightDtype::kInt8, cache.bytes);
+  for (const cpu::WeightDtype dtype : {cpu::WeightDtype::kBf16, cpu::WeightDtype::kInt8}) {
+    const partition::WeightFormat format = weight_format_of(dtype);
+    if (std::find(options.formats.begin(), options.formats.end(), format) != options.formats.end()) {
+      c.domain.set_rates(format, measure(dtype, cache.bytes));
+    }
   }
   c.domain.overlap_loss =
       overlap_loss(buffer, cores, c.domain.domain_bandwidth_bytes_per_s, c.domain.small_batch_flops, repeats);

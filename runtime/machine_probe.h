@@ -6,17 +6,27 @@
 
 #include <vector>
 
+#include "kernels/cpu/weight_format.h"
 #include "partition/cluster.h"
 
 namespace shardline::runtime {
 
+// The cost model's name for a weight dtype (partition/ knows no kernels).
+partition::WeightFormat weight_format_of(kernels::cpu::WeightDtype dtype);
+
 struct MachineProbeOptions {
-  bool quick = true;                 // ~0.5 s instead of a few seconds (smaller buffers, fewer repeats)
+  bool quick = true;                 // about 1-2 s instead of 4 (a smaller buffer, fewer repeats)
   int cores = 0;                     // 0: the cores this process may use
   std::size_t max_buffer_bytes = 0;  // cap on the streamed buffer (0: twice the last-level cache, <= 1-2 GiB)
   // The weight formats measured besides fp32 (whose rates are the domain's own fields and always
   // measured): `probe` takes every one, `plan` the one it plans for.
   std::vector<partition::WeightFormat> formats = {partition::WeightFormat::kBf16, partition::WeightFormat::kInt8};
+
+  // fp32's rates and those of `format`: what a plan for weights of `format` needs.
+  void only_for(partition::WeightFormat format) {
+    formats.clear();
+    if (format != partition::WeightFormat::kF32) formats.push_back(format);
+  }
 };
 
 // A one-node, one-domain ClusterSpec describing this machine as measured now.
