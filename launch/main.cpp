@@ -25,6 +25,7 @@ namespace {
 constexpr const char* kUsage = R"(shardline: tensor- and pipeline-parallel LLM inference over MPI
 
 Usage: shardline <command> [options]      (shardline <command> --help for its options)
+       shardline --version
 
 Commands:
   run           generate text (plain process, or under mpirun / srun)

@@ -113,7 +113,7 @@ std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, 
       ("seed,s", po::value(&sampler.seed)->default_value(42), "random seed for sampling")
       ("tp", po::value(&c.tp), "tensor-parallel ranks per stage (must divide n_kv_heads)")
       ("pp", po::value(&c.pp), "pipeline stages (tp x pp must equal the number of ranks)")
-      ("layers-per-stage", po::value(&layer_split), "explicit layer split, e.g. 3,2,2 (default: even)")
+      ("layers-per-stage", po::value(&layer_split), "explicit layer split, e.g. 3,2,2 (default: the planner's with --plan auto and several ranks, else even)")
       ("plan", po::value(&c.plan)->default_value("auto"),
        "auto: the planner picks what --tp/--pp/--layers-per-stage/--micro-batches/--chunk-tokens leave open, from a "
        "quick probe of this job; none: tp = all ranks (else pp), even split, fixed chunks")

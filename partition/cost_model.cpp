@@ -204,7 +204,8 @@ TimeBreakdown stage_pass(const LayoutGeometry& g, int s, double rows, double log
     if (w.greedy) {
       total.comm_s += ring_allgather_s(g.layout.tp, logit_rows * g.layout.tp * kGreedyPickBytes, tp_link);
     } else {
-      total.comm_s += logit_rows * ring_allgather_s(g.layout.tp, w.shape.vocab_size * kFloat, tp_link);
+      // One all-gather of every row's logit slices (Stage::logits), not one per row.
+      total.comm_s += ring_allgather_s(g.layout.tp, logit_rows * w.shape.vocab_size * kFloat, tp_link);
       total.compute_s += logit_rows * w.shape.vocab_size * 1e-9;  // sampling scan, ~1 ns per logit
     }
   }

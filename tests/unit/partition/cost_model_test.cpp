@@ -207,6 +207,11 @@ TEST(CostModel, GreedyDecodingExchangesEachRanksBestTokenInsteadOfTheLogits) {
   // tp = 2: 8 bytes per row and rank instead of 32000 logits per row; the layers' all-reduces are the same.
   EXPECT_LT(greedy_tp2.decode.comm_s, sampled_tp2.decode.comm_s);
   EXPECT_GT(greedy_tp2.throughput_tok_s, sampled_tp2.throughput_tok_s);
+  // Each is one all-gather for the whole pass (16 rows), as Stage::logits and the greedy exchange make it:
+  // one latency term, not one per row.
+  const LinkCost& link = c.link(LinkClass::kCrossDomain);
+  EXPECT_NEAR(sampled_tp2.decode.comm_s - greedy_tp2.decode.comm_s,
+              ring_allgather_s(2, 16.0 * 32000 * 4, link) - ring_allgather_s(2, 16.0 * 2 * 8, link), 1e-12);
   // tp = 1: nothing to exchange either way; greedy skips the sampler's scan of the logits.
   EXPECT_DOUBLE_EQ(greedy_tp1.decode.comm_s, sampled_tp1.decode.comm_s);
   EXPECT_LT(greedy_tp1.decode.compute_s, sampled_tp1.decode.compute_s);
