@@ -435,6 +435,9 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
       const bool cuda = runtime::choose_backend(config->device, mpi.local_rank(), config->cpu_only_reason).cuda;
       request.kv_bytes_per_value = kernels::cpu::kv_bytes_per_value(
           runtime::resolve_kv_dtype(config->engine.kv_dtype, config->engine.weights_dtype, cuda), shape->head_size());
+      // What the flags fixed is priced as given, so the plan line reports the layout the run uses.
+      request.layers_per_stage = config->engine.layers_per_stage;
+      request.chunk_tokens = config->engine.chunk_tokens;
       request.greedy = config->dump_logits.empty() &&
                        std::all_of(config->requests.begin(), config->requests.end(),
                                    [](const auto& r) { return r.sampler.temperature == 0.0f; });

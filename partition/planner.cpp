@@ -43,11 +43,12 @@ std::vector<PlanEstimate> search_plans(const ClusterSpec& cluster, const Workloa
     if (!allowed(search.tp_only, tp)) continue;
     for (int pp = 1; pp * tp <= slots && pp <= w.shape.n_layers; ++pp) {
       if (!allowed(search.pp_only, pp)) continue;
+      if (!search.layers_per_stage.empty() && static_cast<int>(search.layers_per_stage.size()) != pp) continue;
       if (search.world > 0 && tp * pp != search.world) continue;
       if (find_layout_problem(w.shape, tp, pp)) continue;
       if (tp * pp > cluster.total_slots()) continue;
       for (int m : micro_batch_candidates(w, search, pp)) {
-        plans.push_back(estimate_plan(cluster, w, Layout{tp, pp, {}, m, 0}));
+        plans.push_back(estimate_plan(cluster, w, Layout{tp, pp, search.layers_per_stage, m, search.chunk_tokens}));
       }
     }
   }

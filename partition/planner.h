@@ -14,6 +14,8 @@ struct PlanSearch {
   std::vector<int> tp_only;  // restrict tp to these values (empty = all valid)
   std::vector<int> pp_only;  // restrict pp to these values (empty = all valid)
   std::vector<int> micro_batches_only;  // restrict m (empty = 1 for latency, powers of two up to batch)
+  std::vector<int> layers_per_stage;    // a split fixed by the caller: only pp = its length (empty = balanced)
+  int chunk_tokens = 0;                 // a prefill chunk fixed by the caller (0 = the cost model's best)
 };
 
 // Best plans first: feasible before infeasible; then by the objective (latency: request latency, lowest

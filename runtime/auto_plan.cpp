@@ -61,11 +61,17 @@ AutoPlan plan_job(comm::Communicator& world, const AutoPlanRequest& request) {
       if (request.tp > 0) search.tp_only = {request.tp};
       if (request.pp > 0) search.pp_only = {request.pp};
       if (request.micro_batches > 0) search.micro_batches_only = {request.micro_batches};
+      search.layers_per_stage = request.layers_per_stage;
+      search.chunk_tokens = request.chunk_tokens;
       const auto plans = partition::search_plans(cluster, w, search);
       if (plans.empty()) {
-        throw ConfigError(fmt::format("no valid tp x pp layout of {} uses exactly {} ranks (tp must divide n_kv_heads={}, "
-                                      "pp <= n_layers={}); launch with another -np",
-                                      request.shape.describe(), world.size(), request.shape.n_kv_heads,
+        const std::string fixed = request.layers_per_stage.empty()
+                                      ? std::string()
+                                      : fmt::format(" with --layers-per-stage's {} stages",
+                                                    request.layers_per_stage.size());
+        throw ConfigError(fmt::format("no valid tp x pp layout of {} uses exactly {} ranks{} (tp must divide "
+                                      "n_kv_heads={}, pp <= n_layers={}); launch with another -np",
+                                      request.shape.describe(), world.size(), fixed, request.shape.n_kv_heads,
                                       request.shape.n_layers));
       }
       const auto& best = plans.front();

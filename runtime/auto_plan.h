@@ -25,6 +25,8 @@ struct AutoPlanRequest {
   partition::WeightFormat weight_format = partition::WeightFormat::kF32;  // the same dtype, for its rates
   double kv_bytes_per_value = 4.0;      // of the KV cache's dtype (run --kv-dtype, resolved)
   bool greedy = true;                   // every request at temperature 0 and no logits dumped (Workload::greedy)
+  std::vector<int> layers_per_stage = {};  // empty = choose; else fixed (its length is pp)
+  int chunk_tokens = 0;                    // 0 = choose; else fixed (the prediction prices it)
 };
 
 struct AutoPlan {

@@ -88,5 +88,30 @@ TEST(Planner, ExactWorldOnlyReturnsLayoutsOfThatSize) {
               search_plans(c, throughput_of("1.1b", 4), search(7, 0)).front().layout.pp == 7);
 }
 
+// run --plan auto with --layers-per-stage or --chunk-tokens given: the search keeps them, so the plan it
+// reports is the layout the run uses (it once reported its own balanced split instead).
+TEST(Planner, AFixedSplitAndChunkAreKeptAndFixThePipelineDepth) {
+  const auto c = four_by_four(50e-6, 1.25e9);
+  PlanSearch fixed = search(6, 0);
+  fixed.layers_per_stage = {20, 1, 1};  // 22 layers (the 1.1B shape) in a deliberately lopsided split
+  fixed.chunk_tokens = 7;
+  const auto plans = search_plans(c, throughput_of("1.1b", 4), fixed);
+  ASSERT_FALSE(plans.empty());
+  for (const auto& p : plans) {
+    EXPECT_EQ(p.layout.pp, 3);
+    EXPECT_EQ(p.layout.layers_per_stage, fixed.layers_per_stage);
+    EXPECT_EQ(p.layout.chunk_tokens, 7);
+  }
+  // The lopsided split is priced as such: with 4 micro-batches in flight its 20-layer stage sets the pace,
+  // slower than the split the planner balances itself.
+  PlanSearch open = search(6, 0);
+  open.pp_only = {3};
+  open.micro_batches_only = {4};
+  fixed.micro_batches_only = {4};
+  fixed.chunk_tokens = 0;
+  EXPECT_LT(search_plans(c, throughput_of("1.1b", 4), fixed).front().throughput_tok_s,
+            search_plans(c, throughput_of("1.1b", 4), open).front().throughput_tok_s);
+}
+
 }  // namespace
 }  // namespace shardline::partition
