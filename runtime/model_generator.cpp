@@ -91,15 +91,51 @@ std::string temp_name(const std::string& path) {
   return fmt::format("{}.tmp.{}.{}", path, ::getpid(), reinterpret_cast<std::uintptr_t>(&path) & 0xffff);
 }
 
+// A file written under a temporary name: removed unless it was renamed into place, so a failed write (a
+// full disk, a bad shape found late) leaves nothing behind.
+class TempFile {
+ public:
+  explicit TempFile(const std::string& final_path) : final_(final_path), temp_(temp_name(final_path)) {}
+  ~TempFile() {
+    std::error_code ignored;
+    if (!kept_) fs::remove(temp_, ignored);
+  }
+  TempFile(const TempFile&) = delete;
+  TempFile& operator=(const TempFile&) = delete;
+  const std::string& path() const { return temp_; }
+  void keep() {
+    fs::rename(temp_, final_);
+    kept_ = true;
+  }
+
+ private:
+  std::string final_, temp_;
+  bool kept_ = false;
+};
+
+// Refuses a file the folder it goes to cannot hold, before writing a byte of it: a mistyped shape would
+// otherwise fill the disk and then fail.
+void check_free_space(const std::string& path, std::uint64_t bytes) {
+  const fs::path dir = fs::absolute(path).parent_path();
+  std::error_code ec;
+  const fs::space_info space = fs::space(dir, ec);
+  if (ec || space.available >= bytes) return;  // unknown: let the write say what went wrong
+  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+  throw ResourceError(fmt::format("'{}' would need {:.2f} GiB but its folder has {:.2f} GiB free; free space or "
+                                  "write it elsewhere (--out)",
+                                  path, static_cast<double>(bytes) / kGiB, static_cast<double>(space.available) / kGiB));
+}
+
 }  // namespace
 
 void generate_model(const partition::ModelShape& s, std::uint64_t seed, const GeneratedModelPaths& paths,
                     const ProgressCallback& progress) {
   if (auto problem = s.find_problem()) throw ConfigError(fmt::format("cannot generate this model: {}", *problem));
   const CheckpointLayout layout = checkpoint_layout(s);
-  const std::string tmp = temp_name(paths.model);
+  check_free_space(paths.model, layout.total_bytes);
+  TempFile model(paths.model);
   {
-    CheckpointWriter out(tmp, layout.total_bytes, progress);
+    CheckpointWriter out(model.path(), layout.total_bytes, progress);
     std::int32_t header[7];
     encode_checkpoint_header(s, header);
     out.bytes(header, sizeof(header));
@@ -126,9 +162,10 @@ void generate_model(const partition::ModelShape& s, std::uint64_t seed, const Ge
     if (!s.shared_classifier) out.random(v * d, 4.0f * in_dim, ++stream);
     out.close();
   }
-  make_synthetic_tokenizer(s.vocab_size).save(temp_name(paths.tokenizer));
-  std::filesystem::rename(temp_name(paths.tokenizer), paths.tokenizer);
-  std::filesystem::rename(tmp, paths.model);
+  TempFile tokenizer(paths.tokenizer);
+  make_synthetic_tokenizer(s.vocab_size).save(tokenizer.path());
+  tokenizer.keep();
+  model.keep();
 }
 
 std::string default_tokenizer_path_for(const std::string& model_path) {

@@ -350,6 +350,27 @@ TEST_F(Cli, UnknownFlagsAndCommands) {
                        2, "--vocab 100 is too small");
 }
 
+// gen-model writes under a temporary name and renames at the end. A shape no disk could hold is refused
+// before a byte is written (a mistyped --dim once filled the disk), and a write that fails part way (here
+// the shell's file-size limit, with SIGXFSZ ignored so write() returns EFBIG) leaves no part file behind.
+TEST_F(Cli, GenModelRefusesWhatTheDiskCannotHoldAndLeavesNoPartFile) {
+  namespace fs = std::filesystem;
+  const fs::path dir = path("gen-out");
+  fs::create_directories(dir);
+  const ProcessResult huge = run_process(shardline() + " gen-model --dim 100000 --hidden 100000 --layers 100 --heads 4 "
+                                         "--vocab 300 --seq 32 --out " + (dir / "huge.bin").string());
+  EXPECT_EQ(huge.exit_code, 4) << huge.err;
+  EXPECT_NE(huge.err.find("GiB free"), std::string::npos) << huge.err;
+  const ProcessResult cut = run_process("bash -c \"trap '' XFSZ; ulimit -f 64; exec " + shardline() +
+                                        " gen-model --dim 64 --hidden 160 --layers 2 --heads 4 --vocab 300 --seq 32 "
+                                        "--out " + (dir / "cut.bin").string() + "\"");
+  EXPECT_EQ(cut.exit_code, 4) << cut.err;
+  EXPECT_NE(cut.err.find("failed"), std::string::npos) << cut.err;
+  std::vector<std::string> left;
+  for (const auto& entry : fs::directory_iterator(dir)) left.push_back(entry.path().filename().string());
+  EXPECT_TRUE(left.empty()) << "left behind: " << (left.empty() ? "" : left.front());
+}
+
 TEST_F(Cli, BadInputUnderMpirunEndsTheJobWithTheMessage) {
   const ProcessResult r = run_process(kMpirun + "1 " + shardline() + " run --model " + path("nope.bin"), 60);
   EXPECT_NE(r.exit_code, 0);
