@@ -3,8 +3,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <filesystem>
 #include <fstream>
@@ -74,7 +76,7 @@ std::string find_tokenizer_for(const std::string& model_path) {
   if (fs::exists(generated)) return generated;
   const fs::path beside = fs::path(model_path).parent_path() / "tokenizer.bin";
   if (fs::exists(beside)) return beside.string();
-  throw ConfigError(fmt::format("no tokenizer found for '{}' (looked for '{}' and '{}'); pass --tokenizer FILE",
+  throw ResourceError(fmt::format("no tokenizer found for '{}' (looked for '{}' and '{}'); pass --tokenizer FILE",
                                 model_path, generated, beside.string()));
 }
 
@@ -338,9 +340,16 @@ long peak_rss_bytes() {
   return 0;
 }
 
+std::ofstream open_logits_file(const std::string& path, std::ios::openmode mode) {
+  std::ofstream out(path, mode);
+  if (!out) {
+    throw ResourceError(fmt::format("cannot write --dump-logits file '{}': {}", path, std::strerror(errno)));
+  }
+  return out;
+}
+
 void write_logits(const std::string& path, const std::vector<std::vector<float>>& per_sequence) {
-  std::ofstream out(path, std::ios::binary);
-  if (!out) throw ResourceError(fmt::format("cannot write --dump-logits file '{}'", path));
+  std::ofstream out = open_logits_file(path, std::ios::binary);
   for (const auto& logits : per_sequence) {
     out.write(reinterpret_cast<const char*>(logits.data()), static_cast<std::streamsize>(logits.size() * sizeof(float)));
   }
@@ -495,6 +504,10 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
   runtime::BackendChoice backend;
   // The backend comes first: a GPU rank is placed next to its GPU.
   code = agreed_phase(mpi, [&] {
+    // The rank that will write --dump-logits finds out now whether it can, not after the whole generation.
+    if (!config->dump_logits.empty() && mesh->rank() == output_rank) {
+      open_logits_file(config->dump_logits, std::ios::binary | std::ios::app);
+    }
     // --device cuda for a run the CUDA stage cannot take is a bad flag, said before any rank builds NCCL groups.
     if (config->device == runtime::DeviceRequest::kCuda && !config->cpu_only_reason.empty()) {
       throw ConfigError(fmt::format("--device cuda: {}; run with --device cpu or auto", config->cpu_only_reason));

@@ -136,6 +136,15 @@ TEST_F(Cli, MissingModelIsNamedBeforeItsTokenizerIsLookedFor) {
   EXPECT_EQ(r.err.find("tokenizer"), std::string::npos) << r.err;
 }
 
+// No tokenizer beside a model (and no --tokenizer) is a missing file, exit 4 as a missing --tokenizer is.
+TEST_F(Cli, NoTokenizerBesideTheModelIsAMissingFile) {
+  SHARDLINE_REQUIRE_MODEL_FILE(model_file("tiny-32k.bin"));
+  std::filesystem::create_directories(path("alone"));
+  std::filesystem::create_symlink(model_file("tiny-32k.bin"), path("alone/model.bin"));
+  expect_clean_failure("run --model " + path("alone/model.bin"), 4, "no tokenizer found");
+  expect_clean_failure("run --model " + path("alone/model.bin") + " --tokenizer " + path("alone/tok.bin"), 4, "tok.bin");
+}
+
 TEST_F(Cli, GgufFilesReproduceEveryGoldenWithTheirOwnVocabulary) {
   // llama.cpp's GGUF files of the reference models, no --tokenizer: the vocabulary comes from the file.
   SHARDLINE_REQUIRE_MODEL_FILE(model_file("goldens.jsonl"));
@@ -327,6 +336,15 @@ TEST_F(Cli, PromptLongerThanTheContext) {
                         model).exit_code, 0);
   expect_clean_failure("run --model " + model + " --prompt " + shell_quote(std::string(200, 'x') + " y z w") +
                        " --steps 1", 2, "seq_len) is 16");
+}
+
+// An unwritable --dump-logits file is refused before generation, not after every step has run.
+TEST_F(Cli, UnwritableLogitsFileIsRefusedBeforeGenerating) {
+  SHARDLINE_REQUIRE_MODEL_FILE(model_file("tiny-32k.bin"));
+  const std::string args = "run --model " + model_file("tiny-32k.bin") + " --tokenizer " + model_file("tokenizer.bin") +
+                           " --prompt A --steps 8 --dump-logits " + path("no/such/folder/logits.bin");
+  expect_clean_failure(args, 4, "cannot write --dump-logits file");
+  EXPECT_EQ(run_process(shardline() + " " + args).out, "");  // no token was generated first
 }
 
 TEST_F(Cli, StepsBeyondTheContext) {

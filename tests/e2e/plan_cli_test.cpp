@@ -126,6 +126,10 @@ TEST_F(PlanCli, BadInputsAreClearErrors) {
   r = run_process(shardline_binary() + " plan --preset 110m --np 99 --cluster " + cluster_file("cluster-this-vm.json"));
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("--np 99"), std::string::npos) << r.err;
+  // A --tp the model cannot take: the error names the filter, not only the model.
+  r = run_process(shardline_binary() + " plan --preset 15m --tp 4 --cluster " + cluster_file("cluster-2socket-100gbe.json"));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("with --tp 4"), std::string::npos) << r.err;
   for (const char* flag : {"--np -1", "--top 0", "--context -5", "--prompt-tokens -1", "--ranks-per-domain -2"}) {
     r = run_process(shardline_binary() + " plan --preset 110m " + flag + " --cluster " + cluster_file("cluster-this-vm.json"));
     EXPECT_EQ(r.exit_code, 2) << flag << ": " << r.err;
