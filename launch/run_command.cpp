@@ -504,9 +504,13 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
   runtime::BackendChoice backend;
   // The backend comes first: a GPU rank is placed next to its GPU.
   code = agreed_phase(mpi, [&] {
-    // The rank that will write --dump-logits finds out now whether it can, not after the whole generation.
+    // The rank that will write --dump-logits finds out now whether it can, not after the whole generation
+    // (opened for appending, so an existing file is untouched; one made only to test is removed again).
     if (!config->dump_logits.empty() && mesh->rank() == output_rank) {
+      std::error_code ec;  // a path that cannot even be looked at fails the open below, with its reason
+      const bool existed = std::filesystem::exists(std::filesystem::symlink_status(config->dump_logits, ec));
       open_logits_file(config->dump_logits, std::ios::binary | std::ios::app);
+      if (!existed) std::filesystem::remove(config->dump_logits, ec);
     }
     // --device cuda for a run the CUDA stage cannot take is a bad flag, said before any rank builds NCCL groups.
     if (config->device == runtime::DeviceRequest::kCuda && !config->cpu_only_reason.empty()) {

@@ -347,7 +347,7 @@ PlanEstimate estimate_plan(const ClusterSpec& cluster, const Workload& w, const 
   };
   int best_chunk = cap;
   if (layout.chunk_tokens > 0) {
-    best_chunk = std::min(layout.chunk_tokens, cap);
+    best_chunk = std::min(layout.chunk_tokens, prompt);  // as the engine takes it: no max_chunk_tokens cap
   } else {
     double best = std::numeric_limits<double>::infinity();
     for (int chunks = 1; chunks <= std::min(prompt, 256); ++chunks) {

@@ -104,7 +104,9 @@ class TempFile {
   TempFile& operator=(const TempFile&) = delete;
   const std::string& path() const { return temp_; }
   void keep() {
-    fs::rename(temp_, final_);
+    std::error_code ec;
+    fs::rename(temp_, final_, ec);
+    if (ec) throw ResourceError(fmt::format("cannot move '{}' to '{}': {}", temp_, final_, ec.message()));
     kept_ = true;
   }
 
@@ -113,16 +115,19 @@ class TempFile {
   bool kept_ = false;
 };
 
-// Refuses a file the folder it goes to cannot hold, before writing a byte of it: a mistyped shape would
-// otherwise fill the disk and then fail.
-void check_free_space(const std::string& path, std::uint64_t bytes) {
+// Refuses a file whose folder is missing or cannot hold it, before writing a byte of it: a mistyped shape
+// would otherwise fill the disk and then fail.
+void check_destination(const std::string& path, std::uint64_t bytes) {
   const fs::path dir = fs::absolute(path).parent_path();
   std::error_code ec;
+  if (!fs::is_directory(dir, ec)) {
+    throw ResourceError(fmt::format("cannot write '{}': its folder '{}' does not exist", path, dir.string()));
+  }
   const fs::space_info space = fs::space(dir, ec);
   if (ec || space.available >= bytes) return;  // unknown: let the write say what went wrong
   constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
   throw ResourceError(fmt::format("'{}' would need {:.2f} GiB but its folder has {:.2f} GiB free; free space or "
-                                  "write it elsewhere (--out)",
+                                  "choose another folder",
                                   path, static_cast<double>(bytes) / kGiB, static_cast<double>(space.available) / kGiB));
 }
 
@@ -132,7 +137,12 @@ void generate_model(const partition::ModelShape& s, std::uint64_t seed, const Ge
                     const ProgressCallback& progress) {
   if (auto problem = s.find_problem()) throw ConfigError(fmt::format("cannot generate this model: {}", *problem));
   const CheckpointLayout layout = checkpoint_layout(s);
-  check_free_space(paths.model, layout.total_bytes);
+  check_destination(paths.model, layout.total_bytes);
+  check_destination(paths.tokenizer, 0);
+  // The tokenizer first (it is small, and its folder may be another one), renamed into place last: a
+  // failure anywhere before leaves neither file changed.
+  TempFile tokenizer(paths.tokenizer);
+  make_synthetic_tokenizer(s.vocab_size).save(tokenizer.path());
   TempFile model(paths.model);
   {
     CheckpointWriter out(model.path(), layout.total_bytes, progress);
@@ -162,10 +172,8 @@ void generate_model(const partition::ModelShape& s, std::uint64_t seed, const Ge
     if (!s.shared_classifier) out.random(v * d, 4.0f * in_dim, ++stream);
     out.close();
   }
-  TempFile tokenizer(paths.tokenizer);
-  make_synthetic_tokenizer(s.vocab_size).save(tokenizer.path());
-  tokenizer.keep();
   model.keep();
+  tokenizer.keep();
 }
 
 std::string default_tokenizer_path_for(const std::string& model_path) {

@@ -375,8 +375,10 @@ TEST_F(Cli, GenModelRefusesWhatTheDiskCannotHoldAndLeavesNoPartFile) {
   namespace fs = std::filesystem;
   const fs::path dir = path("gen-out");
   fs::create_directories(dir);
-  const ProcessResult huge = run_process(shardline() + " gen-model --dim 100000 --hidden 100000 --layers 100 --heads 4 "
-                                         "--vocab 300 --seq 32 --out " + (dir / "huge.bin").string());
+  // Under a file-size limit as well, so that a broken check fails the test instead of filling the disk.
+  const ProcessResult huge = run_process("bash -c \"trap '' XFSZ; ulimit -f 1024; exec " + shardline() +
+                                         " gen-model --dim 100000 --hidden 100000 --layers 100 --heads 4 --vocab 300 "
+                                         "--seq 32 --out " + (dir / "huge.bin").string() + "\"");
   EXPECT_EQ(huge.exit_code, 4) << huge.err;
   EXPECT_NE(huge.err.find("GiB free"), std::string::npos) << huge.err;
   const ProcessResult cut = run_process("bash -c \"trap '' XFSZ; ulimit -f 64; exec " + shardline() +

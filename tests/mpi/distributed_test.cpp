@@ -94,8 +94,8 @@ INSTANTIATE_TEST_SUITE_P(Pipeline, EverySchedule,
                          });
 
 // --plan auto fills in only what the flags leave open, and reports the layout the run uses: a split it
-// would never pick itself (the classifier's stage gets fewer layers) and a fixed chunk are kept, in the
-// plan line and in the run. It once printed its own balanced split while the engine ran the given one.
+// would never pick itself (the classifier's stage gets fewer layers) is kept in the plan line and the run,
+// and a fixed chunk in the run. It once printed its own balanced split while the engine ran the given one.
 TEST_F(Distributed, PlanAutoReportsTheSplitTheFlagsFixed) {
   SHARDLINE_REQUIRE_MODEL_FILE(model_file("mini-gqa.bin"));
   const ProcessResult r = run_process(
@@ -104,7 +104,7 @@ TEST_F(Distributed, PlanAutoReportsTheSplitTheFlagsFixed) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("plan: tp=1 pp=2 layers/stage 1,3 "), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("chunk_tokens: 5"), std::string::npos) << r.out;
-  expect_goldens("mini-gqa.bin", 1, 2, "--layers-per-stage 1,3");
+  expect_goldens("mini-gqa.bin", 1, 2, "--layers-per-stage 1,3 --chunk-tokens 5");
 }
 
 // --- Logits parity ----------------------------------------------------------------------------------

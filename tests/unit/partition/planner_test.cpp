@@ -101,6 +101,7 @@ TEST(Planner, AFixedSplitAndChunkAreKeptAndFixThePipelineDepth) {
     EXPECT_EQ(p.layout.pp, 3);
     EXPECT_EQ(p.layout.layers_per_stage, fixed.layers_per_stage);
     EXPECT_EQ(p.layout.chunk_tokens, 7);
+    EXPECT_EQ(p.chunk_tokens, 7);  // priced at the fixed chunk, not the one the model would pick
   }
   // The lopsided split is priced as such: with 4 micro-batches in flight its 20-layer stage sets the pace,
   // slower than the split the planner balances itself.
