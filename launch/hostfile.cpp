@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "common/error.h"
+#include "common/input_file.h"
 
 namespace shardline::launch {
 
@@ -58,6 +59,7 @@ int positive_count(const std::string& path, int line, const std::string& key, co
 }
 
 std::string read_text(const std::string& path, const char* what) {
+  require_regular_file(path, what);
   std::ifstream in(path, std::ios::binary);
   if (!in) throw ResourceError(fmt::format("cannot read {} '{}': check the path", what, path));
   std::stringstream ss;

@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "common/input_file.h"
 #include "common/log.h"
 #include "common/units.h"
 #include "kernels/cpu/isa.h"
@@ -81,6 +82,7 @@ std::string find_tokenizer_for(const std::string& model_path) {
 }
 
 std::vector<std::string> read_prompts_file(const std::string& path) {
+  require_regular_file(path, "--prompts-file");
   std::ifstream in(path);
   if (!in) throw ResourceError(fmt::format("cannot open --prompts-file '{}'", path));
   std::vector<std::string> prompts;

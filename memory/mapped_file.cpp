@@ -32,7 +32,9 @@ MappedRegion::~MappedRegion() {
 }
 
 MappedFile::MappedFile(const std::string& path) : path_(path) {
-  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a named pipe given as a model fails the regular-file test below instead of waiting for a
+  // writer in open(); it changes nothing for a regular file.
+  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd_ < 0) {
     throw ResourceError(fmt::format("cannot open '{}': {}", path, std::strerror(errno)));
   }

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "common/error.h"
+#include "common/input_file.h"
 
 namespace shardline::partition {
 
@@ -231,18 +232,21 @@ nlohmann::json cluster_to_json(const ClusterSpec& c) {
 }
 
 ClusterSpec load_cluster_file(const std::string& path) {
+  require_regular_file(path, "cluster file");
   std::ifstream in(path);
   if (!in) throw ResourceError(fmt::format("cannot open cluster file '{}'", path));
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // syntax, and numbers beyond a double (1e999)
     throw FormatError(fmt::format("cluster file '{}' is not valid JSON: {}", path, e.what()));
   }
   try {
     return cluster_from_json(j);
   } catch (const ConfigError& e) {
     throw ConfigError(fmt::format("{} ({})", e.what(), path));
+  } catch (const nlohmann::json::exception& e) {  // a field of the wrong JSON type
+    throw FormatError(fmt::format("cluster file '{}': {}", path, e.what()));
   }
 }
 

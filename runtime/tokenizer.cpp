@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 
 #include "common/error.h"
+#include "common/input_file.h"
 #include "runtime/gguf.h"
 #include "runtime/gguf_model.h"
 
@@ -79,6 +80,7 @@ bool read_pod(const std::string& data, std::size_t& pos, T& out) {
 }  // namespace
 
 Tokenizer::Tokenizer(const std::string& path, int vocab_size) {
+  require_regular_file(path, "tokenizer");
   if (is_gguf_file(path)) {  // a GGUF model carries its vocabulary
     GgufVocabulary vocabulary = read_gguf_vocabulary(path, vocab_size);
     pieces_ = std::move(vocabulary.pieces);

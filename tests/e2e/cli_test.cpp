@@ -1,5 +1,6 @@
 // The `shardline` CLI as a user runs it: goldens through --json, the plain text output, mpirun -np 1,
 // the built-in default model, and one clear error line with a meaningful exit code for each bad input.
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -143,6 +144,25 @@ TEST_F(Cli, NoTokenizerBesideTheModelIsAMissingFile) {
   std::filesystem::create_symlink(model_file("tiny-32k.bin"), path("alone/model.bin"));
   expect_clean_failure("run --model " + path("alone/model.bin"), 4, "no tokenizer found");
   expect_clean_failure("run --model " + path("alone/model.bin") + " --tokenizer " + path("alone/tok.bin"), 4, "tok.bin");
+}
+
+// A named pipe or a folder where a file is read is a missing file (exit 4), at once: open() on a FIFO
+// waits for a writer, so every one of these used to hang until killed; a folder read as an empty file.
+TEST_F(Cli, PipesAndFoldersGivenAsInputFilesFailAtOnce) {
+  SHARDLINE_REQUIRE_MODEL_FILE(model_file("tiny-32k.gguf"));
+  const std::string fifo = path("pipe.bin");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const std::string gguf = model_file("tiny-32k.gguf");
+  for (const std::string& input : {fifo, dir_.string()}) {
+    for (const std::string& args :
+         {"run --model " + input, "run --model " + gguf + " --tokenizer " + input,
+          "run --model " + gguf + " --prompts-file " + input, "plan --model " + gguf + " --probe-file " + input,
+          "launch-check --tp 1 --pp 1 --hostfile " + input, "launch-check --tp 1 --pp 1 --rankfile " + input}) {
+      const ProcessResult r = run_process(shardline() + " " + args, 20);
+      EXPECT_EQ(r.exit_code, 4) << args << "\nstderr: " << r.err;
+      EXPECT_NE(r.err.find("not a regular file"), std::string::npos) << args << "\nstderr: " << r.err;
+    }
+  }
 }
 
 TEST_F(Cli, GgufFilesReproduceEveryGoldenWithTheirOwnVocabulary) {
