@@ -82,6 +82,8 @@ int probe_command(const std::vector<std::string>& args, const MpiSession& mpi) {
   std::ofstream file(out);
   if (!file) throw ResourceError(fmt::format("cannot write '{}'", out));
   file << j.dump(2) << "\n";
+  file.close();  // a full disk shows here, not in the opening
+  if (!file) throw ResourceError(fmt::format("writing '{}' failed (disk full?)", out));
 
   std::cout << fmt::format("probe: {} rank(s) on {} host(s); wrote {}\n", world->size(), links.n_hosts, out);
   std::cout << fmt::format("  {:<28} {:>13} {:>15}\n", "link class", "latency", "bandwidth");

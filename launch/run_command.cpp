@@ -355,6 +355,8 @@ void write_logits(const std::string& path, const std::vector<std::vector<float>>
   for (const auto& logits : per_sequence) {
     out.write(reinterpret_cast<const char*>(logits.data()), static_cast<std::streamsize>(logits.size() * sizeof(float)));
   }
+  out.close();  // a full disk shows here, not in the opening
+  if (!out) throw ResourceError(fmt::format("writing --dump-logits file '{}' failed (disk full?)", path));
 }
 
 }  // namespace

@@ -367,6 +367,22 @@ TEST_F(Cli, UnwritableLogitsFileIsRefusedBeforeGenerating) {
   EXPECT_EQ(run_process(shardline() + " " + args).out, "");  // no token was generated first
 }
 
+// A write that fails (here /dev/full, as a full disk) is a failed run, exit 4, for the text on stdout, the
+// --dump-logits file and probe's profile alike; each used to exit 0 with the output cut short.
+TEST_F(Cli, WritesThatFailAreFailedRuns) {
+  SHARDLINE_REQUIRE_MODEL_FILE(model_file("tiny-32k.gguf"));
+  const std::string run = shardline() + " run --model " + model_file("tiny-32k.gguf") + " --steps 4";
+  ProcessResult r = run_process("bash -c " + shell_quote("exec " + run + " > /dev/full"));
+  EXPECT_EQ(r.exit_code, 4) << r.err;
+  EXPECT_NE(r.err.find("writing the output failed"), std::string::npos) << r.err;
+  r = run_process(run + " --dump-logits /dev/full");
+  EXPECT_EQ(r.exit_code, 4) << r.err;
+  EXPECT_NE(r.err.find("--dump-logits file '/dev/full' failed"), std::string::npos) << r.err;
+  r = run_process(shardline() + " probe --quick --out /dev/full", 120);
+  EXPECT_EQ(r.exit_code, 4) << r.err;
+  EXPECT_NE(r.err.find("writing '/dev/full' failed"), std::string::npos) << r.err;
+}
+
 TEST_F(Cli, StepsBeyondTheContext) {
   SHARDLINE_REQUIRE_MODEL_FILE(model_file("tiny-32k.bin"));
   expect_clean_failure("run --model " + model_file("tiny-32k.bin") + " --tokenizer " + model_file("tokenizer.bin") +
