@@ -147,6 +147,40 @@ Hostfile parse_hostfile(const std::string& text, const std::string& path) {
   return file;
 }
 
+namespace {
+
+// What is wrong with a rankfile slot, or nothing: [SOCKET:]ITEM[,ITEM...], SOCKET a number or '*', each
+// ITEM a number, a range N-M with N <= M, or '*' (mpirun's forms; it reports the others only at launch).
+std::optional<std::string> slot_problem(const std::string& spec) {
+  auto number = [](const std::string& t) {
+    return !t.empty() && t.size() <= 6 && t.find_first_not_of("0123456789") == std::string::npos;
+  };
+  const std::size_t colon = spec.find(':');
+  if (colon != std::string::npos && spec.find(':', colon + 1) != std::string::npos) return "more than one ':'";
+  const std::string socket = colon == std::string::npos ? "" : spec.substr(0, colon);
+  if (colon != std::string::npos && socket != "*" && !number(socket)) return fmt::format("socket '{}' is not a number", socket);
+  const std::string list = colon == std::string::npos ? spec : spec.substr(colon + 1);
+  std::size_t start = 0;
+  while (true) {
+    const std::size_t comma = list.find(',', start);
+    const std::string item = list.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    const std::size_t dash = item.find('-');
+    if (item == "*" || number(item)) {
+      // one core, or all of them
+    } else if (dash != std::string::npos && number(item.substr(0, dash)) && number(item.substr(dash + 1))) {
+      if (std::stoi(item.substr(0, dash)) > std::stoi(item.substr(dash + 1))) {
+        return fmt::format("range '{}' runs backwards", item);
+      }
+    } else {
+      return item.empty() ? std::string("an empty item in its list") : fmt::format("'{}' is not a core or a range", item);
+    }
+    if (comma == std::string::npos) return std::nullopt;
+    start = comma + 1;
+  }
+}
+
+}  // namespace
+
 std::vector<RankfileEntry> parse_rankfile(const std::string& text, const std::string& path) {
   // "rank 0=node01 slot=0:0-7"; blanks around '=' are allowed, as mpirun allows them.
   static const std::regex kRankLine(R"(^\s*rank\s+(\S+?)\s*=\s*(\S+)\s+slot\s*=\s*(\S+)\s*$)");
@@ -172,9 +206,9 @@ std::vector<RankfileEntry> parse_rankfile(const std::string& text, const std::st
       throw ConfigError(fmt::format("{}: '{}' is not a host name, address or +nI; {}", where(path, number), host,
                                     kRankfileLine));
     }
-    if (spec.find_first_not_of("0123456789:,-*") != std::string::npos) {
-      throw ConfigError(fmt::format("{}: slot '{}' is not SOCKET:CORES or a core list; {}", where(path, number), spec,
-                                    kRankfileLine));
+    if (const auto problem = slot_problem(spec)) {
+      throw ConfigError(fmt::format("{}: slot '{}' is not SOCKET:CORES or a core list ({}); {}", where(path, number),
+                                    spec, *problem, kRankfileLine));
     }
     const int rank = std::stoi(rank_text);
     if (auto it = seen.find(rank); it != seen.end()) {
