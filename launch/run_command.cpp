@@ -12,6 +12,7 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <limits>
 #include <optional>
 
 #include <fmt/format.h>
@@ -309,14 +310,24 @@ void print_json(const runtime::GenerationResult& r) {
 
 void print_stats(const runtime::Engine& engine, const std::vector<runtime::GenerationResult>& results, int threads) {
   int prompt_tokens = 0, generated = 0;
-  double ttft_s = 0, end_s = 0;
+  double ttft_s = 0, end_s = 0, first_done_s = std::numeric_limits<double>::infinity();
   for (const auto& r : results) {
     prompt_tokens += r.stats.prompt_tokens;
     generated += r.stats.generated_tokens;
     ttft_s = std::max(ttft_s, r.stats.prefill_s);
     end_s = std::max(end_s, r.stats.prefill_s + r.stats.decode_s);
+    first_done_s = std::min(first_done_s, r.stats.prefill_s + r.stats.decode_s);
   }
   const auto& mesh = engine.mesh();
+  // Sequences that waited for KV blocks started after others had finished: there is no batch-wide prefill
+  // followed by decode to split the time into, so only the whole run's rate means anything.
+  if (ttft_s > first_done_s) {
+    log::info("load {:.3f} s | {} prompt + {} generated tok in {:.3f} s ({:.1f} generated tok/s; sequences waited "
+              "for KV blocks, so prefill and decode overlapped) | {} sequences | tp={} pp={} | {} thread{}/rank",
+              engine.load_s(), prompt_tokens, generated, end_s, end_s > 0 ? generated / end_s : 0.0, results.size(),
+              mesh.tp_size(), mesh.pp_size(), threads, threads == 1 ? "" : "s");
+    return;
+  }
   // Decode rate counts the tokens produced after each sequence's first one, over the time after the
   // last first token: the steady state of the batch.
   const int decode_tokens = generated - static_cast<int>(results.size());

@@ -161,9 +161,9 @@ std::vector<GenerationResult> Engine::generate(const std::vector<GenerationReque
   long needed = 0;
   for (const SequenceSpec& spec : specs) needed += pipeline_->kv_blocks_needed(spec);
   if (needed > stage_->kv_pool().free_blocks() && is_output_rank()) {
-    log::note("the KV pool ({} free blocks of {} tokens) cannot hold all {} sequences at their longest ({} blocks): "
-              "the others wait and start as running ones finish (--kv-blocks raises the pool)",
-              stage_->kv_pool().free_blocks(), options_.kv_block_tokens, n, needed);
+    log::warn("the KV pool ({} free blocks of {} tokens) cannot hold all {} sequences at their longest ({} blocks): "
+             "the others wait and start as running ones finish (--kv-blocks raises the pool)",
+             stage_->kv_pool().free_blocks(), options_.kv_block_tokens, n, needed);
   }
   const int rows = Pipeline::max_rows_for(PipelineOptions{options_.micro_batches}, specs);
   if (rows > stage_->max_rows()) stage_->reserve_rows(rows);

@@ -383,6 +383,22 @@ TEST_F(Cli, WritesThatFailAreFailedRuns) {
   EXPECT_NE(r.err.find("writing '/dev/full' failed"), std::string::npos) << r.err;
 }
 
+// Sequences that wait for KV blocks start after others finish: the statistics then give the whole run's
+// rate, not a "decode" rate over the few ms after the last first token (once 150 million tok/s). The
+// pool's warning follows --log-level like every other line.
+TEST_F(Cli, QueuedSequencesGetTheWholeRunsRateAndTheWarningFollowsTheLogLevel) {
+  SHARDLINE_REQUIRE_MODEL_FILE(model_file("tiny-32k.gguf"));
+  const std::string run = shardline() + " run --model " + model_file("tiny-32k.gguf") + " --batch 8 --steps 16 --kv-blocks 2";
+  ProcessResult r = run_process(run);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("warn: the KV pool (2 free blocks"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("sequences waited for KV blocks"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("| decode "), std::string::npos) << r.err;
+  r = run_process(run + " --log-level off");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.err, "");
+}
+
 TEST_F(Cli, StepsBeyondTheContext) {
   SHARDLINE_REQUIRE_MODEL_FILE(model_file("tiny-32k.bin"));
   expect_clean_failure("run --model " + model_file("tiny-32k.bin") + " --tokenizer " + model_file("tokenizer.bin") +
