@@ -269,7 +269,12 @@ GgufFile::GgufFile(const std::string& path) : path_(path), file_(path) {
   }
   const std::uint64_t data_start = (in.pos() + alignment - 1) / alignment * alignment;
   for (GgufTensor& tensor : table) {
-    if (tensor.offset % alignment != 0 || tensor.offset > size_bytes_ || data_start > size_bytes_ - tensor.offset ||
+    if (tensor.offset % alignment != 0) {
+      throw FormatError(fmt::format("GGUF file '{}' is corrupt: tensor '{}' starts at data offset {}, which is not a "
+                                    "multiple of the file's alignment of {} bytes",
+                                    path, printable(tensor.name), tensor.offset, alignment));
+    }
+    if (tensor.offset > size_bytes_ || data_start > size_bytes_ - tensor.offset ||
         tensor.bytes > size_bytes_ - data_start - tensor.offset) {
       throw FormatError(fmt::format("GGUF file '{}' is truncated or corrupt: tensor '{}' ({}, {} bytes at data offset "
                                     "{}) does not lie inside the file's {} bytes",

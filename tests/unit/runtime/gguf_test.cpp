@@ -218,6 +218,15 @@ TEST_F(GeneratedGguf, ForgedFieldsAreRefusedByName) {
   EXPECT_NE(overlap.find("overlap"), std::string::npos) << overlap;
   EXPECT_NE(overlap.find("'token_embd.weight'"), std::string::npos) << overlap;
   EXPECT_NE(overlap.find("'blk.0.attn_v.weight'"), std::string::npos) << overlap;
+  // An offset off the alignment says so (it was once reported as lying outside the file).
+  std::vector<char> misaligned = good;
+  const std::uint64_t one = 1;
+  std::memcpy(misaligned.data() + offset_field, &one, 8);
+  const std::string off = save(misaligned);
+  EXPECT_NE(off.find("tensor 'blk.0.attn_v.weight' starts at data offset 1, which is not a multiple of the file's "
+                     "alignment of 32 bytes"),
+            std::string::npos)
+      << off;
   // Constants out of range, reported as the file gives them.
   llama_gguf_from_llama2c(paths_.model, paths_.tokenizer, {.rms_eps = std::numeric_limits<float>::infinity()})
       .write(path("eps.gguf"));
