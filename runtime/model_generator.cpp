@@ -1,8 +1,10 @@
 #include "runtime/model_generator.h"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <csignal>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -91,14 +93,65 @@ std::string temp_name(const std::string& path) {
   return fmt::format("{}.tmp.{}.{}", path, ::getpid(), reinterpret_cast<std::uintptr_t>(&path) & 0xffff);
 }
 
+// Part files that Ctrl-C (or SIGTERM, SIGHUP) during a long write would leave behind: their paths, where
+// a signal handler may read them. The handler unlinks them, then lets the signal end the process as it
+// would have. It is installed only over the default action (a launcher's or library's handler is kept).
+constexpr int kPartFileSlots = 2;  // a model and its tokenizer
+constexpr std::size_t kPartPathBytes = 4096;
+constexpr int kPartFileSignals[] = {SIGINT, SIGTERM, SIGHUP};
+char part_files[kPartFileSlots][kPartPathBytes];
+volatile std::sig_atomic_t part_file_used[kPartFileSlots];
+
+extern "C" void remove_part_files_and_end(int signal) {
+  for (int i = 0; i < kPartFileSlots; ++i) {
+    if (part_file_used[i]) ::unlink(part_files[i]);
+  }
+  std::signal(signal, SIG_DFL);
+  std::raise(signal);
+}
+
+// The slot that now holds `path`, or -1 (no slot free, or a path too long to keep).
+int watch_part_file(const std::string& path) {
+  if (path.size() >= kPartPathBytes) return -1;
+  for (int i = 0; i < kPartFileSlots; ++i) {
+    if (part_file_used[i]) continue;
+    std::memcpy(part_files[i], path.c_str(), path.size() + 1);
+    part_file_used[i] = 1;
+    for (const int signal : kPartFileSignals) {
+      struct sigaction current {};
+      if (::sigaction(signal, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
+        std::signal(signal, remove_part_files_and_end);
+      }
+    }
+    return i;
+  }
+  return -1;
+}
+
+void unwatch_part_file(int slot) {
+  if (slot < 0) return;
+  part_file_used[slot] = 0;
+  for (int i = 0; i < kPartFileSlots; ++i) {
+    if (part_file_used[i]) return;
+  }
+  for (const int signal : kPartFileSignals) {  // nothing left to remove: the default action again
+    struct sigaction current {};
+    if (::sigaction(signal, nullptr, &current) == 0 && current.sa_handler == remove_part_files_and_end) {
+      std::signal(signal, SIG_DFL);
+    }
+  }
+}
+
 // A file written under a temporary name: removed unless it was renamed into place, so a failed write (a
-// full disk, a bad shape found late) leaves nothing behind.
+// full disk, a bad shape found late, a Ctrl-C) leaves nothing behind.
 class TempFile {
  public:
-  explicit TempFile(const std::string& final_path) : final_(final_path), temp_(temp_name(final_path)) {}
+  explicit TempFile(const std::string& final_path)
+      : final_(final_path), temp_(temp_name(final_path)), slot_(watch_part_file(temp_)) {}
   ~TempFile() {
     std::error_code ignored;
     if (!kept_) fs::remove(temp_, ignored);
+    unwatch_part_file(slot_);
   }
   TempFile(const TempFile&) = delete;
   TempFile& operator=(const TempFile&) = delete;
@@ -112,6 +165,7 @@ class TempFile {
 
  private:
   std::string final_, temp_;
+  int slot_ = -1;
   bool kept_ = false;
 };
 
@@ -206,7 +260,14 @@ GeneratedModelPaths ensure_generated_model(const partition::ModelShape& shape, s
   if (ec) throw ResourceError(fmt::format("cannot create the model folder '{}': {}", dir, ec.message()));
   GeneratedModelPaths paths{(fs::path(dir) / (name + ".bin")).string(), ""};
   paths.tokenizer = default_tokenizer_path_for(paths.model);
-  if (!fs::exists(paths.model) || !fs::exists(paths.tokenizer)) {
+  // A cached file of the wrong size was damaged after it was written (writes are renamed into place whole):
+  // made again rather than failing every later run.
+  const std::uint64_t expected = checkpoint_layout(shape).total_bytes;
+  const bool present = fs::exists(paths.model, ec) && fs::exists(paths.tokenizer, ec);
+  if (present && fs::file_size(paths.model, ec) != expected) {
+    log::warn("{} at '{}' is not the {} bytes it should hold: generating it again", what, paths.model, expected);
+  }
+  if (!present || fs::file_size(paths.model, ec) != expected) {
     log::info("generating {} ({}, random weights) into {}", what, shape.describe(), paths.model);
     generate_model(shape, seed, paths);
   }

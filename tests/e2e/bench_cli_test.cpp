@@ -84,6 +84,16 @@ TEST_F(BenchCli, MeasuresEveryDtypeAndBatchAgainstTheProbe) {
   EXPECT_EQ(json_lines(r.out)[0]["statistic"], "best");
   EXPECT_EQ(json_lines(r.out)[0]["repeats"], 2);
   EXPECT_TRUE(fs::exists(dir_ / "models" / "bench-15m.bin")) << "the generated model is kept for the next run";
+  // A cached model damaged since (cut short here) is made again, with a warning, instead of failing every
+  // later run as a corrupt file.
+  const fs::path model = dir_ / "models" / "bench-15m.bin";
+  const auto size = fs::file_size(model);
+  fs::resize_file(model, size / 2);
+  const ProcessResult again = run_process(quick_bench("--json"), 300);
+  ASSERT_EQ(again.exit_code, 0) << again.err;
+  EXPECT_NE(again.err.find("is not the " + std::to_string(size) + " bytes it should hold"), std::string::npos)
+      << again.err;
+  EXPECT_EQ(fs::file_size(model), size);
 }
 
 TEST_F(BenchCli, TablePrintsTheRooflineAndSameRunRatios) {

@@ -443,6 +443,22 @@ TEST_F(Cli, GenModelRefusesWhatTheDiskCannotHoldAndLeavesNoPartFile) {
   EXPECT_TRUE(left.empty()) << "left behind: " << (left.empty() ? "" : left.front());
 }
 
+// A signal during the write (SIGTERM here; SIGINT from a terminal's Ctrl-C is handled alike) removes the
+// part files and still ends the process by that signal (exit 128 + 15 from the shell).
+TEST_F(Cli, GenModelKilledMidWriteLeavesNoPartFile) {
+  namespace fs = std::filesystem;
+  const fs::path dir = path("killed");
+  fs::create_directories(dir);
+  const std::string script = shardline() + " gen-model --preset 110m --out " + (dir / "m.bin").string() +
+                             " 2>/dev/null & pid=$!; for i in $(seq 1000); do ls " + dir.string() +
+                             " | grep -q 'm.bin.tmp' && break; sleep 0.01; done; kill -TERM $pid; wait $pid; echo $?";
+  const ProcessResult r = run_process("bash -c " + shell_quote(script), 120);
+  EXPECT_EQ(r.out, "143\n") << r.err;
+  std::vector<std::string> left;
+  for (const auto& entry : fs::directory_iterator(dir)) left.push_back(entry.path().filename().string());
+  EXPECT_TRUE(left.empty()) << "left behind: " << (left.empty() ? "" : left.front());
+}
+
 TEST_F(Cli, BadInputUnderMpirunEndsTheJobWithTheMessage) {
   const ProcessResult r = run_process(kMpirun + "1 " + shardline() + " run --model " + path("nope.bin"), 60);
   EXPECT_NE(r.exit_code, 0);
