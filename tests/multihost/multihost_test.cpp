@@ -137,7 +137,7 @@ TEST_F(MultiHost, MalformedHostfilesGetOneLineNamingFileAndLine) {
   }
   const ProcessResult missing = launch_check("--hostfile " + path("nope") + " --tp 2 --pp 1");
   EXPECT_EQ(missing.exit_code, 4) << missing.err;
-  EXPECT_NE(missing.err.find("cannot read hostfile"), std::string::npos) << missing.err;
+  EXPECT_NE(missing.err.find("cannot open hostfile"), std::string::npos) << missing.err;
 }
 
 TEST_F(MultiHost, HostfileWithTooFewSlotsIsRefused) {
