@@ -149,21 +149,23 @@ Hostfile parse_hostfile(const std::string& text, const std::string& path) {
 
 namespace {
 
-// What is wrong with a rankfile slot, or nothing: [SOCKET:]ITEM[,ITEM...], SOCKET a number or '*', each
-// ITEM a number, a range N-M with N <= M, or '*' (mpirun's forms; it reports the others only at launch).
+// What is wrong with a rankfile slot, or nothing: a comma list of items, each [SOCKET:]CORES with SOCKET a
+// number or '*' and CORES a number, a range N-M with N <= M, or '*' (mpirun's forms, e.g. 0:0-7, 1:0,1 and
+// 0:2-3,1:0-1; it reports the others only at launch).
 std::optional<std::string> slot_problem(const std::string& spec) {
   auto number = [](const std::string& t) {
     return !t.empty() && t.size() <= 6 && t.find_first_not_of("0123456789") == std::string::npos;
   };
-  const std::size_t colon = spec.find(':');
-  if (colon != std::string::npos && spec.find(':', colon + 1) != std::string::npos) return "more than one ':'";
-  const std::string socket = colon == std::string::npos ? "" : spec.substr(0, colon);
-  if (colon != std::string::npos && socket != "*" && !number(socket)) return fmt::format("socket '{}' is not a number", socket);
-  const std::string list = colon == std::string::npos ? spec : spec.substr(colon + 1);
   std::size_t start = 0;
   while (true) {
-    const std::size_t comma = list.find(',', start);
-    const std::string item = list.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    const std::size_t comma = spec.find(',', start);
+    std::string item = spec.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    if (item.empty()) return std::string("an empty item in its list");
+    if (const std::size_t colon = item.find(':'); colon != std::string::npos) {
+      const std::string socket = item.substr(0, colon);
+      if (socket != "*" && !number(socket)) return fmt::format("socket '{}' in '{}' is not a number", socket, item);
+      item = item.substr(colon + 1);
+    }
     const std::size_t dash = item.find('-');
     if (item == "*" || number(item)) {
       // one core, or all of them
@@ -172,7 +174,7 @@ std::optional<std::string> slot_problem(const std::string& spec) {
         return fmt::format("range '{}' runs backwards", item);
       }
     } else {
-      return item.empty() ? std::string("an empty item in its list") : fmt::format("'{}' is not a core or a range", item);
+      return fmt::format("'{}' is not a core or a range", item);
     }
     if (comma == std::string::npos) return std::nullopt;
     start = comma + 1;
