@@ -59,7 +59,7 @@ int positive_count(const std::string& path, int line, const std::string& key, co
 }
 
 std::string read_text(const std::string& path, const char* what) {
-  require_regular_file(path, what);
+  require_input_file(path, what, InputKind::kFileOrPipe);
   std::ifstream in(path, std::ios::binary);
   if (!in) throw ResourceError(fmt::format("cannot read {} '{}': check the path", what, path));
   std::stringstream ss;
@@ -150,8 +150,8 @@ Hostfile parse_hostfile(const std::string& text, const std::string& path) {
 namespace {
 
 // What is wrong with a rankfile slot, or nothing: a comma list of items, each [SOCKET:]CORES with SOCKET a
-// number or '*' and CORES a number, a range N-M with N <= M, or '*' (mpirun's forms, e.g. 0:0-7, 1:0,1 and
-// 0:2-3,1:0-1; it reports the others only at launch).
+// number (or '*', which mpirun reads as 0) and CORES a number, a range N-M with N <= M, or '*' (mpirun's
+// forms, e.g. 0:0-7, 1:0,1 and 0:2-3,1:0-1; it reports the others only at launch).
 std::optional<std::string> slot_problem(const std::string& spec) {
   auto number = [](const std::string& t) {
     return !t.empty() && t.size() <= 6 && t.find_first_not_of("0123456789") == std::string::npos;

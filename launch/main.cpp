@@ -95,12 +95,15 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s error: unexpected: %s\n", shardline::detail::rank_tag().c_str(), e.what());
     code = static_cast<int>(shardline::ExitCode::kRuntime);
   }
-  // What a command printed must have arrived: a full disk or a closed pipe behind stdout is a failed run,
-  // not exit 0 with the output cut short.
-  if (code == 0 && (std::fflush(stdout) != 0 || std::ferror(stdout))) {
-    std::fprintf(stderr, "%s error: writing the output failed: %s\n", shardline::detail::rank_tag().c_str(),
-                 std::strerror(errno));
-    code = static_cast<int>(shardline::ExitCode::kResource);
+  // What a command printed must have arrived: a full disk behind stdout is a failed run, not exit 0 with
+  // the output cut short.
+  if (code == 0) {
+    const bool flush_failed = std::fflush(stdout) != 0;  // errno tells why only when this failed
+    if (flush_failed || std::ferror(stdout)) {
+      std::fprintf(stderr, "%s error: writing the output failed: %s\n", shardline::detail::rank_tag().c_str(),
+                   flush_failed ? std::strerror(errno) : "a write to stdout failed (disk full?)");
+      code = static_cast<int>(shardline::ExitCode::kResource);
+    }
   }
   // Failures that escaped a command (after start-up agreement) end the whole job, so no peer waits.
   if (code != 0 && mpi && failed_outside_command) mpi->abort_job(code);

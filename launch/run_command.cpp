@@ -83,7 +83,7 @@ std::string find_tokenizer_for(const std::string& model_path) {
 }
 
 std::vector<std::string> read_prompts_file(const std::string& path) {
-  require_regular_file(path, "--prompts-file");
+  require_input_file(path, "--prompts-file", InputKind::kFileOrPipe);
   std::ifstream in(path);
   if (!in) throw ResourceError(fmt::format("cannot open --prompts-file '{}'", path));
   std::vector<std::string> prompts;
@@ -320,8 +320,9 @@ void print_stats(const runtime::Engine& engine, const std::vector<runtime::Gener
   }
   const auto& mesh = engine.mesh();
   // Sequences that waited for KV blocks started after others had finished: there is no batch-wide prefill
-  // followed by decode to split the time into, so only the whole run's rate means anything.
-  if (ttft_s > first_done_s) {
+  // followed by decode to split the time into, so only the whole run's rate means anything. (A sequence
+  // may also finish before another's first token without any waiting: --steps 1, or mixed prompts.)
+  if (engine.kv_queued() && ttft_s > first_done_s) {
     log::info("load {:.3f} s | {} prompt + {} generated tok in {:.3f} s ({:.1f} generated tok/s; sequences waited "
               "for KV blocks, so prefill and decode overlapped) | {} sequences | tp={} pp={} | {} thread{}/rank",
               engine.load_s(), prompt_tokens, generated, end_s, end_s > 0 ? generated / end_s : 0.0, results.size(),

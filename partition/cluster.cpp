@@ -232,7 +232,7 @@ nlohmann::json cluster_to_json(const ClusterSpec& c) {
 }
 
 ClusterSpec load_cluster_file(const std::string& path) {
-  require_regular_file(path, "cluster file");
+  require_input_file(path, "cluster file", InputKind::kFileOrPipe);
   std::ifstream in(path);
   if (!in) throw ResourceError(fmt::format("cannot open cluster file '{}'", path));
   nlohmann::json j;

@@ -160,7 +160,8 @@ std::vector<GenerationResult> Engine::generate(const std::vector<GenerationReque
   check_kv_fits(specs);
   long needed = 0;
   for (const SequenceSpec& spec : specs) needed += pipeline_->kv_blocks_needed(spec);
-  if (needed > stage_->kv_pool().free_blocks() && is_output_rank()) {
+  kv_queued_ = needed > stage_->kv_pool().free_blocks();
+  if (kv_queued_ && is_output_rank()) {
     log::warn("the KV pool ({} free blocks of {} tokens) cannot hold all {} sequences at their longest ({} blocks): "
              "the others wait and start as running ones finish (--kv-blocks raises the pool)",
              stage_->kv_pool().free_blocks(), options_.kv_block_tokens, n, needed);

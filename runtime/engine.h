@@ -99,6 +99,8 @@ class Engine {
   const partition::RankShard& shard() const { return shard_; }
   const EngineOptions& options() const { return options_; }
   double load_s() const { return load_s_; }
+  // Whether the last generate() had more sequences than its KV pool holds at once (the others waited).
+  bool kv_queued() const { return kv_queued_; }
   const PipelineStats& pipeline_stats() const { return pipeline_->stats(); }
 
   // The rank that samples and prints: tp_rank 0 of the last stage.
@@ -143,6 +145,7 @@ class Engine {
   std::unique_ptr<StageBackend> stage_;
   std::unique_ptr<Pipeline> pipeline_;
   double load_s_ = 0.0;
+  bool kv_queued_ = false;
 };
 
 }  // namespace shardline::runtime

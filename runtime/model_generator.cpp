@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <csignal>
 #include <cmath>
@@ -116,6 +117,7 @@ int watch_part_file(const std::string& path) {
   for (int i = 0; i < kPartFileSlots; ++i) {
     if (part_file_used[i]) continue;
     std::memcpy(part_files[i], path.c_str(), path.size() + 1);
+    std::atomic_signal_fence(std::memory_order_seq_cst);  // the whole path before the handler may read it
     part_file_used[i] = 1;
     for (const int signal : kPartFileSignals) {
       struct sigaction current {};
@@ -260,14 +262,21 @@ GeneratedModelPaths ensure_generated_model(const partition::ModelShape& shape, s
   if (ec) throw ResourceError(fmt::format("cannot create the model folder '{}': {}", dir, ec.message()));
   GeneratedModelPaths paths{(fs::path(dir) / (name + ".bin")).string(), ""};
   paths.tokenizer = default_tokenizer_path_for(paths.model);
-  // A cached file of the wrong size was damaged after it was written (writes are renamed into place whole):
-  // made again rather than failing every later run.
+  // A cached file that is not this shape's (cut short or changed since, another shape under the name) is
+  // made again rather than failing every later run. Writes are renamed into place whole, so a file of the
+  // right size and header is one this generator wrote (same seed per name: bench's and the default's).
   const std::uint64_t expected = checkpoint_layout(shape).total_bytes;
   const bool present = fs::exists(paths.model, ec) && fs::exists(paths.tokenizer, ec);
-  if (present && fs::file_size(paths.model, ec) != expected) {
-    log::warn("{} at '{}' is not the {} bytes it should hold: generating it again", what, paths.model, expected);
+  bool stale = false;
+  if (present) {
+    try {
+      stale = fs::file_size(paths.model, ec) != expected || read_checkpoint_shape(paths.model) != shape;
+    } catch (const Error&) {
+      stale = true;  // an unreadable header
+    }
+    if (stale) log::warn("{} at '{}' is not this shape's file any more: generating it again", what, paths.model);
   }
-  if (!present || fs::file_size(paths.model, ec) != expected) {
+  if (!present || stale) {
     log::info("generating {} ({}, random weights) into {}", what, shape.describe(), paths.model);
     generate_model(shape, seed, paths);
   }

@@ -80,7 +80,7 @@ bool read_pod(const std::string& data, std::size_t& pos, T& out) {
 }  // namespace
 
 Tokenizer::Tokenizer(const std::string& path, int vocab_size) {
-  require_regular_file(path, "tokenizer");
+  require_input_file(path, "tokenizer", InputKind::kRegularFile);
   if (is_gguf_file(path)) {  // a GGUF model carries its vocabulary
     GgufVocabulary vocabulary = read_gguf_vocabulary(path, vocab_size);
     pieces_ = std::move(vocabulary.pieces);

@@ -146,23 +146,41 @@ TEST_F(Cli, NoTokenizerBesideTheModelIsAMissingFile) {
   expect_clean_failure("run --model " + path("alone/model.bin") + " --tokenizer " + path("alone/tok.bin"), 4, "tok.bin");
 }
 
-// A named pipe or a folder where a file is read is a missing file (exit 4), at once: open() on a FIFO
-// waits for a writer, so every one of these used to hang until killed; a folder read as an empty file.
-TEST_F(Cli, PipesAndFoldersGivenAsInputFilesFailAtOnce) {
+// A folder where a file is read, or a named pipe given as a model or tokenizer (each is opened twice, and
+// open() on a FIFO waits for a writer: these used to hang until killed), fail at once with exit 4. Text
+// inputs may be pipes: prompts from /dev/stdin, a hostfile from a process substitution.
+TEST_F(Cli, FoldersAndPipesGivenAsInputFiles) {
   SHARDLINE_REQUIRE_MODEL_FILE(model_file("tiny-32k.gguf"));
   const std::string fifo = path("pipe.bin");
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
   const std::string gguf = model_file("tiny-32k.gguf");
-  for (const std::string& input : {fifo, dir_.string()}) {
-    for (const std::string& args :
-         {"run --model " + input, "run --model " + gguf + " --tokenizer " + input,
-          "run --model " + gguf + " --prompts-file " + input, "plan --model " + gguf + " --probe-file " + input,
-          "launch-check --tp 1 --pp 1 --hostfile " + input, "launch-check --tp 1 --pp 1 --rankfile " + input}) {
-      const ProcessResult r = run_process(shardline() + " " + args, 20);
-      EXPECT_EQ(r.exit_code, 4) << args << "\nstderr: " << r.err;
-      EXPECT_NE(r.err.find("not a regular file"), std::string::npos) << args << "\nstderr: " << r.err;
-    }
+  auto commands = [&](const std::string& input) {
+    return std::vector<std::string>{"run --model " + input, "run --model " + gguf + " --tokenizer " + input,
+                                    "run --model " + gguf + " --prompts-file " + input,
+                                    "plan --model " + gguf + " --probe-file " + input,
+                                    "launch-check --tp 1 --pp 1 --hostfile " + input,
+                                    "launch-check --tp 1 --pp 1 --rankfile " + input};
+  };
+  for (const std::string& args : commands(dir_.string())) {
+    const ProcessResult r = run_process(shardline() + " " + args, 20);
+    EXPECT_EQ(r.exit_code, 4) << args << "\nstderr: " << r.err;
+    EXPECT_TRUE(r.err.find("a folder, not a file") != std::string::npos ||
+                r.err.find("not a regular file") != std::string::npos)
+        << args << "\nstderr: " << r.err;
   }
+  for (const std::string& args : {commands(fifo)[0], commands(fifo)[1]}) {
+    const ProcessResult r = run_process(shardline() + " " + args, 20);
+    EXPECT_EQ(r.exit_code, 4) << args << "\nstderr: " << r.err;
+    EXPECT_NE(r.err.find("not a regular file"), std::string::npos) << args << "\nstderr: " << r.err;
+  }
+  const ProcessResult piped = run_process(
+      "bash -c " + shell_quote("printf 'A\\nB\\n' | " + shardline() + " run --model " + gguf +
+                               " --steps 2 --prompts-file /dev/stdin"));
+  EXPECT_EQ(piped.exit_code, 0) << piped.err;
+  EXPECT_NE(piped.err.find("2 sequences"), std::string::npos) << piped.err;
+  const ProcessResult substituted = run_process(
+      "bash -c " + shell_quote(shardline() + " launch-check --tp 2 --pp 1 --hostfile <(echo 'localhost slots=2')"));
+  EXPECT_EQ(substituted.exit_code, 0) << substituted.err;
 }
 
 TEST_F(Cli, GgufFilesReproduceEveryGoldenWithTheirOwnVocabulary) {
@@ -444,14 +462,21 @@ TEST_F(Cli, GenModelRefusesWhatTheDiskCannotHoldAndLeavesNoPartFile) {
 }
 
 // A signal during the write (SIGTERM here; SIGINT from a terminal's Ctrl-C is handled alike) removes the
-// part files and still ends the process by that signal (exit 128 + 15 from the shell).
+// part files and still ends the process by that signal (exit 128 + 15 from the shell). The writer is
+// stopped (SIGSTOP) as soon as its part file shows, and signalled only if that file is still there, so a
+// loaded machine cannot let it finish first; a write that finished before the stop is tried again.
 TEST_F(Cli, GenModelKilledMidWriteLeavesNoPartFile) {
   namespace fs = std::filesystem;
   const fs::path dir = path("killed");
   fs::create_directories(dir);
-  const std::string script = shardline() + " gen-model --preset 110m --out " + (dir / "m.bin").string() +
-                             " 2>/dev/null & pid=$!; for i in $(seq 1000); do ls " + dir.string() +
-                             " | grep -q 'm.bin.tmp' && break; sleep 0.01; done; kill -TERM $pid; wait $pid; echo $?";
+  const std::string d = dir.string();
+  const std::string script =
+      "for attempt in 1 2 3 4 5; do " + shardline() + " gen-model --preset 15m --out " + d +
+      "/m.bin 2>/dev/null & pid=$!; "
+      "for i in $(seq 2000); do ls " + d + " | grep -q 'm.bin.tmp' && break; sleep 0.005; done; "
+      "kill -STOP $pid; "
+      "if ls " + d + " | grep -q 'm.bin.tmp'; then kill -TERM $pid; kill -CONT $pid; wait $pid; echo $?; exit; fi; "
+      "kill -CONT $pid; wait $pid; rm -f " + d + "/*; done; echo 'never caught mid-write'";
   const ProcessResult r = run_process("bash -c " + shell_quote(script), 120);
   EXPECT_EQ(r.out, "143\n") << r.err;
   std::vector<std::string> left;
