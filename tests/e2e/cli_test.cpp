@@ -415,6 +415,14 @@ TEST_F(Cli, QueuedSequencesGetTheWholeRunsRateAndTheWarningFollowsTheLogLevel) {
   r = run_process(run + " --log-level off");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.err, "");
+  // Without waiting, a sequence may still end before another's first token (one step, prompts of other
+  // lengths): the usual prefill/decode split, no claim of waiting.
+  std::ofstream(path("prompts.txt")) << "A\nOnce upon a time there was a little girl who\n";
+  r = run_process(shardline() + " run --model " + model_file("tiny-32k.gguf") + " --steps 1 --prompts-file " +
+                  path("prompts.txt"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("| decode "), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("waited"), std::string::npos) << r.err;
 }
 
 TEST_F(Cli, StepsBeyondTheContext) {
