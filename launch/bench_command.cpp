@@ -41,13 +41,16 @@ struct BenchConfig {
   bool json = false;
 };
 
-std::vector<std::string> split_list(const std::string& text) {
+// A comma list of names; an empty item (a doubled or trailing comma) is refused, as --batches refuses one.
+std::vector<std::string> split_list(const std::string& flag, const std::string& text) {
   std::vector<std::string> items;
   std::stringstream in(text);
   std::string item;
   while (std::getline(in, item, ',')) {
-    if (!item.empty()) items.push_back(item);
+    if (item.empty()) throw ConfigError(fmt::format("{} '{}' has an empty entry", flag, text));
+    items.push_back(item);
   }
+  if (!text.empty() && text.back() == ',') throw ConfigError(fmt::format("{} '{}' has an empty entry", flag, text));
   return items;
 }
 
@@ -84,9 +87,9 @@ std::optional<BenchConfig> parse_bench_config(const std::vector<std::string>& ar
       "prefill tokens/s, each as a fraction of that bandwidth roofline, on generated random-weight models.";
   if (!parse_command_line("bench", usage, options, args, vm, mpi.world_rank() == 0)) return std::nullopt;
   log::set_level(log::parse_level(log_level));
-  c.presets = split_list(presets);
+  c.presets = split_list("--presets", presets);
   for (const auto& name : c.presets) partition::find_model_preset(name);  // ConfigError listing the known names
-  for (const auto& name : split_list(dtypes)) c.dtypes.push_back(parse_weights_dtype_flag(name, "--dtypes entry"));
+  for (const auto& name : split_list("--dtypes", dtypes)) c.dtypes.push_back(parse_weights_dtype_flag(name, "--dtypes entry"));
   c.kv_dtype = parse_kv_dtype_flag(kv_dtype);
   c.bench.batches = parse_int_list("--batches", batches);
   if (c.presets.empty() || c.dtypes.empty()) throw ConfigError("--presets and --dtypes need at least one entry each");

@@ -3,6 +3,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 #include <iostream>
 #include <thread>
@@ -41,6 +42,16 @@ bool parse_command_line(const std::string& command, const std::string& usage, co
     throw ConfigError(fmt::format("shardline {}: {} (see 'shardline {} --help')", command, e.what(), command));
   }
   return true;
+}
+
+std::uint64_t parse_seed_flag(const std::string& text) {
+  errno = 0;
+  char* end = nullptr;
+  const unsigned long long value = std::strtoull(text.c_str(), &end, 10);
+  if (text.empty() || text.find_first_not_of("0123456789") != std::string::npos || errno == ERANGE || *end != '\0') {
+    throw ConfigError(fmt::format("--seed '{}' is not a whole number from 0 to 18446744073709551615", text));
+  }
+  return value;
 }
 
 std::vector<int> parse_int_list(const std::string& flag, const std::string& text) {

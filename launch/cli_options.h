@@ -21,6 +21,9 @@ namespace po = boost::program_options;
 bool parse_command_line(const std::string& command, const std::string& usage, const po::options_description& options,
                         const std::vector<std::string>& args, po::variables_map& vm, bool print_help = true);
 
+// --seed: a whole number from 0 to 2^64 - 1 (as text: the options library would wrap "-1" around to 2^64 - 1).
+std::uint64_t parse_seed_flag(const std::string& text);
+
 // "3,2,2" -> {3, 2, 2}; ConfigError naming the flag otherwise.
 std::vector<int> parse_int_list(const std::string& flag, const std::string& text);
 

@@ -17,7 +17,7 @@ namespace shardline::launch {
 int gen_model_command(const std::vector<std::string>& args) {
   partition::ModelShape shape;
   std::string preset, out, tokenizer_out;
-  std::uint64_t seed = 42;
+  std::string seed_text;
   bool unshared = false;
   po::options_description options("gen-model options");
   options.add_options()
@@ -31,7 +31,7 @@ int gen_model_command(const std::vector<std::string>& args) {
       ("vocab", po::value<int>(), "vocabulary size (>= 259: specials + 256 byte tokens)")
       ("seq", po::value<int>(), "maximum context length")
       ("unshared-classifier", po::bool_switch(&unshared), "write a separate classifier matrix")
-      ("seed", po::value(&seed)->default_value(42), "random seed (same seed and shape = same file)")
+      ("seed", po::value(&seed_text)->default_value("42"), "random seed (same seed and shape = same file)")
       ("out", po::value(&out)->required(), "checkpoint path to write, e.g. model.bin")
       ("tokenizer-out", po::value(&tokenizer_out), "tokenizer path (default: --out with .bin replaced by .tokenizer.bin)");
   po::variables_map vm;
@@ -39,6 +39,7 @@ int gen_model_command(const std::vector<std::string>& args) {
       "Usage: shardline gen-model (--preset NAME | --dim D --hidden H --layers L --heads N --vocab V --seq S) "
       "--out FILE\n\nWrites a llama2.c checkpoint with random weights and a matching synthetic tokenizer.";
   if (!parse_command_line("gen-model", usage, options, args, vm)) return 0;
+  const std::uint64_t seed = parse_seed_flag(seed_text);
 
   if (!preset.empty()) shape = partition::find_model_preset(preset).shape;
   auto take = [&](const char* flag, int& field) {

@@ -103,6 +103,7 @@ std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, 
   std::string bind = "auto", arena_pages = "auto", weights = "map", device = "auto", cuda_graphs = "on";
   int steps = kDefaultSteps, batch = 1;
   runtime::SamplerOptions sampler;
+  std::string seed_text;
   po::options_description options("run options");
   options.add_options()
       ("model,m", po::value(&c.engine.model_path), "llama2.c checkpoint or GGUF file (F32/F16/BF16/Q8_0) of a llama model (default: a built-in random-weight model)")
@@ -115,7 +116,7 @@ std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, 
       ("temperature,t", po::value(&sampler.temperature)->default_value(0.0f, "0"), "sampling temperature; 0 = greedy")
       ("top-p,p", po::value(&sampler.top_p)->default_value(0.9f, "0.9"),
        "nucleus sampling threshold in (0,1); other values disable it")
-      ("seed,s", po::value(&sampler.seed)->default_value(42), "random seed for sampling")
+      ("seed,s", po::value(&seed_text)->default_value("42"), "random seed for sampling")
       ("tp", po::value(&c.tp), "tensor-parallel ranks per stage (must divide n_kv_heads)")
       ("pp", po::value(&c.pp), "pipeline stages (tp x pp must equal the number of ranks)")
       ("layers-per-stage", po::value(&layer_split), "explicit layer split, e.g. 3,2,2 (default: the planner's with --plan auto and several ranks, else even)")
@@ -160,6 +161,7 @@ std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, 
       "Generates text. The output rank (last stage, tp 0) prints the prompt and the generation to stdout,\n"
       "statistics to stderr.";
   if (!parse_command_line("run", usage, options, args, vm, mpi.world_rank() == 0)) return std::nullopt;
+  sampler.seed = parse_seed_flag(seed_text);
   log::set_level(log::parse_level(log_level));
   if (c.verbose && log_level == "info") log::set_level(log::Level::kDebug);
   c.bind = memory::parse_bind_mode(bind);

@@ -82,6 +82,9 @@ int topo_command(const std::vector<std::string>& args) {
       "the placement each of N local ranks would get from `shardline run --bind MODE`. Needs no MPI job.";
   if (!parse_command_line("topo", usage, options, args, vm)) return 0;
   if (np < 1) throw ConfigError("--np must be >= 1");
+  if (vm.count("synthetic") && synthetic.empty()) {  // else an empty description showed this host instead
+    throw ConfigError("--synthetic needs a description, e.g. 'pack:2 numa:2 core:8 pu:2'");
+  }
   if (!synthetic.empty() && !xml.empty()) throw ConfigError("--synthetic and --xml are alternatives; pass one");
   const memory::BindMode mode = memory::parse_bind_mode(bind);
   const memory::HostTopology host = !synthetic.empty() ? memory::load_synthetic_topology(synthetic)

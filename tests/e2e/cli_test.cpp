@@ -436,6 +436,12 @@ TEST_F(Cli, UnknownFlagsAndCommands) {
   expect_clean_failure("gen-model --out x.bin --sizzle", 2, "unknown flag '--sizzle'");
   expect_clean_failure("fly", 2, "unknown command 'fly'");
   expect_clean_failure("run --steps many", 2, "steps");
+  // Values the options library would have taken: a negative seed wrapped to 2^64 - 1, an empty topology
+  // description showed this host, an empty list entry was skipped.
+  expect_clean_failure("run --seed -1", 2, "--seed '-1' is not a whole number");
+  expect_clean_failure("gen-model --preset 15m --seed -3 --out " + path("s.bin"), 2, "--seed '-3'");
+  expect_clean_failure("topo --synthetic ''", 2, "--synthetic needs a description");
+  expect_clean_failure("bench --dtypes fp32,,int8", 2, "--dtypes 'fp32,,int8' has an empty entry");
   // A model named without --model used to be dropped, and the built-in model ran instead.
   expect_clean_failure("run " + path("model.bin") + " --steps 4", 2, "unexpected argument '" + path("model.bin") + "'");
   expect_clean_failure("gen-model --dim 32 --hidden 64 --layers 1 --heads 2 --vocab 300 --seq 8 --out " + path("g.gguf"),
