@@ -228,13 +228,8 @@ int plan_command(const std::vector<std::string>& args) {
   }
   const auto plans = partition::search_plans(cluster, w, search);
   if (plans.empty()) {
-    // Name the filters the flags set: they, not the model, are often what leaves nothing to plan.
-    std::string filters;
-    if (!search.tp_only.empty()) filters += fmt::format(" with --tp {}", fmt::join(search.tp_only, ","));
-    if (!search.pp_only.empty()) filters += fmt::format(" with --pp {}", fmt::join(search.pp_only, ","));
-    throw ConfigError(fmt::format("no valid layout of {} fits {} ranks{} (tp must divide n_kv_heads={}, pp <= n_layers={})",
-                                  w.shape.describe(), search.world > 0 ? search.world : cluster.total_slots(), filters,
-                                  w.shape.n_kv_heads, w.shape.n_layers));
+    throw ConfigError(
+        partition::no_layout_message(w.shape, search, search.world > 0 ? search.world : cluster.total_slots()));
   }
   const double weights = static_cast<double>(w.shape.n_params()) * w.weight_bytes_per_param;
   if (!emit.empty()) {

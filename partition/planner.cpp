@@ -1,6 +1,10 @@
 #include "partition/planner.h"
 
 #include <algorithm>
+#include <string>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 
 namespace shardline::partition {
 
@@ -56,6 +60,17 @@ std::vector<PlanEstimate> search_plans(const ClusterSpec& cluster, const Workloa
                    [&](const PlanEstimate& a, const PlanEstimate& b) { return better(a, b, w.objective); });
   if (search.top > 0 && static_cast<int>(plans.size()) > search.top) plans.resize(search.top);
   return plans;
+}
+
+std::string no_layout_message(const ModelShape& shape, const PlanSearch& search, int ranks) {
+  std::string filters;
+  if (!search.tp_only.empty()) filters += fmt::format(" with --tp {}", fmt::join(search.tp_only, ","));
+  if (!search.pp_only.empty()) filters += fmt::format(" with --pp {}", fmt::join(search.pp_only, ","));
+  if (!search.layers_per_stage.empty()) {
+    filters += fmt::format(" with --layers-per-stage's {} stages", search.layers_per_stage.size());
+  }
+  return fmt::format("no valid layout of {} fits {} ranks{} (tp must divide n_kv_heads={}, pp <= n_layers={})",
+                     shape.describe(), ranks, filters, shape.n_kv_heads, shape.n_layers);
 }
 
 }  // namespace shardline::partition

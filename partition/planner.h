@@ -23,4 +23,8 @@ struct PlanSearch {
 // valid layout within the slots (infeasible ones included, so callers can say how far off they are).
 std::vector<PlanEstimate> search_plans(const ClusterSpec& cluster, const Workload& workload, const PlanSearch& search);
 
+// Why search_plans() found nothing for `ranks` ranks: the model's limits, and the filters the search set
+// (they, not the model, are often what leaves nothing). `plan` and `run --plan auto` both say it.
+std::string no_layout_message(const ModelShape& shape, const PlanSearch& search, int ranks);
+
 }  // namespace shardline::partition

@@ -65,14 +65,8 @@ AutoPlan plan_job(comm::Communicator& world, const AutoPlanRequest& request) {
       search.chunk_tokens = request.chunk_tokens;
       const auto plans = partition::search_plans(cluster, w, search);
       if (plans.empty()) {
-        const std::string fixed = request.layers_per_stage.empty()
-                                      ? std::string()
-                                      : fmt::format(" with --layers-per-stage's {} stages",
-                                                    request.layers_per_stage.size());
-        throw ConfigError(fmt::format("no valid tp x pp layout of {} uses exactly {} ranks{} (tp must divide "
-                                      "n_kv_heads={}, pp <= n_layers={}); launch with another -np",
-                                      request.shape.describe(), world.size(), fixed, request.shape.n_kv_heads,
-                                      request.shape.n_layers));
+        throw ConfigError(partition::no_layout_message(request.shape, search, world.size()) +
+                          "; launch with another -np");
       }
       const auto& best = plans.front();
       SL_CHECK(best.layout.layers_per_stage.size() <= 256);
