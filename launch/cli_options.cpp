@@ -45,10 +45,9 @@ bool parse_command_line(const std::string& command, const std::string& usage, co
 }
 
 std::uint64_t parse_seed_flag(const std::string& text) {
-  errno = 0;
-  char* end = nullptr;
-  const unsigned long long value = std::strtoull(text.c_str(), &end, 10);
-  if (text.empty() || text.find_first_not_of("0123456789") != std::string::npos || errno == ERANGE || *end != '\0') {
+  errno = 0;  // digits only, so strtoull reads them all; ERANGE says they are past 2^64 - 1
+  const unsigned long long value = std::strtoull(text.c_str(), nullptr, 10);
+  if (text.empty() || text.find_first_not_of("0123456789") != std::string::npos || errno == ERANGE) {
     throw ConfigError(fmt::format("--seed '{}' is not a whole number from 0 to 18446744073709551615", text));
   }
   return value;

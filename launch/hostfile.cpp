@@ -149,13 +149,15 @@ Hostfile parse_hostfile(const std::string& text, const std::string& path) {
 
 namespace {
 
+// A rankfile's rank or core number: digits only, at most 6 of them (so std::stoi cannot overflow).
+bool rankfile_number(const std::string& text) {
+  return !text.empty() && text.size() <= 6 && text.find_first_not_of("0123456789") == std::string::npos;
+}
+
 // What is wrong with a rankfile slot, or nothing: a comma list of items, each [SOCKET:]CORES with SOCKET a
 // number (or '*', which mpirun reads as 0) and CORES a number, a range N-M with N <= M, or '*' (mpirun's
 // forms, e.g. 0:0-7, 1:0,1 and 0:2-3,1:0-1; it reports the others only at launch).
 std::optional<std::string> slot_problem(const std::string& spec) {
-  auto number = [](const std::string& t) {
-    return !t.empty() && t.size() <= 6 && t.find_first_not_of("0123456789") == std::string::npos;
-  };
   std::size_t start = 0;
   while (true) {
     const std::size_t comma = spec.find(',', start);
@@ -163,13 +165,16 @@ std::optional<std::string> slot_problem(const std::string& spec) {
     if (item.empty()) return std::string("an empty item in its list");
     if (const std::size_t colon = item.find(':'); colon != std::string::npos) {
       const std::string socket = item.substr(0, colon);
-      if (socket != "*" && !number(socket)) return fmt::format("socket '{}' in '{}' is not a number", socket, item);
+      if (socket != "*" && !rankfile_number(socket)) {
+        return fmt::format("socket '{}' in '{}' is not a number", socket, item);
+      }
       item = item.substr(colon + 1);
     }
     const std::size_t dash = item.find('-');
-    if (item == "*" || number(item)) {
+    if (item == "*" || rankfile_number(item)) {
       // one core, or all of them
-    } else if (dash != std::string::npos && number(item.substr(0, dash)) && number(item.substr(dash + 1))) {
+    } else if (dash != std::string::npos && rankfile_number(item.substr(0, dash)) &&
+               rankfile_number(item.substr(dash + 1))) {
       if (std::stoi(item.substr(0, dash)) > std::stoi(item.substr(dash + 1))) {
         return fmt::format("range '{}' runs backwards", item);
       }
@@ -199,7 +204,7 @@ std::vector<RankfileEntry> parse_rankfile(const std::string& text, const std::st
       throw ConfigError(fmt::format("{}: '{}' is not a rank line; {}", where(path, number), lines[i], kRankfileLine));
     }
     const std::string rank_text = m[1], host = m[2], spec = m[3];
-    if (rank_text.size() > 6 || rank_text.find_first_not_of("0123456789") != std::string::npos) {
+    if (!rankfile_number(rank_text)) {
       throw ConfigError(fmt::format("{}: '{}' is not a rank number; {}", where(path, number), rank_text, kRankfileLine));
     }
     const bool relative = host.size() > 2 && host.rfind("+n", 0) == 0 &&

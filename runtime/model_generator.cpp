@@ -17,6 +17,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "common/units.h"
 #include "partition/model_presets.h"
 #include "runtime/checkpoint.h"
 #include "runtime/tokenizer.h"
@@ -181,10 +182,10 @@ void check_destination(const std::string& path, std::uint64_t bytes) {
   }
   const fs::space_info space = fs::space(dir, ec);
   if (ec || space.available >= bytes) return;  // unknown: let the write say what went wrong
-  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+  const auto gib = [](std::uint64_t n) { return static_cast<double>(n) / static_cast<double>(kGiB); };
   throw ResourceError(fmt::format("'{}' would need {:.2f} GiB but its folder has {:.2f} GiB free; free space or "
                                   "choose another folder",
-                                  path, static_cast<double>(bytes) / kGiB, static_cast<double>(space.available) / kGiB));
+                                  path, gib(bytes), gib(space.available)));
 }
 
 }  // namespace
@@ -263,16 +264,16 @@ GeneratedModelPaths ensure_generated_model(const partition::ModelShape& shape, s
   GeneratedModelPaths paths{(fs::path(dir) / (name + ".bin")).string(), ""};
   paths.tokenizer = default_tokenizer_path_for(paths.model);
   // A cached file that is not this shape's (cut short or changed since, another shape under the name) is
-  // made again rather than failing every later run. Writes are renamed into place whole, so a file of the
-  // right size and header is one this generator wrote (same seed per name: bench's and the default's).
-  const std::uint64_t expected = checkpoint_layout(shape).total_bytes;
+  // made again rather than failing every later run. Writes are renamed into place whole, so a file whose
+  // header is this shape and whose size the header's (read_checkpoint_shape checks both) is one this
+  // generator wrote (same seed per name: bench's and the default's).
   const bool present = fs::exists(paths.model, ec) && fs::exists(paths.tokenizer, ec);
   bool stale = false;
   if (present) {
     try {
-      stale = fs::file_size(paths.model, ec) != expected || read_checkpoint_shape(paths.model) != shape;
+      stale = read_checkpoint_shape(paths.model) != shape;
     } catch (const Error&) {
-      stale = true;  // an unreadable header
+      stale = true;  // cut short, or an unreadable header
     }
     if (stale) log::warn("{} at '{}' is not this shape's file any more: generating it again", what, paths.model);
   }
