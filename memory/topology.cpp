@@ -1,16 +1,14 @@
 #include "memory/topology.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <filesystem>
 #include <memory>
 
 #include <fmt/format.h>
 
 #include "common/error.h"
+#include "common/input_file.h"
 #include "memory/hwloc_handle.h"
 
 namespace shardline::memory {
@@ -32,17 +30,10 @@ HwlocHandle::HwlocHandle(Source source, const std::string& argument, bool with_i
     }
     // A missing file is a missing resource (exit 4), an unreadable one a corrupt input (exit 3).
     if (source == Source::kXml) {
-      std::string problem;
-      if (!std::filesystem::exists(argument)) {
-        problem = "no such file";
-      } else if (!std::filesystem::is_regular_file(argument)) {
-        problem = "not a regular file";
-      } else if (::access(argument.c_str(), R_OK) != 0) {
-        problem = std::strerror(errno);
-      }
-      if (!problem.empty()) {
-        throw ResourceError(fmt::format("cannot open topology XML '{}': {} (write one with `lstopo FILE.xml`)",
-                                        argument, problem));
+      try {
+        require_input_file(argument, "topology XML", InputKind::kRegularFile);
+      } catch (const ResourceError& e) {
+        throw ResourceError(fmt::format("{} (write one with `lstopo FILE.xml`)", e.what()));
       }
     }
     if (source == Source::kXml && hwloc_topology_set_xml(topology_, argument.c_str()) < 0) {
