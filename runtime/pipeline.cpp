@@ -1,12 +1,15 @@
 #include "runtime/pipeline.h"
 
 #include <algorithm>
+#include <cmath>
 #include <deque>
+#include <limits>
 #include <memory>
 
 #include <fmt/format.h>
 
 #include "common/error.h"
+#include "common/log.h"
 #include "common/units.h"
 #include "kernels/cpu/ops.h"
 #include "runtime/tokenizer.h"
@@ -100,6 +103,7 @@ std::vector<SequenceOutput> Pipeline::run(const std::vector<SequenceSpec>& seque
   start_s_ = now_s();
   callback_reads_logits_ = callback_reads_logits;
   stats_ = {};
+  warned_not_finite_ = false;
   next_group_ = 0;
   admitted_ = 0;
   kv_capacity_ = stage_.kv_pool().free_blocks();
@@ -205,6 +209,36 @@ void Pipeline::forward_item(const Item& item, std::vector<SeqState>& seqs, float
   stats_.busy_s += now_s() - start_s;
 }
 
+namespace {
+
+// Whether every value is a finite number. fabs(NaN) <= max is false, as is fabs(Inf) <= max; no branch in
+// the loop, so it vectorises.
+bool all_finite(const float* x, std::size_t n) {
+  bool finite = true;
+  for (std::size_t i = 0; i < n; ++i) finite &= std::fabs(x[i]) <= std::numeric_limits<float>::max();
+  return finite;
+}
+
+}  // namespace
+
+// A model whose weights hold NaN or Inf (a damaged or badly converted file), or whose activations overflow,
+// turns the final hidden state into NaNs, and from there every logit: greedy decoding then picks token 0,
+// as llama2.c's argmax does, and the text is silently meaningless. The check costs one pass over the rows
+// about to meet the classifier (dim floats each, against the classifier's vocabulary x dim weights).
+void Pipeline::warn_if_not_finite(const std::vector<SeqState>& seqs, int n_logits) {
+  const int dim = stage_.shape().dim;
+  for (int i = 0; i < n_logits; ++i) {
+    if (all_finite(logit_rows_.data() + static_cast<std::size_t>(i) * dim, dim)) continue;
+    const SeqState& s = seqs[logit_seqs_[i]];
+    log::warn("sequence {}'s hidden state holds NaN or Inf after {} tokens: its text from here on is meaningless "
+              "(NaN logits give token 0). The model's weights hold NaN or Inf values, or its activations overflow; "
+              "warned once per run",
+              logit_seqs_[i], s.fed);
+    warned_not_finite_ = true;
+    return;
+  }
+}
+
 void Pipeline::sample_item(const Item& item, std::vector<SeqState>& seqs, const float* x,
                            std::vector<SequenceOutput>& outputs, const TokenCallback& on_token,
                            std::vector<int>& tokens) {
@@ -222,6 +256,7 @@ void Pipeline::sample_item(const Item& item, std::vector<SeqState>& seqs, const 
     logit_seqs_.push_back(item.seq[r]);
   }
   const int n_logits = static_cast<int>(logit_seqs_.size());
+  if (!warned_not_finite_ && mesh_.tp_rank() == 0) warn_if_not_finite(seqs, n_logits);
   greedy_tokens_.assign(n_logits, -1);
   // All rows greedy and no callback reading logits (the same on every TP rank: the specs and the flag
   // are): only the tokens are needed, which the backend may find without gathering the logits.

@@ -101,6 +101,8 @@ class Pipeline {
   // stage's embedded input (null on later stages) and the output stays with the backend.
   void forward_item(const Item& item, std::vector<SeqState>& seqs, float* x);
   // Last stage: samples every wants-logits row of the item; fills tokens (one per such row).
+  // Warns (once per run) when a row about to meet the classifier holds NaN or Inf.
+  void warn_if_not_finite(const std::vector<SeqState>& seqs, int n_logits);
   void sample_item(const Item& item, std::vector<SeqState>& seqs, const float* x, std::vector<SequenceOutput>& outputs,
                    const TokenCallback& on_token, std::vector<int>& tokens);
   void apply_tokens(const Item& item, const std::vector<int>& tokens, std::vector<SeqState>& seqs);
@@ -131,6 +133,7 @@ class Pipeline {
   std::vector<int> logit_seqs_;       // the sequence of each row that wants logits, in order
   std::vector<int> greedy_tokens_;    // their greedy tokens, or -1 for rows that sample
   bool callback_reads_logits_ = true; // run()'s
+  bool warned_not_finite_ = false;    // run() warns once about a hidden state of NaN or Inf (sample_item)
 };
 
 }  // namespace shardline::runtime

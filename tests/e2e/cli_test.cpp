@@ -6,6 +6,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -496,6 +497,35 @@ TEST_F(Cli, GenModelKilledMidWriteLeavesNoPartFile) {
   std::vector<std::string> left;
   for (const auto& entry : fs::directory_iterator(dir)) left.push_back(entry.path().filename().string());
   EXPECT_TRUE(left.empty()) << "left behind: " << (left.empty() ? "" : left.front());
+}
+
+TEST_F(Cli, NanWeightsAreWarnedAboutOnceByOneRank) {
+  // llama2.c's rules pick token 0 from NaN logits: the run goes on (the reference does), but says why its
+  // text is meaningless, once, from the rank that writes the output, on one rank and on tp 2 x pp 2.
+  const std::string model = path("nan.bin");
+  ASSERT_EQ(run_process(shardline() + " gen-model --dim 32 --hidden 64 --layers 2 --heads 2 --vocab 300 --seq 16 --out " +
+                        model).exit_code, 0);
+  const std::string args = " run --model " + model + " --prompt hello --steps 4";
+  const std::string warning = "hidden state holds NaN or Inf";
+  const ProcessResult clean = run_process(shardline() + args, 60);
+  ASSERT_EQ(clean.exit_code, 0) << clean.err;
+  EXPECT_EQ(clean.err.find(warning), std::string::npos) << clean.err;
+  {
+    // One NaN in layer 0's attention RMSNorm weight, right after the (vocab, dim) embedding table.
+    std::fstream file(model, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(7 * sizeof(std::int32_t) + 300 * 32 * sizeof(float));
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    file.write(reinterpret_cast<const char*>(&nan), sizeof(nan));
+  }
+  for (const std::string& launch : {shardline(), kMpirun + "4 " + shardline()}) {
+    const std::string layout = launch == shardline() ? "" : " --tp 2 --pp 2";
+    const ProcessResult r = run_process(launch + args + layout, 120);
+    EXPECT_EQ(r.exit_code, 0) << launch << "\n" << r.err;
+    std::size_t count = 0;
+    for (std::size_t at = r.err.find(warning); at != std::string::npos; at = r.err.find(warning, at + 1)) ++count;
+    EXPECT_EQ(count, 1u) << launch << "\n" << r.err;
+    EXPECT_NE(r.err.find("sequence 0's"), std::string::npos) << r.err;
+  }
 }
 
 TEST_F(Cli, BadInputUnderMpirunEndsTheJobWithTheMessage) {
