@@ -254,10 +254,7 @@ int bench_command(const std::vector<std::string>& args, const MpiSession& mpi) {
     message = e.what();
   }
   const MpiSession::Agreement agreement = mpi.agree(local);
-  if (agreement.exit_code != 0) {
-    if (agreement.first_failed_rank == mpi.world_rank()) std::fprintf(stderr, "%s error: %s\n", detail::rank_tag().c_str(), message.c_str());
-    return agreement.exit_code;
-  }
+  if (agreement.exit_code != 0) return mpi.report_failure(agreement, message);
   if (help) return 0;
   const BenchConfig& c = *config;
   const int output_rank = mesh->rank_of(mesh->pp_size() - 1, 0);

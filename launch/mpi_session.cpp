@@ -3,8 +3,10 @@
 #include <mpi.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -15,6 +17,11 @@ namespace shardline::launch {
 namespace {
 
 void mpi_abort(int code) { MPI_Abort(MPI_COMM_WORLD, code); }
+
+// How long the ranks that do not print a failed start-up's reason wait before they exit, so that the one
+// that does exits first (report_failure); its line is written before the wait starts. A failed start-up
+// under mpirun takes this much longer (mpirun waits for every rank).
+constexpr int kPrinterHeadStartMs = 200;
 
 std::string host_name() {
   char host[256] = {};
@@ -71,6 +78,19 @@ MpiSession::Agreement MpiSession::agree(int local_exit_code) const {
     throw CommError("MPI_Allreduce failed while the ranks compared their start-up checks");
   }
   return {reduced[0], reduced[0] != 0 ? -reduced[1] : -1};
+}
+
+int MpiSession::report_failure(const Agreement& agreement, const std::string& message) const {
+  const bool printer = agreement.first_failed_rank == world_rank_;
+  if (printer) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "%s error: %s\n", detail::rank_tag().c_str(), message.c_str());
+  }
+  if (active_ && world_size_ > 1) {
+    MPI_Barrier(MPI_COMM_WORLD);  // the line is written (stderr is unbuffered); a failed barrier changes nothing
+    if (!printer) std::this_thread::sleep_for(std::chrono::milliseconds(kPrinterHeadStartMs));
+  }
+  return agreement.exit_code;
 }
 
 bool MpiSession::same_as_rank0(std::uint64_t value) const {

@@ -39,6 +39,12 @@ class MpiSession {
     int first_failed_rank = -1;
   };
   Agreement agree(int local_exit_code) const;
+  // Prints a failed agreement's reason on the rank that must (the lowest that failed; `message` is this
+  // rank's own) and returns the agreed exit code. The printing rank exits first: mpirun ends the job when a
+  // rank exits non-zero and kills the others, and a printing rank killed before its line reached mpirun
+  // (a loaded machine, a slow rank) took the reason with it. So the others wait for its line (a barrier)
+  // and then a moment before they return.
+  int report_failure(const Agreement& agreement, const std::string& message) const;
   // Collective: whether this rank's value equals rank 0's (true alone or without MPI). For fingerprints of
   // what every rank must share (the model, the requests, the layout flags).
   bool same_as_rank0(std::uint64_t value) const;

@@ -292,11 +292,7 @@ int agreed_phase(const MpiSession& mpi, Phase&& phase) {
     message = fmt::format("unexpected: {}", e.what());
   }
   const MpiSession::Agreement agreement = mpi.agree(local);
-  if (agreement.exit_code != 0 && agreement.first_failed_rank == mpi.world_rank()) {
-    std::fflush(stdout);
-    std::fprintf(stderr, "%s error: %s\n", detail::rank_tag().c_str(), message.c_str());
-  }
-  return agreement.exit_code;
+  return agreement.exit_code != 0 ? mpi.report_failure(agreement, message) : 0;
 }
 
 void print_json(const runtime::GenerationResult& r) {
