@@ -16,10 +16,9 @@ class Poller {
   using Clock = std::chrono::steady_clock;
 
   // sleep_ns: the pause once spinning and yielding are over (50 us; longer for waits known to be long).
-  explicit Poller(double timeout_s, long sleep_ns = 50'000)
-      : deadline_(Clock::now() +
-                  std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s))),
-        sleep_ns_(sleep_ns) {}
+  // A timeout of a year or more (or inf) never passes: a clock's nanoseconds would overflow near 292 years,
+  // and an overflowed deadline lies in the past, failing healthy jobs at once.
+  explicit Poller(double timeout_s, long sleep_ns = 50'000) : deadline_(deadline_after(timeout_s)), sleep_ns_(sleep_ns) {}
 
   // The pause after a poll that found the operation unfinished. Returns false once the deadline has passed
   // (looked at every 64 polls after the first 20000).
@@ -40,6 +39,12 @@ class Poller {
   bool spun_out() const { return polls_ >= kSpins; }
 
  private:
+  static Clock::time_point deadline_after(double timeout_s) {
+    constexpr double kNeverS = 365.0 * 24 * 3600;
+    if (!(timeout_s < kNeverS)) return Clock::time_point::max();
+    return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
+  }
+
   static constexpr long kSpins = 2000;
   static constexpr long kYields = 20000;
   Clock::time_point deadline_;

@@ -37,7 +37,7 @@ struct BenchConfig {
   int chunk_tokens = 64;
   int tp = 0, pp = 0;  // 0: not given
   std::string models_dir;
-  double comm_timeout_s = 120.0;
+  double comm_timeout_s = kDefaultCommTimeoutS;
   bool json = false;
 };
 
@@ -76,7 +76,7 @@ std::optional<BenchConfig> parse_bench_config(const std::vector<std::string>& ar
       ("tp", po::value(&c.tp), "tensor-parallel ranks per stage (default: every rank)")
       ("pp", po::value(&c.pp), "pipeline stages (tp x pp must equal the number of ranks)")
       ("models-dir", po::value(&c.models_dir), "where the generated models are kept (default: <cache>/bench)")
-      ("comm-timeout", po::value(&c.comm_timeout_s)->default_value(120.0, "120"), "seconds a rank waits for a peer")
+      ("comm-timeout", po::value(&c.comm_timeout_s)->default_value(kDefaultCommTimeoutS, "120"), "seconds a rank waits for a peer before failing the job (inf: no limit)")
       ("json", po::bool_switch(&c.json), "one JSON object per model and dtype instead of the table")
       ("log-level", po::value(&log_level)->default_value("info"), "debug|info|warn|error|off");
   po::variables_map vm;
@@ -114,7 +114,7 @@ std::optional<BenchConfig> parse_bench_config(const std::vector<std::string>& ar
   if (c.threads < 1) throw ConfigError("--threads must be >= 1");
   if (vm.count("tp") && c.tp < 1) throw ConfigError("--tp must be >= 1");
   if (vm.count("pp") && c.pp < 1) throw ConfigError("--pp must be >= 1");
-  if (c.comm_timeout_s <= 0) throw ConfigError("--comm-timeout must be positive");
+  if (!(c.comm_timeout_s > 0)) throw ConfigError("--comm-timeout must be a positive number of seconds (inf: no limit)");
   if (c.models_dir.empty()) c.models_dir = (std::filesystem::path(runtime::cache_dir()) / "bench").string();
   return c;
 }
@@ -253,8 +253,9 @@ int bench_command(const std::vector<std::string>& args, const MpiSession& mpi) {
     local = static_cast<int>(e.code());
     message = e.what();
   }
-  const MpiSession::Agreement agreement = mpi.agree(local);
-  if (agreement.exit_code != 0) return mpi.report_failure(agreement, message);
+  const double timeout_s = config ? config->comm_timeout_s : kDefaultCommTimeoutS;
+  const MpiSession::Agreement agreement = mpi.agree(local, timeout_s);
+  if (agreement.exit_code != 0) return mpi.report_failure(agreement, message, timeout_s);
   if (help) return 0;
   const BenchConfig& c = *config;
   const int output_rank = mesh->rank_of(mesh->pp_size() - 1, 0);

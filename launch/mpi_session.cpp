@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "comm/poller.h"
 #include "common/error.h"
 
 namespace shardline::launch {
@@ -22,6 +23,24 @@ void mpi_abort(int code) { MPI_Abort(MPI_COMM_WORLD, code); }
 // that does exits first (report_failure); its line is written before the wait starts. A failed start-up
 // under mpirun takes this much longer (mpirun waits for every rank).
 constexpr int kPrinterHeadStartMs = 200;
+
+// Waits for a non-blocking start-up collective, at most timeout_s (comm/poller.h: spin, yield, then sleep,
+// so a waiting rank leaves the core to a peer that shares it).
+void wait_bounded(MPI_Request& request, double timeout_s, const char* what) {
+  comm::Poller poller(timeout_s);
+  for (;;) {
+    int done = 0;
+    if (MPI_Test(&request, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
+      throw CommError(fmt::format("MPI failed while the ranks {}", what));
+    }
+    if (done != 0) return;
+    if (!poller.pause()) {
+      throw CommError(fmt::format("a rank did not arrive within {} s (--comm-timeout) while the ranks {}: is one stuck "
+                                  "(reading its files from a hung file system, stopped, or swapping)?",
+                                  timeout_s, what));
+    }
+  }
+}
 
 std::string host_name() {
   char host[256] = {};
@@ -70,35 +89,47 @@ MpiSession::~MpiSession() {
   }
 }
 
-MpiSession::Agreement MpiSession::agree(int local_exit_code) const {
+MpiSession::Agreement MpiSession::agree(int local_exit_code, double timeout_s) const {
   if (!active_ || world_size_ == 1) return {local_exit_code, local_exit_code != 0 ? world_rank_ : -1};
   int values[2] = {local_exit_code, local_exit_code != 0 ? -world_rank_ : -world_size_};  // max of -rank = min rank
   int reduced[2] = {0, 0};
-  if (MPI_Allreduce(values, reduced, 2, MPI_INT, MPI_MAX, MPI_COMM_WORLD) != MPI_SUCCESS) {
-    throw CommError("MPI_Allreduce failed while the ranks compared their start-up checks");
+  MPI_Request request = MPI_REQUEST_NULL;
+  if (MPI_Iallreduce(values, reduced, 2, MPI_INT, MPI_MAX, MPI_COMM_WORLD, &request) != MPI_SUCCESS) {
+    throw CommError("MPI_Iallreduce failed while the ranks compared their start-up checks");
   }
+  wait_bounded(request, timeout_s, "compared their start-up checks");
   return {reduced[0], reduced[0] != 0 ? -reduced[1] : -1};
 }
 
-int MpiSession::report_failure(const Agreement& agreement, const std::string& message) const {
+int MpiSession::report_failure(const Agreement& agreement, const std::string& message, double timeout_s) const {
   const bool printer = agreement.first_failed_rank == world_rank_;
   if (printer) {
     std::fflush(stdout);
     std::fprintf(stderr, "%s error: %s\n", detail::rank_tag().c_str(), message.c_str());
   }
   if (active_ && world_size_ > 1) {
-    MPI_Barrier(MPI_COMM_WORLD);  // the line is written (stderr is unbuffered); a failed barrier changes nothing
+    // The line is written (stderr is unbuffered) once the printing rank is here. A barrier that fails or
+    // times out changes nothing: the job fails either way, with its code.
+    MPI_Request request = MPI_REQUEST_NULL;
+    if (MPI_Ibarrier(MPI_COMM_WORLD, &request) == MPI_SUCCESS) {
+      try {
+        wait_bounded(request, timeout_s, "waited for the failure's reason to be printed");
+      } catch (const CommError&) {
+      }
+    }
     if (!printer) std::this_thread::sleep_for(std::chrono::milliseconds(kPrinterHeadStartMs));
   }
   return agreement.exit_code;
 }
 
-bool MpiSession::same_as_rank0(std::uint64_t value) const {
+bool MpiSession::same_as_rank0(std::uint64_t value, double timeout_s) const {
   if (!active_ || world_size_ == 1) return true;
   std::uint64_t rank0 = value;
-  if (MPI_Bcast(&rank0, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD) != MPI_SUCCESS) {
-    throw CommError("MPI_Bcast failed while the ranks compared their configurations");
+  MPI_Request request = MPI_REQUEST_NULL;
+  if (MPI_Ibcast(&rank0, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD, &request) != MPI_SUCCESS) {
+    throw CommError("MPI_Ibcast failed while the ranks compared their configurations");
   }
+  wait_bounded(request, timeout_s, "compared their configurations");
   return rank0 == value;
 }
 

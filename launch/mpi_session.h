@@ -10,6 +10,9 @@
 
 namespace shardline::launch {
 
+// --comm-timeout's default: seconds a rank waits for a peer before failing the job.
+inline constexpr double kDefaultCommTimeoutS = 120.0;
+
 class MpiSession {
  public:
   // Initialises MPI if launched by mpirun/srun; installs MPI_Abort as the abort hook. Throws ConfigError
@@ -38,16 +41,18 @@ class MpiSession {
     int exit_code = 0;
     int first_failed_rank = -1;
   };
-  Agreement agree(int local_exit_code) const;
+  // timeout_s bounds the wait for the other ranks (--comm-timeout; comm/poller.h's policy): a rank stuck
+  // before it (a hung file system, a stopped process) fails the job with CommError instead of hanging it.
+  Agreement agree(int local_exit_code, double timeout_s) const;
   // Prints a failed agreement's reason on the rank that must (the lowest that failed; `message` is this
   // rank's own) and returns the agreed exit code. The printing rank exits first: mpirun ends the job when a
   // rank exits non-zero and kills the others, and a printing rank killed before its line reached mpirun
   // (a loaded machine, a slow rank) took the reason with it. So the others wait for its line (a barrier)
   // and then a moment before they return.
-  int report_failure(const Agreement& agreement, const std::string& message) const;
+  int report_failure(const Agreement& agreement, const std::string& message, double timeout_s) const;
   // Collective: whether this rank's value equals rank 0's (true alone or without MPI). For fingerprints of
   // what every rank must share (the model, the requests, the layout flags).
-  bool same_as_rank0(std::uint64_t value) const;
+  bool same_as_rank0(std::uint64_t value, double timeout_s) const;
 
   // Ends the whole job with this exit code (MPI_Abort when active), so no peer waits forever.
   [[noreturn]] void abort_job(int exit_code) const;

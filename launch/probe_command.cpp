@@ -50,7 +50,7 @@ int probe_command(const std::vector<std::string>& args, const MpiSession& mpi) {
   if (!parse_command_line("probe", usage, options, args, vm, mpi.world_rank() == 0)) return 0;
 
   std::unique_ptr<comm::Communicator> world =
-      mpi.active() ? comm::make_mpi_world({.timeout_s = 120.0, .host_collectives = true})  // as a run's groups
+      mpi.active() ? comm::make_mpi_world({.timeout_s = kDefaultCommTimeoutS, .host_collectives = true})  // as a run's groups
                    : comm::make_solo_communicator();
   const comm::LinkProbeResult links = comm::probe_links(*world, {quick});
   partition::ClusterSpec cluster;

@@ -51,7 +51,7 @@ struct RunConfig {
   std::vector<runtime::GenerationRequest> requests;
   int tp = 0;  // 0 = not given
   int pp = 0;
-  double comm_timeout_s = 120.0;
+  double comm_timeout_s = kDefaultCommTimeoutS;
   std::string plan = "auto";
   std::string dump_logits;
   bool json = false;
@@ -147,8 +147,8 @@ std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, 
        "convert the weight matrices at load to fp32|bf16|int8 (int8: a fp16 scale per 128 weights; per 96, 64 or 32 where k or a TP slice needs it)")
       ("kv-dtype", po::value(&kv_dtype)->default_value("auto"), kKvDtypeFlagHelp)
       ("isa", po::value(&isa)->default_value("auto"), kIsaFlagHelp)
-      ("comm-timeout", po::value(&c.comm_timeout_s)->default_value(120.0, "120"),
-       "seconds a rank waits for a peer before failing the job")
+      ("comm-timeout", po::value(&c.comm_timeout_s)->default_value(kDefaultCommTimeoutS, "120"),
+       "seconds a rank waits for a peer before failing the job (inf: no limit)")
       ("json", po::bool_switch(&c.json), "print one JSON object per sequence instead of text")
       ("dump-logits", po::value(&c.dump_logits), "write every step's float32 logits (sequences in order) to FILE")
       ("verbose,v", po::bool_switch(&c.verbose), "per-rank placement, memory and stage statistics")
@@ -191,7 +191,7 @@ std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, 
   if (batch < 1) throw ConfigError("--batch must be >= 1");
   if (vm.count("tp") && c.tp < 1) throw ConfigError("--tp must be >= 1");
   if (vm.count("pp") && c.pp < 1) throw ConfigError("--pp must be >= 1");
-  if (c.comm_timeout_s <= 0) throw ConfigError("--comm-timeout must be positive");
+  if (!(c.comm_timeout_s > 0)) throw ConfigError("--comm-timeout must be a positive number of seconds (inf: no limit)");
   if (c.engine.micro_batches < 0) throw ConfigError("--micro-batches must be >= 1 (or 0: planned)");
   if (c.engine.chunk_tokens < 0) throw ConfigError("--chunk-tokens must be >= 1 (or 0: planned per prompt)");
   // A NaN would reach the sampler as probabilities that sum to nothing.
@@ -278,8 +278,9 @@ partition::Mesh choose_mesh(const RunConfig& c, const partition::ModelShape& sha
 // Runs a start-up phase on every rank and makes the ranks agree on its outcome: exactly one rank (the
 // lowest that failed) prints the reason, and every rank returns the same exit code, so nobody is left
 // waiting in a collective. Returns 0 when every rank succeeded.
+// timeout_s: --comm-timeout once the flags are read (a reference, so a phase that reads them sets it).
 template <typename Phase>
-int agreed_phase(const MpiSession& mpi, Phase&& phase) {
+int agreed_phase(const MpiSession& mpi, const double& timeout_s, Phase&& phase) {
   int local = 0;
   std::string message;
   try {
@@ -291,8 +292,8 @@ int agreed_phase(const MpiSession& mpi, Phase&& phase) {
     local = static_cast<int>(ExitCode::kRuntime);
     message = fmt::format("unexpected: {}", e.what());
   }
-  const MpiSession::Agreement agreement = mpi.agree(local);
-  return agreement.exit_code != 0 ? mpi.report_failure(agreement, message) : 0;
+  const MpiSession::Agreement agreement = mpi.agree(local, timeout_s);
+  return agreement.exit_code != 0 ? mpi.report_failure(agreement, message, timeout_s) : 0;
 }
 
 void print_json(const runtime::GenerationResult& r) {
@@ -379,12 +380,14 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
   int longest_prompt = 1;
   int longest_sequence = 1;  // prompt + steps of the longest request: the planner's context
   bool help = false;
-  int code = agreed_phase(mpi, [&] {
+  double timeout_s = kDefaultCommTimeoutS;  // until the flags are read
+  int code = agreed_phase(mpi, timeout_s, [&] {
     config = parse_run_config(args, mpi);
     if (!config) {
       help = true;
       return;
     }
+    timeout_s = config->comm_timeout_s;
     if (config->default_model) {
       const auto paths = runtime::ensure_default_model();
       config->engine.model_path = paths.model;
@@ -416,7 +419,7 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
   // Every rank must run the same model, requests and layout flags: an MPMD launch that gave ranks different
   // ones would otherwise wait in its first collective until --comm-timeout (--help and --print-config, which
   // end a rank early, count). Every rank reaches the broadcast, whatever computing its own value did.
-  code = agreed_phase(mpi, [&] {
+  code = agreed_phase(mpi, timeout_s, [&] {
     std::uint64_t fingerprint = 0;
     std::exception_ptr failure;
     try {
@@ -424,7 +427,7 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
     } catch (...) {
       failure = std::current_exception();
     }
-    const bool same = mpi.same_as_rank0(fingerprint);
+    const bool same = mpi.same_as_rank0(fingerprint, timeout_s);
     if (failure) std::rethrow_exception(failure);
     if (!same) {
       throw ConfigError(help ? std::string("this rank was given --help and rank 0 was not; give every rank the same flags")
@@ -446,7 +449,7 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
       config->tp = mesh->tp_size();
       config->pp = mesh->pp_size();
     }
-    code = agreed_phase(mpi, [&] {
+    code = agreed_phase(mpi, timeout_s, [&] {
       auto world = comm::make_mpi_world({config->comm_timeout_s});
       runtime::AutoPlanRequest request{*shape, static_cast<int>(config->requests.size()),
                                        longest_sequence, longest_prompt, config->tp,
@@ -517,7 +520,7 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
   std::optional<PlacedRank> placed;
   runtime::BackendChoice backend;
   // The backend comes first: a GPU rank is placed next to its GPU.
-  code = agreed_phase(mpi, [&] {
+  code = agreed_phase(mpi, timeout_s, [&] {
     // The rank that will write --dump-logits finds out now whether it can, not after the whole generation
     // (opened for appending, so an existing file is untouched; one made only to test is removed again).
     if (!config->dump_logits.empty() && mesh->rank() == output_rank) {
@@ -536,13 +539,13 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
   // Every rank runs the same backend (the TP all-reduces of one group are all NCCL or all MPI): auto uses
   // the GPUs only when every rank has one.
   const runtime::BackendChoice own_backend = backend;
-  const MpiSession::Agreement all_gpu = mpi.agree(own_backend.cuda ? 0 : 1);
+  const MpiSession::Agreement all_gpu = mpi.agree(own_backend.cuda ? 0 : 1, timeout_s);
   if (all_gpu.exit_code != 0) {
     backend = {};
     backend.cpu_reason = own_backend.cuda ? fmt::format("rank {} has no usable GPU", all_gpu.first_failed_rank)
                                           : own_backend.cpu_reason;
   }
-  code = agreed_phase(mpi, [&] {
+  code = agreed_phase(mpi, timeout_s, [&] {
     std::optional<RankGpu> gpu;
     if (backend.cuda) gpu = RankGpu{backend.pci_bus_id, backend.driver_numa_node};
     placed = place_this_rank(mpi, config->bind, gpu);
@@ -553,7 +556,10 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
   if (code != 0) return code;
   config->engine.cuda_device = backend.cuda ? backend.cuda_device : -1;
   config->engine.comm_timeout_s = config->comm_timeout_s;
-  code = agreed_phase(mpi, [&] {
+  // Loading a shard takes what its file system needs (minutes for a large model on a busy one, and not the
+  // same on every rank), so the agreement after it waits without the --comm-timeout bound.
+  const double loading_s = std::numeric_limits<double>::infinity();
+  code = agreed_phase(mpi, loading_s, [&] {
     engine = std::make_unique<runtime::Engine>(config->engine, *mesh, *groups.world, *groups.tp);
     for (const auto& request : config->requests) engine->encode_checked(request);
     engine->check_kv_capacity(config->requests);

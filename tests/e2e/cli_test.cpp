@@ -555,6 +555,36 @@ TEST_F(Cli, RanksGivenDifferentModelsOrRequestsStopAtStartUp) {
   }
 }
 
+TEST_F(Cli, ARankStuckAtStartUpFailsTheJobAfterTheCommTimeout) {
+  // Rank 1 reads its prompts from a pipe nobody writes (a stand-in for a hung file system): rank 0 used to
+  // wait for it in the start-up agreement forever.
+  SHARDLINE_REQUIRE_MODEL_FILE(model_file("tiny-32k.bin"));
+  const std::string fifo = path("stuck");
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  const std::string common = " run --model " + model_file("tiny-32k.bin") + " --tokenizer " + model_file("tokenizer.bin") +
+                             " --comm-timeout 2";
+  const ProcessResult r =
+      run_process(kMpirun + "1 " + shardline() + common + " : -np 1 " + shardline() + common + " --prompts-file " + fifo, 60);
+  EXPECT_EQ(r.exit_code, 5) << r.err;  // a communication failure, not the test's time limit (124)
+  EXPECT_NE(r.err.find("[r0] error: a rank did not arrive within 2 s (--comm-timeout)"), std::string::npos) << r.err;
+}
+
+TEST_F(Cli, AnInfiniteCommTimeoutNeverExpires) {
+  // The deadline of a huge timeout overflowed the clock and lay in the past: every wait failed at once.
+  SHARDLINE_REQUIRE_MODEL_FILE(model_file("tiny-32k.bin"));
+  const std::string args = " run --model " + model_file("tiny-32k.bin") + " --tokenizer " + model_file("tokenizer.bin") +
+                           " --steps 40 --json --tp 2 --comm-timeout ";
+  const ProcessResult one = run_process(shardline() + " run --model " + model_file("tiny-32k.bin") + " --tokenizer " +
+                                        model_file("tokenizer.bin") + " --steps 40 --json", 60);
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  for (const std::string timeout : {"inf", "1e12"}) {
+    const ProcessResult r = run_process(kMpirun + "2 " + shardline() + args + timeout, 60);
+    EXPECT_EQ(r.exit_code, 0) << timeout << "\n" << r.err;
+    EXPECT_EQ(r.out, one.out) << timeout;
+  }
+  expect_clean_failure(args.substr(1) + "nan", 2, "--comm-timeout must be a positive number of seconds");
+}
+
 TEST_F(Cli, HelpDescribesEveryCommand) {
   const ProcessResult top = run_process(shardline() + " --help");
   EXPECT_EQ(top.exit_code, 0);
