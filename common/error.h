@@ -7,6 +7,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <new>
 #include <stdexcept>
 #include <string>
 
@@ -49,6 +50,20 @@ class CommError : public Error {
  public:
   explicit CommError(const std::string& what) : Error(what, ExitCode::kComm) {}
 };
+
+// The exit code and message for an exception that is no Error: running out of memory is a missing resource
+// (a --batch or model too large for the machine), anything else is unexpected.
+struct Failure {
+  ExitCode code;
+  std::string message;
+};
+inline Failure failure_of(const std::exception& e) {
+  if (dynamic_cast<const std::bad_alloc*>(&e) != nullptr) {
+    return {ExitCode::kResource, "out of memory (is --batch, the number of prompts or the model too large for this "
+                                 "machine's memory?)"};
+  }
+  return {ExitCode::kRuntime, fmt::format("unexpected: {}", e.what())};
+}
 
 namespace detail {
 // The process-wide hook SL_CHECK calls; launch/ points it at MPI_Abort when MPI is initialised.

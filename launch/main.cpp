@@ -91,9 +91,10 @@ int main(int argc, char** argv) {
     code = static_cast<int>(e.code());
   } catch (const std::exception& e) {
     failed_outside_command = true;
+    const shardline::Failure failure = shardline::failure_of(e);
     std::fflush(stdout);
-    std::fprintf(stderr, "%s error: unexpected: %s\n", shardline::detail::rank_tag().c_str(), e.what());
-    code = static_cast<int>(shardline::ExitCode::kRuntime);
+    std::fprintf(stderr, "%s error: %s\n", shardline::detail::rank_tag().c_str(), failure.message.c_str());
+    code = static_cast<int>(failure.code);
   }
   // What a command printed must have arrived: a full disk behind stdout is a failed run, not exit 0 with
   // the output cut short.

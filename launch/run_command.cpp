@@ -289,8 +289,9 @@ int agreed_phase(const MpiSession& mpi, const double& timeout_s, Phase&& phase) 
     local = static_cast<int>(e.code());
     message = e.what();
   } catch (const std::exception& e) {
-    local = static_cast<int>(ExitCode::kRuntime);
-    message = fmt::format("unexpected: {}", e.what());
+    const Failure failure = failure_of(e);
+    local = static_cast<int>(failure.code);
+    message = failure.message;
   }
   const MpiSession::Agreement agreement = mpi.agree(local, timeout_s);
   return agreement.exit_code != 0 ? mpi.report_failure(agreement, message, timeout_s) : 0;

@@ -18,10 +18,10 @@ std::vector<int> micro_batch_candidates(const Workload& w, const PlanSearch& sea
   if (!search.micro_batches_only.empty()) return search.micro_batches_only;
   std::vector<int> ms = {1};
   if (w.objective == Objective::kThroughput) {
-    for (int m = 2; m <= w.batch; m *= 2) ms.push_back(m);
+    for (long m = 2; m <= w.batch; m *= 2) ms.push_back(static_cast<int>(m));  // long: m *= 2 passes INT_MAX
     if (w.batch > 1 && ms.back() != w.batch) ms.push_back(w.batch);
   } else if (w.batch > 1) {
-    for (int m = 2; m <= std::min(w.batch, pp); m *= 2) ms.push_back(m);
+    for (long m = 2; m <= std::min(w.batch, pp); m *= 2) ms.push_back(static_cast<int>(m));
   }
   return ms;
 }

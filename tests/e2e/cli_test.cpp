@@ -569,6 +569,16 @@ TEST_F(Cli, ARankStuckAtStartUpFailsTheJobAfterTheCommTimeout) {
   EXPECT_NE(r.err.find("[r0] error: a rank did not arrive within 2 s (--comm-timeout)"), std::string::npos) << r.err;
 }
 
+TEST_F(Cli, RunningOutOfMemoryIsAMissingResource) {
+  // 10^8 requests under a 3 GB address-space limit: exit 4 and a line that says what ran out, not
+  // "unexpected: std::bad_alloc" and exit 1.
+  SHARDLINE_REQUIRE_MODEL_FILE(model_file("tiny-32k.bin"));
+  const ProcessResult r = run_process("bash -c " + shell_quote("ulimit -v 3000000; exec " + shardline() + " run --model " +
+                                                               model_file("tiny-32k.bin") + " --batch 100000000 --steps 2"), 60);
+  EXPECT_EQ(r.exit_code, 4) << r.err;
+  EXPECT_NE(r.err.find("error: out of memory (is --batch"), std::string::npos) << r.err;
+}
+
 TEST_F(Cli, AnInfiniteCommTimeoutNeverExpires) {
   // The deadline of a huge timeout overflowed the clock and lay in the past: every wait failed at once.
   SHARDLINE_REQUIRE_MODEL_FILE(model_file("tiny-32k.bin"));

@@ -111,6 +111,15 @@ TEST_F(PlanCli, ModelThatFitsNowhereExitsNonZeroNamingTheShortfall) {
   EXPECT_NE(r.err.find("stage"), std::string::npos) << r.err;
 }
 
+TEST_F(PlanCli, TheLargestBatchIsPlannedAtOnce) {
+  // The throughput search doubles its micro-batch counts up to the batch: an int doubling past INT_MAX
+  // wrapped negative and the search filled 17 GB before it ran out of memory.
+  const ProcessResult r = run_process(shardline_binary() + " plan --preset 15m --objective throughput --batch 2147483647 "
+                                      "--cluster " + cluster_file("cluster-this-vm.json"), 30);
+  EXPECT_EQ(r.exit_code, 4) << r.err;  // its KV cache fits nowhere
+  EXPECT_NE(r.err.find("no layout fits"), std::string::npos) << r.err;
+}
+
 TEST_F(PlanCli, BadInputsAreClearErrors) {
   const std::string bad = (dir_ / "bad.json").string();
   std::ofstream(bad) << R"({"nodes": 2, "domains_per_node": 1, "domain": {"cores": 4}, "links": {}})";
