@@ -20,7 +20,7 @@ bool parse_command_line(const std::string& command, const std::string& usage, co
   po::options_description all(options);
   all.add_options()("help,h", "show this help and exit");
   try {
-    const po::parsed_options parsed = po::command_line_parser(args).options(all).run();
+    const po::parsed_options parsed = po::command_line_parser(args).options(all).style(kFlagStyle).run();
     // A word without a flag would otherwise be dropped: `shardline run model.bin` ran the built-in model.
     for (const po::option& option : parsed.options) {
       if (option.string_key.empty() && !option.original_tokens.empty()) {

@@ -15,6 +15,10 @@ namespace shardline::launch {
 
 namespace po = boost::program_options;
 
+// The options library's default style, without guessing a flag from its prefix: `run --top 5` was taken
+// as --top-p 5 (which turns nucleus sampling off), a slip waiting to happen next to plan's real --top.
+inline constexpr int kFlagStyle = po::command_line_style::default_style & ~po::command_line_style::allow_guessing;
+
 // Parses args (argv after the subcommand) against options. Throws ConfigError naming the subcommand and
 // the flag for unknown flags, bad values and positional arguments. Returns false when --help was asked
 // (help printed to stdout when print_help; under mpirun only one rank prints it).

@@ -47,7 +47,7 @@ int launch_check_command(const std::vector<std::string>& args) {
   po::variables_map vm;
   try {
     // Unknown flags are run's (--prompt, --steps ...): a script hands both commands the same list.
-    const po::parsed_options parsed = po::command_line_parser(args).options(all).allow_unregistered().run();
+    const po::parsed_options parsed = po::command_line_parser(args).options(all).style(kFlagStyle).allow_unregistered().run();
     po::store(parsed, vm);
     if (vm.count("help")) {
       std::cout << kUsage << "\n\n" << all << "\n";

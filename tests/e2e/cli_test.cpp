@@ -437,6 +437,9 @@ TEST_F(Cli, UnknownFlagsAndCommands) {
   expect_clean_failure("gen-model --out x.bin --sizzle", 2, "unknown flag '--sizzle'");
   expect_clean_failure("fly", 2, "unknown command 'fly'");
   expect_clean_failure("run --steps many", 2, "steps");
+  // No flag is guessed from a prefix: --top was taken as --top-p (plan has a real --top).
+  expect_clean_failure("run --top 5", 2, "unknown flag '--top'");
+  expect_clean_failure("plan --preset 15m --mod x.bin", 2, "unknown flag '--mod'");
   // Values the options library would have taken: a negative seed wrapped to 2^64 - 1, an empty topology
   // description showed this host, an empty list entry was skipped.
   expect_clean_failure("run --seed -1", 2, "--seed '-1' is not a whole number");
