@@ -99,6 +99,13 @@ Hostfile parse_hostfile(const std::string& text, const std::string& path) {
       throw ConfigError(fmt::format("{}: '{}' names several hosts; {} (one host per line)", where(path, number),
                                     tokens[0], kHostfileLine));
     }
+    // HOST:N is mpirun's --host syntax; its hostfile parser rejects the line ("illegal character").
+    if (const std::size_t colon = host.find(':');
+        colon != std::string::npos && host.find(':', colon + 1) == std::string::npos && colon + 1 < host.size() &&
+        host.find_first_not_of("0123456789", colon + 1) == std::string::npos) {
+      throw ConfigError(fmt::format("{}: '{}' is mpirun's --host form; a hostfile line says '{} slots={}'",
+                                    where(path, number), tokens[0], host.substr(0, colon), host.substr(colon + 1)));
+    }
     if (host.find('=') != std::string::npos || !valid_host(host)) {
       throw ConfigError(fmt::format("{}: '{}' is not a host name or address; {}", where(path, number), tokens[0],
                                     kHostfileLine));

@@ -75,7 +75,18 @@ void check_slurm(const LaunchRequest& r, int needed, LaunchCheckReport& report) 
 void check_hostfile(const LaunchRequest& r, int needed, LaunchCheckReport& report) {
   const Hostfile& file = *r.hostfile;
   const std::optional<int> slots = file.total_slots();
-  if (!slots) return;  // some host leaves its slot count to mpirun (its cores): cannot judge here
+  if (!slots) {  // some host leaves its slot count to mpirun (its cores), which cannot be seen from here
+    std::string hosts;
+    for (const auto& h : file.hosts) {
+      if (!h.slots) hosts += fmt::format("{}'{}'", hosts.empty() ? "" : ", ", h.host);
+    }
+    report.warnings.push_back(fmt::format("hostfile {}: {} give{} no slots=, so mpirun gives {} as many slots as its "
+                                          "cores, which cannot be counted from here: whether the {} ranks fit is "
+                                          "not checked (add slots=N to be sure)",
+                                          file.path, hosts, hosts.find(',') == std::string::npos ? "s" : "",
+                                          hosts.find(',') == std::string::npos ? "it" : "each", needed));
+    return;
+  }
   if (*slots < needed && !r.oversubscribe) {
     throw ResourceError(fmt::format("hostfile {} offers {} slot{} ({}) but {} needs {} ranks: raise slots= (one per "
                                     "rank a host may run), add hosts, or allow --oversubscribe here and in mpirun",

@@ -118,6 +118,10 @@ TEST(LaunchCheck, HostfileWithUnknownSlotsIsNotJudged) {
   r.hostfile = parse_hostfile("a\nb slots=1\n", "hosts");
   const auto report = check_launch(r);
   EXPECT_TRUE(report.rank_hosts.empty());
+  // ... and says so, instead of a bare "ok".
+  ASSERT_EQ(report.warnings.size(), 1u);
+  EXPECT_NE(report.warnings[0].find("hostfile hosts: 'a' gives no slots="), std::string::npos) << report.warnings[0];
+  EXPECT_NE(report.warnings[0].find("whether the 8 ranks fit is not checked"), std::string::npos) << report.warnings[0];
 }
 
 TEST(LaunchCheck, RankfileMustPlaceEveryRankOnAKnownHost) {
