@@ -12,6 +12,7 @@
 #include "comm/link_probe.h"
 #include "comm/mpi_communicator.h"
 #include "common/error.h"
+#include "common/output_file.h"
 #include "common/log.h"
 #include "launch/cli_options.h"
 #include "partition/cluster.h"
@@ -49,6 +50,8 @@ int probe_command(const std::vector<std::string>& args, const MpiSession& mpi) {
       "writes a cluster profile for `shardline plan --probe-file`. Without mpirun only the host is measured.";
   if (!parse_command_line("probe", usage, options, args, vm, mpi.world_rank() == 0)) return 0;
 
+  // The profile's file is checked before the measurement (seconds of it), by the rank that writes it.
+  if (mpi.world_rank() == 0) require_writable_output(out, "--out file");
   std::unique_ptr<comm::Communicator> world =
       mpi.active() ? comm::make_mpi_world({.timeout_s = kDefaultCommTimeoutS, .host_collectives = true})  // as a run's groups
                    : comm::make_solo_communicator();
@@ -79,8 +82,7 @@ int probe_command(const std::vector<std::string>& args, const MpiSession& mpi) {
                        {"hosts", links.hosts},
                        {"point_to_point", {{"same_host", fit_json(links.same_host)}, {"cross_host", fit_json(links.cross_host)}}},
                        {"allreduce_ring_per_hop", fit_json(links.allreduce)}};
-  std::ofstream file(out);
-  if (!file) throw ResourceError(fmt::format("cannot write '{}'", out));
+  std::ofstream file = open_output_file(out, std::ios::out, "--out file");
   file << j.dump(2) << "\n";
   file.close();  // a full disk shows here, not in the opening
   if (!file) throw ResourceError(fmt::format("writing '{}' failed (disk full?)", out));

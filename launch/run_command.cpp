@@ -21,6 +21,7 @@
 
 #include "common/error.h"
 #include "common/input_file.h"
+#include "common/output_file.h"
 #include "common/log.h"
 #include "common/units.h"
 #include "kernels/cpu/isa.h"
@@ -354,16 +355,8 @@ long peak_rss_bytes() {
   return 0;
 }
 
-std::ofstream open_logits_file(const std::string& path, std::ios::openmode mode) {
-  std::ofstream out(path, mode);
-  if (!out) {
-    throw ResourceError(fmt::format("cannot write --dump-logits file '{}': {}", path, std::strerror(errno)));
-  }
-  return out;
-}
-
 void write_logits(const std::string& path, const std::vector<std::vector<float>>& per_sequence) {
-  std::ofstream out = open_logits_file(path, std::ios::binary);
+  std::ofstream out = open_output_file(path, std::ios::binary, "--dump-logits file");
   for (const auto& logits : per_sequence) {
     out.write(reinterpret_cast<const char*>(logits.data()), static_cast<std::streamsize>(logits.size() * sizeof(float)));
   }
@@ -525,10 +518,7 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
     // The rank that will write --dump-logits finds out now whether it can, not after the whole generation
     // (opened for appending, so an existing file is untouched; one made only to test is removed again).
     if (!config->dump_logits.empty() && mesh->rank() == output_rank) {
-      std::error_code ec;  // a path that cannot even be looked at fails the open below, with its reason
-      const bool existed = std::filesystem::exists(std::filesystem::symlink_status(config->dump_logits, ec));
-      open_logits_file(config->dump_logits, std::ios::binary | std::ios::app);
-      if (!existed) std::filesystem::remove(config->dump_logits, ec);
+      require_writable_output(config->dump_logits, "--dump-logits file");
     }
     // --device cuda for a run the CUDA stage cannot take is a bad flag, said before any rank builds NCCL groups.
     if (config->device == runtime::DeviceRequest::kCuda && !config->cpu_only_reason.empty()) {

@@ -4,6 +4,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <utility>
+#include <vector>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -174,6 +176,18 @@ TEST_F(PlanCli, SmallModelsShowTheirParametersInMillions) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("M params"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("0.00B"), std::string::npos) << r.out;
+}
+
+TEST_F(PlanCli, ProbeRefusesAnUnwritableOutBeforeMeasuring) {
+  // It used to measure for seconds and then say only "cannot write"; a test of the time would be a timed
+  // test, so the measurement's own output (its table on stdout) is what must be absent.
+  for (const auto& [out, reason] : std::vector<std::pair<std::string, std::string>>{
+           {(dir_ / "no-such-folder" / "p.json").string(), "No such file or directory"}, {dir_.string(), "Is a directory"}}) {
+    const ProcessResult r = run_process(shardline_binary() + " probe --quick --out " + out, 60);
+    EXPECT_EQ(r.exit_code, 4) << r.err;
+    EXPECT_NE(r.err.find("cannot write --out file '" + out + "': " + reason), std::string::npos) << r.err;
+    EXPECT_TRUE(r.out.empty()) << r.out;
+  }
 }
 
 TEST_F(PlanCli, ProbeUnderMpirunWritesAProfileThatPlanReads) {

@@ -1,0 +1,33 @@
+// Files a command writes: opened with the reason when that fails, and checked before long work, so that a
+// wrong --out or --dump-logits path fails at once instead of after the measurement or the generation.
+#pragma once
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "common/error.h"
+
+namespace shardline {
+
+// Opens path for writing, or throws ResourceError (exit 4) naming `what`, the path and the reason.
+inline std::ofstream open_output_file(const std::string& path, std::ios::openmode mode, const char* what) {
+  std::ofstream out(path, mode);
+  if (!out) throw ResourceError(fmt::format("cannot write {} '{}': {}", what, path, std::strerror(errno)));
+  return out;
+}
+
+// Whether path can be written later, without changing it: opened for appending (an existing file keeps its
+// bytes), and a file made only for the test is removed again. Throws as open_output_file does.
+inline void require_writable_output(const std::string& path, const char* what) {
+  std::error_code ec;  // a path that cannot even be looked at fails the open below, with its reason
+  const bool existed = std::filesystem::exists(std::filesystem::symlink_status(path, ec));
+  open_output_file(path, std::ios::binary | std::ios::app, what);
+  if (!existed) std::filesystem::remove(path, ec);
+}
+
+}  // namespace shardline
