@@ -126,8 +126,7 @@ partition::Mesh bench_mesh(const BenchConfig& c, const MpiSession& mpi) {
   if (tp == 0) tp = world % pp == 0 ? world / pp : 0;
   if (pp == 0) pp = world % tp == 0 ? world / tp : 0;
   if (tp < 1 || pp < 1 || tp * pp != world) {
-    throw ConfigError(fmt::format("--tp {} x --pp {} does not match the {} rank(s) of this job",
-                                  c.tp ? std::to_string(c.tp) : "?", c.pp ? std::to_string(c.pp) : "?", world));
+    throw ConfigError(rank_count_mismatch(c.tp, c.pp, world));
   }
   return partition::Mesh(world, mpi.world_rank(), tp, pp);
 }

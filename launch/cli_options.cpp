@@ -44,6 +44,20 @@ bool parse_command_line(const std::string& command, const std::string& usage, co
   return true;
 }
 
+std::string rank_count_mismatch(int tp_flag, int pp_flag, int world) {
+  const std::string ranks = fmt::format("the {} rank{} of this job", world, world == 1 ? "" : "s");
+  if (tp_flag > 0 && pp_flag > 0) {
+    return fmt::format("tp={} x pp={} does not match {}; launch {} ranks (mpirun -np {}, srun --ntasks={}) or change "
+                       "--tp/--pp",
+                       tp_flag, pp_flag, ranks, tp_flag * pp_flag, tp_flag * pp_flag, tp_flag * pp_flag);
+  }
+  const char* flag = tp_flag > 0 ? "--tp" : "--pp";
+  const int given = std::max(tp_flag, pp_flag);
+  return fmt::format("{} {} does not match {}: the ranks must be a multiple of it; launch a multiple of {} ranks "
+                     "(mpirun -np, srun --ntasks) or change {}",
+                     flag, given, ranks, given, flag);
+}
+
 std::uint64_t parse_seed_flag(const std::string& text) {
   errno = 0;  // digits only, so strtoull reads them all; ERANGE says they are past 2^64 - 1
   const unsigned long long value = std::strtoull(text.c_str(), nullptr, 10);

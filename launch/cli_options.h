@@ -25,6 +25,9 @@ inline constexpr int kFlagStyle = po::command_line_style::default_style & ~po::c
 bool parse_command_line(const std::string& command, const std::string& usage, const po::options_description& options,
                         const std::vector<std::string>& args, po::variables_map& vm, bool print_help = true);
 
+// Why --tp/--pp (0 = not given) cannot lay out a job of `world` ranks, and what to launch instead.
+std::string rank_count_mismatch(int tp_flag, int pp_flag, int world);
+
 // --seed: a whole number from 0 to 2^64 - 1 (as text: the options library would wrap "-1" around to 2^64 - 1).
 std::uint64_t parse_seed_flag(const std::string& text);
 

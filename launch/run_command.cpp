@@ -263,10 +263,7 @@ partition::Mesh choose_mesh(const RunConfig& c, const partition::ModelShape& sha
     pp = world % tp == 0 ? world / tp : 0;
   }
   if (tp < 1 || pp < 1 || tp * pp != world) {
-    throw ConfigError(fmt::format("tp={} x pp={} does not match the {} rank{} of this job; launch tp x pp ranks "
-                                  "(mpirun -np, srun --ntasks) or change --tp/--pp",
-                                  c.tp ? std::to_string(c.tp) : "?", c.pp ? std::to_string(c.pp) : "?", world,
-                                  world == 1 ? "" : "s"));
+    throw ConfigError(rank_count_mismatch(c.tp, c.pp, world));
   }
   if (auto problem = partition::find_layout_problem(shape, tp, pp)) {
     throw ConfigError(fmt::format("layout tp={} pp={} cannot serve this model ({}): {}", tp, pp, shape.describe(),
@@ -386,8 +383,10 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
       const auto paths = runtime::ensure_default_model();
       config->engine.model_path = paths.model;
       config->engine.tokenizer_path = paths.tokenizer;
-      log::warn("no --model given: using the built-in default model, which has RANDOM WEIGHTS (its text is "
-                "gibberish); pass --model to run a real checkpoint");
+      if (mpi.world_rank() == 0) {  // every rank uses it; one says so
+        log::warn("no --model given: using the built-in default model, which has RANDOM WEIGHTS (its text is "
+                  "gibberish); pass --model to run a real checkpoint");
+      }
     }
     const runtime::ModelFile model = runtime::read_model_file(config->engine.model_path);  // a missing one first
     shape = model.shape;

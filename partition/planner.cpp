@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <string>
+#include <vector>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -63,11 +64,25 @@ std::vector<PlanEstimate> search_plans(const ClusterSpec& cluster, const Workloa
 }
 
 std::string no_layout_message(const ModelShape& shape, const PlanSearch& search, int ranks) {
-  std::string filters;
-  if (!search.tp_only.empty()) filters += fmt::format(" with --tp {}", fmt::join(search.tp_only, ","));
-  if (!search.pp_only.empty()) filters += fmt::format(" with --pp {}", fmt::join(search.pp_only, ","));
+  std::vector<std::string> given;
+  if (!search.tp_only.empty()) given.push_back(fmt::format("--tp {}", fmt::join(search.tp_only, ",")));
+  if (!search.pp_only.empty()) given.push_back(fmt::format("--pp {}", fmt::join(search.pp_only, ",")));
   if (!search.layers_per_stage.empty()) {
-    filters += fmt::format(" with --layers-per-stage's {} stages", search.layers_per_stage.size());
+    given.push_back(fmt::format("--layers-per-stage's {} stages", search.layers_per_stage.size()));
+  }
+  const std::string filters = given.empty() ? "" : fmt::format(" with {}", fmt::join(given, " and "));
+  // Filters that need more ranks than there are whatever the model: say that, not the model's rules.
+  std::vector<int> tps = search.tp_only.empty() ? std::vector<int>{1} : search.tp_only;
+  std::vector<int> pps = search.pp_only;
+  if (!search.layers_per_stage.empty()) pps = {static_cast<int>(search.layers_per_stage.size())};
+  if (pps.empty()) pps = {1};
+  int fewest = 0;  // the fewest ranks any layout the filters allow needs
+  for (int tp : tps) {
+    for (int pp : pps) fewest = fewest == 0 ? tp * pp : std::min(fewest, tp * pp);
+  }
+  if (fewest > ranks) {
+    return fmt::format("no layout{} fits {} rank{}: the smallest it allows needs {} (tp x pp ranks)", filters, ranks,
+                       ranks == 1 ? "" : "s", fewest);
   }
   return fmt::format("no valid layout of {} fits {} ranks{} (tp must divide n_kv_heads={}, pp <= n_layers={})",
                      shape.describe(), ranks, filters, shape.n_kv_heads, shape.n_layers);

@@ -22,7 +22,8 @@ DeviceCount device_count() noexcept {
     // A failed query leaves CUDA's last-error state set; clear it so it is not blamed on a later call.
     cudaGetLastError();
     if (code == cudaErrorInsufficientDriver) {
-      return {0, fmt::format("no usable NVIDIA driver on this machine ({})", cuda_error_text(code))};
+      // Also what a machine without any NVIDIA driver gets: said plainly, not as a driver version problem.
+      return {0, "no NVIDIA driver, or one older than this build's CUDA runtime (cudaErrorInsufficientDriver)"};
     }
     if (code == cudaErrorNoDevice) {
       return {0, fmt::format("no CUDA device visible to this process (check CUDA_VISIBLE_DEVICES; {})",
