@@ -12,9 +12,9 @@ kernels::cpu::KvDtype resolve_kv_dtype(std::optional<kernels::cpu::KvDtype> requ
   using kernels::cpu::KvDtype;
   if (cuda) {
     if (requested && *requested != KvDtype::kF32) {
-      throw ConfigError(fmt::format("--kv-dtype {} runs on the CPU only, and this rank's stage runs on its GPU (the "
-                                    "CUDA backend keeps its KV cache in fp32); use --kv-dtype auto or fp32, or "
-                                    "--device cpu",
+      throw ConfigError(fmt::format("--kv-dtype {} runs on the CPU only, and the CUDA backend (--device cuda, or auto "
+                                    "where every rank has a GPU) keeps its KV cache in fp32; use --kv-dtype auto or "
+                                    "fp32, or --device cpu",
                                     kernels::cpu::kv_dtype_name(*requested)));
     }
     return KvDtype::kF32;
