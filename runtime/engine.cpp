@@ -9,6 +9,7 @@
 #include "common/units.h"
 #include "kernels/cpu/ops.h"
 #include "runtime/checkpoint.h"
+#include "runtime/progress_report.h"
 #include "runtime/cuda_stage.h"
 
 namespace shardline::runtime {
@@ -188,12 +189,16 @@ std::vector<GenerationResult> Engine::generate(const std::vector<GenerationReque
     }
   }
   std::vector<int> steps_done(n, 0);
+  std::vector<int> planned(n);
+  for (int i = 0; i < n; ++i) planned[i] = specs[i].steps;
+  ProgressReport progress(planned);
   TokenCallback on_token;
   if (output) {
     on_token = [&](int i, int token, const float* logits) {
       if (on_logits) on_logits(i, steps_done[i], logits);
       ++steps_done[i];
       emit(i, token, true);
+      progress.token();
     };
   }
   // on_logits is the caller's on every rank (run: --dump-logits), so every TP rank agrees on whether

@@ -23,7 +23,7 @@ DeviceCount device_count() noexcept {
     cudaGetLastError();
     if (code == cudaErrorInsufficientDriver) {
       // Also what a machine without any NVIDIA driver gets: said plainly, not as a driver version problem.
-      return {0, "no NVIDIA driver, or one older than this build's CUDA runtime (cudaErrorInsufficientDriver)"};
+      return {0, "no NVIDIA driver, or one older than this build's CUDA runtime: cudaErrorInsufficientDriver"};
     }
     if (code == cudaErrorNoDevice) {
       return {0, fmt::format("no CUDA device visible to this process (check CUDA_VISIBLE_DEVICES; {})",
