@@ -560,6 +560,13 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
     log::info("--device auto: running on the CPU: {}", backend.cpu_reason);
   }
   log::debug("stage backend: {}", engine->backend());
+  const int rank_cores = static_cast<int>(placed->binding.cpu_cores.size());
+  if (config->engine.threads > rank_cores && rank_cores > 0) {
+    // Kernel threads beyond the cores share them, and every barrier then waits for a descheduled thread.
+    log::warn("--threads {} is more than the {} core{} this rank runs on: threads will take turns on them and decode "
+              "slows down many times; use --threads {} or fewer",
+              config->engine.threads, rank_cores, rank_cores == 1 ? "" : "s", rank_cores);
+  }
   if (placed->binding.placement.launcher_bound) {
     log::info("the launcher bound each rank's CPUs; keeping that binding (launch with mpirun --bind-to none or srun "
               "--cpu-bind=none to let --bind place the ranks)");
