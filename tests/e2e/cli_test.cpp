@@ -7,8 +7,10 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <thread>
 #include <vector>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -570,6 +572,17 @@ TEST_F(Cli, ARankStuckAtStartUpFailsTheJobAfterTheCommTimeout) {
       run_process(kMpirun + "1 " + shardline() + common + " : -np 1 " + shardline() + common + " --prompts-file " + fifo, 60);
   EXPECT_EQ(r.exit_code, 5) << r.err;  // a communication failure, not the test's time limit (124)
   EXPECT_NE(r.err.find("[r0] error: a rank did not arrive within 2 s (--comm-timeout)"), std::string::npos) << r.err;
+}
+
+TEST_F(Cli, MoreThreadsThanCoresAreWarnedAbout) {
+  SHARDLINE_REQUIRE_MODEL_FILE(model_file("tiny-32k.bin"));
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  const std::string args = " run --model " + model_file("tiny-32k.bin") + " --steps 3 --threads ";
+  const ProcessResult many = run_process(shardline() + args + std::to_string(cores + 1), 60);
+  EXPECT_EQ(many.exit_code, 0) << many.err;
+  EXPECT_NE(many.err.find(fmt::format("warn: --threads {} is more than the ", cores + 1)), std::string::npos) << many.err;
+  const ProcessResult enough = run_process(shardline() + args + "1", 60);
+  EXPECT_EQ(enough.err.find("is more than the"), std::string::npos) << enough.err;
 }
 
 TEST_F(Cli, RunningOutOfMemoryIsAMissingResource) {
