@@ -308,11 +308,12 @@ void print_json(const runtime::GenerationResult& r) {
 
 void print_stats(const runtime::Engine& engine, const std::vector<runtime::GenerationResult>& results, int threads) {
   int prompt_tokens = 0, generated = 0;
-  double ttft_s = 0, end_s = 0, first_done_s = std::numeric_limits<double>::infinity();
+  double ttft_s = 0, ttft_sum_s = 0, end_s = 0, first_done_s = std::numeric_limits<double>::infinity();
   for (const auto& r : results) {
     prompt_tokens += r.stats.prompt_tokens;
     generated += r.stats.generated_tokens;
     ttft_s = std::max(ttft_s, r.stats.prefill_s);
+    ttft_sum_s += r.stats.prefill_s;
     end_s = std::max(end_s, r.stats.prefill_s + r.stats.decode_s);
     first_done_s = std::min(first_done_s, r.stats.prefill_s + r.stats.decode_s);
   }
@@ -329,13 +330,19 @@ void print_stats(const runtime::Engine& engine, const std::vector<runtime::Gener
   }
   // Decode rate counts the tokens produced after each sequence's first one, over the time after the
   // last first token: the steady state of the batch.
-  const int decode_tokens = generated - static_cast<int>(results.size());
+  const int n = static_cast<int>(results.size());
+  const int decode_tokens = generated - n;
   const double decode_s = end_s - ttft_s;
-  log::info("load {:.3f} s | prefill {} tok in {:.3f} s ({:.1f} tok/s) | decode {} tok in {:.3f} s ({:.1f} tok/s) "
+  // What a serving user reads first: the time to the first token (mean and worst over the sequences) and
+  // the time between a sequence's tokens. The decode segment keeps its form: scripts/ parse it.
+  const std::string ttft = n == 1 ? fmt::format("TTFT {:.3f} s", ttft_s)
+                                  : fmt::format("TTFT mean {:.3f} s, max {:.3f} s", ttft_sum_s / n, ttft_s);
+  const std::string step = decode_tokens > 0 ? fmt::format(" | {:.2f} ms/token per sequence", 1e3 * decode_s * n / decode_tokens) : "";
+  log::info("load {:.3f} s | prefill {} tok in {:.3f} s ({:.1f} tok/s) | {} | decode {} tok in {:.3f} s ({:.1f} tok/s){} "
             "| {} sequence{} | tp={} pp={} | {} thread{}/rank",
-            engine.load_s(), prompt_tokens, ttft_s, ttft_s > 0 ? prompt_tokens / ttft_s : 0.0, generated, decode_s,
-            decode_s > 0 && decode_tokens > 0 ? decode_tokens / decode_s : 0.0, results.size(),
-            results.size() == 1 ? "" : "s", mesh.tp_size(), mesh.pp_size(), threads, threads == 1 ? "" : "s");
+            engine.load_s(), prompt_tokens, ttft_s, ttft_s > 0 ? prompt_tokens / ttft_s : 0.0, ttft, generated, decode_s,
+            decode_s > 0 && decode_tokens > 0 ? decode_tokens / decode_s : 0.0, step, n, n == 1 ? "" : "s",
+            mesh.tp_size(), mesh.pp_size(), threads, threads == 1 ? "" : "s");
 }
 
 long peak_rss_bytes() {

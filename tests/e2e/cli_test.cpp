@@ -92,6 +92,8 @@ TEST_F(Cli, PlainRunPrintsExactlyTheReferenceText) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out, expected + "\n");
   EXPECT_NE(r.err.find("decode 64 tok"), std::string::npos) << r.err;  // statistics go to stderr
+  EXPECT_NE(r.err.find("| TTFT "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(" ms/token per sequence |"), std::string::npos) << r.err;
 }
 
 TEST_F(Cli, MpirunOneRankMatchesThePlainProcess) {
