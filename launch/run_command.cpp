@@ -110,7 +110,7 @@ std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, 
       ("model,m", po::value(&c.engine.model_path), "llama2.c checkpoint or GGUF file (F32/F16/BF16/Q8_0) of a llama model (default: a built-in random-weight model)")
       ("tokenizer,z", po::value(&c.engine.tokenizer_path), "tokenizer.bin (default: a GGUF model's own vocabulary, else found beside the model)")
       ("prompt,i", po::value(&prompt)->default_value("Once upon a time"), "prompt text")
-      ("prompts-file", po::value(&prompts_file), "several sequences at once: one prompt per line (replaces --prompt)")
+      ("prompts-file", po::value(&prompts_file), "several sequences at once: one prompt per line (blank lines are skipped)")
       ("batch", po::value(&batch)->default_value(1), "run each prompt this many times (sequence i samples with seed+i)")
       ("steps,n", po::value(&steps)->default_value(kDefaultSteps, fmt::format("{}, or what the context holds", kDefaultSteps)),
        "tokens to generate after the prompt")
@@ -201,6 +201,9 @@ std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, 
   }
   if (std::isnan(sampler.top_p)) throw ConfigError("--top-p must be a number (values outside (0,1) disable it); got nan");
   if (c.plan != "auto" && c.plan != "none") throw ConfigError(fmt::format("--plan '{}' is not auto or none", c.plan));
+  if (!prompts_file.empty() && !vm["prompt"].defaulted()) {
+    throw ConfigError("--prompt and --prompts-file both give the prompts: use one (put the --prompt text in the file)");
+  }
   const std::vector<std::string> prompts =
       prompts_file.empty() ? std::vector<std::string>{prompt} : read_prompts_file(prompts_file);
   c.steps_given = !vm["steps"].defaulted();

@@ -441,6 +441,8 @@ TEST_F(Cli, UnknownFlagsAndCommands) {
   expect_clean_failure("gen-model --out x.bin --sizzle", 2, "unknown flag '--sizzle'");
   expect_clean_failure("fly", 2, "unknown command 'fly'");
   expect_clean_failure("run --steps many", 2, "steps");
+  std::ofstream(path("two.txt")) << "a\nb\n";
+  expect_clean_failure("run --prompt hi --prompts-file " + path("two.txt"), 2, "--prompt and --prompts-file both give");
   // No flag is guessed from a prefix: --top was taken as --top-p (plan has a real --top).
   expect_clean_failure("run --top 5", 2, "unknown flag '--top'");
   expect_clean_failure("plan --preset 15m --mod x.bin", 2, "unknown flag '--mod'");
