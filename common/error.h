@@ -58,7 +58,8 @@ struct Failure {
   std::string message;
 };
 inline Failure failure_of(const std::exception& e) {
-  if (dynamic_cast<const std::bad_alloc*>(&e) != nullptr) {
+  // (Not bad_array_new_length, a bad_alloc too: that is a size computed wrong, a bug.)
+  if (dynamic_cast<const std::bad_alloc*>(&e) != nullptr && dynamic_cast<const std::bad_array_new_length*>(&e) == nullptr) {
     return {ExitCode::kResource, "out of memory (is --batch, the number of prompts or the model too large for this "
                                  "machine's memory?)"};
   }

@@ -103,8 +103,10 @@ Hostfile parse_hostfile(const std::string& text, const std::string& path) {
     if (const std::size_t colon = host.find(':');
         colon != std::string::npos && host.find(':', colon + 1) == std::string::npos && colon + 1 < host.size() &&
         host.find_first_not_of("0123456789", colon + 1) == std::string::npos) {
+      const std::string name = host.substr(0, colon), count = host.substr(colon + 1);
+      const bool plain = tokens.size() == 1 && count.find_first_not_of('0') != std::string::npos;  // just "HOST:N", N > 0
       throw ConfigError(fmt::format("{}: '{}' is mpirun's --host form; a hostfile line says '{} slots={}'",
-                                    where(path, number), tokens[0], host.substr(0, colon), host.substr(colon + 1)));
+                                    where(path, number), tokens[0], name, plain ? count : "N"));
     }
     if (host.find('=') != std::string::npos || !valid_host(host)) {
       throw ConfigError(fmt::format("{}: '{}' is not a host name or address; {}", where(path, number), tokens[0],

@@ -3,10 +3,8 @@
 #include <mpi.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <thread>
 
 #include <fmt/format.h>
 
@@ -19,15 +17,18 @@ namespace {
 
 void mpi_abort(int code) { MPI_Abort(MPI_COMM_WORLD, code); }
 
-// How long the ranks that do not print a failed start-up's reason wait before they exit, so that the one
-// that does exits first (report_failure); its line is written before the wait starts. A failed start-up
-// under mpirun takes this much longer (mpirun waits for every rank).
-constexpr int kPrinterHeadStartMs = 200;
+std::string host_name() {
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  return host;
+}
 
-// Waits for a non-blocking start-up collective, at most timeout_s (comm/poller.h: spin, yield, then sleep,
-// so a waiting rank leaves the core to a peer that shares it).
-void wait_bounded(MPI_Request& request, double timeout_s, const char* what) {
-  comm::Poller poller(timeout_s);
+// Waits for a non-blocking start-up collective, at most timeout_s (comm/poller.h: spin, yield, then sleep
+// 1 ms between polls: start-up is not latency-bound, and a rank still loading may share this core). A
+// timeout ends the job at once, with its reason: unwinding would leave the request pending (its buffers on
+// a stack that is gone, and MPI_Finalize waiting on it), and the stuck rank may never arrive.
+void wait_bounded(MPI_Request& request, double timeout_s, const char* what, int abort_code) {
+  comm::Poller poller(timeout_s, 1'000'000);
   for (;;) {
     int done = 0;
     if (MPI_Test(&request, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
@@ -35,17 +36,16 @@ void wait_bounded(MPI_Request& request, double timeout_s, const char* what) {
     }
     if (done != 0) return;
     if (!poller.pause()) {
-      throw CommError(fmt::format("a rank did not arrive within {} s (--comm-timeout) while the ranks {}: is one stuck "
-                                  "(reading its files from a hung file system, stopped, or swapping)?",
-                                  timeout_s, what));
+      std::fflush(stdout);
+      std::fprintf(stderr,
+                   "%s error: a rank did not arrive within %g s (--comm-timeout) while the ranks %s: is one stuck "
+                   "(reading its files from a hung file system, stopped, or swapping)?\n",
+                   detail::rank_tag().c_str(), timeout_s, what);
+      std::fflush(stderr);
+      MPI_Abort(MPI_COMM_WORLD, abort_code);
+      std::_Exit(abort_code);  // MPI_Abort does not return; should it, nothing may unwind past the request
     }
   }
-}
-
-std::string host_name() {
-  char host[256] = {};
-  gethostname(host, sizeof(host) - 1);
-  return host;
 }
 
 }  // namespace
@@ -97,7 +97,7 @@ MpiSession::Agreement MpiSession::agree(int local_exit_code, double timeout_s) c
   if (MPI_Iallreduce(values, reduced, 2, MPI_INT, MPI_MAX, MPI_COMM_WORLD, &request) != MPI_SUCCESS) {
     throw CommError("MPI_Iallreduce failed while the ranks compared their start-up checks");
   }
-  wait_bounded(request, timeout_s, "compared their start-up checks");
+  wait_bounded(request, timeout_s, "compared their start-up checks", static_cast<int>(ExitCode::kComm));
   return {reduced[0], reduced[0] != 0 ? -reduced[1] : -1};
 }
 
@@ -108,16 +108,12 @@ int MpiSession::report_failure(const Agreement& agreement, const std::string& me
     std::fprintf(stderr, "%s error: %s\n", detail::rank_tag().c_str(), message.c_str());
   }
   if (active_ && world_size_ > 1) {
-    // The line is written (stderr is unbuffered) once the printing rank is here. A barrier that fails or
-    // times out changes nothing: the job fails either way, with its code.
+    // Nobody exits before the printing rank's line is written (stderr is unbuffered). A barrier that fails
+    // changes nothing: the job fails either way, with its code.
     MPI_Request request = MPI_REQUEST_NULL;
     if (MPI_Ibarrier(MPI_COMM_WORLD, &request) == MPI_SUCCESS) {
-      try {
-        wait_bounded(request, timeout_s, "waited for the failure's reason to be printed");
-      } catch (const CommError&) {
-      }
+      wait_bounded(request, timeout_s, "waited for the failure's reason to be printed", agreement.exit_code);
     }
-    if (!printer) std::this_thread::sleep_for(std::chrono::milliseconds(kPrinterHeadStartMs));
   }
   return agreement.exit_code;
 }
@@ -129,7 +125,7 @@ bool MpiSession::same_as_rank0(std::uint64_t value, double timeout_s) const {
   if (MPI_Ibcast(&rank0, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD, &request) != MPI_SUCCESS) {
     throw CommError("MPI_Ibcast failed while the ranks compared their configurations");
   }
-  wait_bounded(request, timeout_s, "compared their configurations");
+  wait_bounded(request, timeout_s, "compared their configurations", static_cast<int>(ExitCode::kComm));
   return rank0 == value;
 }
 

@@ -42,13 +42,13 @@ class MpiSession {
     int first_failed_rank = -1;
   };
   // timeout_s bounds the wait for the other ranks (--comm-timeout; comm/poller.h's policy): a rank stuck
-  // before it (a hung file system, a stopped process) fails the job with CommError instead of hanging it.
+  // before it (a hung file system, a stopped process) ends the job (MPI_Abort, exit 5, one line naming the
+  // timeout) instead of hanging it.
   Agreement agree(int local_exit_code, double timeout_s) const;
   // Prints a failed agreement's reason on the rank that must (the lowest that failed; `message` is this
-  // rank's own) and returns the agreed exit code. The printing rank exits first: mpirun ends the job when a
-  // rank exits non-zero and kills the others, and a printing rank killed before its line reached mpirun
-  // (a loaded machine, a slow rank) took the reason with it. So the others wait for its line (a barrier)
-  // and then a moment before they return.
+  // rank's own) and returns the agreed exit code. No rank returns before that line is written (a barrier):
+  // mpirun ends the job when a rank exits non-zero and kills the others, and a printing rank killed before
+  // its line was out (a loaded machine, a slow rank) took the reason with it.
   int report_failure(const Agreement& agreement, const std::string& message, double timeout_s) const;
   // Collective: whether this rank's value equals rank 0's (true alone or without MPI). For fingerprints of
   // what every rank must share (the model, the requests, the layout flags).

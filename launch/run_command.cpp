@@ -110,7 +110,7 @@ std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, 
       ("model,m", po::value(&c.engine.model_path), "llama2.c checkpoint or GGUF file (F32/F16/BF16/Q8_0) of a llama model (default: a built-in random-weight model)")
       ("tokenizer,z", po::value(&c.engine.tokenizer_path), "tokenizer.bin (default: a GGUF model's own vocabulary, else found beside the model)")
       ("prompt,i", po::value(&prompt)->default_value("Once upon a time"), "prompt text")
-      ("prompts-file", po::value(&prompts_file), "several sequences at once: one prompt per line (blank lines are skipped)")
+      ("prompts-file", po::value(&prompts_file), "several sequences at once: one prompt per line (blank lines are skipped; not with --prompt)")
       ("batch", po::value(&batch)->default_value(1), "run each prompt this many times (sequence i samples with seed+i)")
       ("steps,n", po::value(&steps)->default_value(kDefaultSteps, fmt::format("{}, or what the context holds", kDefaultSteps)),
        "tokens to generate after the prompt")
@@ -340,7 +340,15 @@ void print_stats(const runtime::Engine& engine, const std::vector<runtime::Gener
   // the time between a sequence's tokens. The decode segment keeps its form: scripts/ parse it.
   const std::string ttft = n == 1 ? fmt::format("TTFT {:.3f} s", ttft_s)
                                   : fmt::format("TTFT mean {:.3f} s, max {:.3f} s", ttft_sum_s / n, ttft_s);
-  const std::string step = decode_tokens > 0 ? fmt::format(" | {:.2f} ms/token per sequence", 1e3 * decode_s * n / decode_tokens) : "";
+  // Each sequence's own time between tokens (they end at different steps: BOS, --steps), averaged.
+  double step_sum_s = 0;
+  int stepped = 0;
+  for (const auto& r : results) {
+    if (r.stats.generated_tokens < 2) continue;
+    step_sum_s += r.stats.decode_s / (r.stats.generated_tokens - 1);
+    ++stepped;
+  }
+  const std::string step = stepped > 0 ? fmt::format(" | {:.2f} ms/token per sequence", 1e3 * step_sum_s / stepped) : "";
   log::info("load {:.3f} s | prefill {} tok in {:.3f} s ({:.1f} tok/s) | {} | decode {} tok in {:.3f} s ({:.1f} tok/s){} "
             "| {} sequence{} | tp={} pp={} | {} thread{}/rank",
             engine.load_s(), prompt_tokens, ttft_s, ttft_s > 0 ? prompt_tokens / ttft_s : 0.0, ttft, generated, decode_s,
@@ -460,8 +468,12 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
                                        kernels::cpu::typical_bytes_per_weight(config->engine.weights_dtype),
                                        runtime::weight_format_of(config->engine.weights_dtype)};
       // The cache's dtype depends on the backend this rank will get (CUDA keeps fp32), which --device auto
-      // decides by whether the rank sees a GPU: the same test as the backend choice below.
-      const bool cuda = runtime::choose_backend(config->device, mpi.local_rank(), config->cpu_only_reason).cuda;
+      // decides by whether the rank sees a GPU: the same test as the backend choice below. A cache dtype the
+      // CUDA backend refuses is priced as the CPU keeps it: throwing here, on the GPU ranks alone, would
+      // leave the others in plan_job's collectives (the refusal comes after the backends are agreed).
+      const bool refused_on_gpu = config->engine.kv_dtype && *config->engine.kv_dtype != kernels::cpu::KvDtype::kF32;
+      const bool cuda = !refused_on_gpu &&
+                        runtime::choose_backend(config->device, mpi.local_rank(), config->cpu_only_reason).cuda;
       request.kv_bytes_per_value = kernels::cpu::kv_bytes_per_value(
           runtime::resolve_kv_dtype(config->engine.kv_dtype, config->engine.weights_dtype, cuda), shape->head_size());
       // What the flags fixed is priced as given, so the plan line reports the layout the run uses.
@@ -570,12 +582,13 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
     log::info("--device auto: running on the CPU: {}", backend.cpu_reason);
   }
   log::debug("stage backend: {}", engine->backend());
-  const int rank_cores = static_cast<int>(placed->binding.cpu_cores.size());
-  if (config->engine.threads > rank_cores && rank_cores > 0) {
-    // Kernel threads beyond the cores share them, and every barrier then waits for a descheduled thread.
-    log::warn("--threads {} is more than the {} core{} this rank runs on: threads will take turns on them and decode "
+  int rank_cpus = 0;  // hardware threads: two kernel threads on one core's two still both run
+  for (const auto& core : placed->binding.cpu_cores) rank_cpus += static_cast<int>(core.pus.size());
+  if (config->engine.threads > rank_cpus && rank_cpus > 0) {
+    // Kernel threads beyond the CPUs take turns on them, and every barrier waits for a descheduled thread.
+    log::warn("--threads {} is more than the {} CPU{} this rank runs on: threads will take turns on them and decode "
               "slows down many times; use --threads {} or fewer",
-              config->engine.threads, rank_cores, rank_cores == 1 ? "" : "s", rank_cores);
+              config->engine.threads, rank_cpus, rank_cpus == 1 ? "" : "s", rank_cpus);
   }
   if (placed->binding.placement.launcher_bound) {
     log::info("the launcher bound each rank's CPUs; keeping that binding (launch with mpirun --bind-to none or srun "

@@ -71,18 +71,30 @@ std::string no_layout_message(const ModelShape& shape, const PlanSearch& search,
     given.push_back(fmt::format("--layers-per-stage's {} stages", search.layers_per_stage.size()));
   }
   const std::string filters = given.empty() ? "" : fmt::format(" with {}", fmt::join(given, " and "));
-  // Filters that need more ranks than there are whatever the model: say that, not the model's rules.
-  std::vector<int> tps = search.tp_only.empty() ? std::vector<int>{1} : search.tp_only;
-  std::vector<int> pps = search.pp_only;
-  if (!search.layers_per_stage.empty()) pps = {static_cast<int>(search.layers_per_stage.size())};
-  if (pps.empty()) pps = {1};
-  int fewest = 0;  // the fewest ranks any layout the filters allow needs
-  for (int tp : tps) {
-    for (int pp : pps) fewest = fewest == 0 ? tp * pp : std::min(fewest, tp * pp);
+  // Filters no rank count fits whatever the model: say that, not the model's rules. With an exact rank
+  // count (--np, a job's world) tp x pp must equal it; otherwise it must not exceed it.
+  auto allowed_values = [&](const std::vector<int>& only) {
+    if (!only.empty()) return only;
+    std::vector<int> all(ranks);
+    for (int v = 1; v <= ranks; ++v) all[v - 1] = v;
+    return all;
+  };
+  std::vector<int> pps = search.layers_per_stage.empty() ? allowed_values(search.pp_only)
+                                                         : std::vector<int>{static_cast<int>(search.layers_per_stage.size())};
+  bool any = false;
+  int fewest = 0;  // the fewest ranks a layout the filters allow needs
+  for (int tp : allowed_values(search.tp_only)) {
+    for (int pp : pps) {
+      any = any || (search.world > 0 ? tp * pp == ranks : tp * pp <= ranks);
+      fewest = fewest == 0 ? tp * pp : std::min(fewest, tp * pp);
+    }
   }
-  if (fewest > ranks) {
+  if (!any && fewest > ranks) {
     return fmt::format("no layout{} fits {} rank{}: the smallest it allows needs {} (tp x pp ranks)", filters, ranks,
                        ranks == 1 ? "" : "s", fewest);
+  }
+  if (!any) {
+    return fmt::format("no layout{} uses exactly {} ranks: tp x pp must equal the rank count", filters, ranks);
   }
   return fmt::format("no valid layout of {} fits {} ranks{} (tp must divide n_kv_heads={}, pp <= n_layers={})",
                      shape.describe(), ranks, filters, shape.n_kv_heads, shape.n_layers);

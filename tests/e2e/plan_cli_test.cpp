@@ -151,6 +151,10 @@ TEST_F(PlanCli, BadInputsAreClearErrors) {
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_NE(r.err.find("no layout with --tp 2 and --pp 2 fits 2 ranks: the smallest it allows needs 4"),
             std::string::npos) << r.err;
+  r = run_process(shardline_binary() + " plan --preset 15m --np 3 --tp 2 --cluster " + cluster_file("cluster-2socket-100gbe.json"));
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("no layout with --tp 2 uses exactly 3 ranks: tp x pp must equal the rank count"), std::string::npos)
+      << r.err;
   for (const char* flag : {"--np -1", "--top 0", "--context -5", "--prompt-tokens -1", "--ranks-per-domain -2"}) {
     r = run_process(shardline_binary() + " plan --preset 110m " + flag + " --cluster " + cluster_file("cluster-this-vm.json"));
     EXPECT_EQ(r.exit_code, 2) << flag << ": " << r.err;

@@ -73,6 +73,8 @@ TEST(Hostfile, MistakesNameFileLineAndTheFix) {
   EXPECT_NE(error_of("node/1\n").find("h:1: 'node/1' is not a host name"), std::string::npos);
   // mpirun's --host form, which its hostfile parser refuses; an IPv6 address (several colons) is no such line.
   EXPECT_EQ(error_of("node1:4\n"), "h:1: 'node1:4' is mpirun's --host form; a hostfile line says 'node1 slots=4'");
+  EXPECT_EQ(error_of("node1:4 slots=2\n"), "h:1: 'node1:4' is mpirun's --host form; a hostfile line says 'node1 slots=N'");
+  EXPECT_EQ(error_of("node1:0\n"), "h:1: 'node1:0' is mpirun's --host form; a hostfile line says 'node1 slots=N'");
   EXPECT_EQ(parse_hostfile("fe80::1 slots=2\n", "h").hosts.at(0).host, "fe80::1");
   EXPECT_NE(error_of("a slots=1 slots=2\n").find("h:1: slots given twice"), std::string::npos);
   EXPECT_NE(error_of("a slots=1\nb\na slots=1\n").find("h:3: 'a' is already listed on line 1"), std::string::npos);
