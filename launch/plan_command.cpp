@@ -92,6 +92,11 @@ std::string sbatch_for(const PlanEstimate& p, const partition::ClusterSpec& clus
   const int per_node = cluster.domains_per_node * cluster.ranks_per_domain;
   const int nodes = (ranks + per_node - 1) / per_node;
   const int cpus = std::max(1, cluster.domain.cores / cluster.ranks_per_domain);
+  // Text that lands in a comment line: a newline in a cluster name or model path would start a shell line.
+  std::string safe_description = description;
+  for (char& c : safe_description) {
+    if (static_cast<unsigned char>(c) < 0x20) c = ' ';
+  }
   const std::string flags =
       fmt::format("--tp {} --pp {} --layers-per-stage {} --micro-batches {} --weights-dtype {} --kv-dtype {}",
                   p.layout.tp, p.layout.pp, join(p.layout.layers_per_stage), p.layout.micro_batches, dtype, kv_dtype);
@@ -102,20 +107,26 @@ std::string sbatch_for(const PlanEstimate& p, const partition::ClusterSpec& clus
 #   sbatch this.sbatch --model model.bin --tokenizer tokenizer.bin --prompt "Once upon a time"
 #
 #SBATCH --job-name=shardline-run
-#SBATCH --nodes={}            # ranks fill nodes in order (TP groups first), as the plan assumed
-#SBATCH --ntasks={}           # tp x pp ranks, one per task
-#SBATCH --cpus-per-task={}    # each rank's cores (its kernel threads)
-#SBATCH --time=01:00:00       # wall-clock limit
+#SBATCH --nodes={}              # ranks fill nodes in order (TP groups first), as the plan assumed
+#SBATCH --ntasks={}             # tp x pp ranks, one per task
+#SBATCH --ntasks-per-node={}    # the plan's ranks per node, so Slurm cannot split a node's share unevenly
+#SBATCH --cpus-per-task={}      # each rank's cores (its kernel threads)
+#SBATCH --mem=0                 # each node's whole memory: the plan's memory per rank assumed it
+#SBATCH --time=01:00:00         # wall-clock limit
+#SBATCH --output=shardline-run-%j.out   # the generated text
+#SBATCH --error=shardline-run-%j.err    # statistics and messages
 set -euo pipefail
 SHARDLINE=${{SHARDLINE:-shardline}}
 # Preflight: does the allocation hold the layout? One error line before any rank starts if not.
 "$SHARDLINE" launch-check {} "$@" >&2
-exec srun --mpi=pmix --distribution=block --kill-on-bad-exit=1 "$SHARDLINE" run {} "$@"
+# --cpus-per-task again: since Slurm 22.05 srun does not inherit it from sbatch.
+exec srun --mpi=pmix --cpus-per-task="${{SLURM_CPUS_PER_TASK:-1}}" --distribution=block --kill-on-bad-exit=1 \
+  "$SHARDLINE" run {} "$@"
 )",
-                     description, p.layout.tp, p.layout.pp, ranks, join(p.layout.layers_per_stage),
+                     safe_description, p.layout.tp, p.layout.pp, ranks, join(p.layout.layers_per_stage),
                      p.layout.micro_batches, p.throughput_tok_s, seconds(p.token_latency_s), seconds(p.ttft_s),
-                     format_bytes(p.stages.empty() ? 0 : p.stages.front().rank_memory_bytes), nodes, ranks, cpus, flags,
-                     flags);
+                     format_bytes(p.stages.empty() ? 0 : p.stages.front().rank_memory_bytes), nodes, ranks,
+                     std::min(per_node, ranks), cpus, flags, flags);
 }
 
 // 15.2M, 1.10B: a parameter count at the scale it has (small models are not "0.00B").

@@ -2,7 +2,7 @@
 # Every benchmark behind BENCHMARKS.md, one after the other, on a quiet machine. Each writes its own log
 # under $OUT (default /tmp/shardline-bench-logs); BENCHMARKS.md quotes them with their commands.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-/tmp/shardline-bench-logs}
 mkdir -p "$OUT"
 run() {  # name timeout_s command...

@@ -145,7 +145,8 @@ fi
 # --- Summary (last, so it is what a truncated log still shows) ---------------------------------------------
 echo
 sed -n '/^device copy bandwidth/,/^$/p' "$LOG_DIR/decode.log" || true
-[ -s "$LOG_DIR/allreduce.log" ] && grep -v "^RESULT" "$LOG_DIR/allreduce.log" | tail -6
+# (|| true: under pipefail a grep that matches nothing would end the script before its summary)
+{ [ -s "$LOG_DIR/allreduce.log" ] && grep -v "^RESULT" "$LOG_DIR/allreduce.log" | tail -6; } || true
 echo
 echo "=== gpu-check summary ($(elapsed), $(date -u +%Y-%m-%dT%H:%MZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)) ==="
 printf '%-34s %s\n' "GPU" "$N_GPUS x $GPU_NAME (driver $DRIVER)"
@@ -176,7 +177,7 @@ fi
 for check in GraphsOnAndOffBothReproduceTheGoldens TensorParallelOverNcclReproducesTheGoldens \
   PipelineStagesOverNcclReproduceTheGoldens LongPrefillChunksOverlapTheTpAllReducesAndMatchOneRank; do
   STATE=$(grep -E "Test +#[0-9]+: DeviceGpuRuns\.$check " "$LOG_DIR/tests.log" | head -1 |
-    sed -E 's/.*(Passed|Failed|Skipped|Timeout|Not Run).*/\1/')
+    sed -E 's/.*(Passed|Failed|Skipped|Timeout|Not Run).*/\1/' || true)  # no match: "not found" below
   [ "$STATE" = "Skipped" ] && [ "$N_GPUS" -lt 2 ] && [ "$check" != GraphsOnAndOffBothReproduceTheGoldens ] &&
     STATE="Skipped (needs 2 GPUs)"
   printf '%-34s %s\n' "e2e ${check:0:30}" "${STATE:-not found in tests.log}"

@@ -188,6 +188,22 @@ TEST_F(PlanCli, SmallModelsShowTheirParametersInMillions) {
   EXPECT_EQ(r.out.find("0.00B"), std::string::npos) << r.out;
 }
 
+TEST_F(PlanCli, EmittedSbatchHoldsTheGeometryAndNoInjectedLines) {
+  // A cluster name with a newline: its comment line must not become a shell line of the script.
+  nlohmann::json cluster;
+  std::ifstream(cluster_file("cluster-this-vm.json")) >> cluster;
+  cluster["name"] = "evil\nrm -rf /tmp/never";
+  const std::string path = (dir_ / "evil.json").string();
+  std::ofstream(path) << cluster.dump();
+  const ProcessResult r = run_process(shardline_binary() + " plan --preset 15m --np 2 --emit sbatch --cluster " + path);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out.find("\nrm -rf"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("evil rm -rf /tmp/never"), std::string::npos) << r.out;
+  // The plan's ranks per node, and srun told the cores per task (Slurm 22.05's srun does not inherit them).
+  EXPECT_NE(r.out.find("#SBATCH --ntasks-per-node=2"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("srun --mpi=pmix --cpus-per-task=\"${SLURM_CPUS_PER_TASK:-1}\""), std::string::npos) << r.out;
+}
+
 TEST_F(PlanCli, ProbeRefusesAnUnwritableOutBeforeMeasuring) {
   // It used to measure for seconds and then say only "cannot write"; a test of the time would be a timed
   // test, so the measurement's own output (its table on stdout) is what must be absent.
