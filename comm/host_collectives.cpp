@@ -11,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include "comm/peer_name.h"
 #include "comm/poller.h"
 #include "common/error.h"
 
@@ -118,9 +119,8 @@ void HostCollectives::publish_and_wait(std::uint64_t call, const char* what) {
         MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm_, &pending, MPI_STATUS_IGNORE);
       }
       if (!poller.pause()) {
-        throw CommError(fmt::format(
-            "{} timed out after {:.0f} s (--comm-timeout) waiting for rank {} of this group: a peer is stuck or dead",
-            what, timeout_s_, r));
+        throw CommError(fmt::format("{} timed out after {:g} s (--comm-timeout) waiting for {}: a peer is stuck or dead",
+                                    what, timeout_s_, peer_name(comm_, r)));
       }
     }
   }

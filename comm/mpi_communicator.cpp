@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "comm/host_collectives.h"
+#include "comm/peer_name.h"
 #include "comm/poller.h"
 #include "common/error.h"
 
@@ -143,8 +144,8 @@ class MpiCommunicator final : public Communicator {
       if (!poller.pause()) {
         MPI_Cancel(&request);
         throw CommError(fmt::format(
-            "{} {}timed out after {:.0f} s (--comm-timeout): a peer is stuck or dead", what,
-            peer >= 0 ? fmt::format("with rank {} of this group ", peer) : std::string(), options_.timeout_s));
+            "{} {}timed out after {:g} s (--comm-timeout): a peer is stuck or dead", what,
+            peer >= 0 ? fmt::format("with {} ", peer_name(comm_, peer)) : std::string(), options_.timeout_s));
       }
     }
   }

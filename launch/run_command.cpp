@@ -29,6 +29,7 @@
 #include "launch/launch_env.h"
 #include "launch/placement_setup.h"
 #include "memory/arena.h"
+#include "memory/bus_error_report.h"
 #include "memory/placement.h"
 #include "partition/mesh.h"
 #include "partition/shard.h"
@@ -46,6 +47,10 @@
 namespace shardline::launch {
 
 namespace {
+
+// Positions per KV block at most: larger blocks only waste the cache (a block longer than any context
+// holds one sequence's tail), and sizes near INT_MAX overflowed the block arithmetic.
+constexpr int kMaxKvBlockTokens = 65536;
 
 struct RunConfig {
   runtime::EngineOptions engine;
@@ -174,7 +179,9 @@ std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, 
   c.engine.arena_pages = memory::parse_page_policy(arena_pages);
   if (weights != "map" && weights != "arena") throw ConfigError(fmt::format("--weights expects map or arena; got '{}'", weights));
   c.engine.weights_in_arena = weights == "arena";
-  if (c.engine.kv_block_tokens < 1) throw ConfigError("--kv-block-tokens must be >= 1");
+  if (c.engine.kv_block_tokens < 1 || c.engine.kv_block_tokens > kMaxKvBlockTokens) {
+    throw ConfigError(fmt::format("--kv-block-tokens must be from 1 to {}", kMaxKvBlockTokens));
+  }
   if (c.engine.kv_blocks < 0) throw ConfigError("--kv-blocks must be >= 0 (0 = automatic)");
   if (vm.count("threads")) {  // else one per core of the rank's placement, once it is placed (phase 2)
     c.threads_given = true;
@@ -214,6 +221,9 @@ std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, 
       c.requests.push_back({text, steps, s});
     }
   }
+  // More micro-batches than sequences would be empty ones (the pipeline takes the smaller count anyway):
+  // kept to the sequences, so the planner prices and reports what runs, and no buffer is sized for them.
+  c.engine.micro_batches = static_cast<int>(std::min<std::size_t>(c.engine.micro_batches, c.requests.size()));
   if (c.engine.model_path.empty()) {
     if (!c.engine.tokenizer_path.empty()) {
       throw ConfigError("--tokenizer without --model: the built-in model has its own tokenizer; pass --model too");
@@ -276,6 +286,17 @@ partition::Mesh choose_mesh(const RunConfig& c, const partition::ModelShape& sha
   return partition::Mesh(world, mpi.world_rank(), tp, pp);
 }
 
+// The weights stay mapped from the model file (--weights map): a file truncated or replaced in place during
+// the run makes the next read of a vanished page a SIGBUS. Said as the job's usual one line, exit 3.
+void report_model_bus_errors(const std::string& model_path) {
+  memory::report_bus_errors(
+      fmt::format("{} error: bus error reading mapped memory: the model file '{}' was truncated or replaced while this "
+                  "rank had it mapped (or hugepages ran out); do not overwrite a model a run is using (--weights arena "
+                  "copies the weights into memory at load)\n",
+                  detail::rank_tag(), model_path),
+      static_cast<int>(ExitCode::kFormat));
+}
+
 // Runs a start-up phase on every rank and makes the ranks agree on its outcome: exactly one rank (the
 // lowest that failed) prints the reason, and every rank returns the same exit code, so nobody is left
 // waiting in a collective. Returns 0 when every rank succeeded.
@@ -286,6 +307,12 @@ int agreed_phase(const MpiSession& mpi, const double& timeout_s, Phase&& phase) 
   std::string message;
   try {
     phase();
+  } catch (const CommError& e) {
+    // A peer that failed or hung in this phase's own collectives (the planner's probe, the host split)
+    // would not reach the agreement either, which would only wait a second --comm-timeout: end the job.
+    std::fflush(stdout);
+    std::fprintf(stderr, "%s error: %s\n", detail::rank_tag().c_str(), e.what());
+    mpi.abort_job(static_cast<int>(e.code()));
   } catch (const Error& e) {
     local = static_cast<int>(e.code());
     message = e.what();
@@ -407,6 +434,7 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
       }
     }
     const runtime::ModelFile model = runtime::read_model_file(config->engine.model_path);  // a missing one first
+    report_model_bus_errors(config->engine.model_path);
     shape = model.shape;
     config->cpu_only_reason = cpu_only_reason(*config, model.layout);  // the phases below only look it up
     if (config->engine.tokenizer_path.empty()) config->engine.tokenizer_path = find_tokenizer_for(config->engine.model_path);
@@ -499,6 +527,7 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
   if (config->plan == "none" && config->engine.chunk_tokens == 0) config->engine.chunk_tokens = 64;
   const int output_rank = mesh->rank_of(mesh->pp_size() - 1, 0);
   log::set_place(mesh->tag(), mesh->rank() == output_rank);
+  report_model_bus_errors(config->engine.model_path);  // again, with the rank's full tag
   if (plan) log::info("plan auto: {}", runtime::describe(*plan));
 
   if (config->print_config) {
@@ -539,6 +568,15 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
     // The rank that will write --dump-logits finds out now whether it can, not after the whole generation
     // (opened for appending, so an existing file is untouched; one made only to test is removed again).
     if (!config->dump_logits.empty() && mesh->rank() == output_rank) {
+      // Not one of the run's own inputs: the logits would overwrite the model it is reading (a slip of the
+      // shell's history, and the next run finds no model).
+      for (const std::string& input : {config->engine.model_path, config->engine.tokenizer_path}) {
+        std::error_code ec;
+        if (!input.empty() && std::filesystem::equivalent(config->dump_logits, input, ec)) {
+          throw ConfigError(fmt::format("--dump-logits '{}' is the run's own {} file; write the logits elsewhere",
+                                        config->dump_logits, input == config->engine.model_path ? "model" : "tokenizer"));
+        }
+      }
       require_writable_output(config->dump_logits, "--dump-logits file");
     }
     // --device cuda for a run the CUDA stage cannot take is a bad flag, said before any rank builds NCCL groups.

@@ -92,12 +92,13 @@ std::vector<int> encode_checked(const Tokenizer& tokenizer, int seq_len, const G
     throw ConfigError(fmt::format("the prompt is {} tokens but the model's context (seq_len) is {}; shorten it",
                                   n_prompt, seq_len));
   }
-  // The last generated token is never fed back, so prompt + steps - 1 positions are used.
-  if (n_prompt + request.steps - 1 > seq_len) {
+  // The last generated token is never fed back, so prompt + steps - 1 positions are used (in long: steps
+  // near INT_MAX would wrap the int sum past the check).
+  const long positions = static_cast<long>(n_prompt) + request.steps - 1;
+  if (positions > seq_len) {
     throw ConfigError(fmt::format("--steps {} after a {}-token prompt needs {} positions but seq_len is {}; use "
                                   "--steps {} or less",
-                                  request.steps, n_prompt, n_prompt + request.steps - 1, seq_len,
-                                  seq_len - n_prompt + 1));
+                                  request.steps, n_prompt, positions, seq_len, seq_len - n_prompt + 1));
   }
   return ids;
 }

@@ -388,6 +388,14 @@ TEST_F(Cli, UnwritableLogitsFileIsRefusedBeforeGenerating) {
                            " --prompt A --steps 8 --dump-logits " + path("no/such/folder/logits.bin");
   expect_clean_failure(args, 4, "cannot write --dump-logits file");
   EXPECT_EQ(run_process(shardline() + " " + args).out, "");  // no token was generated first
+  // Nor the run's own model, which the logits would have replaced.
+  const std::string model = path("own.bin");
+  ASSERT_EQ(run_process(shardline() + " gen-model --dim 32 --hidden 64 --layers 1 --heads 2 --vocab 300 --seq 16 --out " +
+                        model).exit_code, 0);
+  const auto size = fs::file_size(model);
+  expect_clean_failure("run --model " + model + " --prompt hi --steps 2 --dump-logits " + model, 2,
+                       "is the run's own model file");
+  EXPECT_EQ(fs::file_size(model), size);
 }
 
 // A write that fails (here /dev/full, as a full disk) is a failed run, exit 4, for the text on stdout, the
@@ -535,6 +543,26 @@ TEST_F(Cli, NanWeightsAreWarnedAboutOnceByOneRank) {
     EXPECT_EQ(count, 1u) << launch << "\n" << r.err;
     EXPECT_NE(r.err.find("sequence 0's"), std::string::npos) << r.err;
   }
+}
+
+TEST_F(Cli, AModelTruncatedUnderARunEndsItWithOneLine) {
+  // The run maps its weights from the file: truncating it (or `cp` over it) turns the next read into SIGBUS,
+  // which killed the rank with nothing said. The run is stopped once it has the file mapped, the file cut,
+  // the run continued.
+  const std::string model = path("cut.bin");
+  ASSERT_EQ(run_process(shardline() + " gen-model --dim 128 --hidden 384 --layers 4 --heads 4 --vocab 2048 --seq 512 "
+                        "--out " + model).exit_code, 0);
+  const std::string script =
+      shardline() + " run --model " + model + " --steps 500 --threads 1 >/dev/null 2>" + path("cut.err") + " & pid=$!\n"
+      "for i in $(seq 2000); do grep -q " + model + " /proc/$pid/maps 2>/dev/null && break; sleep 0.002; done\n"
+      "kill -STOP $pid; truncate -s 1000 " + model + "; kill -CONT $pid; wait $pid; echo rc=$?\n";
+  const ProcessResult r = run_process("bash -c " + shell_quote(script), 60);
+  const std::string err = read_text_file(path("cut.err"));
+  EXPECT_EQ(r.out, "rc=3\n") << err;
+  EXPECT_EQ(std::count(err.begin(), err.end(), '\n') - (err.find("info:") != std::string::npos ? 1 : 0), 1) << err;
+  EXPECT_NE(err.find("error: "), std::string::npos) << err;
+  EXPECT_NE(err.find(model), std::string::npos) << err;
+  EXPECT_NE(err.find("truncated"), std::string::npos) << err;
 }
 
 TEST_F(Cli, BadInputUnderMpirunEndsTheJobWithTheMessage) {
