@@ -51,13 +51,14 @@ class CommError : public Error {
   explicit CommError(const std::string& what) : Error(what, ExitCode::kComm) {}
 };
 
-// The exit code and message for an exception that is no Error: running out of memory is a missing resource
-// (a --batch or model too large for the machine), anything else is unexpected.
+// The exit code and message for any exception: an Error's own; running out of memory is a missing resource
+// (a --batch or model too large for the machine); anything else is unexpected.
 struct Failure {
   ExitCode code;
   std::string message;
 };
 inline Failure failure_of(const std::exception& e) {
+  if (const auto* error = dynamic_cast<const Error*>(&e)) return {error->code(), e.what()};
   // (Not bad_array_new_length, a bad_alloc too: that is a size computed wrong, a bug.)
   if (dynamic_cast<const std::bad_alloc*>(&e) != nullptr && dynamic_cast<const std::bad_array_new_length*>(&e) == nullptr) {
     return {ExitCode::kResource, "out of memory (is --batch, the number of prompts or the model too large for this "
@@ -86,6 +87,13 @@ inline std::string& rank_tag() {
 }  // namespace detail
 
 inline void set_abort_hook(void (*hook)(int)) { detail::abort_hook() = hook; }
+
+// This rank's one line for an expected failure, "[rN ...] error: <message>", after whatever stdout holds so
+// far (so the two streams read in order where they share a terminal).
+inline void print_error_line(const std::string& message) {
+  std::fflush(stdout);
+  std::fprintf(stderr, "%s error: %s\n", detail::rank_tag().c_str(), message.c_str());
+}
 
 }  // namespace shardline
 

@@ -21,6 +21,13 @@ inline std::ofstream open_output_file(const std::string& path, std::ios::openmod
   return out;
 }
 
+// Closes a file open_output_file() gave, or throws ResourceError (exit 4): a full disk shows here, when the
+// buffered bytes go out, not in the opening.
+inline void close_output_file(std::ofstream& out, const std::string& path, const char* what) {
+  out.close();
+  if (!out) throw ResourceError(fmt::format("writing {} '{}' failed (disk full?)", what, path));
+}
+
 // Whether path can be written later, without changing it: opened for appending (an existing file keeps its
 // bytes), and a file made only for the test is removed again. Throws as open_output_file does.
 inline void require_writable_output(const std::string& path, const char* what) {

@@ -48,9 +48,14 @@ bool valid_host(const std::string& host) {
 
 std::string where(const std::string& path, int line) { return fmt::format("{}:{}", path, line); }
 
+// A count, rank or core number as the files write it: digits only, at most 6 of them (so std::stoi cannot
+// overflow).
+bool short_number(const std::string& text) {
+  return !text.empty() && text.size() <= 6 && text.find_first_not_of("0123456789") == std::string::npos;
+}
+
 int positive_count(const std::string& path, int line, const std::string& key, const std::string& value) {
-  const bool digits = !value.empty() && value.size() <= 6 && value.find_first_not_of("0123456789") == std::string::npos;
-  const int n = digits ? std::stoi(value) : 0;
+  const int n = short_number(value) ? std::stoi(value) : 0;
   if (n < 1) {
     throw ConfigError(fmt::format("{}: {}='{}' must be a positive whole number of ranks ({})", where(path, line), key,
                                   value, kHostfileLine));
@@ -158,11 +163,6 @@ Hostfile parse_hostfile(const std::string& text, const std::string& path) {
 
 namespace {
 
-// A rankfile's rank or core number: digits only, at most 6 of them (so std::stoi cannot overflow).
-bool rankfile_number(const std::string& text) {
-  return !text.empty() && text.size() <= 6 && text.find_first_not_of("0123456789") == std::string::npos;
-}
-
 // What is wrong with a rankfile slot, or nothing: a comma list of items, each [SOCKET:]CORES with SOCKET a
 // number (or '*', which mpirun reads as 0) and CORES a number, a range N-M with N <= M, or '*' (mpirun's
 // forms, e.g. 0:0-7, 1:0,1 and 0:2-3,1:0-1; it reports the others only at launch).
@@ -174,16 +174,16 @@ std::optional<std::string> slot_problem(const std::string& spec) {
     if (item.empty()) return std::string("an empty item in its list");
     if (const std::size_t colon = item.find(':'); colon != std::string::npos) {
       const std::string socket = item.substr(0, colon);
-      if (socket != "*" && !rankfile_number(socket)) {
+      if (socket != "*" && !short_number(socket)) {
         return fmt::format("socket '{}' in '{}' is not a number", socket, item);
       }
       item = item.substr(colon + 1);
     }
     const std::size_t dash = item.find('-');
-    if (item == "*" || rankfile_number(item)) {
+    if (item == "*" || short_number(item)) {
       // one core, or all of them
-    } else if (dash != std::string::npos && rankfile_number(item.substr(0, dash)) &&
-               rankfile_number(item.substr(dash + 1))) {
+    } else if (dash != std::string::npos && short_number(item.substr(0, dash)) &&
+               short_number(item.substr(dash + 1))) {
       if (std::stoi(item.substr(0, dash)) > std::stoi(item.substr(dash + 1))) {
         return fmt::format("range '{}' runs backwards", item);
       }
@@ -213,7 +213,7 @@ std::vector<RankfileEntry> parse_rankfile(const std::string& text, const std::st
       throw ConfigError(fmt::format("{}: '{}' is not a rank line; {}", where(path, number), lines[i], kRankfileLine));
     }
     const std::string rank_text = m[1], host = m[2], spec = m[3];
-    if (!rankfile_number(rank_text)) {
+    if (!short_number(rank_text)) {
       throw ConfigError(fmt::format("{}: '{}' is not a rank number; {}", where(path, number), rank_text, kRankfileLine));
     }
     const bool relative = host.size() > 2 && host.rfind("+n", 0) == 0 &&

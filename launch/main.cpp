@@ -84,16 +84,10 @@ int main(int argc, char** argv) {
   bool failed_outside_command = false;
   try {
     code = dispatch(command, args, mpi);
-  } catch (const shardline::Error& e) {
-    failed_outside_command = true;
-    std::fflush(stdout);
-    std::fprintf(stderr, "%s error: %s\n", shardline::detail::rank_tag().c_str(), e.what());
-    code = static_cast<int>(e.code());
   } catch (const std::exception& e) {
     failed_outside_command = true;
     const shardline::Failure failure = shardline::failure_of(e);
-    std::fflush(stdout);
-    std::fprintf(stderr, "%s error: %s\n", shardline::detail::rank_tag().c_str(), failure.message.c_str());
+    shardline::print_error_line(failure.message);
     code = static_cast<int>(failure.code);
   }
   // What a command printed must have arrived: a full disk behind stdout is a failed run, not exit 0 with
@@ -101,8 +95,8 @@ int main(int argc, char** argv) {
   if (code == 0) {
     const bool flush_failed = std::fflush(stdout) != 0;  // errno tells why only when this failed
     if (flush_failed || std::ferror(stdout)) {
-      std::fprintf(stderr, "%s error: writing the output failed: %s\n", shardline::detail::rank_tag().c_str(),
-                   flush_failed ? std::strerror(errno) : "a write to stdout failed (disk full?)");
+      shardline::print_error_line(fmt::format("writing the output failed: {}", flush_failed ? std::strerror(errno)
+                                                                                          : "a write to stdout failed (disk full?)"));
       code = static_cast<int>(shardline::ExitCode::kResource);
     }
   }

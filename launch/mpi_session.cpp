@@ -36,12 +36,9 @@ void wait_bounded(MPI_Request& request, double timeout_s, const char* what, int 
     }
     if (done != 0) return;
     if (!poller.pause()) {
-      std::fflush(stdout);
-      std::fprintf(stderr,
-                   "%s error: a rank did not arrive within %g s (--comm-timeout) while the ranks %s: is one stuck "
-                   "(reading its files from a hung file system, stopped, or swapping)?\n",
-                   detail::rank_tag().c_str(), timeout_s, what);
-      std::fflush(stderr);
+      print_error_line(fmt::format("a rank did not arrive within {:g} s (--comm-timeout) while the ranks {}: is one "
+                                   "stuck (reading its files from a hung file system, stopped, or swapping)?",
+                                   timeout_s, what));
       MPI_Abort(MPI_COMM_WORLD, abort_code);
       std::_Exit(abort_code);  // MPI_Abort does not return; should it, nothing may unwind past the request
     }
@@ -103,10 +100,7 @@ MpiSession::Agreement MpiSession::agree(int local_exit_code, double timeout_s) c
 
 int MpiSession::report_failure(const Agreement& agreement, const std::string& message, double timeout_s) const {
   const bool printer = agreement.first_failed_rank == world_rank_;
-  if (printer) {
-    std::fflush(stdout);
-    std::fprintf(stderr, "%s error: %s\n", detail::rank_tag().c_str(), message.c_str());
-  }
+  if (printer) print_error_line(message);
   if (active_ && world_size_ > 1) {
     // Nobody exits before the printing rank's line is written (stderr is unbuffered). A barrier that fails
     // changes nothing: the job fails either way, with its code.

@@ -84,8 +84,7 @@ int probe_command(const std::vector<std::string>& args, const MpiSession& mpi) {
                        {"allreduce_ring_per_hop", fit_json(links.allreduce)}};
   std::ofstream file = open_output_file(out, std::ios::out, "--out file");
   file << j.dump(2) << "\n";
-  file.close();  // a full disk shows here, not in the opening
-  if (!file) throw ResourceError(fmt::format("writing '{}' failed (disk full?)", out));
+  close_output_file(file, out, "--out file");
 
   std::cout << fmt::format("probe: {} rank(s) on {} host(s); wrote {}\n", world->size(), links.n_hosts, out);
   std::cout << fmt::format("  {:<28} {:>13} {:>15}\n", "link class", "latency", "bandwidth");

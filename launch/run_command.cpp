@@ -310,12 +310,8 @@ int agreed_phase(const MpiSession& mpi, const double& timeout_s, Phase&& phase) 
   } catch (const CommError& e) {
     // A peer that failed or hung in this phase's own collectives (the planner's probe, the host split)
     // would not reach the agreement either, which would only wait a second --comm-timeout: end the job.
-    std::fflush(stdout);
-    std::fprintf(stderr, "%s error: %s\n", detail::rank_tag().c_str(), e.what());
+    print_error_line(e.what());
     mpi.abort_job(static_cast<int>(e.code()));
-  } catch (const Error& e) {
-    local = static_cast<int>(e.code());
-    message = e.what();
   } catch (const std::exception& e) {
     const Failure failure = failure_of(e);
     local = static_cast<int>(failure.code);
@@ -402,8 +398,7 @@ void write_logits(const std::string& path, const std::vector<std::vector<float>>
   for (const auto& logits : per_sequence) {
     out.write(reinterpret_cast<const char*>(logits.data()), static_cast<std::streamsize>(logits.size() * sizeof(float)));
   }
-  out.close();  // a full disk shows here, not in the opening
-  if (!out) throw ResourceError(fmt::format("writing --dump-logits file '{}' failed (disk full?)", path));
+  close_output_file(out, path, "--dump-logits file");
 }
 
 }  // namespace

@@ -190,9 +190,9 @@ std::vector<GenerationResult> Engine::generate(const std::vector<GenerationReque
     }
   }
   std::vector<int> steps_done(n, 0);
-  std::vector<int> planned(n);
-  for (int i = 0; i < n; ++i) planned[i] = specs[i].steps;
-  ProgressReport progress(planned);
+  long planned_tokens = 0;
+  for (const SequenceSpec& spec : specs) planned_tokens += spec.steps;
+  ProgressReport progress(n, planned_tokens);
   TokenCallback on_token;
   if (output) {
     on_token = [&](int i, int token, const float* logits) {

@@ -100,9 +100,9 @@ class Pipeline {
   // x: (rows, dim) host activations in and out; with a backend that moves activations, x is only the first
   // stage's embedded input (null on later stages) and the output stays with the backend.
   void forward_item(const Item& item, std::vector<SeqState>& seqs, float* x);
-  // Last stage: samples every wants-logits row of the item; fills tokens (one per such row).
   // Warns (once per run) when a row about to meet the classifier holds NaN or Inf.
   void warn_if_not_finite(const std::vector<SeqState>& seqs, int n_logits);
+  // Last stage: samples every wants-logits row of the item; fills tokens (one per such row).
   void sample_item(const Item& item, std::vector<SeqState>& seqs, const float* x, std::vector<SequenceOutput>& outputs,
                    const TokenCallback& on_token, std::vector<int>& tokens);
   void apply_tokens(const Item& item, const std::vector<int>& tokens, std::vector<SeqState>& seqs);

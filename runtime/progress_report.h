@@ -7,7 +7,6 @@
 #include <chrono>
 #include <functional>
 #include <utility>
-#include <vector>
 
 #include "common/log.h"
 
@@ -17,11 +16,9 @@ class ProgressReport {
  public:
   static constexpr double kEveryS = 5.0;
 
-  // steps: each sequence's --steps. now_s: seconds on a steady clock (tests pass their own).
-  explicit ProgressReport(const std::vector<int>& steps, std::function<double()> now_s = steady_seconds)
-      : n_(static_cast<int>(steps.size())), now_s_(std::move(now_s)), start_s_(now_s_()) {
-    for (int s : steps) planned_tokens_ += s;
-  }
+  // planned_tokens: the sequences' --steps summed. now_s: seconds on a steady clock (tests pass their own).
+  ProgressReport(int sequences, long planned_tokens, std::function<double()> now_s = steady_seconds)
+      : n_(sequences), planned_tokens_(planned_tokens), now_s_(std::move(now_s)), start_s_(now_s_()) {}
 
   // One generated token.
   void token() {
@@ -41,9 +38,9 @@ class ProgressReport {
   }
 
   int n_;
+  long planned_tokens_;
   std::function<double()> now_s_;
   double start_s_;
-  long planned_tokens_ = 0;
   long tokens_ = 0;
   double last_report_s_ = 0;
 };

@@ -411,7 +411,7 @@ TEST_F(Cli, WritesThatFailAreFailedRuns) {
   EXPECT_NE(r.err.find("--dump-logits file '/dev/full' failed"), std::string::npos) << r.err;
   r = run_process(shardline() + " probe --quick --out /dev/full", 120);
   EXPECT_EQ(r.exit_code, 4) << r.err;
-  EXPECT_NE(r.err.find("writing '/dev/full' failed"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("writing --out file '/dev/full' failed (disk full?)"), std::string::npos) << r.err;
 }
 
 // Sequences that wait for KV blocks start after others finish: the statistics then give the whole run's

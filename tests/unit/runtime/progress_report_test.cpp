@@ -17,7 +17,9 @@ std::size_t lines_of(const std::string& text) { return static_cast<std::size_t>(
 // what it printed.
 std::string report(const std::vector<int>& steps, int tokens, double step_s) {
   double now = 100.0;
-  ProgressReport progress(steps, [&] { return now; });
+  long planned = 0;
+  for (int s : steps) planned += s;
+  ProgressReport progress(static_cast<int>(steps.size()), planned, [&] { return now; });
   testing::internal::CaptureStderr();
   for (int t = 0; t < tokens; ++t) {
     now += step_s;
