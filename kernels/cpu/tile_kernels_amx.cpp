@@ -49,6 +49,13 @@ struct alignas(64) TileConfig {
 };
 static_assert(sizeof(TileConfig) == 64);
 
+// LDTILECFG of a whole configuration. Not GCC 12's _tile_loadconfig(): its asm operand is
+// *(const void**)config, so the optimiser takes the instruction to read 8 of the 64 bytes, and the stores
+// that fill in the shapes just before it become dead stores it may drop. A stand-alone loop that built
+// its configuration inline that way lost every shape and died of SIGILL at its first tile load; this file
+// kept its stores only by the luck of how GCC compiled use_tile_config(). This operand names all 64 bytes.
+inline void load_tile_config(const TileConfig& config) { asm volatile("ldtilecfg\t%X0" : : "m"(config)); }
+
 // Loads a tile configuration unless this thread already has it: a decode step makes hundreds of small tile
 // calls with the same shapes, and LDTILECFG (which also zeroes every tile) costs about as much as a small
 // matrix's multiplies (measured: -10% time on a 288 x 768 GEMV without it). The tiles stay configured
@@ -67,7 +74,7 @@ void use_tile_config(std::uint32_t key, Build&& build) {
   if (key == loaded_tile_shape) return;
   TileConfig config;
   build(config);
-  _tile_loadconfig(&config);
+  load_tile_config(config);
   loaded_tile_shape = key;
 }
 
