@@ -11,6 +11,7 @@
 
 #include "common/error.h"
 #include "common/input_file.h"
+#include "common/printable.h"
 
 namespace shardline::launch {
 
@@ -28,19 +29,29 @@ std::vector<std::string> tokens_of(std::string line) {
   return tokens;
 }
 
-std::vector<std::string> lines_of(const std::string& text) {
+// The longest line the files may hold. Real lines are a host name (at most 253 bytes) and a few fields;
+// the rankfile's regular expression (libstdc++ matches recursively, a frame per byte) overflowed the stack
+// on a line of about 30 KB.
+constexpr std::size_t kMaxLineBytes = 4096;
+
+std::vector<std::string> lines_of(const std::string& text, const std::string& path) {
   std::vector<std::string> lines;
   std::istringstream in(text);
   for (std::string line; std::getline(in, line);) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.size() > kMaxLineBytes) {
+      throw ConfigError(fmt::format("{}:{}: a line of {} bytes; lines are at most {}", path, lines.size() + 1,
+                                    line.size(), kMaxLineBytes));
+    }
     lines.push_back(line);
   }
   return lines;
 }
 
-// Names and addresses Open MPI can route to: letters, digits, '.', '-', '_', and ':' for IPv6.
+// Names and addresses Open MPI can route to: letters, digits, '.', '-', '_', and ':' for IPv6; at most 253
+// bytes, as DNS names are.
 bool valid_host(const std::string& host) {
-  if (host.empty()) return false;
+  if (host.empty() || host.size() > 253) return false;
   return std::all_of(host.begin(), host.end(), [](char c) {
     return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_' || c == ':';
   });
@@ -58,7 +69,7 @@ int positive_count(const std::string& path, int line, const std::string& key, co
   const int n = short_number(value) ? std::stoi(value) : 0;
   if (n < 1) {
     throw ConfigError(fmt::format("{}: {}='{}' must be a positive whole number of ranks ({})", where(path, line), key,
-                                  value, kHostfileLine));
+                                  printable(value), kHostfileLine));
   }
   return n;
 }
@@ -93,7 +104,7 @@ const HostEntry* Hostfile::find(const std::string& host) const {
 Hostfile parse_hostfile(const std::string& text, const std::string& path) {
   Hostfile file{path, {}};
   std::map<std::string, int> listings;  // host -> lines naming it
-  const auto lines = lines_of(text);
+  const auto lines = lines_of(text, path);
   for (std::size_t i = 0; i < lines.size(); ++i) {
     const int number = static_cast<int>(i) + 1;
     const auto tokens = tokens_of(lines[i]);
@@ -102,7 +113,7 @@ Hostfile parse_hostfile(const std::string& text, const std::string& path) {
     if (const std::size_t at = host.find('@'); at != std::string::npos) host = host.substr(at + 1);
     if (host.find(',') != std::string::npos) {
       throw ConfigError(fmt::format("{}: '{}' names several hosts; {} (one host per line)", where(path, number),
-                                    tokens[0], kHostfileLine));
+                                    printable(tokens[0]), kHostfileLine));
     }
     // HOST:N is mpirun's --host syntax; its hostfile parser rejects the line ("illegal character").
     if (const std::size_t colon = host.find(':');
@@ -111,10 +122,10 @@ Hostfile parse_hostfile(const std::string& text, const std::string& path) {
       const std::string name = host.substr(0, colon), count = host.substr(colon + 1);
       const bool plain = tokens.size() == 1 && count.find_first_not_of('0') != std::string::npos;  // just "HOST:N", N > 0
       throw ConfigError(fmt::format("{}: '{}' is mpirun's --host form; a hostfile line says '{} slots={}'",
-                                    where(path, number), tokens[0], name, plain ? count : "N"));
+                                    where(path, number), printable(tokens[0]), printable(name), plain ? count : "N"));
     }
     if (host.find('=') != std::string::npos || !valid_host(host)) {
-      throw ConfigError(fmt::format("{}: '{}' is not a host name or address; {}", where(path, number), tokens[0],
+      throw ConfigError(fmt::format("{}: '{}' is not a host name or address; {}", where(path, number), printable(tokens[0]),
                                     kHostfileLine));
     }
     HostEntry entry{host, std::nullopt, std::nullopt, number};
@@ -124,7 +135,7 @@ Hostfile parse_hostfile(const std::string& text, const std::string& path) {
       if (eq == std::string::npos) {
         throw ConfigError(fmt::format("{}: unexpected '{}' after host '{}' (several hosts on one line, or a "
                                       "missing '='?); {}",
-                                      where(path, number), token, host, kHostfileLine));
+                                      where(path, number), printable(token), host, kHostfileLine));
       }
       const std::string key = token.substr(0, eq), value = token.substr(eq + 1);
       if (key == "slots" || key == "count" || key == "cpu") {
@@ -133,7 +144,7 @@ Hostfile parse_hostfile(const std::string& text, const std::string& path) {
       } else if (key == "max_slots" || key == "max-slots" || key == "slots_max" || key == "slots-max") {
         entry.max_slots = positive_count(path, number, key, value);
       } else {
-        throw ConfigError(fmt::format("{}: unknown keyword '{}'; {}", where(path, number), key, kHostfileLine));
+        throw ConfigError(fmt::format("{}: unknown keyword '{}'; {}", where(path, number), printable(key), kHostfileLine));
       }
     }
     if (entry.slots && entry.max_slots && *entry.max_slots < *entry.slots) {
@@ -202,7 +213,7 @@ std::vector<RankfileEntry> parse_rankfile(const std::string& text, const std::st
   static const std::regex kRankLine(R"(^\s*rank\s+(\S+?)\s*=\s*(\S+)\s+slot\s*=\s*(\S+)\s*$)");
   std::vector<RankfileEntry> entries;
   std::map<int, int> seen;  // rank -> line
-  const auto lines = lines_of(text);
+  const auto lines = lines_of(text, path);
   for (std::size_t i = 0; i < lines.size(); ++i) {
     const int number = static_cast<int>(i) + 1;
     std::string line = lines[i];
@@ -210,21 +221,21 @@ std::vector<RankfileEntry> parse_rankfile(const std::string& text, const std::st
     if (tokens_of(line).empty()) continue;
     std::smatch m;
     if (!std::regex_match(line, m, kRankLine)) {
-      throw ConfigError(fmt::format("{}: '{}' is not a rank line; {}", where(path, number), lines[i], kRankfileLine));
+      throw ConfigError(fmt::format("{}: '{}' is not a rank line; {}", where(path, number), printable(lines[i]), kRankfileLine));
     }
     const std::string rank_text = m[1], host = m[2], spec = m[3];
     if (!short_number(rank_text)) {
-      throw ConfigError(fmt::format("{}: '{}' is not a rank number; {}", where(path, number), rank_text, kRankfileLine));
+      throw ConfigError(fmt::format("{}: '{}' is not a rank number; {}", where(path, number), printable(rank_text), kRankfileLine));
     }
     const bool relative = host.size() > 2 && host.rfind("+n", 0) == 0 &&
                           host.find_first_not_of("0123456789", 2) == std::string::npos;
     if (!relative && !valid_host(host)) {
-      throw ConfigError(fmt::format("{}: '{}' is not a host name, address or +nI; {}", where(path, number), host,
+      throw ConfigError(fmt::format("{}: '{}' is not a host name, address or +nI; {}", where(path, number), printable(host),
                                     kRankfileLine));
     }
     if (const auto problem = slot_problem(spec)) {
       throw ConfigError(fmt::format("{}: slot '{}' is not SOCKET:CORES or a core list ({}); {}", where(path, number),
-                                    spec, *problem, kRankfileLine));
+                                    printable(spec), printable(*problem), kRankfileLine));
     }
     const int rank = std::stoi(rank_text);
     if (auto it = seen.find(rank); it != seen.end()) {

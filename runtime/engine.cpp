@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "common/error.h"
+#include "common/printable.h"
 #include "common/log.h"
 #include "common/units.h"
 #include "kernels/cpu/ops.h"
@@ -109,12 +110,8 @@ void check_requests(const Tokenizer& tokenizer, int seq_len, const std::vector<G
       encode_checked(tokenizer, seq_len, requests[i]);
     } catch (const ConfigError& e) {
       if (requests.size() == 1) throw;
-      const std::string& prompt = requests[i].prompt;
-      std::size_t shown = std::min<std::size_t>(prompt.size(), 40);
-      // Cut at a whole UTF-8 character: back over continuation bytes.
-      while (shown < prompt.size() && (static_cast<unsigned char>(prompt[shown]) & 0xC0) == 0x80) --shown;
-      throw ConfigError(fmt::format("sequence {} of {} (prompt \"{}{}\"): {}", i + 1, requests.size(),
-                                    prompt.substr(0, shown), shown < prompt.size() ? "..." : "", e.what()));
+      throw ConfigError(fmt::format("sequence {} of {} (prompt \"{}\"): {}", i + 1, requests.size(),
+                                    printable(requests[i].prompt, 40), e.what()));
     }
   }
 }

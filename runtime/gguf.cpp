@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "common/error.h"
+#include "common/printable.h"
 #include "memory/mapped_file.h"
 
 namespace shardline::runtime {
@@ -295,6 +296,25 @@ GgufFile::GgufFile(const std::string& path) : path_(path), file_(path) {
                                     printable(by_offset[i - 1]->name), printable(by_offset[i]->name)));
     }
   }
+  // Nor leave bytes between them: writers (llama.cpp's among them) place the tensors back to back, each padded
+  // to the alignment, in any order. A gap means a tensor's type or shape no longer matches its bytes: a type
+  // changed from F32 to Q8_0 made the tensor a quarter of its bytes, and the model ran on, printing garbage.
+  std::uint64_t expected = data_start;  // where the next tensor should start
+  const GgufTensor* previous = nullptr;
+  for (const GgufTensor* tensor : by_offset) {
+    if (tensor->offset != expected) {
+      const std::string before =
+          previous == nullptr ? fmt::format("the tensor data starts at byte {}", data_start)
+                              : fmt::format("tensor '{}' ({}, {} bytes) ends at byte {} (padded to {})",
+                                            printable(previous->name), gguf_type_name(previous->type), previous->bytes,
+                                            expected, alignment);
+      throw FormatError(fmt::format("GGUF file '{}' is corrupt: {}, but the next tensor, '{}', starts at byte {}: a "
+                                    "tensor's type or shape does not match its data",
+                                    path, before, printable(tensor->name), tensor->offset));
+    }
+    previous = tensor;
+    expected = (tensor->offset + tensor->bytes + alignment - 1) / alignment * alignment;
+  }
   for (GgufTensor& tensor : table) {
     const std::string name = tensor.name;
     if (!tensors_.emplace(name, std::move(tensor)).second) {
@@ -361,18 +381,6 @@ std::vector<double> GgufFile::numbers(const std::string& key) const {
   std::vector<double> out;
   out.reserve(v.array_count);
   for (std::uint64_t k = 0; k < v.array_count; ++k) out.push_back(scalar_as_double(in, v.array_type));
-  return out;
-}
-
-std::string printable(const std::string& text) {
-  std::string out;
-  for (unsigned char c : text) {
-    if (c >= 0x20 && c < 0x7f && c != '\\') {
-      out += static_cast<char>(c);
-    } else {
-      out += fmt::format("\\x{:02x}", c);
-    }
-  }
   return out;
 }
 

@@ -28,9 +28,6 @@ bool is_gguf_file(const std::string& path);
 enum class GgufType : std::uint32_t { kF32 = 0, kF16 = 1, kQ8_0 = 8, kBF16 = 30 };
 std::string gguf_type_name(std::uint32_t type);
 
-// Text from a file, safe to print in an error line: bytes outside printable ASCII become \xHH.
-std::string printable(const std::string& text);
-
 struct GgufTensor {
   std::string name;
   std::vector<std::uint64_t> ne;  // ne[0] varies fastest: a matrix of rows x cols has ne = {cols, rows}

@@ -9,6 +9,7 @@
 #include <fmt/ranges.h>
 
 #include "common/error.h"
+#include "common/printable.h"
 #include "runtime/gguf.h"
 #include "runtime/tokenizer.h"
 

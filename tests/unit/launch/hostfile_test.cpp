@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "common/error.h"
+#include "common/printable.h"
 
 namespace shardline::launch {
 namespace {
@@ -120,6 +121,28 @@ TEST(Rankfile, SlotsAreCheckedItemByItem) {
   for (const char* slot : {"0", "0-7", "1:0-7", "0,2,4-5", "*", "1:*", "*:0-3", "1:0,1", "0:2-3,1:0-1"}) {
     EXPECT_NO_THROW(parse_rankfile(std::string("rank 0=a slot=") + slot + "\n", "r")) << slot;
   }
+}
+
+// User text in an error line is escaped and cut (from a fuzzing pass): a NUL once ended the message there, an
+// escape sequence reached the terminal, and a rankfile line of 30 KB overflowed the stack in the regex.
+TEST(Hostfile, ErrorsQuoteTheFileSafely) {
+  EXPECT_NE(error_of(std::string("a slots=2\0junk\n", 16)).find("slots='2\\x00junk' must be"), std::string::npos)
+      << error_of(std::string("a slots=2\0junk\n", 16));
+  EXPECT_NE(error_of("a\x1b[31m slots=1\n").find("'a\\x1b[31m' is not a host name"), std::string::npos);
+  EXPECT_NE(error_of(std::string(300, 'h') + " slots=1\n").find("is not a host name"), std::string::npos);
+  const std::string long_line = "rank 0=" + std::string(30000, 'n') + " slot=0:0\n";
+  EXPECT_EQ(rankfile_error_of(long_line), "r:1: a line of 30016 bytes; lines are at most 4096");
+  EXPECT_EQ(error_of("a slots=1\n" + std::string(5000, ' ') + "\n"), "h:2: a line of 5000 bytes; lines are at most 4096");
+}
+
+TEST(Printable, EscapesControlBytesAndBadUtf8KeepsCharactersAndCutsWholeOnes) {
+  EXPECT_EQ(printable("plain text"), "plain text");
+  EXPECT_EQ(printable(std::string("a\0b\n\x1b\x7f\\", 7)), "a\\x00b\\x0a\\x1b\\x7f\\x5c");
+  EXPECT_EQ(printable("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"), "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80");
+  EXPECT_EQ(printable("\xc3(\xff\xc0\xaf\xed\xa0\x80"), "\\xc3(\\xff\\xc0\\xaf\\xed\\xa0\\x80");  // cut, stray, overlong, surrogate
+  EXPECT_EQ(printable("ab\xc3", 10), "ab\\xc3");  // a character cut off by the end of the text
+  EXPECT_EQ(printable("abcdef", 4), "abcd... (2 more bytes)");
+  EXPECT_EQ(printable("ab\xc3\xa9" "cd", 3), "ab... (4 more bytes)");  // never half a character
 }
 
 }  // namespace

@@ -227,6 +227,13 @@ TEST_F(GeneratedGguf, ForgedFieldsAreRefusedByName) {
                      "alignment of 32 bytes"),
             std::string::npos)
       << off;
+  // A tensor's type changed from F32 to F16 left half its bytes unused: the model once ran on them.
+  std::vector<char> retyped = good;
+  const std::uint32_t f16 = 1;
+  std::memcpy(retyped.data() + offset_field - 4, &f16, 4);
+  const std::string gap = save(retyped);
+  EXPECT_NE(gap.find("tensor 'blk.0.attn_v.weight' (F16, "), std::string::npos) << gap;
+  EXPECT_NE(gap.find("a tensor's type or shape does not match its data"), std::string::npos) << gap;
   // Constants out of range, reported as the file gives them.
   llama_gguf_from_llama2c(paths_.model, paths_.tokenizer, {.rms_eps = std::numeric_limits<float>::infinity()})
       .write(path("eps.gguf"));
@@ -243,6 +250,14 @@ TEST_F(GeneratedGguf, ForgedFieldsAreRefusedByName) {
   ctrl.write(path("ctrl.gguf"));
   EXPECT_NE(error_of(path("ctrl.gguf")).find("tensor 'bad\\x0a\\x1b[31mname' has 0 dimensions"), std::string::npos)
       << error_of(path("ctrl.gguf"));
+  // A corrupt name length once made an error line of megabytes: the name is cut, the line stays short.
+  GgufWriter long_name;
+  long_name.tensor(std::string(1 << 20, 'n'), {}, 0, {});
+  long_name.write(path("long.gguf"));
+  const std::string cut = error_of(path("long.gguf"));
+  EXPECT_LT(cut.size(), 400u) << cut.substr(0, 400);
+  EXPECT_NE(cut.find("nnn... (" + std::to_string((1 << 20) - 120) + " more bytes)' has 0 dimensions"), std::string::npos)
+      << cut.substr(0, 400);
   // A quantised tensor is bounds-checked by its blocks (Q4_K: 144 bytes per 256 values), used or not.
   GgufWriter q4k = llama_gguf_from_llama2c(paths_.model, paths_.tokenizer);
   q4k.tensor("unused.weight", {256, 4}, 12, std::vector<char>(4 * 144 - 1));

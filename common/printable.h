@@ -1,0 +1,66 @@
+// Text from a user's file or flag, made safe to quote in an error line. Such text can hold anything: a
+// prompt with escape sequences (which would recolour or overwrite the terminal), a hostfile line with a NUL
+// (which cut the message short where it became a C string), a corrupt GGUF name length (which made a
+// 14 MB error line). So control bytes, backslashes and bytes that are not valid UTF-8 become \xHH, valid
+// UTF-8 stays as it is, and at most max_bytes of the text are shown, cut at a whole character, followed by
+// "..." and how many bytes were left out.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+#include <fmt/format.h>
+
+namespace shardline {
+
+// How long the UTF-8 character starting at text[i] is (2 to 4 bytes), or 0 when the bytes there are not one
+// (a stray continuation byte, an overlong or surrogate form, a character cut off by the end of the text).
+inline std::size_t utf8_sequence_bytes(std::string_view text, std::size_t i) {
+  const auto byte = [&](std::size_t j) { return static_cast<unsigned char>(text[j]); };
+  const unsigned char lead = byte(i);
+  std::size_t n = 0;
+  unsigned char low = 0x80, high = 0xBF;  // the range of the second byte
+  if (lead >= 0xC2 && lead <= 0xDF) {
+    n = 2;
+  } else if (lead >= 0xE0 && lead <= 0xEF) {
+    n = 3;
+    if (lead == 0xE0) low = 0xA0;   // not overlong
+    if (lead == 0xED) high = 0x9F;  // not a surrogate
+  } else if (lead >= 0xF0 && lead <= 0xF4) {
+    n = 4;
+    if (lead == 0xF0) low = 0x90;   // not overlong
+    if (lead == 0xF4) high = 0x8F;  // at most U+10FFFF
+  } else {
+    return 0;
+  }
+  if (i + n > text.size() || byte(i + 1) < low || byte(i + 1) > high) return 0;
+  for (std::size_t j = i + 2; j < i + n; ++j) {
+    if (byte(j) < 0x80 || byte(j) > 0xBF) return 0;
+  }
+  return n;
+}
+
+inline std::string printable(std::string_view text, std::size_t max_bytes = 120) {
+  std::string out;
+  std::size_t i = 0;
+  while (i < text.size()) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    const std::size_t n = c >= 0x80 ? utf8_sequence_bytes(text, i) : 1;
+    if (i + (n > 0 ? n : 1) > max_bytes) break;
+    if (n > 1) {
+      out.append(text.substr(i, n));
+      i += n;
+    } else if (n == 1 && c >= 0x20 && c != 0x7f && c != '\\') {
+      out += static_cast<char>(c);
+      ++i;
+    } else {
+      out += fmt::format("\\x{:02x}", c);
+      ++i;
+    }
+  }
+  if (i < text.size()) out += fmt::format("... ({} more bytes)", text.size() - i);
+  return out;
+}
+
+}  // namespace shardline
