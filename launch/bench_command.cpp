@@ -112,8 +112,8 @@ std::optional<BenchConfig> parse_bench_config(const std::vector<std::string>& ar
   apply_isa_flag(isa);
   c.threads = vm.count("threads") ? vm["threads"].as<int>() : default_threads();
   if (c.threads < 1) throw ConfigError("--threads must be >= 1");
-  if (vm.count("tp") && c.tp < 1) throw ConfigError("--tp must be >= 1");
-  if (vm.count("pp") && c.pp < 1) throw ConfigError("--pp must be >= 1");
+  if (vm.count("tp")) check_rank_flag("--tp", c.tp);
+  if (vm.count("pp")) check_rank_flag("--pp", c.pp);
   if (!(c.comm_timeout_s > 0)) throw ConfigError("--comm-timeout must be a positive number of seconds (inf: no limit)");
   if (c.models_dir.empty()) c.models_dir = (std::filesystem::path(runtime::cache_dir()) / "bench").string();
   return c;

@@ -44,6 +44,12 @@ bool parse_command_line(const std::string& command, const std::string& usage, co
   return true;
 }
 
+void check_rank_flag(const char* flag, int value) {
+  if (value < 1 || value > kMaxRanksPerFlag) {
+    throw ConfigError(fmt::format("{} {} is not a rank count from 1 to {}", flag, value, kMaxRanksPerFlag));
+  }
+}
+
 std::string rank_count_mismatch(int tp_flag, int pp_flag, int world) {
   const std::string ranks = fmt::format("the {} rank{} of this job", world, world == 1 ? "" : "s");
   if (tp_flag > 0 && pp_flag > 0) {

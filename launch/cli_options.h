@@ -25,6 +25,12 @@ inline constexpr int kFlagStyle = po::command_line_style::default_style & ~po::c
 bool parse_command_line(const std::string& command, const std::string& usage, const po::options_description& options,
                         const std::vector<std::string>& args, po::variables_map& vm, bool print_help = true);
 
+// The most ranks --tp or --pp may name: far past any model's heads or layers, and small enough that tp x pp
+// fits an int (a product of two larger values wrapped around: launch-check said ok for 65536 x 65536 = 0).
+inline constexpr int kMaxRanksPerFlag = 32768;
+// ConfigError naming the flag unless 1 <= value <= kMaxRanksPerFlag.
+void check_rank_flag(const char* flag, int value);
+
 // Why --tp/--pp (0 = not given) cannot lay out a job of `world` ranks, and what to launch instead.
 std::string rank_count_mismatch(int tp_flag, int pp_flag, int world);
 

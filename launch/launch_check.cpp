@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <limits>
 #include <set>
 
 #include <fmt/format.h>
@@ -222,7 +223,11 @@ std::string LaunchCheckReport::summary(int tp_size, int pp_size) const {
 LaunchCheckReport check_launch(const LaunchRequest& r) {
   if (r.tp_size < 1 || r.pp_size < 1) throw ConfigError("--tp and --pp must be >= 1");
   if (r.n_ranks && *r.n_ranks < 1) throw ConfigError("--np must be >= 1");
-  const int needed = r.tp_size * r.pp_size;
+  const long long product = static_cast<long long>(r.tp_size) * r.pp_size;  // an int product could wrap
+  if (product > std::numeric_limits<int>::max()) {
+    throw ConfigError(fmt::format("tp={} x pp={} is more ranks than a job can hold", r.tp_size, r.pp_size));
+  }
+  const int needed = static_cast<int>(product);
   LaunchCheckReport report;
   report.n_ranks = needed;
   check_rank_count(r, needed);

@@ -57,12 +57,13 @@ int launch_check_command(const std::vector<std::string>& args) {
   } catch (const po::error& e) {
     throw ConfigError(fmt::format("shardline launch-check: {} (see 'shardline launch-check --help')", e.what()));
   }
+  check_rank_flag("--tp", request.tp_size);
+  check_rank_flag("--pp", request.pp_size);
   if (vm.count("np")) request.n_ranks = np;
   if (!hostfile.empty()) request.hostfile = read_hostfile(hostfile);
   if (!rankfile.empty()) request.rankfile = read_rankfile(rankfile);
   request.slurm = detect_launch_env().slurm;
   if (!model.empty()) {
-    if (request.tp_size < 1 || request.pp_size < 1) throw ConfigError("--tp and --pp must be >= 1");
     const partition::ModelShape shape = runtime::read_checkpoint_shape(model);
     if (auto problem = partition::find_layout_problem(shape, request.tp_size, request.pp_size)) {
       throw ConfigError(fmt::format("layout tp={} pp={} cannot serve {} ({}): {}", request.tp_size, request.pp_size,

@@ -209,6 +209,14 @@ int plan_command(const std::vector<std::string>& args) {
                                   w.context));
   }
   w.prompt_tokens = prompt_tokens;
+  partition::PlanSearch search;  // the flags' filters, checked before this machine is measured
+  search.world = ranks;
+  search.top = top;
+  if (!tp_list.empty()) search.tp_only = parse_int_list("--tp", tp_list);
+  if (!pp_list.empty()) search.pp_only = parse_int_list("--pp", pp_list);
+  for (int tp : search.tp_only) check_rank_flag("--tp", tp);
+  for (int pp : search.pp_only) check_rank_flag("--pp", pp);
+  if (!m_list.empty()) search.micro_batches_only = parse_int_list("--micro-batches", m_list);
 
   if (!cluster_file.empty() && !probe_file.empty()) throw ConfigError("shardline plan: give --cluster or --probe-file, not both");
   partition::ClusterSpec cluster;
@@ -227,12 +235,6 @@ int plan_command(const std::vector<std::string>& args) {
     }
     cluster.ranks_per_domain = ranks_per_domain;
   }
-  partition::PlanSearch search;
-  search.world = ranks;
-  search.top = top;
-  if (!tp_list.empty()) search.tp_only = parse_int_list("--tp", tp_list);
-  if (!pp_list.empty()) search.pp_only = parse_int_list("--pp", pp_list);
-  if (!m_list.empty()) search.micro_batches_only = parse_int_list("--micro-batches", m_list);
   if (ranks > cluster.total_slots()) {
     throw ConfigError(fmt::format("shardline plan: --np {} but the cluster '{}' has {} rank slots", ranks, cluster.name,
                                   cluster.total_slots()));

@@ -197,8 +197,8 @@ std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, 
   apply_isa_flag(isa);
   if (!layer_split.empty()) c.engine.layers_per_stage = parse_int_list("--layers-per-stage", layer_split);
   if (batch < 1) throw ConfigError("--batch must be >= 1");
-  if (vm.count("tp") && c.tp < 1) throw ConfigError("--tp must be >= 1");
-  if (vm.count("pp") && c.pp < 1) throw ConfigError("--pp must be >= 1");
+  if (vm.count("tp")) check_rank_flag("--tp", c.tp);
+  if (vm.count("pp")) check_rank_flag("--pp", c.pp);
   if (!(c.comm_timeout_s > 0)) throw ConfigError("--comm-timeout must be a positive number of seconds (inf: no limit)");
   if (c.engine.micro_batches < 0) throw ConfigError("--micro-batches must be >= 1 (or 0: planned)");
   if (c.engine.chunk_tokens < 0) throw ConfigError("--chunk-tokens must be >= 1 (or 0: planned per prompt)");

@@ -1,6 +1,7 @@
 #include "memory/topology.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <memory>
@@ -188,7 +189,40 @@ HostTopology discover_host_topology(bool with_devices) {
   return summarize(handle, "this host");
 }
 
+namespace {
+
+// The most hardware threads a synthetic topology may have. hwloc and the summary take about 2 s for 16384
+// and grow faster than the count (40 s for 65536); a description of millions ran until killed. The largest
+// real hosts have a few thousand.
+constexpr long long kMaxSyntheticThreads = 16384;
+
+// The hardware threads a synthetic description makes: the product of its levels' arities (the number after
+// each "type:"), read outside the attributes in parentheses. Stops counting once past the limit.
+long long synthetic_threads(const std::string& description) {
+  long long threads = 1;
+  int depth = 0;  // inside "(...)"
+  for (std::size_t i = 0; i < description.size(); ++i) {
+    const char c = description[i];
+    if (c == '(') ++depth;
+    if (c == ')' && depth > 0) --depth;
+    if (c != ':' || depth > 0) continue;
+    long long arity = 0;
+    for (std::size_t j = i + 1; j < description.size() && std::isdigit(static_cast<unsigned char>(description[j])); ++j) {
+      arity = std::min(arity * 10 + (description[j] - '0'), kMaxSyntheticThreads + 1);
+    }
+    if (arity > 0) threads = std::min(threads * arity, kMaxSyntheticThreads + 1);
+  }
+  return threads;
+}
+
+}  // namespace
+
 HostTopology load_synthetic_topology(const std::string& description) {
+  if (synthetic_threads(description) > kMaxSyntheticThreads) {
+    throw ConfigError(fmt::format("the synthetic topology '{}' has more than {} hardware threads; describe a host of "
+                                  "at most that many",
+                                  description, kMaxSyntheticThreads));
+  }
   HwlocHandle handle(HwlocHandle::Source::kSynthetic, description);
   return summarize(handle, fmt::format("synthetic '{}'", description));
 }

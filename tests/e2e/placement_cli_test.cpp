@@ -85,6 +85,8 @@ TEST_F(Placement, TopoBadInputIsOneLine) {
   for (const Case& c : {Case{"--synthetic 'pack:1 numa:1 core:2 pu:1' --np 3 --bind core", "only 2 cores"},
                         Case{"--bind socket", "--bind expects auto, numa, core or none"},
                         Case{"--synthetic 'pack:banana'", "hwloc rejects the synthetic topology"},
+                        // a description of millions of threads ran until killed
+                        Case{"--synthetic 'pack:1000 core:1000 pu:10'", "has more than 16384 hardware threads"},
                         Case{"--xml /nonexistent/t.xml", "cannot open topology XML", 4},
                         Case{"--xml " + path("bad.xml"), "topology XML", 3}, Case{"--np 0", "--np must be >= 1"}}) {
     const ProcessResult r = run_process(shardline_binary() + " topo " + c.args);

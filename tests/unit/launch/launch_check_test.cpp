@@ -56,6 +56,8 @@ TEST(LaunchCheck, RankCountMustEqualTheLayout) {
   r.n_ranks = 1;
   EXPECT_NE(error_of<ConfigError>(r).find("--np 1 starts 1 rank but tp=2 x pp=1 needs 2"), std::string::npos);
   EXPECT_NE(error_of<ConfigError>(layout(0, 1)).find("--tp and --pp must be >= 1"), std::string::npos);
+  // A product past an int once wrapped: 65536 x 65536 read as 0 ranks and passed.
+  EXPECT_EQ(error_of<ConfigError>(layout(65536, 65536)), "tp=65536 x pp=65536 is more ranks than a job can hold");
 }
 
 TEST(LaunchCheck, SlurmAllocationTooSmallIsAResourceError) {
