@@ -239,6 +239,13 @@ void Pipeline::warn_if_not_finite(const std::vector<SeqState>& seqs, int n_logit
   }
 }
 
+void Pipeline::warn_logits_not_finite(const SeqState& s, int seq) {
+  log::warn("sequence {}'s logits hold NaN or Inf after {} tokens: its text from here on is meaningless (NaN logits "
+            "give token 0). The model's final norm or classifier weights hold NaN or Inf values; warned once per run",
+            seq, s.fed);
+  warned_not_finite_ = true;
+}
+
 void Pipeline::sample_item(const Item& item, std::vector<SeqState>& seqs, const float* x,
                            std::vector<SequenceOutput>& outputs, const TokenCallback& on_token,
                            std::vector<int>& tokens) {
@@ -263,7 +270,12 @@ void Pipeline::sample_item(const Item& item, std::vector<SeqState>& seqs, const 
   bool tokens_only = !callback_reads_logits_;
   for (int i = 0; i < n_logits && tokens_only; ++i) tokens_only = seqs[logit_seqs_[i]].sampler->leaves_logits_unchanged();
   if (n_logits > 0 && tokens_only) {
-    stage_.greedy_tokens(logit_rows_.data(), n_logits, logits_.data(), greedy_tokens_.data());
+    greedy_values_.resize(n_logits);
+    stage_.greedy_tokens(logit_rows_.data(), n_logits, logits_.data(), greedy_tokens_.data(), greedy_values_.data());
+    // The winning logit is NaN only when the row's were NaN from its first (argmax skips later NaNs).
+    for (int i = 0; i < n_logits && !warned_not_finite_ && mesh_.tp_rank() == 0; ++i) {
+      if (std::isnan(greedy_values_[i])) warn_logits_not_finite(seqs[logit_seqs_[i]], logit_seqs_[i]);
+    }
   } else if (n_logits > 0) {
     stage_.logits(logit_rows_.data(), n_logits, logits_.data());
     // Greedy rows only read their logits (an argmax over the vocabulary each), so they pick their tokens on
@@ -277,6 +289,7 @@ void Pipeline::sample_item(const Item& item, std::vector<SeqState>& seqs, const 
     const int seq = logit_seqs_[i];
     SeqState& s = seqs[seq];
     float* logits = logits_.data() + static_cast<std::size_t>(i) * vocab;
+    if (!warned_not_finite_ && mesh_.tp_rank() == 0 && !all_finite(logits, vocab)) warn_logits_not_finite(s, seq);
     int token = greedy_tokens_[i];
     if (token < 0) {
       probabilities_.assign(logits, logits + vocab);  // the sampler scales in place; callbacks get the raw logits

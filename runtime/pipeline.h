@@ -102,6 +102,9 @@ class Pipeline {
   void forward_item(const Item& item, std::vector<SeqState>& seqs, float* x);
   // Warns (once per run) when a row about to meet the classifier holds NaN or Inf.
   void warn_if_not_finite(const std::vector<SeqState>& seqs, int n_logits);
+  // The same warning when a row's logits are NaN: the final norm's or the classifier's weights hold NaN or
+  // Inf (the layers' would have shown in the hidden state). seq is the row's sequence.
+  void warn_logits_not_finite(const SeqState& s, int seq);
   // Last stage: samples every wants-logits row of the item; fills tokens (one per such row).
   void sample_item(const Item& item, std::vector<SeqState>& seqs, const float* x, std::vector<SequenceOutput>& outputs,
                    const TokenCallback& on_token, std::vector<int>& tokens);
@@ -132,8 +135,9 @@ class Pipeline {
   std::vector<float> probabilities_;  // (vocab)
   std::vector<int> logit_seqs_;       // the sequence of each row that wants logits, in order
   std::vector<int> greedy_tokens_;    // their greedy tokens, or -1 for rows that sample
+  std::vector<float> greedy_values_;  // the winning logit of each greedy row picked without the logits
   bool callback_reads_logits_ = true; // run()'s
-  bool warned_not_finite_ = false;    // run() warns once about a hidden state of NaN or Inf (sample_item)
+  bool warned_not_finite_ = false;    // run() warns once about a hidden state or logits of NaN or Inf
 };
 
 }  // namespace shardline::runtime

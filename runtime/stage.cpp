@@ -246,13 +246,13 @@ void Stage::logits(const float* x, int n, float* logits) {
   }
 }
 
-void Stage::greedy_tokens(const float* x, int n, float*, int* tokens) {
+void Stage::greedy_tokens(const float* x, int n, float*, int* tokens, float* values) {
   prepare_classifier_input(x, n);
   // argmax keeps a NaN in the row's first place (nothing is greater), which only the first slice holds: a
   // later slice skips its NaNs as the scan over the whole row does (a slice of NaNs gets index -1).
   const bool alone = tp_comm_.size() == 1;
-  cpu::matmul_argmax(act_, weights_.classifier(), best_values_.data(), alone ? tokens : best_indices_.data(),
-                     vocab_begin_ == 0);
+  cpu::matmul_argmax(act_, weights_.classifier(), alone ? values : best_values_.data(),
+                     alone ? tokens : best_indices_.data(), vocab_begin_ == 0);
   if (alone) return;
   for (int r = 0; r < n; ++r) {
     const int index = best_indices_[r];
@@ -269,6 +269,7 @@ void Stage::greedy_tokens(const float* x, int n, float*, int* tokens) {
       if (other.value > best.value) best = other;
     }
     tokens[r] = best.index;
+    values[r] = best.value;
   }
 }
 

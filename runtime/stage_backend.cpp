@@ -5,11 +5,13 @@
 
 namespace shardline::runtime {
 
-void StageBackend::greedy_tokens(const float* x, int n, float* logits_scratch, int* tokens) {
+void StageBackend::greedy_tokens(const float* x, int n, float* logits_scratch, int* tokens, float* values) {
   logits(x, n, logits_scratch);
   const int vocab = shape().vocab_size;
   kernels::cpu::parallel_for(n, [&](int r, int) {
-    tokens[r] = kernels::cpu::argmax(logits_scratch + static_cast<std::size_t>(r) * vocab, vocab);
+    const float* row = logits_scratch + static_cast<std::size_t>(r) * vocab;
+    tokens[r] = kernels::cpu::argmax(row, vocab);
+    values[r] = row[tokens[r]];
   });
 }
 

@@ -54,7 +54,8 @@ class StageBackend {
   // on every rank of the TP group. logits_scratch (n, vocab) is the caller's, for backends that gather the
   // logits to pick them (the default: logits(), then the argmax of each row); a backend whose TP ranks each
   // hold a slice of the vocabulary may instead reduce each rank's best (value, index) and leave it unused.
-  virtual void greedy_tokens(const float* x, int n, float* logits_scratch, int* tokens);
+  // values (n) receives each row's winning logit (NaN when the row's logits were NaN from its first).
+  virtual void greedy_tokens(const float* x, int n, float* logits_scratch, int* tokens, float* values);
 
   virtual int max_rows() const = 0;
   // Grows the scratch buffers to take max_rows rows per forward call.

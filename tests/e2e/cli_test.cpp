@@ -460,6 +460,10 @@ TEST_F(Cli, UnknownFlagsAndCommands) {
   expect_clean_failure("gen-model --preset 15m --seed -3 --out " + path("s.bin"), 2, "--seed '-3'");
   expect_clean_failure("topo --synthetic ''", 2, "--synthetic needs a description");
   expect_clean_failure("bench --dtypes fp32,,int8", 2, "--dtypes 'fp32,,int8' has an empty entry");
+  // tp x pp past an int wrapped: launch-check crashed or said "ok ... = 0 ranks", run said "launch -1 ranks".
+  expect_clean_failure("launch-check --tp 65536 --pp 65536", 2, "--tp 65536 is not a rank count from 1 to 32768");
+  expect_clean_failure("run --tp 2 --pp 65537", 2, "--pp 65537 is not a rank count from 1 to 32768");
+  expect_clean_failure("plan --preset 15m --tp 1,40000", 2, "--tp 40000 is not a rank count");
   // A model named without --model used to be dropped, and the built-in model ran instead.
   expect_clean_failure("run " + path("model.bin") + " --steps 4", 2, "unexpected argument '" + path("model.bin") + "'");
   expect_clean_failure("gen-model --dim 32 --hidden 64 --layers 1 --heads 2 --vocab 300 --seq 8 --out " + path("g.gguf"),
@@ -542,6 +546,31 @@ TEST_F(Cli, NanWeightsAreWarnedAboutOnceByOneRank) {
     for (std::size_t at = r.err.find(warning); at != std::string::npos; at = r.err.find(warning, at + 1)) ++count;
     EXPECT_EQ(count, 1u) << launch << "\n" << r.err;
     EXPECT_NE(r.err.find("sequence 0's"), std::string::npos) << r.err;
+  }
+  // A NaN in the final RMSNorm weight leaves every hidden state finite and every logit NaN (from a fuzzing
+  // pass: the run printed <unk>s and said nothing). It sits before the two RoPE tables (seq x head_size / 2
+  // floats each) at the file's end; greedy picks inside the classifier, sampling reads the logits.
+  const std::string final_nan = path("nan-final.bin");
+  ASSERT_EQ(run_process(shardline() + " gen-model --dim 32 --hidden 64 --layers 2 --heads 2 --vocab 300 --seq 16 --out " +
+                        final_nan).exit_code, 0);
+  {
+    std::fstream file(final_nan, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(static_cast<std::streamoff>(std::filesystem::file_size(final_nan)) - (2 * 16 * 8 + 32) * 4 + 4 * 5);
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    file.write(reinterpret_cast<const char*>(&nan), sizeof(nan));
+  }
+  const std::string logits_warning = "logits hold NaN or Inf";
+  const std::string final_args = " run --model " + final_nan + " --prompt hello --steps 4";
+  for (const std::string& command : {shardline() + final_args, kMpirun + "4 " + shardline() + final_args + " --tp 2 --pp 2",
+                                     shardline() + final_args + " --temperature 1"}) {
+    const ProcessResult r = run_process(command, 120);
+    EXPECT_EQ(r.exit_code, 0) << command << "\n" << r.err;
+    std::size_t count = 0;
+    for (std::size_t at = r.err.find(logits_warning); at != std::string::npos; at = r.err.find(logits_warning, at + 1)) {
+      ++count;
+    }
+    EXPECT_EQ(count, 1u) << command << "\n" << r.err;
+    EXPECT_EQ(r.err.find(warning), std::string::npos) << command << "\n" << r.err;  // the hidden state is finite
   }
 }
 

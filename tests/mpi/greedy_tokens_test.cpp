@@ -120,9 +120,12 @@ Picked pick(TpShard& t, const std::vector<float>& x, int n) {
   Picked p{std::vector<float>(static_cast<std::size_t>(n) * t.shape.vocab_size), std::vector<int>(n, -1)};
   std::vector<float> scratch(p.logits.size());
   t.stage.logits(x.data(), n, p.logits.data());
-  t.stage.greedy_tokens(x.data(), n, scratch.data(), p.tokens.data());
+  std::vector<float> values(n);
+  t.stage.greedy_tokens(x.data(), n, scratch.data(), p.tokens.data(), values.data());
   for (int r = 0; r < n; ++r) {
     EXPECT_EQ(p.tokens[r], kernels::cpu::argmax(p.row(r, t.shape.vocab_size), t.shape.vocab_size)) << "row " << r;
+    const float logit = p.row(r, t.shape.vocab_size)[p.tokens[r]];  // the winner's value, NaN and all
+    EXPECT_TRUE(std::isnan(logit) ? std::isnan(values[r]) : values[r] == logit) << "row " << r;
   }
   return p;
 }
