@@ -96,7 +96,8 @@ std::vector<std::string> read_prompts_file(const std::string& path) {
   std::string line;
   while (std::getline(in, line)) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (!line.empty()) prompts.push_back(line);
+    // Blank lines (empty, or only blanks) are skipped; a prompt keeps its own leading and trailing blanks.
+    if (line.find_first_not_of(" \t\v\f") != std::string::npos) prompts.push_back(line);
   }
   if (prompts.empty()) throw ConfigError(fmt::format("--prompts-file '{}' holds no prompt (one per line)", path));
   return prompts;

@@ -38,8 +38,9 @@ HwlocHandle::HwlocHandle(Source source, const std::string& argument, bool with_i
       }
     }
     if (source == Source::kXml && hwloc_topology_set_xml(topology_, argument.c_str()) < 0) {
-      throw FormatError(fmt::format("cannot read topology XML '{}': {} (write one with `lstopo FILE.xml`)", argument,
-                                    std::strerror(errno)));
+      // hwloc's parser sets errno to EINVAL for a file it cannot make sense of (a truncated one among them).
+      throw FormatError(fmt::format("'{}' is not a valid hwloc topology XML (write one with `lstopo FILE.xml`)",
+                                    argument));
     }
     if (with_io) check_hwloc(hwloc_topology_set_io_types_filter(topology_, HWLOC_TYPE_FILTER_KEEP_IMPORTANT), "io filter");
     if (hwloc_topology_load(topology_) < 0) {

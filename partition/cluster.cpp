@@ -1,6 +1,7 @@
 #include "partition/cluster.h"
 
 #include <fstream>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -74,6 +75,23 @@ const LinkCost& ClusterSpec::link(LinkClass link) const {
 
 namespace {
 
+// The range a field's unit allows (its name ends in the unit), so that no value turns the cost model's
+// numbers into Inf, NaN or hundreds of digits: a core_flops of 5e-324 printed TTFT -nan us, 1e-300 printed
+// 300-digit times. Rates are at least one per second, times at most an hour (a link, an op), sizes at
+// most an exabyte; all far outside any machine's.
+struct UnitRange {
+  double lowest, highest;
+  const char* unit;
+};
+UnitRange unit_range(std::string_view key) {
+  if (key.ends_with("_bytes_per_s") || key.ends_with("_flops")) return {1, 1e21, "per second"};
+  if (key.ends_with("_gbps")) return {1e-9, 1e12, "Gbit/s"};
+  if (key.ends_with("_s_per_byte")) return {1e-21, 1, "seconds per byte"};
+  if (key.ends_with("_s")) return {1e-12, 3600, "seconds"};
+  if (key.ends_with("_bytes")) return {1, 1e18, "bytes"};
+  return {1e-12, 1e21, ""};  // counts and fractions have their own, narrower checks
+}
+
 double positive(const nlohmann::json& j, const char* key, const std::string& where, bool allow_zero = false) {
   if (!j.contains(key)) throw ConfigError(fmt::format("cluster file: {} lacks \"{}\"", where, key));
   if (!j[key].is_number()) throw ConfigError(fmt::format("cluster file: {}.{} must be a number", where, key));
@@ -81,6 +99,12 @@ double positive(const nlohmann::json& j, const char* key, const std::string& whe
   if (value < 0 || (!allow_zero && value == 0)) {
     throw ConfigError(fmt::format("cluster file: {}.{} must be {}, got {}", where, key,
                                   allow_zero ? ">= 0" : "> 0", value));
+  }
+  const UnitRange range = unit_range(key);
+  if (value != 0 && (value < range.lowest || value > range.highest)) {
+    throw ConfigError(fmt::format("cluster file: {}.{} must be {}from {:g} to {:g}{}{}, got {:g}", where, key,
+                                  allow_zero ? "0 or " : "", range.lowest, range.highest, *range.unit ? " " : "",
+                                  range.unit, value));
   }
   return value;
 }
@@ -158,6 +182,7 @@ nlohmann::json link_to_json(const LinkCost& link) {
 ClusterSpec cluster_from_json(const nlohmann::json& j) {
   if (!j.is_object()) throw ConfigError("cluster file: the top level must be a JSON object");
   ClusterSpec c;
+  if (j.contains("name") && !j["name"].is_string()) throw ConfigError("cluster file: cluster.name must be a string");
   c.name = j.value("name", "cluster");
   c.nodes = count(j, "nodes", "cluster");
   c.domains_per_node = count(j, "domains_per_node", "cluster");

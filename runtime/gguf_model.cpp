@@ -26,7 +26,7 @@ int required_dimension(const GgufFile& file, const std::string& key) {
   const std::optional<std::uint64_t> value = file.get_count(key);
   if (!value) refuse(file, fmt::format("has no {} (a llama model's GGUF carries it)", key));
   if (*value < 1 || *value > static_cast<std::uint64_t>(std::numeric_limits<std::int32_t>::max())) {
-    refuse(file, fmt::format("{} is {}", key, *value));
+    refuse(file, fmt::format("{} is {}, not a size from 1 to {}", key, *value, std::numeric_limits<std::int32_t>::max()));
   }
   return static_cast<int>(*value);
 }

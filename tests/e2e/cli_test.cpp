@@ -349,6 +349,21 @@ TEST_F(Cli, APromptsFileErrorNamesTheSequence) {
                        "sequence 2 of 3 (prompt \"xxxx");
 }
 
+TEST_F(Cli, APromptsFileSkipsLinesOfBlanksOnly) {
+  // Lines of spaces or tabs once ran as prompts of their own, against --help's "blank lines are skipped".
+  const std::string model = path("blank.bin");
+  ASSERT_EQ(run_process(shardline() + " gen-model --dim 32 --hidden 64 --layers 1 --heads 2 --vocab 300 --seq 16 --out " +
+                        model).exit_code, 0);
+  std::ofstream(path("blanks.txt")) << "  \n\t\n \t \nhi\n\n";
+  const ProcessResult r = run_process(shardline() + " run --model " + model + " --steps 2 --json --prompts-file " +
+                                      path("blanks.txt"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+  EXPECT_NE(r.out.find("\"prompt\":\"hi\""), std::string::npos) << r.out;
+  std::ofstream(path("only-blanks.txt")) << "  \n\t\n";
+  expect_clean_failure("run --model " + model + " --prompts-file " + path("only-blanks.txt"), 2, "holds no prompt");
+}
+
 TEST_F(Cli, TruncatedCheckpoint) {
   SHARDLINE_REQUIRE_MODEL_FILE(model_file("tiny-32k.bin"));
   const std::string model = copy_prefix(model_file("tiny-32k.bin"), fs::file_size(model_file("tiny-32k.bin")) - 1000, "t.bin");

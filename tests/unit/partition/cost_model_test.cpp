@@ -122,6 +122,23 @@ TEST(Cluster, JsonRoundTripAndFieldErrors) {
     j["nodes"] = nodes;
     EXPECT_NE(message_of(j).find("whole number from 1 to"), std::string::npos) << message_of(j);
   }
+  // Values outside their unit's range (from a fuzzing pass: a denormal rate printed -nan and inf, 1e-300
+  // printed 300-digit times), each field named; a name of another type is named too.
+  j = cluster_to_json(c);
+  j["domain"]["core_flops"] = 5e-324;
+  EXPECT_NE(message_of(j).find("domain.core_flops must be from 1 to 1e+21 per second, got 4.94066e-324"),
+            std::string::npos) << message_of(j);
+  j = cluster_to_json(c);
+  j["links"]["cross_node"] = {{"alpha_s", 1e300}, {"bandwidth_gbps", 100}};
+  EXPECT_NE(message_of(j).find("links.cross_node.alpha_s must be 0 or from 1e-12 to 3600 seconds"), std::string::npos)
+      << message_of(j);
+  j = cluster_to_json(c);
+  j["links"]["same_domain"] = {{"alpha_s", 0}, {"bandwidth_bytes_per_s", 1e-320}};
+  EXPECT_NE(message_of(j).find("links.same_domain.bandwidth_bytes_per_s must be from 1"), std::string::npos)
+      << message_of(j);
+  j = cluster_to_json(c);
+  j["name"] = 5;
+  EXPECT_EQ(message_of(j), "cluster file: cluster.name must be a string");
   j = cluster_to_json(c);
   j["nodes"] = 1 << 12;
   j["domains_per_node"] = 1 << 12;
