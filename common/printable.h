@@ -1,8 +1,8 @@
 // Text from a user's file or flag, made safe to quote in an error line. Such text can hold anything: a
 // prompt with escape sequences (which would recolour or overwrite the terminal), a hostfile line with a NUL
 // (which cut the message short where it became a C string), a corrupt GGUF name length (which made a
-// 14 MB error line). So control bytes, backslashes and bytes that are not valid UTF-8 become \xHH, valid
-// UTF-8 stays as it is, and at most max_bytes of the text are shown, cut at a whole character, followed by
+// 14 MB error line). So control bytes (C0, DEL and C1: U+009B is a CSI some terminals obey), the bidi
+// controls that reorder a line, backslashes and bytes that are not valid UTF-8 become \xHH, other UTF-8 stays, and at most max_bytes of the text are shown, cut at a whole character, followed by
 // "..." and how many bytes were left out.
 #pragma once
 
@@ -41,6 +41,16 @@ inline std::size_t utf8_sequence_bytes(std::string_view text, std::size_t i) {
   return n;
 }
 
+// Whether the n-byte UTF-8 character at text[i] is one a terminal acts on rather than shows: a C1 control
+// (U+0080-U+009F) or a bidi embedding, override or isolate (U+202A-U+202E, U+2066-U+2069).
+inline bool utf8_is_control(std::string_view text, std::size_t i, std::size_t n) {
+  const auto byte = [&](std::size_t j) { return static_cast<unsigned char>(text[j]); };
+  if (n == 2) return byte(i) == 0xC2 && byte(i + 1) < 0xA0;
+  if (n != 3 || byte(i) != 0xE2) return false;
+  return (byte(i + 1) == 0x80 && byte(i + 2) >= 0xAA && byte(i + 2) <= 0xAE) ||
+         (byte(i + 1) == 0x81 && byte(i + 2) >= 0xA6 && byte(i + 2) <= 0xA9);
+}
+
 inline std::string printable(std::string_view text, std::size_t max_bytes = 120) {
   std::string out;
   std::size_t i = 0;
@@ -48,8 +58,11 @@ inline std::string printable(std::string_view text, std::size_t max_bytes = 120)
     const auto c = static_cast<unsigned char>(text[i]);
     const std::size_t n = c >= 0x80 ? utf8_sequence_bytes(text, i) : 1;
     if (i + (n > 0 ? n : 1) > max_bytes) break;
-    if (n > 1) {
+    if (n > 1 && !utf8_is_control(text, i, n)) {
       out.append(text.substr(i, n));
+      i += n;
+    } else if (n > 1) {
+      for (std::size_t j = i; j < i + n; ++j) out += fmt::format("\\x{:02x}", static_cast<unsigned char>(text[j]));
       i += n;
     } else if (n == 1 && c >= 0x20 && c != 0x7f && c != '\\') {
       out += static_cast<char>(c);

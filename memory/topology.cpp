@@ -197,19 +197,29 @@ namespace {
 // real hosts have a few thousand.
 constexpr long long kMaxSyntheticThreads = 16384;
 
-// The hardware threads a synthetic description makes: the product of its levels' arities (the number after
-// each "type:"), read outside the attributes in parentheses. Stops counting once past the limit.
+// The hardware threads a synthetic description makes: the product of its levels' arities. A level is a word
+// ("core:8", "core:8(attributes)", or a bare "8", which hwloc also takes); memory attached in brackets
+// ("[numa]") and attributes in parentheses are no levels. Stops counting once past the limit.
 long long synthetic_threads(const std::string& description) {
   long long threads = 1;
-  int depth = 0;  // inside "(...)"
-  for (std::size_t i = 0; i < description.size(); ++i) {
-    const char c = description[i];
-    if (c == '(') ++depth;
-    if (c == ')' && depth > 0) --depth;
-    if (c != ':' || depth > 0) continue;
+  std::size_t i = 0;
+  while (i < description.size()) {
+    while (i < description.size() && std::isspace(static_cast<unsigned char>(description[i]))) ++i;
+    std::string level;  // the word, without what its parentheses and brackets hold
+    int depth = 0;
+    bool attached_memory = i < description.size() && description[i] == '[';
+    for (; i < description.size() && (depth > 0 || !std::isspace(static_cast<unsigned char>(description[i]))); ++i) {
+      const char c = description[i];
+      if (c == '(' || c == '[') ++depth;
+      if (depth == 0) level += c;
+      if ((c == ')' || c == ']') && depth > 0) --depth;
+    }
+    if (attached_memory || level.empty()) continue;
+    const std::size_t colon = level.rfind(':');
+    const std::size_t digits = colon == std::string::npos ? 0 : colon + 1;
     long long arity = 0;
-    for (std::size_t j = i + 1; j < description.size() && std::isdigit(static_cast<unsigned char>(description[j])); ++j) {
-      arity = std::min(arity * 10 + (description[j] - '0'), kMaxSyntheticThreads + 1);
+    for (std::size_t j = digits; j < level.size() && std::isdigit(static_cast<unsigned char>(level[j])); ++j) {
+      arity = std::min(arity * 10 + (level[j] - '0'), kMaxSyntheticThreads + 1);
     }
     if (arity > 0) threads = std::min(threads * arity, kMaxSyntheticThreads + 1);
   }

@@ -89,7 +89,7 @@ UnitRange unit_range(std::string_view key) {
   if (key.ends_with("_s_per_byte")) return {1e-21, 1, "seconds per byte"};
   if (key.ends_with("_s")) return {1e-12, 3600, "seconds"};
   if (key.ends_with("_bytes")) return {1, 1e18, "bytes"};
-  return {1e-12, 1e21, ""};  // counts and fractions have their own, narrower checks
+  return {0, 1e21, ""};  // counts and fractions have their own, narrower checks
 }
 
 double positive(const nlohmann::json& j, const char* key, const std::string& where, bool allow_zero = false) {

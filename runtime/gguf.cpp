@@ -299,10 +299,20 @@ GgufFile::GgufFile(const std::string& path) : path_(path), file_(path) {
   // Nor leave bytes between them: writers (llama.cpp's among them) place the tensors back to back, each padded
   // to the alignment, in any order. A gap means a tensor's type or shape no longer matches its bytes: a type
   // changed from F32 to Q8_0 made the tensor a quarter of its bytes, and the model ran on, printing garbage.
+  // A tensor of a type whose layout this reader does not know (IQ4_XS, ...) has an unknown end: the tensor
+  // after it may start anywhere past it (the model's loader refuses such a type by name if it needs it).
+  std::vector<const GgufTensor*> stored;  // the tensors that hold values, by offset
+  for (const GgufTensor& tensor : table) {
+    bool empty = false;
+    for (std::uint64_t extent : tensor.ne) empty = empty || extent == 0;
+    if (!empty) stored.push_back(&tensor);
+  }
+  std::sort(stored.begin(), stored.end(), [](const auto* a, const auto* b) { return a->offset < b->offset; });
   std::uint64_t expected = data_start;  // where the next tensor should start
+  bool end_known = true;               // false after a tensor of unknown layout
   const GgufTensor* previous = nullptr;
-  for (const GgufTensor* tensor : by_offset) {
-    if (tensor->offset != expected) {
+  for (const GgufTensor* tensor : stored) {
+    if (end_known && tensor->offset != expected) {
       const std::string before =
           previous == nullptr ? fmt::format("the tensor data starts at byte {}", data_start)
                               : fmt::format("tensor '{}' ({}, {} bytes) ends at byte {} (padded to {})",
@@ -313,6 +323,7 @@ GgufFile::GgufFile(const std::string& path) : path_(path), file_(path) {
                                     path, before, printable(tensor->name), tensor->offset));
     }
     previous = tensor;
+    end_known = tensor->bytes > 0;
     expected = (tensor->offset + tensor->bytes + alignment - 1) / alignment * alignment;
   }
   for (GgufTensor& tensor : table) {

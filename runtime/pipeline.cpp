@@ -272,9 +272,10 @@ void Pipeline::sample_item(const Item& item, std::vector<SeqState>& seqs, const 
   if (n_logits > 0 && tokens_only) {
     greedy_values_.resize(n_logits);
     stage_.greedy_tokens(logit_rows_.data(), n_logits, logits_.data(), greedy_tokens_.data(), greedy_values_.data());
-    // The winning logit is NaN only when the row's were NaN from its first (argmax skips later NaNs).
+    // The winning logit is NaN when the row's were NaN from its first (argmax skips later NaNs), and Inf when
+    // the final norm's or classifier's Inf made them overflow; a finite model's is finite.
     for (int i = 0; i < n_logits && !warned_not_finite_ && mesh_.tp_rank() == 0; ++i) {
-      if (std::isnan(greedy_values_[i])) warn_logits_not_finite(seqs[logit_seqs_[i]], logit_seqs_[i]);
+      if (!std::isfinite(greedy_values_[i])) warn_logits_not_finite(seqs[logit_seqs_[i]], logit_seqs_[i]);
     }
   } else if (n_logits > 0) {
     stage_.logits(logit_rows_.data(), n_logits, logits_.data());
@@ -289,7 +290,9 @@ void Pipeline::sample_item(const Item& item, std::vector<SeqState>& seqs, const 
     const int seq = logit_seqs_[i];
     SeqState& s = seqs[seq];
     float* logits = logits_.data() + static_cast<std::size_t>(i) * vocab;
-    if (!warned_not_finite_ && mesh_.tp_rank() == 0 && !all_finite(logits, vocab)) warn_logits_not_finite(s, seq);
+    if (!tokens_only && !warned_not_finite_ && mesh_.tp_rank() == 0 && !all_finite(logits, vocab)) {
+      warn_logits_not_finite(s, seq);  // (the tokens-only path left logits_ unwritten: its values were checked)
+    }
     int token = greedy_tokens_[i];
     if (token < 0) {
       probabilities_.assign(logits, logits + vocab);  // the sampler scales in place; callbacks get the raw logits

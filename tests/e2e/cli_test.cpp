@@ -563,29 +563,31 @@ TEST_F(Cli, NanWeightsAreWarnedAboutOnceByOneRank) {
     EXPECT_NE(r.err.find("sequence 0's"), std::string::npos) << r.err;
   }
   // A NaN in the final RMSNorm weight leaves every hidden state finite and every logit NaN (from a fuzzing
-  // pass: the run printed <unk>s and said nothing). It sits before the two RoPE tables (seq x head_size / 2
-  // floats each) at the file's end; greedy picks inside the classifier, sampling reads the logits.
-  const std::string final_nan = path("nan-final.bin");
-  ASSERT_EQ(run_process(shardline() + " gen-model --dim 32 --hidden 64 --layers 2 --heads 2 --vocab 300 --seq 16 --out " +
-                        final_nan).exit_code, 0);
-  {
-    std::fstream file(final_nan, std::ios::in | std::ios::out | std::ios::binary);
-    file.seekp(static_cast<std::streamoff>(std::filesystem::file_size(final_nan)) - (2 * 16 * 8 + 32) * 4 + 4 * 5);
-    const float nan = std::numeric_limits<float>::quiet_NaN();
-    file.write(reinterpret_cast<const char*>(&nan), sizeof(nan));
-  }
+  // pass: the run printed <unk>s and said nothing); an Inf there makes them +-Inf, whose greedy winner is
+  // +Inf. The weight sits before the two RoPE tables (seq x head_size / 2 floats each) at the file's end;
+  // greedy picks inside the classifier, sampling reads the logits.
   const std::string logits_warning = "logits hold NaN or Inf";
-  const std::string final_args = " run --model " + final_nan + " --prompt hello --steps 4";
-  for (const std::string& command : {shardline() + final_args, kMpirun + "4 " + shardline() + final_args + " --tp 2 --pp 2",
-                                     shardline() + final_args + " --temperature 1"}) {
-    const ProcessResult r = run_process(command, 120);
-    EXPECT_EQ(r.exit_code, 0) << command << "\n" << r.err;
-    std::size_t count = 0;
-    for (std::size_t at = r.err.find(logits_warning); at != std::string::npos; at = r.err.find(logits_warning, at + 1)) {
-      ++count;
+  for (const float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    const std::string final_bad = path("bad-final.bin");
+    ASSERT_EQ(run_process(shardline() + " gen-model --dim 32 --hidden 64 --layers 2 --heads 2 --vocab 300 --seq 16 "
+                          "--out " + final_bad).exit_code, 0);
+    {
+      std::fstream file(final_bad, std::ios::in | std::ios::out | std::ios::binary);
+      file.seekp(static_cast<std::streamoff>(std::filesystem::file_size(final_bad)) - (2 * 16 * 8 + 32) * 4 + 4 * 5);
+      file.write(reinterpret_cast<const char*>(&bad), sizeof(bad));
     }
-    EXPECT_EQ(count, 1u) << command << "\n" << r.err;
-    EXPECT_EQ(r.err.find(warning), std::string::npos) << command << "\n" << r.err;  // the hidden state is finite
+    const std::string final_args = " run --model " + final_bad + " --prompt hello --steps 4";
+    for (const std::string& command : {shardline() + final_args, kMpirun + "4 " + shardline() + final_args + " --tp 2 --pp 2",
+                                       shardline() + final_args + " --temperature 1"}) {
+      const ProcessResult r = run_process(command, 120);
+      EXPECT_EQ(r.exit_code, 0) << command << "\n" << r.err;
+      std::size_t count = 0;
+      for (std::size_t at = r.err.find(logits_warning); at != std::string::npos; at = r.err.find(logits_warning, at + 1)) {
+        ++count;
+      }
+      EXPECT_EQ(count, 1u) << bad << ": " << command << "\n" << r.err;
+      EXPECT_EQ(r.err.find(warning), std::string::npos) << command << "\n" << r.err;  // the hidden state is finite
+    }
   }
 }
 

@@ -87,6 +87,7 @@ TEST_F(Placement, TopoBadInputIsOneLine) {
                         Case{"--synthetic 'pack:banana'", "hwloc rejects the synthetic topology"},
                         // a description of millions of threads ran until killed
                         Case{"--synthetic 'pack:1000 core:1000 pu:10'", "has more than 16384 hardware threads"},
+                        Case{"--synthetic '1000 1000 10'", "has more than 16384 hardware threads"},
                         Case{"--xml /nonexistent/t.xml", "cannot open topology XML", 4},
                         Case{"--xml " + path("bad.xml"), "topology XML", 3}, Case{"--np 0", "--np must be >= 1"}}) {
     const ProcessResult r = run_process(shardline_binary() + " topo " + c.args);

@@ -126,8 +126,8 @@ TEST(Rankfile, SlotsAreCheckedItemByItem) {
 // User text in an error line is escaped and cut (from a fuzzing pass): a NUL once ended the message there, an
 // escape sequence reached the terminal, and a rankfile line of 30 KB overflowed the stack in the regex.
 TEST(Hostfile, ErrorsQuoteTheFileSafely) {
-  EXPECT_NE(error_of(std::string("a slots=2\0junk\n", 16)).find("slots='2\\x00junk' must be"), std::string::npos)
-      << error_of(std::string("a slots=2\0junk\n", 16));
+  EXPECT_NE(error_of(std::string("a slots=2\0junk\n", 15)).find("slots='2\\x00junk' must be"), std::string::npos)
+      << error_of(std::string("a slots=2\0junk\n", 15));
   EXPECT_NE(error_of("a\x1b[31m slots=1\n").find("'a\\x1b[31m' is not a host name"), std::string::npos);
   EXPECT_NE(error_of(std::string(300, 'h') + " slots=1\n").find("is not a host name"), std::string::npos);
   const std::string long_line = "rank 0=" + std::string(30000, 'n') + " slot=0:0\n";
@@ -141,6 +141,7 @@ TEST(Printable, EscapesControlBytesAndBadUtf8KeepsCharactersAndCutsWholeOnes) {
   EXPECT_EQ(printable("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"), "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80");
   EXPECT_EQ(printable("\xc3(\xff\xc0\xaf\xed\xa0\x80"), "\\xc3(\\xff\\xc0\\xaf\\xed\\xa0\\x80");  // cut, stray, overlong, surrogate
   EXPECT_EQ(printable("ab\xc3", 10), "ab\\xc3");  // a character cut off by the end of the text
+  EXPECT_EQ(printable("a\xc2\x9b" "31m \xe2\x80\xae" "b \xc2\xa0"), "a\\xc2\\x9b" "31m \\xe2\\x80\\xae" "b \xc2\xa0");  // CSI, RLO; NBSP stays
   EXPECT_EQ(printable("abcdef", 4), "abcd... (2 more bytes)");
   EXPECT_EQ(printable("ab\xc3\xa9" "cd", 3), "ab... (4 more bytes)");  // never half a character
 }

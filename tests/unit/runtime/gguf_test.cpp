@@ -234,6 +234,14 @@ TEST_F(GeneratedGguf, ForgedFieldsAreRefusedByName) {
   const std::string gap = save(retyped);
   EXPECT_NE(gap.find("tensor 'blk.0.attn_v.weight' (F16, "), std::string::npos) << gap;
   EXPECT_NE(gap.find("a tensor's type or shape does not match its data"), std::string::npos) << gap;
+  // A type whose layout this reader does not know (IQ4_XS: 136 bytes per 256 values) has an unknown end,
+  // so the tensor after it is not held to one; an empty tensor takes no bytes.
+  GgufWriter unknown;
+  unknown.tensor("iq4.weight", {256, 2}, 23, std::vector<char>(2 * 136));
+  unknown.tensor("empty.weight", {0, 4}, 0, {});
+  unknown.tensor("after.weight", {8}, 0, std::vector<char>(32));
+  unknown.write(path("iq4.gguf"));
+  EXPECT_NO_THROW(GgufFile{path("iq4.gguf")});
   // Constants out of range, reported as the file gives them.
   llama_gguf_from_llama2c(paths_.model, paths_.tokenizer, {.rms_eps = std::numeric_limits<float>::infinity()})
       .write(path("eps.gguf"));
