@@ -165,9 +165,6 @@ std::vector<GenerationResult> Engine::generate(const std::vector<GenerationReque
              "the others wait and start as running ones finish (--kv-blocks raises the pool)",
              stage_->kv_pool().free_blocks(), options_.kv_block_tokens, n, needed);
   }
-  const int rows = Pipeline::max_rows_for(PipelineOptions{options_.micro_batches}, specs);
-  if (rows > stage_->max_rows()) stage_->reserve_rows(rows);
-
   const bool output = is_output_rank();
   const bool stream = output && on_piece && n == 1;
   std::vector<int> prev(n);
@@ -215,8 +212,6 @@ std::vector<GenerationResult> Engine::generate(const std::vector<GenerationReque
 }
 
 std::vector<SequenceOutput> Engine::generate_ids(const std::vector<SequenceSpec>& sequences) {
-  const int rows = Pipeline::max_rows_for(PipelineOptions{options_.micro_batches}, sequences);
-  if (rows > stage_->max_rows()) stage_->reserve_rows(rows);
   return pipeline_->run(sequences, {}, /*callback_reads_logits=*/false);
 }
 

@@ -81,17 +81,44 @@ Pipeline::Pipeline(StageBackend& stage, const partition::Mesh& mesh, comm::Commu
   if (options.micro_batches < 1) throw ConfigError("--micro-batches must be >= 1");
 }
 
-int Pipeline::max_rows_for(const PipelineOptions& options, const std::vector<SequenceSpec>& sequences) {
-  // A forward call takes one chunk of every sequence of a micro-batch (sequence i is in micro-batch i % m).
+int Pipeline::max_rows_for(const PipelineOptions& options, const std::vector<SequenceSpec>& sequences,
+                           const std::vector<int>& kv_blocks, long kv_capacity) {
+  // A forward call takes one chunk of every admitted sequence of a micro-batch (sequence i is in micro-batch
+  // i % m). The admitted ones hold at most kv_capacity blocks together, so at most k of a micro-batch run at
+  // once, k the most of its smallest needs that fit, and their rows are at most its k largest chunks.
   const int n = static_cast<int>(sequences.size());
   const int m = std::max(1, std::min(options.micro_batches, n));
+  const bool bounded = kv_capacity > 0 && static_cast<int>(kv_blocks.size()) == n;
   int most = 1;
   for (int group = 0; group < m; ++group) {
-    int rows = 0;
-    for (int i = group; i < n; i += m) rows += std::max(1, sequences[i].chunk_tokens);
-    most = std::max(most, rows);
+    std::vector<int> chunks, needs;
+    for (int i = group; i < n; i += m) {
+      chunks.push_back(std::max(1, sequences[i].chunk_tokens));
+      if (bounded) needs.push_back(kv_blocks[i]);
+    }
+    std::size_t k = chunks.size();
+    if (bounded) {
+      std::sort(needs.begin(), needs.end());
+      long held = 0;
+      k = 0;
+      while (k < needs.size() && held + needs[k] <= kv_capacity) held += needs[k++];
+      k = std::max<std::size_t>(k, 1);
+    }
+    std::sort(chunks.begin(), chunks.end(), std::greater<>());
+    long rows = 0;
+    for (std::size_t j = 0; j < k && j < chunks.size(); ++j) rows += chunks[j];
+    most = static_cast<int>(std::max<long>(most, rows));
   }
   return most;
+}
+
+int Pipeline::rows_in_flight(const std::vector<SequenceSpec>& sequences) {
+  long capacity = stage_.kv_pool().free_blocks();  // the first rank's decides: it admits the sequences
+  world_.broadcast(&capacity, sizeof(capacity), 0);
+  std::vector<int> needs;
+  needs.reserve(sequences.size());
+  for (const SequenceSpec& spec : sequences) needs.push_back(kv_blocks_needed(spec));
+  return max_rows_for(options_, sequences, needs, capacity);
 }
 
 int Pipeline::kv_blocks_needed(const SequenceSpec& spec) const {
@@ -110,8 +137,8 @@ std::vector<SequenceOutput> Pipeline::run(const std::vector<SequenceSpec>& seque
   kv_reserved_ = 0;
   released_.clear();
   const int n = static_cast<int>(sequences.size());
-  max_rows_ = max_rows_for(options_, sequences);
-  SL_CHECK_MSG(max_rows_ <= stage_.max_rows(), "stage sized for {} rows, schedule needs {}", stage_.max_rows(), max_rows_);
+  max_rows_ = rows_in_flight(sequences);
+  if (max_rows_ > stage_.max_rows()) stage_.reserve_rows(max_rows_);
   std::vector<SeqState> seqs(n);
   for (int i = 0; i < n; ++i) {
     const SequenceSpec& spec = sequences[i];
@@ -124,8 +151,8 @@ std::vector<SequenceOutput> Pipeline::run(const std::vector<SequenceSpec>& seque
     if (mesh_.is_last_stage()) seqs[i].sampler = std::make_unique<Sampler>(stage_.shape().vocab_size, spec.sampler);
   }
   rows_.resize(max_rows_);
-  // At most one logits row per sequence per item.
-  logits_.resize(static_cast<std::size_t>(std::min(n, max_rows_)) * stage_.shape().vocab_size);
+  // At most one logits row per sequence per item; the logits grow with the items (sample_item), so greedy
+  // decoding on a backend that picks its own tokens never touches them.
   logit_rows_.resize(static_cast<std::size_t>(std::min(n, max_rows_)) * stage_.shape().dim);
   std::vector<SequenceOutput> outputs(mesh_.is_last_stage() ? n : 0);
   if (mesh_.is_first_stage()) {
@@ -239,6 +266,15 @@ void Pipeline::warn_if_not_finite(const std::vector<SeqState>& seqs, int n_logit
   }
 }
 
+float* Pipeline::logits_for(int rows) {
+  const std::size_t floats = static_cast<std::size_t>(rows) * stage_.shape().vocab_size;
+  if (floats > logits_floats_) {
+    logits_.reset(new float[floats]);  // default-initialised: no page is touched until a backend writes it
+    logits_floats_ = floats;
+  }
+  return logits_.get();
+}
+
 void Pipeline::warn_logits_not_finite(const SeqState& s, int seq) {
   log::warn("sequence {}'s logits hold NaN or Inf after {} tokens: its text from here on is meaningless (NaN logits "
             "give token 0). The model's final norm or classifier weights hold NaN or Inf values; warned once per run",
@@ -271,25 +307,25 @@ void Pipeline::sample_item(const Item& item, std::vector<SeqState>& seqs, const 
   for (int i = 0; i < n_logits && tokens_only; ++i) tokens_only = seqs[logit_seqs_[i]].sampler->leaves_logits_unchanged();
   if (n_logits > 0 && tokens_only) {
     greedy_values_.resize(n_logits);
-    stage_.greedy_tokens(logit_rows_.data(), n_logits, logits_.data(), greedy_tokens_.data(), greedy_values_.data());
+    stage_.greedy_tokens(logit_rows_.data(), n_logits, logits_for(n_logits), greedy_tokens_.data(), greedy_values_.data());
     // The winning logit is NaN when the row's were NaN from its first (argmax skips later NaNs), and Inf when
     // the final norm's or classifier's Inf made them overflow; a finite model's is finite.
     for (int i = 0; i < n_logits && !warned_not_finite_ && mesh_.tp_rank() == 0; ++i) {
       if (!std::isfinite(greedy_values_[i])) warn_logits_not_finite(seqs[logit_seqs_[i]], logit_seqs_[i]);
     }
   } else if (n_logits > 0) {
-    stage_.logits(logit_rows_.data(), n_logits, logits_.data());
+    stage_.logits(logit_rows_.data(), n_logits, logits_for(n_logits));
     // Greedy rows only read their logits (an argmax over the vocabulary each), so they pick their tokens on
     // the kernel threads; sampled rows share one scratch buffer and go one by one below.
     kernels::cpu::parallel_for(n_logits, [&](int i, int) {
       const Sampler& sampler = *seqs[logit_seqs_[i]].sampler;
-      if (sampler.leaves_logits_unchanged()) greedy_tokens_[i] = sampler.greedy_token(logits_.data() + i * vocab);
+      if (sampler.leaves_logits_unchanged()) greedy_tokens_[i] = sampler.greedy_token(logits_.get() + i * vocab);
     });
   }
   for (int i = 0; i < n_logits; ++i) {
     const int seq = logit_seqs_[i];
     SeqState& s = seqs[seq];
-    float* logits = logits_.data() + static_cast<std::size_t>(i) * vocab;
+    float* logits = logits_.get() + static_cast<std::size_t>(i) * vocab;
     if (!tokens_only && !warned_not_finite_ && mesh_.tp_rank() == 0 && !all_finite(logits, vocab)) {
       warn_logits_not_finite(s, seq);  // (the tokens-only path left logits_ unwritten: its values were checked)
     }

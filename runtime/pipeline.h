@@ -26,6 +26,7 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -75,8 +76,12 @@ class Pipeline {
   // world: the world communicator (point-to-point between stages uses world ranks from mesh).
   Pipeline(StageBackend& stage, const partition::Mesh& mesh, comm::Communicator& world, const PipelineOptions& options);
 
-  // The most rows one forward call can take for these options and sequences.
-  static int max_rows_for(const PipelineOptions& options, const std::vector<SequenceSpec>& sequences);
+  // The most rows one forward call can take for these options and sequences. With kv_blocks (each
+  // sequence's blocks at its longest) and the first stage's pool of kv_capacity blocks, only the sequences
+  // the pool holds at once count: a file of thousands of prompts once sized every buffer for all of them
+  // decoding together (about 1 MB a sequence on the 15M shape), however few the pool let in.
+  static int max_rows_for(const PipelineOptions& options, const std::vector<SequenceSpec>& sequences,
+                          const std::vector<int>& kv_blocks = {}, long kv_capacity = 0);
 
   // Runs every sequence to completion; every rank of the job calls it with the same specs. Returns the
   // outputs on the last stage, an empty vector elsewhere. callback_reads_logits: whether on_token reads
@@ -88,6 +93,9 @@ class Pipeline {
 
   // Blocks one sequence holds at its longest (spec.positions()) on every stage.
   int kv_blocks_needed(const SequenceSpec& spec) const;
+  // max_rows_for() with the first stage's KV pool, which admits the sequences: a collective (the first
+  // rank's pool is broadcast, so every rank sizes its buffers and the items' headers alike).
+  int rows_in_flight(const std::vector<SequenceSpec>& sequences);
 
   const PipelineStats& stats() const { return stats_; }
 
@@ -105,6 +113,7 @@ class Pipeline {
   // The same warning when a row's logits are NaN: the final norm's or the classifier's weights hold NaN or
   // Inf (the layers' would have shown in the hidden state). seq is the row's sequence.
   void warn_logits_not_finite(const SeqState& s, int seq);
+  float* logits_for(int rows);
   // Last stage: samples every wants-logits row of the item; fills tokens (one per such row).
   void sample_item(const Item& item, std::vector<SeqState>& seqs, const float* x, std::vector<SequenceOutput>& outputs,
                    const TokenCallback& on_token, std::vector<int>& tokens);
@@ -131,7 +140,10 @@ class Pipeline {
   double start_s_ = 0.0;
   std::vector<Row> rows_;             // (max_rows) the rows of the item being forwarded
   std::vector<float> logit_rows_;     // (rows that want logits, dim): an item's rows to sample
-  std::vector<float> logits_;         // (rows that want logits, vocab)
+  // (rows that want logits, vocab), grown by logits_for() and never initialised: pages a backend that picks
+  // greedy tokens itself never writes are never touched.
+  std::unique_ptr<float[]> logits_;
+  std::size_t logits_floats_ = 0;
   std::vector<float> probabilities_;  // (vocab)
   std::vector<int> logit_seqs_;       // the sequence of each row that wants logits, in order
   std::vector<int> greedy_tokens_;    // their greedy tokens, or -1 for rows that sample

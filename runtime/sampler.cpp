@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -19,7 +21,6 @@ Sampler::Sampler(int vocab_size, const SamplerOptions& options)
   }
   // xorshift never leaves the all-zero state; llama2.c users pass non-zero seeds, we make sure of it.
   if (rng_state_ == 0) rng_state_ = 0x9E3779B97F4A7C15ull;
-  candidates_.reserve(vocab_size);
 }
 
 float Sampler::random_f32() {
@@ -50,22 +51,25 @@ int Sampler::sample(float* logits) {
 }
 
 int Sampler::sample_top_p(const float* probs, float coin) {
+  // (prob, token) scratch, one per thread rather than one per sequence: a sampler per sequence reserving a
+  // vocabulary's worth (256 KB for 32000 tokens) cost thousands of prompts gigabytes of address space.
+  thread_local std::vector<std::pair<float, int>> candidates;
   // Tokens below (1 - top_p) / (n - 1) cannot be in the nucleus, so they are dropped before sorting.
-  candidates_.clear();
+  candidates.clear();
   const float cutoff = (1.0f - options_.top_p) / static_cast<float>(vocab_size_ - 1);
   for (int i = 0; i < vocab_size_; ++i) {
-    if (probs[i] >= cutoff) candidates_.emplace_back(probs[i], i);
+    if (probs[i] >= cutoff) candidates.emplace_back(probs[i], i);
   }
   // Valid probabilities always leave the largest (>= 1/n >= cutoff); NaN ones (from NaN logits) leave none,
   // and the token is then the probabilities' argmax, a valid id, rather than an index past the end.
-  if (candidates_.empty()) return kernels::cpu::argmax(probs, vocab_size_);
-  std::sort(candidates_.begin(), candidates_.end(), [](const auto& a, const auto& b) {
+  if (candidates.empty()) return kernels::cpu::argmax(probs, vocab_size_);
+  std::sort(candidates.begin(), candidates.end(), [](const auto& a, const auto& b) {
     return a.first > b.first || (a.first == b.first && a.second < b.second);
   });
   float cumulative = 0.0f;
-  std::size_t last = candidates_.size() - 1;
-  for (std::size_t i = 0; i < candidates_.size(); ++i) {
-    cumulative += candidates_[i].first;
+  std::size_t last = candidates.size() - 1;
+  for (std::size_t i = 0; i < candidates.size(); ++i) {
+    cumulative += candidates[i].first;
     if (cumulative > options_.top_p) {
       last = i;
       break;
@@ -74,10 +78,10 @@ int Sampler::sample_top_p(const float* probs, float coin) {
   const float r = coin * cumulative;
   float cdf = 0.0f;
   for (std::size_t i = 0; i <= last; ++i) {
-    cdf += candidates_[i].first;
-    if (r < cdf) return candidates_[i].second;
+    cdf += candidates[i].first;
+    if (r < cdf) return candidates[i].second;
   }
-  return candidates_[last].second;
+  return candidates[last].second;
 }
 
 }  // namespace shardline::runtime

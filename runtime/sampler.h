@@ -4,7 +4,6 @@
 #pragma once
 
 #include <cstdint>
-#include <vector>
 
 namespace shardline::runtime {
 
@@ -31,7 +30,6 @@ class Sampler {
   int vocab_size_;
   SamplerOptions options_;
   std::uint64_t rng_state_;
-  std::vector<std::pair<float, int>> candidates_;  // (prob, token) scratch for top-p
 };
 
 }  // namespace shardline::runtime

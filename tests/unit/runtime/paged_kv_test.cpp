@@ -11,6 +11,7 @@
 #include "common/error.h"
 #include "partition/mesh.h"
 #include "runtime/engine.h"
+#include "runtime/pipeline.h"
 #include "tests/support/models.h"
 
 namespace shardline::runtime {
@@ -103,6 +104,31 @@ TEST(PagedKv, AnExhaustedPoolIsACleanErrorBeforeAnyWork) {
   const GenerationResult fits = engine.generate({"Once upon a time", 60, {}});
   EXPECT_EQ(fits.ids.size(), 60u);
   EXPECT_EQ(engine.kv_pool().peak_used_blocks(), 4);
+}
+
+// A forward call's rows are bounded by the sequences the pool holds at once, not by every sequence given:
+// thousands of prompts once sized the buffers for all of them together (about 1 MB a sequence on the 15M
+// shape) however few the pool let in.
+TEST(PagedKv, RowsInFlightAreBoundedByWhatThePoolHolds) {
+  auto spec = [](int chunk) {
+    SequenceSpec s;
+    s.prompt_ids = {1, 2, 3};
+    s.steps = 4;
+    s.chunk_tokens = chunk;
+    return s;
+  };
+  std::vector<SequenceSpec> specs;
+  for (int chunk : {4, 4, 8, 4, 4, 4, 2, 4, 4, 4}) specs.push_back(spec(chunk));
+  const std::vector<int> needs(specs.size(), 3);  // 3 blocks each
+  EXPECT_EQ(Pipeline::max_rows_for(PipelineOptions{1}, specs), 42);  // every chunk at once
+  // A pool of 7 blocks holds two sequences at once: the two largest chunks.
+  EXPECT_EQ(Pipeline::max_rows_for(PipelineOptions{1}, specs, needs, 7), 8 + 4);
+  EXPECT_EQ(Pipeline::max_rows_for(PipelineOptions{1}, specs, needs, 1000), 42);
+  // A pool smaller than any sequence still runs them one at a time (the engine refuses it before).
+  EXPECT_EQ(Pipeline::max_rows_for(PipelineOptions{1}, specs, needs, 2), 8);
+  // Micro-batches 2: sequences 0, 2, 4, 6, 8 and 1, 3, ...; the smallest needs count first.
+  std::vector<int> mixed = {1, 3, 1, 3, 5, 3, 1, 3, 5, 3};
+  EXPECT_EQ(Pipeline::max_rows_for(PipelineOptions{2}, specs, mixed, 3), 8 + 4 + 4);  // group 0: three of need 1
 }
 
 TEST(PagedKv, SequencesBeyondThePoolWaitForBlocksAndGiveTheSameTokensAndLogits) {
