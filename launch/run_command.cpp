@@ -94,8 +94,11 @@ std::vector<std::string> read_prompts_file(const std::string& path) {
   if (!in) throw ResourceError(fmt::format("cannot open --prompts-file '{}'", path));
   std::vector<std::string> prompts;
   std::string line;
-  while (std::getline(in, line)) {
+  for (bool first = true; std::getline(in, line); first = false) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
+    // A UTF-8 byte-order mark (Windows editors write one) is no part of the first prompt: kept, it gave that
+    // prompt other token ids than the same text typed on the command line.
+    if (first && line.rfind("\xEF\xBB\xBF", 0) == 0) line.erase(0, 3);
     // Blank lines (empty, or only blanks) are skipped; a prompt keeps its own leading and trailing blanks.
     if (line.find_first_not_of(" \t\v\f") != std::string::npos) prompts.push_back(line);
   }

@@ -133,12 +133,16 @@ void Engine::check_kv_capacity(const std::vector<GenerationRequest>& requests) c
 
 void Engine::check_kv_fits(const std::vector<SequenceSpec>& specs) const {
   const int free_blocks = stage_->kv_pool().free_blocks();
-  for (const SequenceSpec& spec : specs) {
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    const SequenceSpec& spec = specs[i];
     const int needed = pipeline_->kv_blocks_needed(spec);
     if (needed > free_blocks) {
-      throw ResourceError(fmt::format("the KV cache pool has {} free blocks of {} tokens but a {}-position sequence "
-                                      "needs {}; pass --kv-blocks {} or more, or run shorter sequences",
-                                      free_blocks, options_.kv_block_tokens, spec.positions(), needed, needed));
+      const std::string which = specs.size() == 1
+                                    ? fmt::format("a {}-position sequence", spec.positions())
+                                    : fmt::format("sequence {} of {} ({} positions)", i + 1, specs.size(), spec.positions());
+      throw ResourceError(fmt::format("the KV cache pool has {} free blocks of {} tokens but {} needs {}; pass "
+                                      "--kv-blocks {} or more, or run shorter sequences",
+                                      free_blocks, options_.kv_block_tokens, which, needed, needed));
     }
   }
 }

@@ -362,6 +362,17 @@ TEST_F(Cli, APromptsFileSkipsLinesOfBlanksOnly) {
   EXPECT_NE(r.out.find("\"prompt\":\"hi\""), std::string::npos) << r.out;
   std::ofstream(path("only-blanks.txt")) << "  \n\t\n";
   expect_clean_failure("run --model " + model + " --prompts-file " + path("only-blanks.txt"), 2, "holds no prompt");
+  // A UTF-8 byte-order mark is no part of the first prompt.
+  std::ofstream(path("bom.txt")) << "\xEF\xBB\xBFhi\nhi\n";
+  const ProcessResult bom = run_process(shardline() + " run --model " + model + " --steps 2 --json --prompts-file " +
+                                        path("bom.txt"));
+  ASSERT_EQ(bom.exit_code, 0) << bom.err;
+  const std::size_t newline = bom.out.find('\n');
+  ASSERT_NE(newline, std::string::npos) << bom.out;
+  EXPECT_EQ(bom.out.substr(0, newline), bom.out.substr(newline + 1, bom.out.size() - newline - 2)) << bom.out;
+  // A pool too small names the sequence that does not fit.
+  expect_clean_failure("run --model " + model + " --steps 4 --kv-block-tokens 1 --kv-blocks 4 --prompts-file " +
+                       path("bom.txt"), 4, "but sequence 1 of 2 (7 positions) needs 7");
 }
 
 TEST_F(Cli, TruncatedCheckpoint) {
