@@ -45,7 +45,7 @@ Engine::Engine(const EngineOptions& options, const partition::Mesh& mesh, comm::
   StageOptions stage_options;
   stage_options.rms_eps = model_.rms_eps;  // a GGUF file may set these two
   stage_options.rope_theta = model_.rope_theta;
-  // Scratch for the largest prefill chunk expected; generate() grows it when a batch needs more rows.
+  // Scratch for the largest prefill chunk expected; Pipeline::run grows it when a batch needs more rows.
   stage_options.max_rows = std::min(
       options.chunk_tokens > 0 ? options.chunk_tokens : options.chunk_policy.max_chunk_tokens, model_.shape.seq_len);
   if (options.kv_block_tokens < 1) throw ConfigError("--kv-block-tokens must be >= 1");

@@ -112,13 +112,11 @@ int Pipeline::max_rows_for(const PipelineOptions& options, const std::vector<Seq
   return most;
 }
 
-int Pipeline::rows_in_flight(const std::vector<SequenceSpec>& sequences) {
-  long capacity = stage_.kv_pool().free_blocks();  // the first rank's decides: it admits the sequences
-  world_.broadcast(&capacity, sizeof(capacity), 0);
-  std::vector<int> needs;
-  needs.reserve(sequences.size());
-  for (const SequenceSpec& spec : sequences) needs.push_back(kv_blocks_needed(spec));
-  return max_rows_for(options_, sequences, needs, capacity);
+long Pipeline::agreed_kv_capacity() {
+  const long mine = stage_.kv_pool().free_blocks();
+  std::vector<long> all(world_.size());
+  world_.all_gather_bytes(&mine, sizeof(mine), all.data());
+  return *std::min_element(all.begin(), all.end());
 }
 
 int Pipeline::kv_blocks_needed(const SequenceSpec& spec) const {
@@ -133,11 +131,13 @@ std::vector<SequenceOutput> Pipeline::run(const std::vector<SequenceSpec>& seque
   warned_not_finite_ = false;
   next_group_ = 0;
   admitted_ = 0;
-  kv_capacity_ = stage_.kv_pool().free_blocks();
+  kv_capacity_ = agreed_kv_capacity();
   kv_reserved_ = 0;
   released_.clear();
   const int n = static_cast<int>(sequences.size());
-  max_rows_ = rows_in_flight(sequences);
+  std::vector<int> needs(n);
+  for (int i = 0; i < n; ++i) needs[i] = kv_blocks_needed(sequences[i]);
+  max_rows_ = max_rows_for(options_, sequences, needs, kv_capacity_);
   if (max_rows_ > stage_.max_rows()) stage_.reserve_rows(max_rows_);
   std::vector<SeqState> seqs(n);
   for (int i = 0; i < n; ++i) {
@@ -214,6 +214,9 @@ bool Pipeline::build_item(std::vector<SeqState>& seqs, Item& item) {
       }
     }
     if (item.n_rows() > 0) {
+      // max_rows_for()'s bound, which sized every rank's buffers and the items' headers.
+      SL_CHECK_MSG(item.n_rows() <= max_rows_, "an item of {} rows, past the {} the run was sized for", item.n_rows(),
+                   max_rows_);
       next_group_ = (group + 1) % m;
       return true;
     }

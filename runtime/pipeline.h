@@ -8,8 +8,9 @@
 //
 // KV admission (continuous batching): a sequence enters the schedule only when every stage's KV pool can
 // hold it at its longest, next to the sequences already running; the others wait, in order, and enter as
-// finished sequences give their blocks back. Stage 0 decides (every stage's pool has the same number of
-// blocks, and a sequence needs the same number of blocks on each); a finished sequence's release travels
+// finished sequences give their blocks back. Stage 0 decides, by the least any rank's pool has free (the
+// pools may differ: a CUDA pool is sized from its GPU's memory), and a sequence needs the same number of
+// blocks on each stage; a finished sequence's release travels
 // with the next header, ahead of that header's rows, so a later stage frees before it allocates.
 //
 // Messages, all point to point between ranks of equal tp_rank:
@@ -68,7 +69,7 @@ struct PipelineStats {
 
 // Called on the last stage for each sampled token: (sequence, token). The logits are those the token was
 // sampled from (before temperature), for --dump-logits; null where run() was told the callback does not
-// read them and the token was greedy (see run()).
+// read them and the token was greedy (see run()). The logits are valid only during the call.
 using TokenCallback = std::function<void(int sequence, int token, const float* logits)>;
 
 class Pipeline {
@@ -93,9 +94,7 @@ class Pipeline {
 
   // Blocks one sequence holds at its longest (spec.positions()) on every stage.
   int kv_blocks_needed(const SequenceSpec& spec) const;
-  // max_rows_for() with the first stage's KV pool, which admits the sequences: a collective (the first
-  // rank's pool is broadcast, so every rank sizes its buffers and the items' headers alike).
-  int rows_in_flight(const std::vector<SequenceSpec>& sequences);
+
 
   const PipelineStats& stats() const { return stats_; }
 
@@ -114,6 +113,11 @@ class Pipeline {
   // Inf (the layers' would have shown in the hidden state). seq is the row's sequence.
   void warn_logits_not_finite(const SeqState& s, int seq);
   float* logits_for(int rows);
+  // The KV blocks every rank's pool can give (a collective: the least free on any rank). The first stage
+  // admits sequences by it and every rank sizes its buffers and the items' headers from it, so all agree
+  // byte for byte; CUDA pools sized from each GPU's memory may differ, and a stage with a smaller pool no
+  // longer runs out mid-run.
+  long agreed_kv_capacity();
   // Last stage: samples every wants-logits row of the item; fills tokens (one per such row).
   void sample_item(const Item& item, std::vector<SeqState>& seqs, const float* x, std::vector<SequenceOutput>& outputs,
                    const TokenCallback& on_token, std::vector<int>& tokens);
@@ -133,7 +137,7 @@ class Pipeline {
   int max_rows_ = 0;
   // KV admission on stage 0 (see above).
   int admitted_ = 0;          // sequences [0, admitted_) have entered the schedule
-  long kv_capacity_ = 0;      // blocks every stage's pool had free when the run started
+  long kv_capacity_ = 0;      // blocks every rank's pool had free when the run started (agreed_kv_capacity)
   long kv_reserved_ = 0;      // blocks the admitted, unreleased sequences need at their longest
   std::vector<int> released_;  // finished sequences the later stages have not been told about yet
   int next_group_ = 0;
