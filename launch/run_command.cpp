@@ -134,9 +134,9 @@ std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, 
        "auto: the planner picks what --tp/--pp/--layers-per-stage/--micro-batches/--chunk-tokens leave open, from a "
        "quick probe of this job; none: tp = all ranks (else pp), even split, fixed chunks")
       ("micro-batches", po::value(&c.engine.micro_batches)->default_value(0, "planned"),
-       "sequences are spread over this many micro-batches in flight")
+       "sequences are spread over this many micro-batches in flight (0: planned)")
       ("chunk-tokens", po::value(&c.engine.chunk_tokens)->default_value(0, "planned per prompt"),
-       "prefill chunk size in tokens (split granularity)")
+       "prefill chunk size in tokens (split granularity; 0: planned per prompt)")
       ("threads", po::value<int>(), "kernel threads of this rank (default: one per core of its placement)")
       ("device", po::value(&device)->default_value("auto"),
        "cpu|cuda|auto: where each rank's stage runs (auto: its GPU when it has one and the CUDA stage can take the "
