@@ -284,34 +284,28 @@ GgufFile::GgufFile(const std::string& path) : path_(path), file_(path) {
     }
     tensor.offset += data_start;
   }
-  // No two tensors may share bytes (a forged offset would otherwise read another tensor's data).
-  std::vector<const GgufTensor*> by_offset;
-  for (const GgufTensor& tensor : table) {
-    if (tensor.bytes > 0) by_offset.push_back(&tensor);
-  }
-  std::sort(by_offset.begin(), by_offset.end(), [](const auto* a, const auto* b) { return a->offset < b->offset; });
-  for (std::size_t i = 1; i < by_offset.size(); ++i) {
-    if (by_offset[i - 1]->offset + by_offset[i - 1]->bytes > by_offset[i]->offset) {
-      throw FormatError(fmt::format("GGUF file '{}' is corrupt: tensors '{}' and '{}' overlap", path,
-                                    printable(by_offset[i - 1]->name), printable(by_offset[i]->name)));
-    }
-  }
-  // Nor leave bytes between them: writers (llama.cpp's among them) place the tensors back to back, each padded
-  // to the alignment, in any order. A gap means a tensor's type or shape no longer matches its bytes: a type
-  // changed from F32 to Q8_0 made the tensor a quarter of its bytes, and the model ran on, printing garbage.
+  // The tensors that hold values, walked by offset. Writers (llama.cpp's among them) place them back to back,
+  // each padded to the alignment, in any order, so each must start where the one before it ended:
+  // - no two may share bytes (a forged offset would otherwise read another tensor's data);
+  // - nor leave bytes between them: a gap means a tensor's type or shape no longer matches its bytes (a type
+  //   changed from F32 to Q8_0 made the tensor a quarter of its bytes, and the model ran on, printing garbage).
   // A tensor of a type whose layout this reader does not know (IQ4_XS, ...) has an unknown end: the tensor
   // after it may start anywhere past it (the model's loader refuses such a type by name if it needs it).
-  std::vector<const GgufTensor*> stored;  // the tensors that hold values, by offset
+  std::vector<const GgufTensor*> stored;
   for (const GgufTensor& tensor : table) {
     bool empty = false;
     for (std::uint64_t extent : tensor.ne) empty = empty || extent == 0;
     if (!empty) stored.push_back(&tensor);
   }
   std::sort(stored.begin(), stored.end(), [](const auto* a, const auto* b) { return a->offset < b->offset; });
-  std::uint64_t expected = data_start;  // where the next tensor should start
-  bool end_known = true;               // false after a tensor of unknown layout
   const GgufTensor* previous = nullptr;
+  std::uint64_t expected = data_start;  // where the next tensor should start: previous's end, padded
+  bool end_known = true;               // false after a tensor of unknown layout
   for (const GgufTensor* tensor : stored) {
+    if (end_known && previous != nullptr && tensor->bytes > 0 && previous->offset + previous->bytes > tensor->offset) {
+      throw FormatError(fmt::format("GGUF file '{}' is corrupt: tensors '{}' and '{}' overlap", path,
+                                    printable(previous->name), printable(tensor->name)));
+    }
     if (end_known && tensor->offset != expected) {
       const std::string before =
           previous == nullptr ? fmt::format("the tensor data starts at byte {}", data_start)
