@@ -2,8 +2,9 @@
 // prompt with escape sequences (which would recolour or overwrite the terminal), a hostfile line with a NUL
 // (which cut the message short where it became a C string), a corrupt GGUF name length (which made a
 // 14 MB error line). So control bytes (C0, DEL and C1: U+009B is a CSI some terminals obey), the bidi
-// controls that reorder a line, backslashes and bytes that are not valid UTF-8 become \xHH, other UTF-8 stays, and at most max_bytes of the text are shown, cut at a whole character, followed by
-// "..." and how many bytes were left out.
+// controls that reorder a line, backslashes and bytes that are not valid UTF-8 become \xHH, other UTF-8
+// stays, and at most max_bytes of the text are shown, cut at a whole character, followed by "..." and how
+// many bytes were left out.
 #pragma once
 
 #include <cstddef>
@@ -56,21 +57,16 @@ inline std::string printable(std::string_view text, std::size_t max_bytes = 120)
   std::size_t i = 0;
   while (i < text.size()) {
     const auto c = static_cast<unsigned char>(text[i]);
-    const std::size_t n = c >= 0x80 ? utf8_sequence_bytes(text, i) : 1;
-    if (i + (n > 0 ? n : 1) > max_bytes) break;
-    if (n > 1 && !utf8_is_control(text, i, n)) {
-      out.append(text.substr(i, n));
-      i += n;
-    } else if (n > 1) {
-      for (std::size_t j = i; j < i + n; ++j) out += fmt::format("\\x{:02x}", static_cast<unsigned char>(text[j]));
-      i += n;
-    } else if (n == 1 && c >= 0x20 && c != 0x7f && c != '\\') {
-      out += static_cast<char>(c);
-      ++i;
+    const std::size_t n = c >= 0x80 ? utf8_sequence_bytes(text, i) : 1;  // 0: not UTF-8, one byte escaped
+    const std::size_t bytes = n > 0 ? n : 1;
+    if (i + bytes > max_bytes) break;
+    const bool shown = n > 1 ? !utf8_is_control(text, i, n) : n == 1 && c >= 0x20 && c != 0x7f && c != '\\';
+    if (shown) {
+      out.append(text.substr(i, bytes));
     } else {
-      out += fmt::format("\\x{:02x}", c);
-      ++i;
+      for (std::size_t j = i; j < i + bytes; ++j) out += fmt::format("\\x{:02x}", static_cast<unsigned char>(text[j]));
     }
+    i += bytes;
   }
   if (i < text.size()) out += fmt::format("... ({} more bytes)", text.size() - i);
   return out;

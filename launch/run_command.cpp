@@ -21,8 +21,8 @@
 
 #include "common/error.h"
 #include "common/input_file.h"
-#include "common/output_file.h"
 #include "common/log.h"
+#include "common/output_file.h"
 #include "common/units.h"
 #include "kernels/cpu/isa.h"
 #include "launch/cli_options.h"

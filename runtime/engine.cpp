@@ -5,13 +5,13 @@
 #include <fmt/format.h>
 
 #include "common/error.h"
-#include "common/printable.h"
 #include "common/log.h"
+#include "common/printable.h"
 #include "common/units.h"
 #include "kernels/cpu/ops.h"
 #include "runtime/checkpoint.h"
-#include "runtime/progress_report.h"
 #include "runtime/cuda_stage.h"
+#include "runtime/progress_report.h"
 
 namespace shardline::runtime {
 

@@ -145,7 +145,7 @@ std::vector<SequenceOutput> Pipeline::run(const std::vector<SequenceSpec>& seque
     SL_CHECK(!spec.prompt_ids.empty() && spec.steps >= 1 && spec.chunk_tokens >= 1);
     seqs[i].spec = &spec;
     seqs[i].cache = stage_.make_kv_cache(spec.positions());  // takes blocks only as positions are reached
-    seqs[i].kv_blocks = kv_blocks_needed(spec);
+    seqs[i].kv_blocks = needs[i];
     SL_CHECK_MSG(seqs[i].kv_blocks <= kv_capacity_, "sequence {} needs {} KV blocks, the pool has {} free", i,
                  seqs[i].kv_blocks, kv_capacity_);
     if (mesh_.is_last_stage()) seqs[i].sampler = std::make_unique<Sampler>(stage_.shape().vocab_size, spec.sampler);

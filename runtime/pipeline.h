@@ -78,8 +78,8 @@ class Pipeline {
   Pipeline(StageBackend& stage, const partition::Mesh& mesh, comm::Communicator& world, const PipelineOptions& options);
 
   // The most rows one forward call can take for these options and sequences. With kv_blocks (each
-  // sequence's blocks at its longest) and the first stage's pool of kv_capacity blocks, only the sequences
-  // the pool holds at once count: a file of thousands of prompts once sized every buffer for all of them
+  // sequence's blocks at its longest) and the kv_capacity blocks admission goes by, only the sequences the
+  // pools hold at once count: a file of thousands of prompts once sized every buffer for all of them
   // decoding together (about 1 MB a sequence on the 15M shape), however few the pool let in.
   static int max_rows_for(const PipelineOptions& options, const std::vector<SequenceSpec>& sequences,
                           const std::vector<int>& kv_blocks = {}, long kv_capacity = 0);
@@ -95,7 +95,6 @@ class Pipeline {
   // Blocks one sequence holds at its longest (spec.positions()) on every stage.
   int kv_blocks_needed(const SequenceSpec& spec) const;
 
-
   const PipelineStats& stats() const { return stats_; }
 
  private:
@@ -109,8 +108,8 @@ class Pipeline {
   void forward_item(const Item& item, std::vector<SeqState>& seqs, float* x);
   // Warns (once per run) when a row about to meet the classifier holds NaN or Inf.
   void warn_if_not_finite(const std::vector<SeqState>& seqs, int n_logits);
-  // The same warning when a row's logits are NaN: the final norm's or the classifier's weights hold NaN or
-  // Inf (the layers' would have shown in the hidden state). seq is the row's sequence.
+  // The same warning when a row's logits hold NaN or Inf: the final norm's or the classifier's weights do
+  // (the layers' would have shown in the hidden state). seq is the row's sequence.
   void warn_logits_not_finite(const SeqState& s, int seq);
   float* logits_for(int rows);
   // The KV blocks every rank's pool can give (a collective: the least free on any rank). The first stage

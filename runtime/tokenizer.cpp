@@ -16,8 +16,8 @@
 #include <fmt/format.h>
 
 #include "common/error.h"
-#include "common/printable.h"
 #include "common/input_file.h"
+#include "common/printable.h"
 #include "runtime/gguf.h"
 #include "runtime/gguf_model.h"
 

@@ -568,9 +568,7 @@ TEST_F(Cli, NanWeightsAreWarnedAboutOnceByOneRank) {
     const std::string layout = launch == shardline() ? "" : " --tp 2 --pp 2";
     const ProcessResult r = run_process(launch + args + layout, 120);
     EXPECT_EQ(r.exit_code, 0) << launch << "\n" << r.err;
-    std::size_t count = 0;
-    for (std::size_t at = r.err.find(warning); at != std::string::npos; at = r.err.find(warning, at + 1)) ++count;
-    EXPECT_EQ(count, 1u) << launch << "\n" << r.err;
+    EXPECT_EQ(count_of(r.err, warning), 1u) << launch << "\n" << r.err;
     EXPECT_NE(r.err.find("sequence 0's"), std::string::npos) << r.err;
   }
   // A NaN in the final RMSNorm weight leaves every hidden state finite and every logit NaN (from a fuzzing
@@ -592,11 +590,7 @@ TEST_F(Cli, NanWeightsAreWarnedAboutOnceByOneRank) {
                                        shardline() + final_args + " --temperature 1"}) {
       const ProcessResult r = run_process(command, 120);
       EXPECT_EQ(r.exit_code, 0) << command << "\n" << r.err;
-      std::size_t count = 0;
-      for (std::size_t at = r.err.find(logits_warning); at != std::string::npos; at = r.err.find(logits_warning, at + 1)) {
-        ++count;
-      }
-      EXPECT_EQ(count, 1u) << bad << ": " << command << "\n" << r.err;
+      EXPECT_EQ(count_of(r.err, logits_warning), 1u) << bad << ": " << command << "\n" << r.err;
       EXPECT_EQ(r.err.find(warning), std::string::npos) << command << "\n" << r.err;  // the hidden state is finite
     }
   }
