@@ -217,24 +217,36 @@ void scores_by_16_positions(const AttentionHeads& a, int h0, int h1) {
 // arithmetic-bound at about 100 cycles per position and head. Here the scores go 16 positions at a time
 // (scores_by_16_positions(), heads of up to 128) and a head's output is up to four accumulators (64
 // floats) per pass over the positions. (Two heads' values at a time, 8 accumulators, measured no faster.)
+// Values [i0, i0 + 16 R) of one head's weighted sum over the positions (attention_heads_avx512_of()), in R
+// registers. R is a template argument so the accumulators stay in registers: with a run-time count (a head of
+// 48 values takes 3 of the 4) GCC kept them on the stack, and every position's additions waited on a store
+// and a reload of each.
+template <typename T, int R>
+void value_sum(const AttentionHeads& a, float* out, const float* weights, int h, int i0, int stride) {
+  const int kv_head = h / a.group;
+  const int offset = kv_head * a.head_size + i0;
+  __m512 acc[R];
+  for (int j = 0; j < R; ++j) acc[j] = _mm512_setzero_ps();
+  for_each_cached_row<T>(a.v_blocks, a.block_tokens, a.n_ctx, stride, [&](int t, const T* v_row) {
+    const __m512 weight = _mm512_set1_ps(scaled_by_row(weights[t], v_row, a.kv_stride, kv_head));
+    const T* v = v_row + offset;
+    for (int j = 0; j < R; ++j) acc[j] = _mm512_add_ps(acc[j], _mm512_mul_ps(weight, load16(v + 16 * j)));
+  });
+  for (int j = 0; j < R; ++j) _mm512_storeu_ps(out + i0 + 16 * j, acc[j]);
+}
+
 template <typename T>
 void attention_heads_avx512_of(const AttentionHeads& a, int h0, int h1) {
   const int hs = a.head_size;
   const int stride = row_stride(static_cast<const T*>(nullptr), a.kv_stride, hs);
   auto values = [&](float* out, const float* weights, int h) {
-    const int offset = (h / a.group) * hs;
     for (int i0 = 0; i0 < hs; i0 += 16 * kValueRegisters) {
-      const int n_regs = (hs - i0) / 16 < kValueRegisters ? (hs - i0) / 16 : kValueRegisters;
-      __m512 acc[kValueRegisters] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
-                                     _mm512_setzero_ps()};
-      for_each_cached_row<T>(a.v_blocks, a.block_tokens, a.n_ctx, stride, [&](int t, const T* v_row) {
-        const __m512 weight = _mm512_set1_ps(scaled_by_row(weights[t], v_row, a.kv_stride, h / a.group));
-        const T* v = v_row + offset + i0;
-        for (int j = 0; j < n_regs; ++j) {
-          acc[j] = _mm512_add_ps(acc[j], _mm512_mul_ps(weight, load16(v + 16 * j)));
-        }
-      });
-      for (int j = 0; j < n_regs; ++j) _mm512_storeu_ps(out + i0 + 16 * j, acc[j]);
+      switch ((hs - i0) / 16 < kValueRegisters ? (hs - i0) / 16 : kValueRegisters) {
+        case 1: value_sum<T, 1>(a, out, weights, h, i0, stride); break;
+        case 2: value_sum<T, 2>(a, out, weights, h, i0, stride); break;
+        case 3: value_sum<T, 3>(a, out, weights, h, i0, stride); break;
+        default: value_sum<T, kValueRegisters>(a, out, weights, h, i0, stride); break;
+      }
     }
   };
   switch (hs / 16) {
