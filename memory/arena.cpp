@@ -73,10 +73,17 @@ Arena::~Arena() {
   for (const Chunk& c : chunks_) munmap(c.base, c.bytes);
 }
 
+// False with the reason when the range cannot be bound or faulted in: the caller unmaps it (a binding error
+// thrown from here would leave the mapping behind, and in auto mode skip the tiers still to try).
 bool Arena::bind_and_populate(std::byte* base, std::uint64_t bytes, std::string& why_not) {
   if (options_.numa_node >= 0) {
-    std::string unbound;
-    node_bound_ = bind_range_to_node(base, bytes, options_.numa_node, /*move_existing=*/false, &unbound);
+    try {
+      std::string unbound;
+      node_bound_ = bind_range_to_node(base, bytes, options_.numa_node, /*move_existing=*/false, &unbound);
+    } catch (const ResourceError& e) {
+      why_not = e.what();
+      return false;
+    }
   }
   return populate(base, bytes, kSmallPageBytes, why_not);
 }
@@ -197,13 +204,18 @@ Arena::Chunk Arena::map_chunk(std::uint64_t bytes, std::string& reason) {
 
 void* Arena::allocate_bytes(std::uint64_t bytes, std::size_t alignment) {
   SL_CHECK(alignment > 0 && (alignment & (alignment - 1)) == 0 && alignment <= kHugePageBytes);
+  // The address is aligned, not the offset: a chunk of 4 KiB pages is only sure to start on a page.
+  auto aligned_offset = [alignment](const Chunk& c) -> std::uint64_t {
+    const auto base = reinterpret_cast<std::uintptr_t>(c.base);
+    return round_up(base + c.used, alignment) - base;
+  };
   Chunk* chunk = &chunks_.back();
-  std::uint64_t at = round_up(chunk->used, alignment);
+  std::uint64_t at = aligned_offset(*chunk);
   if (at + bytes > chunk->bytes) {
     std::string reason;
     chunks_.push_back(map_chunk(std::max<std::uint64_t>(bytes + alignment, options_.growth_bytes), reason));
     chunk = &chunks_.back();
-    at = 0;
+    at = aligned_offset(*chunk);
   }
   chunk->used = at + bytes;
   return chunk->base + at;

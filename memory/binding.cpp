@@ -4,6 +4,8 @@
 
 #include <cerrno>
 #include <cstring>
+#include <string>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -38,7 +40,18 @@ void set_node(NodeMask& mask, int node) {
   mask[node / (8 * sizeof(unsigned long))] |= 1ul << (node % (8 * sizeof(unsigned long)));
 }
 
-bool numa_unsupported(int error) { return error == ENOSYS; }
+// Why memory cannot be bound at all, for the errors that mean so, else empty (a real failure). Docker's and
+// containerd's default seccomp profiles refuse mbind and set_mempolicy (EPERM) to a container without
+// CAP_SYS_NICE: the rank then runs with its memory unbound, as on a kernel without NUMA support, rather
+// than not at all.
+std::string numa_unavailable(int error) {
+  if (error == ENOSYS) return "the kernel has no NUMA support";
+  if (error == EPERM) {
+    return "the NUMA memory-policy calls are not permitted here (a container's seccomp profile refuses them without "
+           "CAP_SYS_NICE)";
+  }
+  return {};
+}
 
 }  // namespace
 
@@ -52,8 +65,8 @@ bool prefer_node_for_this_thread(int node, std::string* why_not) {
   set_node(mask, node);
   if (set_mempolicy(MPOL_PREFERRED, mask, kMaxNodes) == 0) return true;
   const int error = errno;
-  if (numa_unsupported(error)) {
-    if (why_not) *why_not = "the kernel has no NUMA support";
+  if (std::string reason = numa_unavailable(error); !reason.empty()) {
+    if (why_not) *why_not = std::move(reason);
     return false;
   }
   throw ResourceError(fmt::format("set_mempolicy(preferred node {}) failed: {}", node, std::strerror(error)));
@@ -64,8 +77,8 @@ bool bind_range_to_node(void* address, std::size_t bytes, int node, bool move_ex
   set_node(mask, node);
   if (mbind(address, bytes, MPOL_BIND, mask, kMaxNodes, move_existing ? MPOL_MF_MOVE : 0) == 0) return true;
   const int error = errno;
-  if (numa_unsupported(error)) {
-    if (why_not) *why_not = "the kernel has no NUMA support";
+  if (std::string reason = numa_unavailable(error); !reason.empty()) {
+    if (why_not) *why_not = std::move(reason);
     return false;
   }
   throw ResourceError(fmt::format("mbind of {} bytes to NUMA node {} failed: {}", bytes, node, std::strerror(error)));

@@ -19,12 +19,14 @@ void bind_this_thread_cpus(const std::vector<int>& pus);
 
 // The calling thread (and threads it creates later) allocates from node first, falling back to others
 // when the node is full (MPOL_PREFERRED: a node's size as the VM reports it may be wrong). Returns false
-// (and the reason in why_not) when the kernel has no NUMA support.
+// (and the reason in why_not) when the kernel has no NUMA support or refuses the call (EPERM: a container's
+// seccomp profile).
 bool prefer_node_for_this_thread(int node, std::string* why_not = nullptr);
 
 // Binds [address, address + bytes) to node (MPOL_BIND); with move_existing, pages already faulted in and
 // mapped only by this process move there (MPOL_MF_MOVE). address must be page aligned. Returns false with
-// the reason when the kernel has no NUMA support; ResourceError for other failures.
+// the reason when the kernel has no NUMA support or refuses the call (as prefer_node_for_this_thread());
+// ResourceError for other failures.
 bool bind_range_to_node(void* address, std::size_t bytes, int node, bool move_existing, std::string* why_not = nullptr);
 
 // The policy of the range containing address (get_mempolicy with MPOL_F_ADDR), for checks and reports.

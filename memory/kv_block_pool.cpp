@@ -52,7 +52,15 @@ KvBlockPool::KvBlockPool(const KvBlockPoolOptions& options)
   }
   // The last step may pass the last block: bind all that can be committed.
   const std::uint64_t committable = round_up(reserved_bytes(), commit_step_);
-  if (numa_node_ >= 0) node_bound_ = bind_range_to_node(base_, committable, numa_node_, false);
+  if (numa_node_ >= 0) {
+    try {
+      node_bound_ = bind_range_to_node(base_, committable, numa_node_, false);
+    } catch (...) {
+      munmap(mapping_, mapping_bytes_);  // the destructor does not run for a constructor that throws
+      mapping_ = nullptr;
+      throw;
+    }
+  }
   in_use_.assign(static_cast<std::size_t>(n_blocks_), 0);
   free_.reserve(static_cast<std::size_t>(n_blocks_));
 }
@@ -73,8 +81,9 @@ void KvBlockPool::commit(int block) {
                                     format_bytes(static_cast<double>(bytes)), std::strerror(errno)));
   }
   if (madvise(at, bytes, MADV_POPULATE_WRITE) != 0 && errno != EINVAL) {
-    throw ResourceError(fmt::format("cannot fault in KV block {} ({}) on node {}: {}", block,
-                                    format_bytes(static_cast<double>(bytes)), numa_node_, std::strerror(errno)));
+    throw ResourceError(fmt::format("cannot fault in KV block {} ({}){}: {}", block,
+                                    format_bytes(static_cast<double>(bytes)),
+                                    numa_node_ >= 0 ? fmt::format(" on node {}", numa_node_) : "", std::strerror(errno)));
   }
   committed_bytes_ = new_end;
 }

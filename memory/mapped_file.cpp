@@ -96,8 +96,14 @@ void MappedFile::read(std::uint64_t offset, void* dst, std::size_t bytes) const 
   }
   std::size_t done = 0;
   while (done < bytes) {
-    ssize_t got = ::pread(fd_, static_cast<char*>(dst) + done, bytes - done, static_cast<off_t>(offset + done));
-    if (got <= 0) throw ResourceError(fmt::format("reading '{}' failed: {}", path_, std::strerror(errno)));
+    const ssize_t got = ::pread(fd_, static_cast<char*>(dst) + done, bytes - done, static_cast<off_t>(offset + done));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) throw ResourceError(fmt::format("reading '{}' failed: {}", path_, std::strerror(errno)));
+    if (got == 0) {  // the end of the file before the size it had when opened: cut short since (errno says nothing)
+      throw FormatError(fmt::format("'{}' is truncated: it had {} bytes when opened and ends at byte {} now; was it "
+                                    "overwritten while it was being read?",
+                                    path_, size_bytes_, offset + done));
+    }
     done += static_cast<std::size_t>(got);
   }
 }

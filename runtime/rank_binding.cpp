@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "common/error.h"
+#include "common/log.h"
 #include "kernels/cpu/ops.h"
 #include "memory/binding.h"
 
@@ -69,7 +70,11 @@ RankBinding bind_this_rank(const memory::HostTopology& host, int local_rank, int
   }
   b.cpu_cores = cores_within(host, b.placement.applied != memory::BindMode::kNone ? b.placement.pus : b.initial_pus);
   if (b.placement.numa_node >= 0 && !memory::prefer_node_for_this_thread(b.placement.numa_node, &b.memory_note)) {
-    b.placement.numa_node = -1;  // no NUMA support in the kernel: nothing can be bound
+    b.placement.numa_node = -1;  // no NUMA support in the kernel, or not permitted: nothing can be bound
+    if (host.numa_nodes.size() > 1) {  // where it matters: said once, by rank 0 (every rank's host refuses alike)
+      log::info("memory is not bound to the ranks' NUMA nodes: {}; pages land wherever the kernel puts them",
+                b.memory_note);
+    }
   }
   return b;
 }

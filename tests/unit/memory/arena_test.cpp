@@ -4,6 +4,8 @@
 #include <numaif.h>
 
 #include <cstring>
+#include <fstream>
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -11,6 +13,7 @@
 #include "common/error.h"
 #include "memory/arena.h"
 #include "memory/binding.h"
+#include "memory/kv_block_pool.h"
 #include "memory/system_memory.h"
 #include "memory/topology.h"
 #include "tests/support/hugepages.h"
@@ -157,6 +160,42 @@ TEST(Arena, BumpAllocatesAlignedAndGrowsByChunks) {
   EXPECT_EQ(a[99], 1);
   EXPECT_EQ(big[(3ull << 20) - 1], 2);
   EXPECT_GE(arena.used_bytes(), 200u + (3ull << 20));
+}
+
+TEST(Arena, LargeAlignmentsAlignTheAddressNotTheOffset) {
+  // A chunk of 4 KiB pages is only sure to start on a page (kernels before 6.7 put large anonymous maps on any
+  // page): an alignment up to 2 MiB is of the address, in the first chunk and in a grown one.
+  Arena arena({.initial_bytes = 4ull << 20, .growth_bytes = 4ull << 20, .pages = PagePolicy::kSmall});
+  for (std::size_t alignment : {std::size_t{4096}, std::size_t{1} << 20, std::size_t{2} << 20}) {
+    arena.allocate_bytes(100);  // leaves the next offset unaligned
+    for (int i = 0; i < 3; ++i) {  // the third 1 or 2 MiB block no longer fits the chunk: a new chunk
+      char* p = static_cast<char*>(arena.allocate_bytes(1000, alignment));
+      EXPECT_EQ(reinterpret_cast<std::uintptr_t>(p) % alignment, 0u) << alignment;
+      EXPECT_TRUE(arena.contains(p) && arena.contains(p + 999)) << alignment;
+    }
+  }
+  EXPECT_GE(arena.n_chunks(), 2);
+}
+
+// Lines of /proc/self/maps: one per mapping of this process.
+int mapping_count() {
+  std::ifstream maps("/proc/self/maps");
+  int lines = 0;
+  for (std::string line; std::getline(maps, line);) ++lines;
+  return lines;
+}
+
+TEST(Arena, AFailedBindingUnmapsWhatItMapped) {
+  // mbind to a node that does not exist fails (EINVAL) after the chunk was mapped: each tier tried used to
+  // throw past its munmap, and every failed arena or KV pool left its mappings behind.
+  const int before = mapping_count();
+  for (int i = 0; i < 5; ++i) {
+    for (PagePolicy pages : {PagePolicy::kAuto, PagePolicy::kSmall}) {
+      EXPECT_THROW(Arena({.initial_bytes = 2ull << 20, .numa_node = 999, .pages = pages}), ResourceError);
+    }
+    EXPECT_THROW(KvBlockPool({.block_bytes = 64 << 10, .n_blocks = 4, .numa_node = 999}), ResourceError);
+  }
+  EXPECT_EQ(mapping_count(), before);
 }
 
 TEST(Arena, ArraysAreZeroFilled) {

@@ -60,6 +60,24 @@ TEST(MappedFile, ErrorsNameThePath) {
   std::filesystem::remove(path);
 }
 
+TEST(MappedFile, AFileCutShortAfterOpeningIsTruncatedNotFailedSuccess) {
+  // pread() returning 0 (the file shrank since it was opened: overwritten during a load) left errno as it was:
+  // "reading '...' failed: Success", exit 4. It is a truncated file, named with its sizes.
+  const std::string path = write_temp(std::vector<float>(1000));
+  MappedFile file(path);
+  std::filesystem::resize_file(path, 100);
+  std::vector<float> buf(500);
+  try {
+    file.read(0, buf.data(), buf.size() * sizeof(float));
+    FAIL() << "read past the new end";
+  } catch (const FormatError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find(path + "' is truncated: it had 4000 bytes when opened and ends at byte 100 now"),
+              std::string::npos) << what;
+  }
+  std::filesystem::remove(path);
+}
+
 // Weight ranges: populated up front (resident before the first read) and bound to the rank's node.
 TEST(MappedFile, PopulatedRangesAreResidentAndBoundToTheNode) {
   std::vector<float> values(512 * 1024);  // 2 MiB
