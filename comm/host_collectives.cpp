@@ -11,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include "comm/mpi_check.h"
 #include "comm/peer_name.h"
 #include "comm/poller.h"
 #include "common/error.h"
@@ -27,19 +28,17 @@ constexpr std::size_t kSlotFloats = HostCollectives::kSlotBytes / sizeof(float);
 
 static_assert(std::atomic_ref<std::uint64_t>::is_always_lock_free, "the flags are shared between processes");
 
-void check_mpi(int code, const char* what) {
-  if (code != MPI_SUCCESS) throw CommError(fmt::format("MPI {} failed while setting up host collectives", what));
-}
-
 // Whether every rank of comm shares this host's memory, the same answer on all of them.
 bool all_on_one_host(MPI_Comm comm, int rank, int size) {
   MPI_Comm shared;
-  check_mpi(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &shared), "comm split");
+  check_mpi(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &shared),
+            "Comm_split_type while setting up host collectives");
   int shared_size = 0;
   MPI_Comm_size(shared, &shared_size);
   MPI_Comm_free(&shared);
   int here = shared_size == size ? 1 : 0, everywhere = 0;
-  check_mpi(MPI_Allreduce(&here, &everywhere, 1, MPI_INT, MPI_MIN, comm), "all-reduce");
+  check_mpi(MPI_Allreduce(&here, &everywhere, 1, MPI_INT, MPI_MIN, comm),
+            "Allreduce while setting up host collectives");
   return everywhere == 1;
 }
 
@@ -78,10 +77,18 @@ std::unique_ptr<HostCollectives> HostCollectives::create(MPI_Comm comm, double t
     segment = map_segment(name, bytes, true, 0);
     if (segment == nullptr) name[0] = '\0';  // tells the others not to try (and nothing is left to unlink)
   }
-  check_mpi(MPI_Bcast(name, sizeof name, MPI_CHAR, 0, comm), "broadcast");
+  // A setup collective that fails ends the job; the segment must not outlive it in /dev/shm.
+  auto check_or_release = [&](int code, const char* what) {
+    if (code == MPI_SUCCESS) return;
+    if (segment != nullptr) munmap(segment, bytes);
+    if (rank == 0 && name[0] != '\0') shm_unlink(name);
+    check_mpi(code, what);
+  };
+  check_or_release(MPI_Bcast(name, sizeof name, MPI_CHAR, 0, comm), "Bcast while setting up host collectives");
   if (rank != 0 && name[0] != '\0') segment = map_segment(name, bytes, false, kRegionBytes * rank);
   int mapped = segment != nullptr ? 1 : 0, all_mapped = 0;
-  check_mpi(MPI_Allreduce(&mapped, &all_mapped, 1, MPI_INT, MPI_MIN, comm), "all-reduce");
+  check_or_release(MPI_Allreduce(&mapped, &all_mapped, 1, MPI_INT, MPI_MIN, comm),
+                   "Allreduce while setting up host collectives");
   if (rank == 0 && name[0] != '\0') shm_unlink(name);  // every rank that could map it has
   if (all_mapped == 0) {
     if (segment != nullptr) munmap(segment, bytes);

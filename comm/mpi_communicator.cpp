@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "comm/host_collectives.h"
+#include "comm/mpi_check.h"
 #include "comm/peer_name.h"
 #include "comm/poller.h"
 #include "common/error.h"
@@ -15,15 +16,6 @@
 namespace shardline::comm {
 
 namespace {
-
-// Every MPI return code goes through here and becomes a CommError with MPI's own message.
-void check_mpi(int code, const char* what) {
-  if (code == MPI_SUCCESS) return;
-  char text[MPI_MAX_ERROR_STRING];
-  int length = 0;
-  MPI_Error_string(code, text, &length);
-  throw CommError(fmt::format("MPI {} failed: {}", what, std::string(text, length)));
-}
 
 class MpiCommunicator;
 

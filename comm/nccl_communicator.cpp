@@ -4,6 +4,7 @@
 #include <nccl.h>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -27,8 +28,9 @@ struct NcclPendingSend;
 
 class NcclComm final : public NcclCommunicator {
  public:
-  NcclComm(ncclComm_t comm, int rank, int size, const NcclCommOptions& options)
-      : comm_(comm), rank_(rank), size_(size), options_(options) {
+  // world_ranks: the group's members by their world rank, for error messages.
+  NcclComm(ncclComm_t comm, int rank, int size, std::vector<int> world_ranks, const NcclCommOptions& options)
+      : comm_(comm), rank_(rank), size_(size), world_ranks_(std::move(world_ranks)), options_(options) {
     int least = 0;
     int greatest = 0;
     check_cuda(cudaDeviceGetStreamPriorityRange(&least, &greatest), "cudaDeviceGetStreamPriorityRange");
@@ -166,12 +168,15 @@ class NcclComm final : public NcclCommunicator {
 
   [[noreturn]] void fail(const std::string& what, int peer, const std::string& why) {
     abort();
+    // The peer by its world rank, as MPI's errors (peer_name.h) and the log tags name it.
     throw CommError(fmt::format("NCCL {} {}failed: {}; communicator aborted", what,
-                                peer >= 0 ? fmt::format("with rank {} of this group ", peer) : std::string(), why));
+                                peer >= 0 ? fmt::format("with rank {} (rank {} of this group) ", world_ranks_[peer], peer)
+                                          : std::string(),
+                                why));
   }
   [[noreturn]] void time_out(const std::string& what, int peer) {
     fail(what, peer,
-         fmt::format("timed out after {:.0f} s (--comm-timeout): a peer is stuck or dead", options_.timeout_s));
+         fmt::format("timed out after {:g} s (--comm-timeout): a peer is stuck or dead", options_.timeout_s));
   }
 
   // Queues one operation on `stream` after the compute stream's queued work, then waits for it to finish.
@@ -217,6 +222,7 @@ class NcclComm final : public NcclCommunicator {
   ncclComm_t comm_;
   int rank_;
   int size_;
+  std::vector<int> world_ranks_;  // the group's rank r is world rank world_ranks_[r]
   NcclCommOptions options_;
   cudaStream_t stream_ = nullptr;       // collectives and receives
   cudaStream_t send_stream_ = nullptr;  // sends
@@ -294,7 +300,9 @@ std::unique_ptr<NcclCommunicator> make_nccl_group(const std::vector<int>& ranks,
   host->all_gather_bytes(&mine, 1, usable.data());
   if (!problem.empty()) throw ResourceError(fmt::format("NCCL set-up: {}", problem));
   for (int r = 0; r < size; ++r) {
-    if (!usable[r]) throw ResourceError(fmt::format("NCCL set-up: rank {} of this group has no usable GPU", r));
+    if (!usable[r]) {
+      throw ResourceError(fmt::format("NCCL set-up: rank {} (rank {} of this group) has no usable GPU", ranks[r], r));
+    }
   }
 
   Bootstrap bootstrap;
@@ -328,14 +336,14 @@ std::unique_ptr<NcclCommunicator> make_nccl_group(const std::vector<int>& ranks,
     if (state != ncclInProgress || !poller.pause()) {
       const std::string why = state != ncclInProgress
                                   ? nccl_text(state, comm)
-                                  : fmt::format("timed out after {:.0f} s (--comm-timeout): a peer did not join",
+                                  : fmt::format("timed out after {:g} s (--comm-timeout): a peer did not join",
                                                 options.timeout_s);
       ncclCommAbort(comm);
       throw CommError(fmt::format("NCCL set-up: ncclCommInitRank failed: {}; communicator aborted", why));
     }
   }
   try {
-    return std::make_unique<NcclComm>(comm, rank, size, options);
+    return std::make_unique<NcclComm>(comm, rank, size, ranks, options);
   } catch (...) {
     ncclCommAbort(comm);
     throw;
