@@ -6,7 +6,9 @@
 #include <cerrno>
 #include <cstdlib>
 #include <iostream>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -36,12 +38,51 @@ bool parse_command_line(const std::string& command, const std::string& usage, co
     }
     po::notify(vm);
   } catch (const po::unknown_option& e) {
-    throw ConfigError(fmt::format("shardline {}: unknown flag '{}' (see 'shardline {} --help')", command,
-                                  e.get_option_name(), command));
+    throw ConfigError(fmt::format("shardline {}: unknown flag '{}'{} (see 'shardline {} --help')", command,
+                                  e.get_option_name(), did_you_mean(all, e.get_option_name()), command));
   } catch (const po::error& e) {
     throw ConfigError(fmt::format("shardline {}: {} (see 'shardline {} --help')", command, e.what(), command));
   }
   return true;
+}
+
+namespace {
+
+// Edits (insert, delete, replace one character) that turn a into b.
+std::size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diagonal = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+}  // namespace
+
+std::string did_you_mean(const po::options_description& options, const std::string& unknown) {
+  const std::size_t dashes = unknown.find_first_not_of('-');
+  if (dashes == std::string::npos || unknown.size() - dashes < 3) return {};  // "-x" or "--ab": too short to guess
+  const std::string typed = unknown.substr(dashes, unknown.find('=') == std::string::npos ? std::string::npos
+                                                                                          : unknown.find('=') - dashes);
+  std::string best;
+  std::size_t best_distance = 3;  // more than two edits: no suggestion
+  for (const auto& option : options.options()) {
+    const std::string& name = option->long_name();
+    if (name.empty() || name == typed) continue;
+    const std::size_t distance = name.rfind(typed, 0) == 0 ? 1 : edit_distance(typed, name);
+    if (distance < best_distance) {
+      best_distance = distance;
+      best = name;
+    }
+  }
+  return best.empty() ? std::string() : fmt::format(" (did you mean '--{}'?)", best);
 }
 
 void check_rank_flag(const char* flag, int value) {

@@ -25,6 +25,10 @@ inline constexpr int kFlagStyle = po::command_line_style::default_style & ~po::c
 bool parse_command_line(const std::string& command, const std::string& usage, const po::options_description& options,
                         const std::vector<std::string>& args, po::variables_map& vm, bool print_help = true);
 
+// " (did you mean '--presets'?)" for an unknown flag close to one of options' long flags (a prefix of it, or
+// at most two edits away: a typo or a singular), else "". unknown is as typed, e.g. "--preset".
+std::string did_you_mean(const po::options_description& options, const std::string& unknown);
+
 // The most ranks --tp or --pp may name: far past any model's heads or layers, and small enough that tp x pp
 // fits an int (a product of two larger values wrapped around: launch-check said ok for 65536 x 65536 = 0).
 inline constexpr int kMaxRanksPerFlag = 32768;

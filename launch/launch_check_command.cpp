@@ -1,5 +1,6 @@
 #include "launch/launch_check_command.h"
 
+#include <cctype>
 #include <cstdio>
 #include <iostream>
 
@@ -9,6 +10,7 @@
 #include "launch/cli_options.h"
 #include "launch/launch_check.h"
 #include "launch/launch_env.h"
+#include "launch/run_command.h"
 #include "partition/shard.h"
 #include "runtime/checkpoint.h"
 
@@ -18,12 +20,31 @@ namespace {
 
 constexpr const char* kUsage =
     "Usage: shardline launch-check --tp T --pp S [--np N] [--hostfile F] [--rankfile F] [--oversubscribe]\n"
-    "                              [--model M.bin] [any other run flags, ignored]\n\n"
+    "                              [--model M.bin] [any of run's other flags, ignored; a flag neither has is an error]\n\n"
     "Checks, before mpirun or srun starts any rank, that the launch fits the layout: the rank count, the\n"
     "hostfile's slots and syntax, the rankfile, and (inside a Slurm job) the allocation's task count; with\n"
     "--model also that the model can be split tp x pp ways. Prints one line and exits 0 when it fits; else one\n"
     "error line and exit 2 (flags, hostfile, rankfile) or 4 (too few slots or tasks, a missing hostfile, rankfile or model). Example:\n"
     "  shardline launch-check --hostfile hosts --np 4 --tp 2 --pp 2 && mpirun --hostfile hosts -np 4 shardline run --tp 2 --pp 2 ...";
+
+// ConfigError for a word of `unrecognized` (what launch-check's own flags left) that is a flag neither
+// launch-check nor run has. Values (words without a dash, numbers such as -1) pass.
+void refuse_unknown_flags(const std::vector<std::string>& unrecognized, const po::options_description& own) {
+  const po::options_description run_flags = run_flag_descriptions();
+  for (const std::string& word : unrecognized) {
+    if (word.size() < 2 || word[0] != '-' || std::isdigit(static_cast<unsigned char>(word[1])) || word[1] == '.') continue;
+    const bool is_long = word[1] == '-';
+    const std::string name = is_long ? word.substr(2, word.find('=') == std::string::npos ? std::string::npos
+                                                                                          : word.find('=') - 2)
+                                     : word.substr(0, 2);
+    if (run_flags.find_nothrow(name, /*approx=*/false) != nullptr) continue;
+    po::options_description both;
+    both.add(own).add(run_flags);
+    throw ConfigError(fmt::format("shardline launch-check: unknown flag '{}'{}: neither launch-check nor run has it "
+                                  "(see 'shardline launch-check --help')",
+                                  word.substr(0, word.find('=')), did_you_mean(both, word)));
+  }
+}
 
 }  // namespace
 
@@ -46,8 +67,10 @@ int launch_check_command(const std::vector<std::string>& args) {
   all.add_options()("help,h", "show this help and exit");
   po::variables_map vm;
   try {
-    // Unknown flags are run's (--prompt, --steps ...): a script hands both commands the same list.
+    // Flags of its own, and run's (--prompt, --steps ...), which it ignores: a script hands both commands the
+    // same list. Anything else is a typo, which would otherwise skip the check it misspelled (--modle).
     const po::parsed_options parsed = po::command_line_parser(args).options(all).style(kFlagStyle).allow_unregistered().run();
+    refuse_unknown_flags(po::collect_unrecognized(parsed.options, po::include_positional), all);
     po::store(parsed, vm);
     if (vm.count("help")) {
       std::cout << kUsage << "\n\n" << all << "\n";

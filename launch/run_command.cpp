@@ -106,30 +106,35 @@ std::vector<std::string> read_prompts_file(const std::string& path) {
   return prompts;
 }
 
-// Returns nullopt when --help was printed.
-std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, const MpiSession& mpi) {
+// What run's flags hold as given, before they are checked and turned into a RunConfig.
+struct RunFlags {
   RunConfig c;
   std::string log_level = "info", prompt, prompts_file, layer_split, weights_dtype, kv_dtype, isa;
   std::string bind = "auto", arena_pages = "auto", weights = "map", device = "auto", cuda_graphs = "on";
   int steps = kDefaultSteps, batch = 1;
   runtime::SamplerOptions sampler;
   std::string seed_text;
+};
+
+// run's flags, bound to f's members.
+po::options_description run_options(RunFlags& f) {
+  RunConfig& c = f.c;
   po::options_description options("run options");
   options.add_options()
       ("model,m", po::value(&c.engine.model_path), "llama2.c checkpoint or GGUF file (F32/F16/BF16/Q8_0) of a llama model (default: a built-in random-weight model)")
       ("tokenizer,z", po::value(&c.engine.tokenizer_path), "tokenizer.bin (default: a GGUF model's own vocabulary, else found beside the model)")
-      ("prompt,i", po::value(&prompt)->default_value("Once upon a time"), "prompt text")
-      ("prompts-file", po::value(&prompts_file), "several sequences at once: one prompt per line (blank lines are skipped; not with --prompt)")
-      ("batch", po::value(&batch)->default_value(1), "run each prompt this many times (sequence i samples with seed+i)")
-      ("steps,n", po::value(&steps)->default_value(kDefaultSteps, fmt::format("{}, or what the context holds", kDefaultSteps)),
+      ("prompt,i", po::value(&f.prompt)->default_value("Once upon a time"), "prompt text")
+      ("prompts-file", po::value(&f.prompts_file), "several sequences at once: one prompt per line (blank lines are skipped; not with --prompt)")
+      ("batch", po::value(&f.batch)->default_value(1), "run each prompt this many times (sequence i samples with seed+i)")
+      ("steps,n", po::value(&f.steps)->default_value(kDefaultSteps, fmt::format("{}, or what the context holds", kDefaultSteps)),
        "tokens to generate after the prompt")
-      ("temperature,t", po::value(&sampler.temperature)->default_value(0.0f, "0"), "sampling temperature; 0 = greedy")
-      ("top-p,p", po::value(&sampler.top_p)->default_value(0.9f, "0.9"),
+      ("temperature,t", po::value(&f.sampler.temperature)->default_value(0.0f, "0"), "sampling temperature; 0 = greedy")
+      ("top-p,p", po::value(&f.sampler.top_p)->default_value(0.9f, "0.9"),
        "nucleus sampling threshold in (0,1); other values disable it")
-      ("seed,s", po::value(&seed_text)->default_value("42"), "random seed for sampling")
+      ("seed,s", po::value(&f.seed_text)->default_value("42"), "random seed for sampling")
       ("tp", po::value(&c.tp), "tensor-parallel ranks per stage (must divide n_kv_heads)")
       ("pp", po::value(&c.pp), "pipeline stages (tp x pp must equal the number of ranks)")
-      ("layers-per-stage", po::value(&layer_split), "explicit layer split, e.g. 3,2,2 (default: the planner's with --plan auto and several ranks, else even)")
+      ("layers-per-stage", po::value(&f.layer_split), "explicit layer split, e.g. 3,2,2 (default: the planner's with --plan auto and several ranks, else even)")
       ("plan", po::value(&c.plan)->default_value("auto"),
        "auto: the planner picks what --tp/--pp/--layers-per-stage/--micro-batches/--chunk-tokens leave open, from a "
        "quick probe of this job; none: tp = all ranks (else pp), even split, fixed chunks")
@@ -138,32 +143,55 @@ std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, 
       ("chunk-tokens", po::value(&c.engine.chunk_tokens)->default_value(0, "planned per prompt"),
        "prefill chunk size in tokens (split granularity; 0: planned per prompt)")
       ("threads", po::value<int>(), "kernel threads of this rank (default: one per core of its placement)")
-      ("device", po::value(&device)->default_value("auto"),
+      ("device", po::value(&f.device)->default_value("auto"),
        "cpu|cuda|auto: where each rank's stage runs (auto: its GPU when it has one and the CUDA stage can take the "
        "run, else the CPU, saying why)")
-      ("cuda-graphs", po::value(&cuda_graphs)->default_value("on"),
+      ("cuda-graphs", po::value(&f.cuda_graphs)->default_value("on"),
        "on|off: with --device cuda, replay each decode step from a captured CUDA graph (off: launch every kernel)")
-      ("bind", po::value(&bind)->default_value("auto"),
+      ("bind", po::value(&f.bind)->default_value("auto"),
        "where each rank runs: auto|numa|core|none (see `shardline topo`); a launcher's binding is kept")
-      ("arena-pages", po::value(&arena_pages)->default_value("auto"),
+      ("arena-pages", po::value(&f.arena_pages)->default_value("auto"),
        "pages of the rank's arena: auto (hugetlb, else THP, else 4 KiB)|hugetlb|thp|4k")
-      ("weights", po::value(&weights)->default_value("map"),
+      ("weights", po::value(&f.weights)->default_value("map"),
        "norms and embedding: map (mapped from the file) or arena (read into the rank's arena); the weight "
        "matrices always go to the arena")
       ("kv-block-tokens", po::value(&c.engine.kv_block_tokens)->default_value(16), "positions per KV cache block")
       ("kv-blocks", po::value(&c.engine.kv_blocks)->default_value(0, "auto"),
        "KV cache blocks per rank (auto: 64 full contexts of address space, committed as used); sequences beyond it wait and start as others finish")
-      ("weights-dtype", po::value(&weights_dtype)->default_value("fp32"),
+      ("weights-dtype", po::value(&f.weights_dtype)->default_value("fp32"),
        "convert the weight matrices at load to fp32|bf16|int8 (int8: a fp16 scale per 128 weights; per 96, 64 or 32 where k or a TP slice needs it)")
-      ("kv-dtype", po::value(&kv_dtype)->default_value("auto"), kKvDtypeFlagHelp)
-      ("isa", po::value(&isa)->default_value("auto"), kIsaFlagHelp)
+      ("kv-dtype", po::value(&f.kv_dtype)->default_value("auto"), kKvDtypeFlagHelp)
+      ("isa", po::value(&f.isa)->default_value("auto"), kIsaFlagHelp)
       ("comm-timeout", po::value(&c.comm_timeout_s)->default_value(kDefaultCommTimeoutS, "120"),
        "seconds a rank waits for a peer before failing the job (inf: no limit)")
       ("json", po::bool_switch(&c.json), "print one JSON object per sequence instead of text")
       ("dump-logits", po::value(&c.dump_logits), "write every step's float32 logits (sequences in order) to FILE")
       ("verbose,v", po::bool_switch(&c.verbose), "per-rank placement, memory and stage statistics")
       ("print-config", po::bool_switch(&c.print_config), "print the resolved configuration and exit")
-      ("log-level", po::value(&log_level)->default_value("info"), "debug|info|warn|error|off");
+      ("log-level", po::value(&f.log_level)->default_value("info"), "debug|info|warn|error|off");
+  return options;
+}
+
+}  // namespace
+
+po::options_description run_flag_descriptions() {
+  static RunFlags unused;  // the descriptions point into it: it outlives them
+  return run_options(unused);
+}
+
+namespace {
+
+// Returns nullopt when --help was printed.
+std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, const MpiSession& mpi) {
+  RunFlags f;
+  const po::options_description options = run_options(f);
+  RunConfig& c = f.c;
+  const std::string &log_level = f.log_level, &prompt = f.prompt, &prompts_file = f.prompts_file;
+  const std::string &layer_split = f.layer_split, &weights_dtype = f.weights_dtype, &kv_dtype = f.kv_dtype, &isa = f.isa;
+  const std::string &bind = f.bind, &arena_pages = f.arena_pages, &weights = f.weights, &device = f.device;
+  const std::string &cuda_graphs = f.cuda_graphs, &seed_text = f.seed_text;
+  const int &steps = f.steps, &batch = f.batch;
+  runtime::SamplerOptions& sampler = f.sampler;
   po::variables_map vm;
   const std::string usage =
       "Usage: shardline run [--model M.bin --tokenizer T.bin] [--prompt TEXT | --prompts-file F] [--steps N] [options]\n"
@@ -234,7 +262,7 @@ std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, 
     }
     c.default_model = true;
   }
-  return c;  // a tokenizer left open is looked for once the model's header has been read
+  return std::move(c);  // a tokenizer left open is looked for once the model's header has been read
 }
 
 // Why this run cannot go to a GPU, or "": the CUDA stage converts weights to fp32 or bf16 only, and uploads

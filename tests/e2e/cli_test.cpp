@@ -480,6 +480,17 @@ TEST_F(Cli, UnknownFlagsAndCommands) {
   // No flag is guessed from a prefix: --top was taken as --top-p (plan has a real --top).
   expect_clean_failure("run --top 5", 2, "unknown flag '--top'");
   expect_clean_failure("plan --preset 15m --mod x.bin", 2, "unknown flag '--mod'");
+  // A near miss names the flag meant (a prefix, or two edits at most), still without taking it.
+  expect_clean_failure("bench --preset 15m", 2, "unknown flag '--preset' (did you mean '--presets'?)");
+  expect_clean_failure("run --stpes 3", 2, "unknown flag '--stpes' (did you mean '--steps'?)");
+  expect_clean_failure("run --frobnicate 3", 2, "unknown flag '--frobnicate' (see");
+  // launch-check ignores run's flags but not a typo: --modle skipped the model check and said "ok".
+  expect_clean_failure("launch-check --tp 4 --pp 1 --modle x.bin", 2,
+                       "unknown flag '--modle' (did you mean '--model'?): neither launch-check nor run has it");
+  expect_clean_failure("launch-check --tp 1 --pp 1 -q", 2, "unknown flag '-q'");
+  const ProcessResult with_run_flags = run_process(shardline() + " launch-check --tp 1 --pp 1 --prompt hi --steps=5 -n 4 "
+                                                   "--top-p -1 --temperature 0.5 --json");
+  EXPECT_EQ(with_run_flags.exit_code, 0) << with_run_flags.err;
   // Values the options library would have taken: a negative seed wrapped to 2^64 - 1, an empty topology
   // description showed this host, an empty list entry was skipped.
   expect_clean_failure("run --seed -1", 2, "--seed '-1' is not a whole number");
