@@ -311,8 +311,16 @@ partition::Mesh choose_mesh(const RunConfig& c, const partition::ModelShape& sha
     throw ConfigError(rank_count_mismatch(c.tp, c.pp, world));
   }
   if (auto problem = partition::find_layout_problem(shape, tp, pp)) {
-    throw ConfigError(fmt::format("layout tp={} pp={} cannot serve this model ({}): {}", tp, pp, shape.describe(),
-                                  *problem));
+    // Without --tp/--pp the layout was this function's fallback (tp = every rank, else pp), which the user never
+    // asked for: say so, and how to choose one.
+    const std::string chosen =
+        c.tp == 0 && c.pp == 0
+            ? fmt::format("; that is --plan none's fallback (tp = all {} ranks, else pp = all of them): give --tp and "
+                          "--pp that fit the model, or use --plan auto, which searches every layout",
+                          world)
+            : "";
+    throw ConfigError(fmt::format("layout tp={} pp={} cannot serve this model ({}): {}{}", tp, pp, shape.describe(),
+                                  *problem, chosen));
   }
   partition::stage_layer_ranges(shape, pp, c.engine.layers_per_stage);  // validates an explicit split
   return partition::Mesh(world, mpi.world_rank(), tp, pp);

@@ -319,6 +319,19 @@ TEST_F(Cli, GgufModelsPlanAndLaunchCheckLikeCheckpoints) {
   expect_clean_failure("launch-check --tp 4 --pp 1 --np 4 --model " + model_file("mini-gqa.gguf"), 2, "n_kv_heads=2");
 }
 
+TEST_F(Cli, PlanNoneSaysItsFallbackLayoutWasNotAsked) {
+  // 3 ranks, 2 heads, 2 layers: --plan none falls back to tp = 3, then pp = 3, neither of which fits. The error
+  // named "tp=1 pp=3" as if the user had asked for it.
+  const std::string model = path("two-layers.bin");
+  ASSERT_EQ(run_process(shardline() + " gen-model --dim 32 --hidden 64 --layers 2 --heads 2 --vocab 300 --seq 32 --out " +
+                        model).exit_code, 0);
+  const ProcessResult r = run_process(kMpirun + "3 " + shardline() + " run --model " + model + " --plan none --steps 2", 60);
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("pp=3 exceeds n_layers=2 (every stage needs at least one layer); that is --plan none's fallback "
+                       "(tp = all 3 ranks, else pp = all of them): give --tp and --pp that fit the model"),
+            std::string::npos) << r.err;
+}
+
 TEST_F(Cli, TemperatureAndTopPMustBeNumbers) {
   const std::string model = path("m.bin");
   ASSERT_EQ(run_process(shardline() + " gen-model --dim 32 --hidden 64 --layers 1 --heads 2 --vocab 300 --seq 32 --out " +
