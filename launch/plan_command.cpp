@@ -1,5 +1,6 @@
 #include "launch/plan_command.h"
 
+#include <algorithm>
 #include <cmath>
 #include <iostream>
 
@@ -216,7 +217,19 @@ int plan_command(const std::vector<std::string>& args) {
   if (!pp_list.empty()) search.pp_only = parse_int_list("--pp", pp_list);
   for (int tp : search.tp_only) check_rank_flag("--tp", tp);
   for (int pp : search.pp_only) check_rank_flag("--pp", pp);
-  if (!m_list.empty()) search.micro_batches_only = parse_int_list("--micro-batches", m_list);
+  if (!m_list.empty()) {
+    // A micro-batch holds at least one sequence (run keeps --micro-batches to the sequences too): larger counts
+    // are priced and shown as the batch, once.
+    for (int m : parse_int_list("--micro-batches", m_list)) {
+      if (m < 1) throw ConfigError(fmt::format("shardline plan: --micro-batches {} is not a count >= 1", m));
+      const int kept = std::min(m, std::max(1, w.batch));
+      if (kept < m) log::info("--micro-batches {} is more than --batch {}: planned as {}", m, w.batch, kept);
+      if (std::find(search.micro_batches_only.begin(), search.micro_batches_only.end(), kept) ==
+          search.micro_batches_only.end()) {
+        search.micro_batches_only.push_back(kept);
+      }
+    }
+  }
 
   if (!cluster_file.empty() && !probe_file.empty()) throw ConfigError("shardline plan: give --cluster or --probe-file, not both");
   partition::ClusterSpec cluster;

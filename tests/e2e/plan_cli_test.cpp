@@ -122,6 +122,21 @@ TEST_F(PlanCli, TheLargestBatchIsPlannedAtOnce) {
   EXPECT_NE(r.err.find("no layout fits"), std::string::npos) << r.err;
 }
 
+TEST_F(PlanCli, MicroBatchesBeyondTheBatchArePlannedAndShownAsTheBatch) {
+  // The cost model priced m = 3 of a batch of 1 as m = 1, but the table and JSON said 3 (with m = 1's bubble).
+  const ProcessResult r = run_process(shardline_binary() + " plan --preset 110m --tp 2 --pp 4 --micro-batches 3,4 "
+                                      "--batch 1 --json --cluster " + cluster_file("cluster-2socket-100gbe.json"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json plans = nlohmann::json::parse(r.out)["plans"];
+  ASSERT_EQ(plans.size(), 1u) << r.out;  // 3 and 4 are one plan, not two copies
+  EXPECT_EQ(plans[0]["micro_batches"], 1) << r.out;
+  EXPECT_NE(r.err.find("--micro-batches 3 is more than --batch 1: planned as 1"), std::string::npos) << r.err;
+  const ProcessResult zero = run_process(shardline_binary() + " plan --preset 110m --micro-batches 0 --cluster " +
+                                         cluster_file("cluster-2socket-100gbe.json"));
+  EXPECT_EQ(zero.exit_code, 2);
+  EXPECT_NE(zero.err.find("--micro-batches 0 is not a count >= 1"), std::string::npos) << zero.err;
+}
+
 TEST_F(PlanCli, BadInputsAreClearErrors) {
   const std::string bad = (dir_ / "bad.json").string();
   std::ofstream(bad) << R"({"nodes": 2, "domains_per_node": 1, "domain": {"cores": 4}, "links": {}})";
