@@ -229,6 +229,9 @@ std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, 
   apply_isa_flag(isa);
   if (!layer_split.empty()) c.engine.layers_per_stage = parse_int_list("--layers-per-stage", layer_split);
   if (batch < 1) throw ConfigError("--batch must be >= 1");
+  // Checked again per request against the model's context; here so that nothing (writing the built-in
+  // model, say) happens before a value no model could take is refused.
+  if (steps < 1) throw ConfigError(fmt::format("--steps must be >= 1, got {}", steps));
   if (vm.count("tp")) check_rank_flag("--tp", c.tp);
   if (vm.count("pp")) check_rank_flag("--pp", c.pp);
   if (!(c.comm_timeout_s > 0)) throw ConfigError("--comm-timeout must be a positive number of seconds (inf: no limit)");

@@ -477,6 +477,12 @@ TEST_F(Cli, QueuedSequencesGetTheWholeRunsRateAndTheWarningFollowsTheLogLevel) {
   EXPECT_EQ(r.err.find("waited"), std::string::npos) << r.err;
 }
 
+TEST_F(Cli, StepsBelowOneAreRefusedBeforeTheBuiltInModelIsWritten) {
+  // Without --model, --steps 0 first wrote the 98 MB built-in model (and said so), then refused the flag.
+  expect_clean_failure("run --steps 0", 2, "--steps must be >= 1, got 0");
+  EXPECT_FALSE(fs::exists(dir_ / "cache")) << "the built-in model was written";
+}
+
 TEST_F(Cli, StepsBeyondTheContext) {
   SHARDLINE_REQUIRE_MODEL_FILE(model_file("tiny-32k.bin"));
   expect_clean_failure("run --model " + model_file("tiny-32k.bin") + " --tokenizer " + model_file("tokenizer.bin") +
