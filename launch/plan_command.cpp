@@ -10,6 +10,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "common/printable.h"
 #include "common/units.h"
 #include "kernels/cpu/weight_format.h"
 #include "launch/cli_options.h"
@@ -88,7 +89,7 @@ void print_table(const std::vector<PlanEstimate>& plans) {
 // its memory per rank was computed for); the run flags the plan does not fix (model, prompts, steps...) are
 // the script's arguments.
 std::string sbatch_for(const PlanEstimate& p, const partition::ClusterSpec& cluster, const std::string& description,
-                       const std::string& dtype, const std::string& kv_dtype) {
+                       const std::string& dtype, const std::string& kv_dtype, const std::string& time_limit) {
   const int ranks = p.layout.world();
   const int per_node = cluster.domains_per_node * cluster.ranks_per_domain;
   const int nodes = (ranks + per_node - 1) / per_node;
@@ -113,7 +114,7 @@ std::string sbatch_for(const PlanEstimate& p, const partition::ClusterSpec& clus
 #SBATCH --ntasks-per-node={}    # the plan's ranks per node, so Slurm cannot split a node's share unevenly
 #SBATCH --cpus-per-task={}      # each rank's cores (its kernel threads)
 #SBATCH --mem=0                 # each node's whole memory: the plan's memory per rank assumed it
-#SBATCH --time=01:00:00         # wall-clock limit
+#SBATCH --time={}         # wall-clock limit (plan --time)
 #SBATCH --output=shardline-run-%j.out   # the generated text
 #SBATCH --error=shardline-run-%j.err    # statistics and messages
 set -euo pipefail
@@ -127,7 +128,7 @@ exec srun --mpi=pmix --cpus-per-task="${{SLURM_CPUS_PER_TASK:-1}}" --distributio
                      safe_description, p.layout.tp, p.layout.pp, ranks, join(p.layout.layers_per_stage),
                      p.layout.micro_batches, p.throughput_tok_s, seconds(p.token_latency_s), seconds(p.ttft_s),
                      format_bytes(p.stages.empty() ? 0 : p.stages.front().rank_memory_bytes), nodes, ranks,
-                     std::min(per_node, ranks), cpus, flags, flags);
+                     std::min(per_node, ranks), cpus, time_limit, flags, flags);
 }
 
 // 15.2M, 1.10B: a parameter count at the scale it has (small models are not "0.00B").
@@ -146,7 +147,7 @@ int plan_command(const std::vector<std::string>& args) {
   int batch = 1, context = 0, prompt_tokens = 0, top = 5, ranks = 0, ranks_per_domain = 0;
   float temperature = 0.0f;
   bool json = false;
-  std::string emit;
+  std::string emit, time_limit = "01:00:00";
   po::options_description options("plan options");
   options.add_options()
       ("model,m", po::value(&model), "llama2.c checkpoint or GGUF file: only its header (metadata) is read")
@@ -161,7 +162,7 @@ int plan_command(const std::vector<std::string>& args) {
       ("kv-dtype", po::value(&kv_dtype)->default_value("auto"), kKvDtypeFlagHelp)
       ("temperature", po::value(&temperature)->default_value(0.0f, "0"),
        "the run's sampling temperature: 0 (greedy) exchanges each TP rank's best token, > 0 gathers the logits")
-      ("np", po::value(&ranks)->default_value(0, "any"), "plan for exactly this many ranks")
+      ("np", po::value(&ranks)->default_value(0, "any"), "plan for exactly this many ranks (0: any)")
       ("ranks-per-domain", po::value(&ranks_per_domain)->default_value(0, "from the cluster"),
        "rank slots per domain (e.g. to plan an oversubscribed run)")
       ("tp", po::value(&tp_list), "only these tp values, e.g. 2 or 1,2,4")
@@ -169,7 +170,9 @@ int plan_command(const std::vector<std::string>& args) {
       ("micro-batches", po::value(&m_list), "only these micro-batch counts")
       ("top", po::value(&top)->default_value(5), "how many plans to show")
       ("json", po::bool_switch(&json), "print the plans as JSON")
-      ("emit", po::value(&emit), "sbatch: print an sbatch script that runs the best plan instead of the table");
+      ("emit", po::value(&emit), "sbatch: print an sbatch script that runs the best plan instead of the table")
+      ("time", po::value(&time_limit)->default_value("01:00:00"),
+       "with --emit sbatch: the job's wall-clock limit, in Slurm's format (minutes, H:MM:SS, D-HH:MM, ...)");
   po::variables_map vm;
   const std::string usage =
       "Usage: shardline plan (--model M.bin | --preset NAME) [--cluster FILE | --probe-file FILE]\n"
@@ -177,6 +180,13 @@ int plan_command(const std::vector<std::string>& args) {
       "Lays the model out on the cluster and predicts TTFT, tokens/s and memory per rank for the best\n"
       "layouts. Needs no MPI job and no weights. Without --cluster, this machine is measured (about 1 s).";
   if (!parse_command_line("plan", usage, options, args, vm)) return 0;
+  if (!emit.empty() && json) throw ConfigError("shardline plan: --emit prints a script, --json the plans: give one");
+  if (!vm["time"].defaulted() && emit.empty()) throw ConfigError("shardline plan: --time is the script's: give --emit sbatch");
+  // It lands on an #SBATCH line: digits and Slurm's separators only, so no text can start a shell line.
+  if (time_limit.empty() || time_limit.size() > 16 || time_limit.find_first_not_of("0123456789:-") != std::string::npos) {
+    throw ConfigError(fmt::format("shardline plan: --time '{}' is not a Slurm time limit (minutes, H:MM:SS, D-HH:MM, ...)",
+                                  printable(time_limit)));
+  }
 
   partition::Workload w;
   if (model.empty() == preset.empty()) throw ConfigError("shardline plan: give exactly one of --model or --preset");
@@ -267,7 +277,7 @@ int plan_command(const std::vector<std::string>& args) {
     std::cout << sbatch_for(plans.front(), cluster,
                             fmt::format("{} on '{}', objective {}, batch {}, context {}", preset.empty() ? model : preset,
                                         cluster.name, partition::objective_name(w.objective), w.batch, w.context),
-                            dtype, kv_dtype);
+                            dtype, kv_dtype, time_limit);
     return 0;
   }
   if (json) {

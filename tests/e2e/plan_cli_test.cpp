@@ -217,6 +217,18 @@ TEST_F(PlanCli, EmittedSbatchHoldsTheGeometryAndNoInjectedLines) {
   // The plan's ranks per node, and srun told the cores per task (Slurm 22.05's srun does not inherit them).
   EXPECT_NE(r.out.find("#SBATCH --ntasks-per-node=2"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("srun --mpi=pmix --cpus-per-task=\"${SLURM_CPUS_PER_TASK:-1}\""), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("#SBATCH --time=01:00:00 "), std::string::npos) << r.out;
+  // --time sets the limit (an hour stays pending on a partition whose MaxTime is shorter); only Slurm's
+  // characters may reach the #SBATCH line.
+  const std::string plain = shardline_binary() + " plan --preset 15m --np 2 --cluster " + cluster_file("cluster-this-vm.json");
+  const ProcessResult short_job = run_process(plain + " --emit sbatch --time 00:05:00");
+  ASSERT_EQ(short_job.exit_code, 0) << short_job.err;
+  EXPECT_NE(short_job.out.find("#SBATCH --time=00:05:00 "), std::string::npos) << short_job.out;
+  for (const char* bad : {" --emit sbatch --time '5;rm -rf x'", " --emit sbatch --time ''", " --time 5", " --emit sbatch --json"}) {
+    const ProcessResult refused = run_process(plain + bad);
+    EXPECT_EQ(refused.exit_code, 2) << bad << ": " << refused.err;
+    EXPECT_EQ(refused.out, "") << bad;
+  }
 }
 
 TEST_F(PlanCli, ProbeRefusesAnUnwritableOutBeforeMeasuring) {
