@@ -375,6 +375,27 @@ void print_json(const runtime::GenerationResult& r) {
   std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << std::endl;
 }
 
+// A sequence stops where the model samples BOS, which llama2.c takes for the end of a text: a run that
+// printed its prompt and nothing after it (BOS first) looked broken without a word on why.
+void report_early_ends(const std::vector<runtime::GenerationRequest>& requests,
+                       const std::vector<runtime::GenerationResult>& results) {
+  int early = 0, first = -1;
+  for (std::size_t i = 0; i < results.size(); ++i) {
+    if (static_cast<int>(results[i].ids.size()) >= requests[i].steps) continue;
+    if (first < 0) first = static_cast<int>(i);
+    ++early;
+  }
+  if (early == 0) return;
+  if (results.size() == 1) {
+    log::info("the model ended the text (sampled BOS, llama2.c's end of text) after {} of --steps {} tokens",
+              results[0].ids.size(), requests[0].steps);
+  } else {
+    log::info("{} of {} sequences ended early: the model sampled BOS (llama2.c's end of text) before --steps (the first: "
+              "sequence {}, after {} of {} tokens)",
+              early, results.size(), first, results[first].ids.size(), requests[first].steps);
+  }
+}
+
 void print_stats(const runtime::Engine& engine, const std::vector<runtime::GenerationResult>& results, int threads) {
   int prompt_tokens = 0, generated = 0;
   double ttft_s = 0, ttft_sum_s = 0, end_s = 0, first_done_s = std::numeric_limits<double>::infinity();
@@ -718,6 +739,7 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
     std::fflush(stdout);
     if (!config->dump_logits.empty()) write_logits(config->dump_logits, dumped);
     print_stats(*engine, results, config->engine.threads);
+    report_early_ends(config->requests, results);
   }
   if (config->verbose) {
     char host[256] = {};

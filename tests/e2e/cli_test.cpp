@@ -626,6 +626,45 @@ TEST_F(Cli, NanWeightsAreWarnedAboutOnceByOneRank) {
   }
 }
 
+TEST_F(Cli, ASequenceEndedByBosSaysSo) {
+  // The model samples BOS (llama2.c's end of text) at once: the run printed its prompt and nothing more,
+  // with no word on why. A llama2.c checkpoint made for it: its layers add nothing (wo and w2 are zero), so
+  // the final hidden state is the last token's embedding, (1, 0, ...) for every token but BOS's (2, 0, ...),
+  // and the shared classifier scores BOS highest.
+  constexpr int dim = 8, hidden = 16, vocab = 300, seq = 16, heads = 2;
+  const std::string tokenizer_source = path("bos-ref.bin");
+  ASSERT_EQ(run_process(shardline() + " gen-model --dim 8 --hidden 16 --layers 1 --heads 2 --vocab 300 --seq 16 --out " +
+                        tokenizer_source).exit_code, 0);
+  const std::string model = path("bos.bin");
+  {
+    std::ofstream out(model, std::ios::binary);
+    const std::int32_t header[7] = {dim, hidden, 1, heads, heads, vocab, seq};
+    out.write(reinterpret_cast<const char*>(header), sizeof(header));
+    auto floats = [&](std::size_t n, float value) {
+      const std::vector<float> v(n, value);
+      out.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(n * sizeof(float)));
+    };
+    for (int token = 0; token < vocab; ++token) {
+      floats(1, token == 1 ? 2.0f : 1.0f);
+      floats(dim - 1, 0.0f);
+    }
+    floats(dim, 1.0f);                  // rms_att
+    floats(4 * dim * dim, 0.0f);        // wq, wk, wv, wo
+    floats(dim, 1.0f);                  // rms_ffn
+    floats(3 * hidden * dim, 0.0f);     // w1, w2, w3
+    floats(dim, 1.0f);                  // rms_final
+    floats(seq * dim / heads, 0.0f);    // the RoPE tables: seq x head_size / 2, twice
+  }
+  const std::string tokenizer = " --tokenizer " + runtime::default_tokenizer_path_for(tokenizer_source);
+  ProcessResult r = run_process(shardline() + " run --model " + model + tokenizer + " --prompt hi --steps 5", 60);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("the model ended the text (sampled BOS, llama2.c's end of text) after 0 of --steps 5 tokens"),
+            std::string::npos) << r.err;
+  r = run_process(shardline() + " run --model " + model + tokenizer + " --prompt hi --steps 5 --batch 3", 60);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("3 of 3 sequences ended early: the model sampled BOS"), std::string::npos) << r.err;
+}
+
 TEST_F(Cli, AModelTruncatedUnderARunEndsItWithOneLine) {
   // The run maps its weights from the file: truncating it (or `cp` over it) turns the next read into SIGBUS,
   // which killed the rank with nothing said. The run is stopped once it has the file mapped, the file cut,
