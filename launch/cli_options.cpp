@@ -40,6 +40,16 @@ bool parse_command_line(const std::string& command, const std::string& usage, co
   } catch (const po::unknown_option& e) {
     throw ConfigError(fmt::format("shardline {}: unknown flag '{}'{} (see 'shardline {} --help')", command,
                                   e.get_option_name(), did_you_mean(all, e.get_option_name()), command));
+  } catch (const po::invalid_option_value& e) {
+    // A whole number past what the flag holds reads as "invalid" with no reason: say the limit (every
+    // whole-number flag is an int).
+    const std::string what = e.what();  // "the argument ('VALUE') for option '--flag' is invalid"
+    const std::size_t open = what.find("('"), close = what.find("')");
+    const std::string value = open != std::string::npos && close > open ? what.substr(open + 2, close - open - 2) : "";
+    const bool too_big = !value.empty() && value.find_first_not_of("-0123456789") == std::string::npos &&
+                         value.find_first_not_of("-0") != std::string::npos && value.size() > 9;
+    throw ConfigError(fmt::format("shardline {}: {}{} (see 'shardline {} --help')", command, e.what(),
+                                  too_big ? "; it does not fit a whole-number flag (-2147483648 to 2147483647)" : "", command));
   } catch (const po::error& e) {
     throw ConfigError(fmt::format("shardline {}: {} (see 'shardline {} --help')", command, e.what(), command));
   }
