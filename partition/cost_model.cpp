@@ -64,15 +64,16 @@ struct LayoutGeometry {
   int vocab_local() const { return (w.shape.vocab_size + layout.tp - 1) / layout.tp; }
   int first_rank(int stage) const { return stage * layout.tp; }
 
+  // Only the weight matrices take --weights-dtype's format; the norms and the token embedding stay fp32
+  // (mapped from the file or read into the arena as floats).
+  static constexpr double kFp32Bytes = 4;
   double layer_weight_bytes() const {
     const double d = w.shape.dim;
-    const double params = 2.0 * q_local() * d + 2.0 * kv_local() * d + 3.0 * hidden_local() * d + 2 * d;
-    return params * w.weight_bytes_per_param;
+    const double matrix_params = 2.0 * q_local() * d + 2.0 * kv_local() * d + 3.0 * hidden_local() * d;
+    return matrix_params * w.weight_bytes_per_param + 2 * d * kFp32Bytes;
   }
   double classifier_bytes() const { return static_cast<double>(vocab_local()) * w.shape.dim * w.weight_bytes_per_param; }
-  double embedding_bytes() const {
-    return static_cast<double>(w.shape.vocab_size) * w.shape.dim * w.weight_bytes_per_param;
-  }
+  double embedding_bytes() const { return static_cast<double>(w.shape.vocab_size) * w.shape.dim * kFp32Bytes; }
   double stage_weight_bytes(int s) const {
     double bytes = stage_layers[s].size() * layer_weight_bytes();
     if (s == layout.pp - 1) bytes += classifier_bytes();

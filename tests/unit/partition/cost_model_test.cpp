@@ -163,6 +163,25 @@ TEST(CostModel, TensorParallelismDividesTheWeightsPerRank) {
   EXPECT_GT(four.comm_fraction(), one.comm_fraction());
 }
 
+TEST(CostModel, TheEmbeddingAndNormsStayFp32WhateverTheMatricesFormat) {
+  // The runtime converts only the weight matrices (--weights-dtype); the token embedding and the norms stay
+  // fp32. Counting the embedding at int8's byte a weight put llama3-70b's first stage 3 GB short of what it
+  // holds, so a tight plan said "fits" where the run would not.
+  const auto c = uniform_cluster(1, 1, 10e-6, 100);
+  auto fp32 = workload("15m", Objective::kLatency, 1, 64);
+  auto int8 = fp32;
+  int8.weight_bytes_per_param = 1.0;
+  int8.weight_format = WeightFormat::kInt8;
+  const double d = fp32.shape.dim, hidden = fp32.shape.hidden_dim, vocab = fp32.shape.vocab_size;
+  const double layers = fp32.shape.n_layers;
+  const double matrices = layers * (4 * d * d + 3 * d * hidden) + vocab * d;  // with the (unshared) classifier
+  const double fp32_params = layers * 2 * d + vocab * d;  // the layers' two norms and the embedding
+  const double fp32_bytes = estimate_plan(c, fp32, Layout{}).stages[0].weight_bytes;
+  const double int8_bytes = estimate_plan(c, int8, Layout{}).stages[0].weight_bytes;
+  EXPECT_NEAR(fp32_bytes - int8_bytes, matrices * 3.0, 1.0);
+  EXPECT_NEAR(int8_bytes, matrices * 1.0 + fp32_params * 4.0, 1.0);
+}
+
 TEST(CostModel, InfeasiblePlanNamesTheStageAndTheBytesShort) {
   ClusterSpec c = uniform_cluster(1, 2, 10e-6, 100);
   c.domain.memory_bytes = 16e9;  // llama2-7b fp32 is 27 GB
