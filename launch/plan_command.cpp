@@ -259,8 +259,9 @@ int plan_command(const std::vector<std::string>& args) {
     cluster.ranks_per_domain = ranks_per_domain;
   }
   if (ranks > cluster.total_slots()) {
-    throw ConfigError(fmt::format("shardline plan: --np {} but the cluster '{}' has {} rank slots", ranks, cluster.name,
-                                  cluster.total_slots()));
+    throw ConfigError(fmt::format("shardline plan: --np {} but the cluster '{}' has {} rank slots ({} per domain; "
+                                  "--ranks-per-domain N plans more, e.g. an oversubscribed run)",
+                                  ranks, cluster.name, cluster.total_slots(), cluster.ranks_per_domain));
   }
   const auto plans = partition::search_plans(cluster, w, search);
   if (plans.empty()) {

@@ -344,9 +344,22 @@ PlanEstimate estimate_plan(const ClusterSpec& cluster, const Workload& w, const 
   // the sizes that change the chunk count (the refined, per-chunk version of the design's s*).
   const int prompt = w.prompt();
   const int cap = std::max(1, std::min(prompt, w.max_chunk_tokens));
+  // The rates while prompts go through: unlike decode's (whose stages wait for each other's tokens), once
+  // the chunks fill the pipeline every stage works at once, so ranks that outnumber their domain's cores
+  // share them. With fewer items than stages, that share of the stages at a time (at least the stage's own).
+  auto prefill_rates = [&](double items) {
+    std::vector<RankRates> r(pp);
+    const double filled = std::min(1.0, items / pp);
+    for (int s = 0; s < pp; ++s) {
+      int own = 0;  // stage s's ranks on its first rank's domain
+      for (int t = 0; t < layout.tp; ++t) own += cluster.domain_of(g.first_rank(s) + t) == cluster.domain_of(g.first_rank(s));
+      r[s] = rank_rates(g, s, std::max<double>(own, filled * g.ranks_on_domain_of(g.first_rank(s))));
+    }
+    return r;
+  };
   auto ttft_for = [&](int chunk) {
     const double chunks = std::ceil(static_cast<double>(prompt) / chunk);
-    return pipelined_s(g, chunks * m, rows * chunk, prompt / 2.0, max_rows, rates);
+    return pipelined_s(g, chunks * m, rows * chunk, prompt / 2.0, max_rows, prefill_rates(chunks * m));
   };
   int best_chunk = cap;
   if (layout.chunk_tokens > 0) {
@@ -366,18 +379,22 @@ PlanEstimate estimate_plan(const ClusterSpec& cluster, const Workload& w, const 
   plan.ttft_s = ttft_for(best_chunk);
   plan.request_latency_s = plan.ttft_s + (w.generated() - 1) * plan.token_latency_s;
 
-  // The chunk rule `run` applies per request: fixed and per-token cost of a pass over the slowest stage.
+  // The chunk rule `run` applies per request: fixed and per-token cost of a pass over the slowest stage,
+  // at the rates of a full pipeline.
+  const std::vector<RankRates> prefilling = prefill_rates(pp);
   double per_pass = 0, per_token = 0;
   for (int s = 0; s < pp; ++s) {
-    const double one = stage_pass(g, s, 1, 0, prompt / 2.0, rates[s]).total_s();
-    const double many = stage_pass(g, s, 65, 0, prompt / 2.0, rates[s]).total_s();
+    const double one = stage_pass(g, s, 1, 0, prompt / 2.0, prefilling[s]).total_s();
+    const double many = stage_pass(g, s, 65, 0, prompt / 2.0, prefilling[s]).total_s();
     if (many > per_pass + 65 * per_token) {
       per_token = (many - one) / 64.0;
       per_pass = std::max(0.0, one - per_token);
     }
   }
   plan.chunk_policy = ChunkPolicy{per_pass, per_token, pp, w.max_chunk_tokens};
-  const double work_s = stage_pass(g, 0, prompt, 0, prompt / 2.0, rates[0]).total_s() * pp;
+  // W: the prompt's work on all p ranks (one rank's share, the first stage's, times p); α: the link between
+  // stages, or between the TP ranks of the one stage.
+  const double work_s = stage_pass(g, 0, prompt, 0, prompt / 2.0, prefilling[0]).total_s() * layout.world();
   const double alpha_s = pp > 1 ? cluster.link(g.pp_link(0)).alpha_s : cluster.link(g.tp_link(0)).alpha_s;
   plan.design_split_tokens = design_split_granularity(work_s, alpha_s, layout.world());
 

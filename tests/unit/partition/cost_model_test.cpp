@@ -182,6 +182,32 @@ TEST(CostModel, TheEmbeddingAndNormsStayFp32WhateverTheMatricesFormat) {
   EXPECT_NEAR(int8_bytes, matrices * 1.0 + fp32_params * 4.0, 1.0);
 }
 
+TEST(CostModel, OversubscribedRanksShareTheirCoresDuringPrefillToo) {
+  // Four ranks on a domain of two cores (tp 2 x pp 2): prefill keeps every stage busy, so the four share the
+  // two cores. The TTFT used decode's rates, where each stage waits half the time for the other, and
+  // predicted prefill 30% faster than one rank on both cores, which the same two cores cannot do.
+  ClusterSpec c = uniform_cluster(1, 1, 10e-6, 100);
+  c.domain.cores = 2;
+  auto w = workload("110m", Objective::kLatency, 1, 1024);
+  w.prompt_tokens = 512;
+  const auto alone = estimate_plan(c, w, Layout{1, 1, {}, 1, 0});
+  c.ranks_per_domain = 4;
+  const auto shared = estimate_plan(c, w, Layout{2, 2, {}, 1, 0});
+  EXPECT_GE(shared.ttft_s, 0.95 * alone.ttft_s) << shared.ttft_s << " against " << alone.ttft_s;
+}
+
+TEST(CostModel, TheDesignsSplitGranularityCountsTheWorkOfEveryRank) {
+  // s* = sqrt(W log2 p / (α p)) with W the prompt's work over all p ranks: two ranks split it alike whether
+  // they are two TP ranks or two stages (one link latency here). W was one stage's work times pp, which
+  // for tp 2 x pp 1 left out half of it (s* sqrt(2) too small).
+  ClusterSpec c = uniform_cluster(1, 1, 10e-6, 100);
+  c.ranks_per_domain = 2;
+  const auto w = workload("110m", Objective::kLatency, 1, 1024);
+  const double tp2 = estimate_plan(c, w, Layout{2, 1, {}, 1, 0}).design_split_tokens;
+  const double pp2 = estimate_plan(c, w, Layout{1, 2, {6, 6}, 1, 0}).design_split_tokens;
+  EXPECT_NEAR(tp2 / pp2, 1.0, 0.15) << tp2 << " against " << pp2;
+}
+
 TEST(CostModel, InfeasiblePlanNamesTheStageAndTheBytesShort) {
   ClusterSpec c = uniform_cluster(1, 2, 10e-6, 100);
   c.domain.memory_bytes = 16e9;  // llama2-7b fp32 is 27 GB
