@@ -17,6 +17,29 @@
 
 namespace shardline::launch {
 
+namespace {
+
+// "; it does not fit ..." when an int flag was given a whole number it cannot hold, which the options library
+// calls only "invalid", else "".
+std::string int_range_hint(const po::options_description& options, const po::invalid_option_value& e) {
+  const po::option_description* flag = options.find_nothrow(flag_name(e.get_option_name()), /*approx=*/false);
+  if (flag == nullptr || dynamic_cast<const po::typed_value<int>*>(flag->semantic().get()) == nullptr) return {};
+  const std::string what = e.what();  // "the argument ('VALUE') for option '--flag' is invalid"
+  const std::size_t open = what.find("('"), close = what.find("')");
+  if (open == std::string::npos || close < open) return {};
+  const std::string value = what.substr(open + 2, close - open - 2);
+  const std::size_t digits = value.rfind('-', 0) == 0 ? 1 : 0;
+  if (value.size() == digits || value.find_first_not_of("0123456789", digits) != std::string::npos) return {};
+  return "; it does not fit a whole-number flag (-2147483648 to 2147483647)";
+}
+
+}  // namespace
+
+std::string flag_name(const std::string& word) {
+  const std::size_t start = std::min(word.find_first_not_of('-'), word.size());
+  return word.substr(start, word.find('=', start) == std::string::npos ? std::string::npos : word.find('=', start) - start);
+}
+
 bool parse_command_line(const std::string& command, const std::string& usage, const po::options_description& options,
                         const std::vector<std::string>& args, po::variables_map& vm, bool print_help) {
   po::options_description all(options);
@@ -39,17 +62,11 @@ bool parse_command_line(const std::string& command, const std::string& usage, co
     po::notify(vm);
   } catch (const po::unknown_option& e) {
     throw ConfigError(fmt::format("shardline {}: unknown flag '{}'{} (see 'shardline {} --help')", command,
-                                  e.get_option_name(), did_you_mean(all, e.get_option_name()), command));
+                                  e.get_option_name().substr(0, e.get_option_name().find('=')),
+                                  did_you_mean(all, e.get_option_name()), command));
   } catch (const po::invalid_option_value& e) {
-    // A whole number past what the flag holds reads as "invalid" with no reason: say the limit (every
-    // whole-number flag is an int).
-    const std::string what = e.what();  // "the argument ('VALUE') for option '--flag' is invalid"
-    const std::size_t open = what.find("('"), close = what.find("')");
-    const std::string value = open != std::string::npos && close > open ? what.substr(open + 2, close - open - 2) : "";
-    const bool too_big = !value.empty() && value.find_first_not_of("-0123456789") == std::string::npos &&
-                         value.find_first_not_of("-0") != std::string::npos && value.size() > 9;
     throw ConfigError(fmt::format("shardline {}: {}{} (see 'shardline {} --help')", command, e.what(),
-                                  too_big ? "; it does not fit a whole-number flag (-2147483648 to 2147483647)" : "", command));
+                                  int_range_hint(all, e), command));
   } catch (const po::error& e) {
     throw ConfigError(fmt::format("shardline {}: {} (see 'shardline {} --help')", command, e.what(), command));
   }
@@ -77,10 +94,8 @@ std::size_t edit_distance(const std::string& a, const std::string& b) {
 }  // namespace
 
 std::string did_you_mean(const po::options_description& options, const std::string& unknown) {
-  const std::size_t dashes = unknown.find_first_not_of('-');
-  if (dashes == std::string::npos || unknown.size() - dashes < 3) return {};  // "-x" or "--ab": too short to guess
-  const std::string typed = unknown.substr(dashes, unknown.find('=') == std::string::npos ? std::string::npos
-                                                                                          : unknown.find('=') - dashes);
+  const std::string typed = flag_name(unknown);
+  if (typed.size() < 3) return {};  // "-x", "--ab", "--=1": too short to guess from
   std::string best;
   std::size_t best_distance = 3;  // more than two edits: no suggestion
   for (const auto& option : options.options()) {

@@ -25,6 +25,9 @@ inline constexpr int kFlagStyle = po::command_line_style::default_style & ~po::c
 bool parse_command_line(const std::string& command, const std::string& usage, const po::options_description& options,
                         const std::vector<std::string>& args, po::variables_map& vm, bool print_help = true);
 
+// A flag's name as typed, without its dashes and any "=value": "--steps=3" -> "steps", "-n" -> "n".
+std::string flag_name(const std::string& word);
+
 // " (did you mean '--presets'?)" for an unknown flag close to one of options' long flags (a prefix of it, or
 // at most two edits away: a typo or a singular), else "". unknown is as typed, e.g. "--preset".
 std::string did_you_mean(const po::options_description& options, const std::string& unknown);

@@ -1,6 +1,5 @@
 #include "launch/launch_check_command.h"
 
-#include <cctype>
 #include <cstdio>
 #include <iostream>
 
@@ -27,25 +26,6 @@ constexpr const char* kUsage =
     "error line and exit 2 (flags, hostfile, rankfile) or 4 (too few slots or tasks, a missing hostfile, rankfile or model). Example:\n"
     "  shardline launch-check --hostfile hosts --np 4 --tp 2 --pp 2 && mpirun --hostfile hosts -np 4 shardline run --tp 2 --pp 2 ...";
 
-// ConfigError for a word of `unrecognized` (what launch-check's own flags left) that is a flag neither
-// launch-check nor run has. Values (words without a dash, numbers such as -1) pass.
-void refuse_unknown_flags(const std::vector<std::string>& unrecognized, const po::options_description& own) {
-  const po::options_description run_flags = run_flag_descriptions();
-  for (const std::string& word : unrecognized) {
-    if (word.size() < 2 || word[0] != '-' || std::isdigit(static_cast<unsigned char>(word[1])) || word[1] == '.') continue;
-    const bool is_long = word[1] == '-';
-    const std::string name = is_long ? word.substr(2, word.find('=') == std::string::npos ? std::string::npos
-                                                                                          : word.find('=') - 2)
-                                     : word.substr(0, 2);
-    if (run_flags.find_nothrow(name, /*approx=*/false) != nullptr) continue;
-    po::options_description both;
-    both.add(own).add(run_flags);
-    throw ConfigError(fmt::format("shardline launch-check: unknown flag '{}'{}: neither launch-check nor run has it "
-                                  "(see 'shardline launch-check --help')",
-                                  word.substr(0, word.find('=')), did_you_mean(both, word)));
-  }
-}
-
 }  // namespace
 
 int launch_check_command(const std::vector<std::string>& args) {
@@ -65,18 +45,27 @@ int launch_check_command(const std::vector<std::string>& args) {
       ("layers-per-stage", po::value(&layer_split), "explicit layer split, checked with --model");
   po::options_description all(options);
   all.add_options()("help,h", "show this help and exit");
+  // Its own flags, and run's (--prompt, --steps ...), parsed as run parses them and then ignored: a script
+  // hands both commands the same list. Anything else is a typo, which would otherwise skip the check it
+  // misspelled (--modle).
+  po::options_description accepted(all);
+  const po::options_description run_flags = run_flag_descriptions();
+  for (const auto& flag : run_flags.options()) {
+    if (all.find_nothrow(flag->long_name(), /*approx=*/false) == nullptr) accepted.add(flag);
+  }
   po::variables_map vm;
   try {
-    // Flags of its own, and run's (--prompt, --steps ...), which it ignores: a script hands both commands the
-    // same list. Anything else is a typo, which would otherwise skip the check it misspelled (--modle).
-    const po::parsed_options parsed = po::command_line_parser(args).options(all).style(kFlagStyle).allow_unregistered().run();
-    refuse_unknown_flags(po::collect_unrecognized(parsed.options, po::include_positional), all);
-    po::store(parsed, vm);
+    po::store(po::command_line_parser(args).options(accepted).style(kFlagStyle).run(), vm);
     if (vm.count("help")) {
       std::cout << kUsage << "\n\n" << all << "\n";
       return 0;
     }
     po::notify(vm);
+  } catch (const po::unknown_option& e) {
+    throw ConfigError(fmt::format("shardline launch-check: unknown flag '{}'{}: neither launch-check nor run has it "
+                                  "(see 'shardline launch-check --help')",
+                                  e.get_option_name().substr(0, e.get_option_name().find('=')),
+                                  did_you_mean(accepted, e.get_option_name())));
   } catch (const po::error& e) {
     throw ConfigError(fmt::format("shardline launch-check: {} (see 'shardline launch-check --help')", e.what()));
   }

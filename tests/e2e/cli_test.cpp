@@ -508,9 +508,16 @@ TEST_F(Cli, UnknownFlagsAndCommands) {
   expect_clean_failure("launch-check --tp 4 --pp 1 --modle x.bin", 2,
                        "unknown flag '--modle' (did you mean '--model'?): neither launch-check nor run has it");
   expect_clean_failure("launch-check --tp 1 --pp 1 -q", 2, "unknown flag '-q'");
-  const ProcessResult with_run_flags = run_process(shardline() + " launch-check --tp 1 --pp 1 --prompt hi --steps=5 -n 4 "
-                                                   "--top-p -1 --temperature 0.5 --json");
+  expect_clean_failure("run --stpes=3", 2, "unknown flag '--stpes' (did you mean '--steps'?)");
+  expect_clean_failure("run --x=5", 2, "unknown flag '--x' (see");  // too short to guess from
+  // run's flags parse as run parses them: a value that starts with a dash is still the flag's value.
+  const ProcessResult with_run_flags = run_process(shardline() + " launch-check --tp 1 --pp 1 --prompt '- a list' "
+                                                   "--steps=5 -s 7 -z -odd.bin --top-p -1 --temperature 0.5 --json");
   EXPECT_EQ(with_run_flags.exit_code, 0) << with_run_flags.err;
+  expect_clean_failure("launch-check --tp 1 --pp 1 --steps many", 2, "the argument ('many') for option '--steps'");
+  // The int range is named for an int flag given a whole number, not for a float or a word.
+  expect_clean_failure("run --temperature 1234567890123456789012345678901234567890x", 2, "--temperature' is invalid (see");
+  expect_clean_failure("run --batch 12-34567890", 2, "--batch' is invalid (see");
   // Values the options library would have taken: a negative seed wrapped to 2^64 - 1, an empty topology
   // description showed this host, an empty list entry was skipped.
   expect_clean_failure("run --seed -1", 2, "--seed '-1' is not a whole number");
