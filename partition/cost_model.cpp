@@ -347,16 +347,22 @@ PlanEstimate estimate_plan(const ClusterSpec& cluster, const Workload& w, const 
   // The rates while prompts go through: unlike decode's (whose stages wait for each other's tokens), once
   // the chunks fill the pipeline every stage works at once, so ranks that outnumber their domain's cores
   // share them. With fewer items than stages, that share of the stages at a time (at least the stage's own).
-  auto prefill_rates = [&](double items) {
-    std::vector<RankRates> r(pp);
-    const double filled = std::min(1.0, items / pp);
-    for (int s = 0; s < pp; ++s) {
-      int own = 0;  // stage s's ranks on its first rank's domain
-      for (int t = 0; t < layout.tp; ++t) own += cluster.domain_of(g.first_rank(s) + t) == cluster.domain_of(g.first_rank(s));
-      r[s] = rank_rates(g, s, std::max<double>(own, filled * g.ranks_on_domain_of(g.first_rank(s))));
+  // Worked out once per stage (each count walks the ranks), and the rates of a full pipeline once: the chunk
+  // search below asks for them up to 256 times.
+  std::vector<int> own_ranks(pp), domain_ranks(pp);  // stage s's ranks on its first rank's domain; all there
+  for (int s = 0; s < pp; ++s) {
+    for (int t = 0; t < layout.tp; ++t) {
+      own_ranks[s] += cluster.domain_of(g.first_rank(s) + t) == cluster.domain_of(g.first_rank(s)) ? 1 : 0;
     }
+    domain_ranks[s] = g.ranks_on_domain_of(g.first_rank(s));
+  }
+  auto rates_when_filled = [&](double filled) {
+    std::vector<RankRates> r(pp);
+    for (int s = 0; s < pp; ++s) r[s] = rank_rates(g, s, std::max<double>(own_ranks[s], filled * domain_ranks[s]));
     return r;
   };
+  const std::vector<RankRates> prefilling = rates_when_filled(1.0);
+  auto prefill_rates = [&](double items) { return items >= pp ? prefilling : rates_when_filled(items / pp); };
   auto ttft_for = [&](int chunk) {
     const double chunks = std::ceil(static_cast<double>(prompt) / chunk);
     return pipelined_s(g, chunks * m, rows * chunk, prompt / 2.0, max_rows, prefill_rates(chunks * m));
@@ -381,7 +387,6 @@ PlanEstimate estimate_plan(const ClusterSpec& cluster, const Workload& w, const 
 
   // The chunk rule `run` applies per request: fixed and per-token cost of a pass over the slowest stage,
   // at the rates of a full pipeline.
-  const std::vector<RankRates> prefilling = prefill_rates(pp);
   double per_pass = 0, per_token = 0;
   for (int s = 0; s < pp; ++s) {
     const double one = stage_pass(g, s, 1, 0, prompt / 2.0, prefilling[s]).total_s();
