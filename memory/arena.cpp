@@ -205,17 +205,16 @@ Arena::Chunk Arena::map_chunk(std::uint64_t bytes, std::string& reason) {
 void* Arena::allocate_bytes(std::uint64_t bytes, std::size_t alignment) {
   SL_CHECK(alignment > 0 && (alignment & (alignment - 1)) == 0 && alignment <= kHugePageBytes);
   // The address is aligned, not the offset: a chunk of 4 KiB pages is only sure to start on a page.
-  auto aligned_offset = [alignment](const Chunk& c) -> std::uint64_t {
-    const auto base = reinterpret_cast<std::uintptr_t>(c.base);
-    return round_up(base + c.used, alignment) - base;
+  auto offset_in = [alignment](const Chunk& c) {
+    return aligned_offset(reinterpret_cast<std::uintptr_t>(c.base), c.used, alignment);
   };
   Chunk* chunk = &chunks_.back();
-  std::uint64_t at = aligned_offset(*chunk);
+  std::uint64_t at = offset_in(*chunk);
   if (at + bytes > chunk->bytes) {
     std::string reason;
     chunks_.push_back(map_chunk(std::max<std::uint64_t>(bytes + alignment, options_.growth_bytes), reason));
     chunk = &chunks_.back();
-    at = aligned_offset(*chunk);
+    at = offset_in(*chunk);
   }
   chunk->used = at + bytes;
   return chunk->base + at;

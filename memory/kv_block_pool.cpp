@@ -43,6 +43,17 @@ KvBlockPool::KvBlockPool(const KvBlockPoolOptions& options)
     throw ResourceError(fmt::format("cannot reserve {} of address space for {} KV blocks: {}; use fewer --kv-blocks",
                                     format_bytes(static_cast<double>(mapping_bytes_)), n_blocks_, std::strerror(errno)));
   }
+  // The destructor does not run for a constructor that throws: whatever fails from here unmaps first.
+  try {
+    finish_setup(huge);
+  } catch (...) {
+    munmap(mapping_, mapping_bytes_);
+    mapping_ = nullptr;
+    throw;
+  }
+}
+
+void KvBlockPool::finish_setup(bool huge) {
   base_ = static_cast<std::byte*>(mapping_);
   if (huge) {
     const auto at = reinterpret_cast<std::uintptr_t>(mapping_);
@@ -52,15 +63,7 @@ KvBlockPool::KvBlockPool(const KvBlockPoolOptions& options)
   }
   // The last step may pass the last block: bind all that can be committed.
   const std::uint64_t committable = round_up(reserved_bytes(), commit_step_);
-  if (numa_node_ >= 0) {
-    try {
-      node_bound_ = bind_range_to_node(base_, committable, numa_node_, false);
-    } catch (...) {
-      munmap(mapping_, mapping_bytes_);  // the destructor does not run for a constructor that throws
-      mapping_ = nullptr;
-      throw;
-    }
-  }
+  if (numa_node_ >= 0) node_bound_ = bind_range_to_node(base_, committable, numa_node_, false);
   in_use_.assign(static_cast<std::size_t>(n_blocks_), 0);
   free_.reserve(static_cast<std::size_t>(n_blocks_));
 }

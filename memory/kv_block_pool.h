@@ -69,6 +69,8 @@ class KvBlockPool {
 
  private:
   void commit(int block);
+  // The constructor's steps after the reservation (alignment, THP advice, binding, bookkeeping).
+  void finish_setup(bool huge);
   std::byte* base_ = nullptr;
   void* mapping_ = nullptr;           // what munmap takes back (base_ may sit above it, 2 MiB aligned)
   std::uint64_t mapping_bytes_ = 0;

@@ -100,9 +100,11 @@ void MappedFile::read(std::uint64_t offset, void* dst, std::size_t bytes) const 
     if (got < 0 && errno == EINTR) continue;
     if (got < 0) throw ResourceError(fmt::format("reading '{}' failed: {}", path_, std::strerror(errno)));
     if (got == 0) {  // the end of the file before the size it had when opened: cut short since (errno says nothing)
-      throw FormatError(fmt::format("'{}' is truncated: it had {} bytes when opened and ends at byte {} now; was it "
+      struct stat now {};
+      const std::string size_now = ::fstat(fd_, &now) == 0 ? fmt::format("{} bytes", now.st_size) : "fewer";
+      throw FormatError(fmt::format("'{}' is truncated: it had {} bytes when opened and has {} now; was it "
                                     "overwritten while it was being read?",
-                                    path_, size_bytes_, offset + done));
+                                    path_, size_bytes_, size_now));
     }
     done += static_cast<std::size_t>(got);
   }

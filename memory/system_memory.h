@@ -16,6 +16,12 @@ inline constexpr std::uint64_t round_up(std::uint64_t value, std::uint64_t multi
   return (value + multiple - 1) / multiple * multiple;
 }
 
+// The offset from base at or after `used` whose address is a multiple of alignment: an allocator's
+// alignment is of the address, and a chunk's base is only sure to be page aligned.
+inline constexpr std::uint64_t aligned_offset(std::uintptr_t base, std::uint64_t used, std::uint64_t alignment) {
+  return round_up(base + used, alignment) - base;
+}
+
 struct MemInfo {
   std::uint64_t total_bytes = 0;      // MemTotal
   std::uint64_t available_bytes = 0;  // MemAvailable

@@ -162,9 +162,22 @@ TEST(Arena, BumpAllocatesAlignedAndGrowsByChunks) {
   EXPECT_GE(arena.used_bytes(), 200u + (3ull << 20));
 }
 
+TEST(Arena, AlignedOffsetsAlignTheAddressNotTheOffset) {
+  // A chunk of 4 KiB pages is only sure to start on a page (kernels before 6.7 put large anonymous maps on
+  // any page; newer ones on 2 MiB, where aligning the offset happened to be enough).
+  const std::uintptr_t base = (64ull << 20) + 3 * 4096;  // a page, not a 2 MiB boundary
+  for (std::uint64_t alignment : {std::uint64_t{64}, std::uint64_t{4096}, std::uint64_t{1} << 20, kHugePageBytes}) {
+    for (std::uint64_t used : {std::uint64_t{0}, std::uint64_t{100}, std::uint64_t{5} << 20}) {
+      const std::uint64_t at = aligned_offset(base, used, alignment);
+      EXPECT_EQ((base + at) % alignment, 0u) << alignment << " " << used;
+      EXPECT_GE(at, used);
+      EXPECT_LT(at, used + alignment);
+    }
+  }
+}
+
 TEST(Arena, LargeAlignmentsAlignTheAddressNotTheOffset) {
-  // A chunk of 4 KiB pages is only sure to start on a page (kernels before 6.7 put large anonymous maps on any
-  // page): an alignment up to 2 MiB is of the address, in the first chunk and in a grown one.
+  // The same through the arena, in the first chunk and in a grown one.
   Arena arena({.initial_bytes = 4ull << 20, .growth_bytes = 4ull << 20, .pages = PagePolicy::kSmall});
   for (std::size_t alignment : {std::size_t{4096}, std::size_t{1} << 20, std::size_t{2} << 20}) {
     arena.allocate_bytes(100);  // leaves the next offset unaligned
