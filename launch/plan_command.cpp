@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <iostream>
+#include <regex>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -182,8 +183,10 @@ int plan_command(const std::vector<std::string>& args) {
   if (!parse_command_line("plan", usage, options, args, vm)) return 0;
   if (!emit.empty() && json) throw ConfigError("shardline plan: --emit prints a script, --json the plans: give one");
   if (!vm["time"].defaulted() && emit.empty()) throw ConfigError("shardline plan: --time is the script's: give --emit sbatch");
-  // It lands on an #SBATCH line: digits and Slurm's separators only, so no text can start a shell line.
-  if (time_limit.empty() || time_limit.size() > 16 || time_limit.find_first_not_of("0123456789:-") != std::string::npos) {
+  // It lands on an #SBATCH line: one of Slurm's forms only (minutes, M:S, H:M:S, D-H, D-H:M, D-H:M:S, or no
+  // limit), so no other text can reach the script.
+  static const std::regex kSlurmTime(R"((\d{1,8}-)?\d{1,8}(:\d{1,2}){0,2}|UNLIMITED|INFINITE)");
+  if (!std::regex_match(time_limit, kSlurmTime)) {
     throw ConfigError(fmt::format("shardline plan: --time '{}' is not a Slurm time limit (minutes, H:MM:SS, D-HH:MM, ...)",
                                   printable(time_limit)));
   }

@@ -71,7 +71,7 @@ RankBinding bind_this_rank(const memory::HostTopology& host, int local_rank, int
   b.cpu_cores = cores_within(host, b.placement.applied != memory::BindMode::kNone ? b.placement.pus : b.initial_pus);
   if (b.placement.numa_node >= 0 && !memory::prefer_node_for_this_thread(b.placement.numa_node, &b.memory_note)) {
     b.placement.numa_node = -1;  // no NUMA support in the kernel, or not permitted: nothing can be bound
-    if (host.numa_nodes.size() > 1) {  // where it matters: said once, by rank 0 (every rank's host refuses alike)
+    if (host.numa_nodes.size() > 1) {  // where it matters; an info line, so one rank (the output rank) says it
       log::info("memory is not bound to the ranks' NUMA nodes: {}; pages land wherever the kernel puts them",
                 b.memory_note);
     }

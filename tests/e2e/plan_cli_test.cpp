@@ -224,7 +224,11 @@ TEST_F(PlanCli, EmittedSbatchHoldsTheGeometryAndNoInjectedLines) {
   const ProcessResult short_job = run_process(plain + " --emit sbatch --time 00:05:00");
   ASSERT_EQ(short_job.exit_code, 0) << short_job.err;
   EXPECT_NE(short_job.out.find("#SBATCH --time=00:05:00 "), std::string::npos) << short_job.out;
-  for (const char* bad : {" --emit sbatch --time '5;rm -rf x'", " --emit sbatch --time ''", " --time 5", " --emit sbatch --json"}) {
+  for (const char* ok : {"30", "1-12:30", "UNLIMITED"}) {
+    EXPECT_EQ(run_process(plain + " --emit sbatch --time " + ok).exit_code, 0) << ok;
+  }
+  for (const char* bad : {" --emit sbatch --time '5;rm -rf x'", " --emit sbatch --time ''", " --emit sbatch --time :::",
+                          " --emit sbatch --time=-5", " --time 5", " --emit sbatch --json"}) {
     const ProcessResult refused = run_process(plain + bad);
     EXPECT_EQ(refused.exit_code, 2) << bad << ": " << refused.err;
     EXPECT_EQ(refused.out, "") << bad;
