@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "comm/mpi_communicator.h"
+#include "comm/peer_name.h"
 #include "comm/poller.h"
 #include "common/error.h"
 #include "kernels/cuda/cuda_check.h"
@@ -170,8 +171,7 @@ class NcclComm final : public NcclCommunicator {
     abort();
     // The peer by its world rank, as MPI's errors (peer_name.h) and the log tags name it.
     throw CommError(fmt::format("NCCL {} {}failed: {}; communicator aborted", what,
-                                peer >= 0 ? fmt::format("with rank {} (rank {} of this group) ", world_ranks_[peer], peer)
-                                          : std::string(),
+                                peer >= 0 ? fmt::format("with {} ", peer_name(world_ranks_[peer], peer)) : std::string(),
                                 why));
   }
   [[noreturn]] void time_out(const std::string& what, int peer) {
@@ -301,7 +301,7 @@ std::unique_ptr<NcclCommunicator> make_nccl_group(const std::vector<int>& ranks,
   if (!problem.empty()) throw ResourceError(fmt::format("NCCL set-up: {}", problem));
   for (int r = 0; r < size; ++r) {
     if (!usable[r]) {
-      throw ResourceError(fmt::format("NCCL set-up: rank {} (rank {} of this group) has no usable GPU", ranks[r], r));
+      throw ResourceError(fmt::format("NCCL set-up: {} has no usable GPU", peer_name(ranks[r], r)));
     }
   }
 
