@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "common/error.h"
+#include "common/printable.h"
 #include "kernels/cpu/isa.h"
 
 namespace shardline::launch {
@@ -149,8 +150,11 @@ std::vector<int> parse_int_list(const std::string& flag, const std::string& text
       std::size_t used = 0;
       values.push_back(std::stoi(item, &used));
       if (used != item.size()) throw std::invalid_argument(item);
+    } catch (const std::out_of_range&) {
+      throw ConfigError(fmt::format("{} '{}': {} does not fit a whole number (-2147483648 to 2147483647)", flag,
+                                    printable(text), printable(item)));
     } catch (const std::exception&) {
-      throw ConfigError(fmt::format("{} expects comma-separated integers like 3,2,2; got '{}'", flag, text));
+      throw ConfigError(fmt::format("{} expects comma-separated integers like 3,2,2; got '{}'", flag, printable(text)));
     }
     at = comma + 1;
   }

@@ -518,6 +518,8 @@ TEST_F(Cli, UnknownFlagsAndCommands) {
   // The int range is named for an int flag given a whole number, not for a float or a word.
   expect_clean_failure("run --temperature 1234567890123456789012345678901234567890x", 2, "--temperature' is invalid (see");
   expect_clean_failure("run --batch 12-34567890", 2, "--batch' is invalid (see");
+  expect_clean_failure("plan --preset 15m --tp 1,99999999999", 2,
+                       "--tp '1,99999999999': 99999999999 does not fit a whole number");
   // Values the options library would have taken: a negative seed wrapped to 2^64 - 1, an empty topology
   // description showed this host, an empty list entry was skipped.
   expect_clean_failure("run --seed -1", 2, "--seed '-1' is not a whole number");
