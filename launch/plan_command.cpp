@@ -159,7 +159,7 @@ int plan_command(const std::vector<std::string>& args) {
       ("batch", po::value(&batch)->default_value(1), "sequences decoded together")
       ("context", po::value(&context)->default_value(0, "min(seq_len, 2048)"), "positions per sequence (prompt + generated)")
       ("prompt-tokens", po::value(&prompt_tokens)->default_value(0, "context/2"), "prompt length, for TTFT and the chunk size")
-      ("dtype", po::value(&dtype)->default_value("fp32"), "weight dtype: fp32 | bf16 | int8")
+      ("dtype,weights-dtype", po::value(&dtype)->default_value("fp32"), "weight dtype: fp32 | bf16 | int8 (also --weights-dtype, run's name for it)")
       ("kv-dtype", po::value(&kv_dtype)->default_value("auto"), kKvDtypeFlagHelp)
       ("temperature", po::value(&temperature)->default_value(0.0f, "0"),
        "the run's sampling temperature: 0 (greedy) exchanges each TP rank's best token, > 0 gathers the logits")

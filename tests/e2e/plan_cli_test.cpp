@@ -137,6 +137,17 @@ TEST_F(PlanCli, MicroBatchesBeyondTheBatchArePlannedAndShownAsTheBatch) {
   EXPECT_NE(zero.err.find("--micro-batches 0 is not a count >= 1"), std::string::npos) << zero.err;
 }
 
+TEST_F(PlanCli, TakesRunsNameForTheWeightDtype) {
+  // run calls it --weights-dtype, plan --dtype: a plan copied from a run's flags takes either.
+  const std::string plan = shardline_binary() + " plan --preset 110m --top 2 --json --cluster " +
+                           cluster_file("cluster-2socket-100gbe.json");
+  const ProcessResult by_plan = run_process(plan + " --dtype int8");
+  const ProcessResult by_run = run_process(plan + " --weights-dtype int8");
+  ASSERT_EQ(by_run.exit_code, 0) << by_run.err;
+  EXPECT_EQ(by_run.out, by_plan.out);
+  EXPECT_NE(by_run.out, run_process(plan).out);  // and it is not ignored
+}
+
 TEST_F(PlanCli, BadInputsAreClearErrors) {
   const std::string bad = (dir_ / "bad.json").string();
   std::ofstream(bad) << R"({"nodes": 2, "domains_per_node": 1, "domain": {"cores": 4}, "links": {}})";
