@@ -38,7 +38,8 @@ std::string int_range_hint(const po::options_description& options, const po::inv
 
 std::string flag_name(const std::string& word) {
   const std::size_t start = std::min(word.find_first_not_of('-'), word.size());
-  return word.substr(start, word.find('=', start) == std::string::npos ? std::string::npos : word.find('=', start) - start);
+  const std::size_t equals = std::min(word.find('=', start), word.size());
+  return word.substr(start, equals - start);
 }
 
 bool parse_command_line(const std::string& command, const std::string& usage, const po::options_description& options,

@@ -186,12 +186,6 @@ std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, 
   RunFlags f;
   const po::options_description options = run_options(f);
   RunConfig& c = f.c;
-  const std::string &log_level = f.log_level, &prompt = f.prompt, &prompts_file = f.prompts_file;
-  const std::string &layer_split = f.layer_split, &weights_dtype = f.weights_dtype, &kv_dtype = f.kv_dtype, &isa = f.isa;
-  const std::string &bind = f.bind, &arena_pages = f.arena_pages, &weights = f.weights, &device = f.device;
-  const std::string &cuda_graphs = f.cuda_graphs, &seed_text = f.seed_text;
-  const int &steps = f.steps, &batch = f.batch;
-  runtime::SamplerOptions& sampler = f.sampler;
   po::variables_map vm;
   const std::string usage =
       "Usage: shardline run [--model M.bin --tokenizer T.bin] [--prompt TEXT | --prompts-file F] [--steps N] [options]\n"
@@ -199,18 +193,18 @@ std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, 
       "Generates text. The output rank (last stage, tp 0) prints the prompt and the generation to stdout,\n"
       "statistics to stderr.";
   if (!parse_command_line("run", usage, options, args, vm, mpi.world_rank() == 0)) return std::nullopt;
-  sampler.seed = parse_seed_flag(seed_text);
-  log::set_level(log::parse_level(log_level));
-  if (c.verbose && log_level == "info") log::set_level(log::Level::kDebug);
-  c.bind = memory::parse_bind_mode(bind);
-  c.device = runtime::parse_device_request(device);
-  if (cuda_graphs != "on" && cuda_graphs != "off") {
-    throw ConfigError(fmt::format("--cuda-graphs expects on or off; got '{}'", cuda_graphs));
+  f.sampler.seed = parse_seed_flag(f.seed_text);
+  log::set_level(log::parse_level(f.log_level));
+  if (c.verbose && f.log_level == "info") log::set_level(log::Level::kDebug);
+  c.bind = memory::parse_bind_mode(f.bind);
+  c.device = runtime::parse_device_request(f.device);
+  if (f.cuda_graphs != "on" && f.cuda_graphs != "off") {
+    throw ConfigError(fmt::format("--cuda-graphs expects on or off; got '{}'", f.cuda_graphs));
   }
-  c.engine.cuda_graphs = cuda_graphs == "on";
-  c.engine.arena_pages = memory::parse_page_policy(arena_pages);
-  if (weights != "map" && weights != "arena") throw ConfigError(fmt::format("--weights expects map or arena; got '{}'", weights));
-  c.engine.weights_in_arena = weights == "arena";
+  c.engine.cuda_graphs = f.cuda_graphs == "on";
+  c.engine.arena_pages = memory::parse_page_policy(f.arena_pages);
+  if (f.weights != "map" && f.weights != "arena") throw ConfigError(fmt::format("--weights expects map or arena; got '{}'", f.weights));
+  c.engine.weights_in_arena = f.weights == "arena";
   if (c.engine.kv_block_tokens < 1 || c.engine.kv_block_tokens > kMaxKvBlockTokens) {
     throw ConfigError(fmt::format("--kv-block-tokens must be from 1 to {}", kMaxKvBlockTokens));
   }
@@ -220,40 +214,40 @@ std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, 
     c.engine.threads = vm["threads"].as<int>();
     if (c.engine.threads < 1) throw ConfigError("--threads must be >= 1");
   }
-  c.engine.weights_dtype = parse_weights_dtype_flag(weights_dtype);
-  c.engine.kv_dtype = parse_kv_dtype_flag(kv_dtype);
+  c.engine.weights_dtype = parse_weights_dtype_flag(f.weights_dtype);
+  c.engine.kv_dtype = parse_kv_dtype_flag(f.kv_dtype);
   // --device cuda fixes the backend now: an fp16 cache it cannot keep is refused before anything starts.
   if (c.device == runtime::DeviceRequest::kCuda) {
     runtime::resolve_kv_dtype(c.engine.kv_dtype, c.engine.weights_dtype, /*cuda=*/true);
   }
-  apply_isa_flag(isa);
-  if (!layer_split.empty()) c.engine.layers_per_stage = parse_int_list("--layers-per-stage", layer_split);
-  if (batch < 1) throw ConfigError("--batch must be >= 1");
+  apply_isa_flag(f.isa);
+  if (!f.layer_split.empty()) c.engine.layers_per_stage = parse_int_list("--layers-per-stage", f.layer_split);
+  if (f.batch < 1) throw ConfigError("--batch must be >= 1");
   // Checked again per request against the model's context; here so that nothing (writing the built-in
   // model, say) happens before a value no model could take is refused.
-  if (steps < 1) throw ConfigError(fmt::format("--steps must be >= 1, got {}", steps));
+  if (f.steps < 1) throw ConfigError(fmt::format("--steps must be >= 1, got {}", f.steps));
   if (vm.count("tp")) check_rank_flag("--tp", c.tp);
   if (vm.count("pp")) check_rank_flag("--pp", c.pp);
   if (!(c.comm_timeout_s > 0)) throw ConfigError("--comm-timeout must be a positive number of seconds (inf: no limit)");
   if (c.engine.micro_batches < 0) throw ConfigError("--micro-batches must be >= 1 (or 0: planned)");
   if (c.engine.chunk_tokens < 0) throw ConfigError("--chunk-tokens must be >= 1 (or 0: planned per prompt)");
   // A NaN would reach the sampler as probabilities that sum to nothing.
-  if (!std::isfinite(sampler.temperature) || sampler.temperature < 0.0f) {
-    throw ConfigError(fmt::format("--temperature must be a finite number >= 0 (0 = greedy); got {}", sampler.temperature));
+  if (!std::isfinite(f.sampler.temperature) || f.sampler.temperature < 0.0f) {
+    throw ConfigError(fmt::format("--temperature must be a finite number >= 0 (0 = greedy); got {}", f.sampler.temperature));
   }
-  if (std::isnan(sampler.top_p)) throw ConfigError("--top-p must be a number (values outside (0,1) disable it); got nan");
+  if (std::isnan(f.sampler.top_p)) throw ConfigError("--top-p must be a number (values outside (0,1) disable it); got nan");
   if (c.plan != "auto" && c.plan != "none") throw ConfigError(fmt::format("--plan '{}' is not auto or none", c.plan));
-  if (!prompts_file.empty() && !vm["prompt"].defaulted()) {
+  if (!f.prompts_file.empty() && !vm["prompt"].defaulted()) {
     throw ConfigError("--prompt and --prompts-file both give the prompts: use one (put the --prompt text in the file)");
   }
   const std::vector<std::string> prompts =
-      prompts_file.empty() ? std::vector<std::string>{prompt} : read_prompts_file(prompts_file);
+      f.prompts_file.empty() ? std::vector<std::string>{f.prompt} : read_prompts_file(f.prompts_file);
   c.steps_given = !vm["steps"].defaulted();
   for (const auto& text : prompts) {
-    for (int b = 0; b < batch; ++b) {
-      runtime::SamplerOptions s = sampler;
-      s.seed = sampler.seed + c.requests.size();
-      c.requests.push_back({text, steps, s});
+    for (int b = 0; b < f.batch; ++b) {
+      runtime::SamplerOptions s = f.sampler;
+      s.seed = f.sampler.seed + c.requests.size();
+      c.requests.push_back({text, f.steps, s});
     }
   }
   // More micro-batches than sequences would be empty ones (the pipeline takes the smaller count anyway):
