@@ -210,13 +210,6 @@ void scores_by_16_positions(const AttentionHeads& a, int h0, int h1) {
   }
 }
 
-// Attention for head sizes that are a multiple of 16, operation for operation the generic dot() and value
-// sum, with the compiler's bookkeeping taken out of the way: the compiled generic dot() folded its 16
-// partial sums through the stack (a store, then narrower loads that wait for it) for every position and
-// head, and the value sum loaded and stored a head's output for every position. That made attention
-// arithmetic-bound at about 100 cycles per position and head. Here the scores go 16 positions at a time
-// (scores_by_16_positions(), heads of up to 128) and a head's output is up to four accumulators (64
-// floats) per pass over the positions. (Two heads' values at a time, 8 accumulators, measured no faster.)
 // Values [i0, i0 + 16 R) of one head's weighted sum over the positions (attention_heads_avx512_of()), in R
 // registers. R is a template argument so the accumulators stay in registers: with a run-time count (a head of
 // 48 values takes 3 of the 4) GCC kept them on the stack, and every position's additions waited on a store
@@ -235,6 +228,13 @@ void value_sum(const AttentionHeads& a, float* out, const float* weights, int h,
   for (int j = 0; j < R; ++j) _mm512_storeu_ps(out + i0 + 16 * j, acc[j]);
 }
 
+// Attention for head sizes that are a multiple of 16, operation for operation the generic dot() and value
+// sum, with the compiler's bookkeeping taken out of the way: the compiled generic dot() folded its 16
+// partial sums through the stack (a store, then narrower loads that wait for it) for every position and
+// head, and the value sum loaded and stored a head's output for every position. That made attention
+// arithmetic-bound at about 100 cycles per position and head. Here the scores go 16 positions at a time
+// (scores_by_16_positions(), heads of up to 128) and a head's output is up to four accumulators (64
+// floats) per pass over the positions. (Two heads' values at a time, 8 accumulators, measured no faster.)
 template <typename T>
 void attention_heads_avx512_of(const AttentionHeads& a, int h0, int h1) {
   const int hs = a.head_size;
