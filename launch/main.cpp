@@ -65,17 +65,32 @@ int dispatch(const std::string& command, const std::vector<std::string>& args,
   throw shardline::ConfigError(fmt::format("unknown command '{}' (see 'shardline --help')", command));
 }
 
+// What a successful command printed must have arrived: a full disk behind stdout is a failed run (exit 4),
+// not exit 0 with the output cut short. Other codes stay: the command's own failure is the one to report.
+int checked_output(int code) {
+  if (code != 0) return code;
+  const bool flush_failed = std::fflush(stdout) != 0;  // errno tells why only when this failed
+  if (!flush_failed && !std::ferror(stdout)) return code;
+  shardline::print_error_line(fmt::format("writing the output failed: {}", flush_failed ? std::strerror(errno)
+                                                                                      : "a write to stdout failed (disk full?)"));
+  return static_cast<int>(shardline::ExitCode::kResource);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
-  if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
-    std::fputs(kUsage, args.empty() ? stderr : stdout);
-    return args.empty() ? static_cast<int>(shardline::ExitCode::kConfig) : 0;
+  if (args.empty()) {
+    std::fputs(kUsage, stderr);
+    return static_cast<int>(shardline::ExitCode::kConfig);
+  }
+  if (args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
+    std::fputs(kUsage, stdout);
+    return checked_output(0);
   }
   if (args[0] == "--version") {
     std::puts("shardline 0.1.0");
-    return 0;
+    return checked_output(0);
   }
   const std::string command = args[0];
   args.erase(args.begin());
@@ -90,16 +105,7 @@ int main(int argc, char** argv) {
     shardline::print_error_line(failure.message);
     code = static_cast<int>(failure.code);
   }
-  // What a command printed must have arrived: a full disk behind stdout is a failed run, not exit 0 with
-  // the output cut short.
-  if (code == 0) {
-    const bool flush_failed = std::fflush(stdout) != 0;  // errno tells why only when this failed
-    if (flush_failed || std::ferror(stdout)) {
-      shardline::print_error_line(fmt::format("writing the output failed: {}", flush_failed ? std::strerror(errno)
-                                                                                          : "a write to stdout failed (disk full?)"));
-      code = static_cast<int>(shardline::ExitCode::kResource);
-    }
-  }
+  code = checked_output(code);
   // Failures that escaped a command (after start-up agreement) end the whole job, so no peer waits.
   if (code != 0 && mpi && failed_outside_command) mpi->abort_job(code);
   return code;

@@ -438,7 +438,8 @@ TEST_F(Cli, UnwritableLogitsFileIsRefusedBeforeGenerating) {
 }
 
 // A write that fails (here /dev/full, as a full disk) is a failed run, exit 4, for the text on stdout, the
-// --dump-logits file and probe's profile alike; each used to exit 0 with the output cut short.
+// --dump-logits file, probe's profile and the top-level --help and --version alike; each used to exit 0
+// with the output cut short.
 TEST_F(Cli, WritesThatFailAreFailedRuns) {
   SHARDLINE_REQUIRE_MODEL_FILE(model_file("tiny-32k.gguf"));
   const std::string run = shardline() + " run --model " + model_file("tiny-32k.gguf") + " --steps 4";
@@ -451,6 +452,11 @@ TEST_F(Cli, WritesThatFailAreFailedRuns) {
   r = run_process(shardline() + " probe --quick --out /dev/full", 120);
   EXPECT_EQ(r.exit_code, 4) << r.err;
   EXPECT_NE(r.err.find("writing --out file '/dev/full' failed (disk full?)"), std::string::npos) << r.err;
+  for (const char* flag : {"--help", "--version"}) {  // printed before any command runs
+    r = run_process("bash -c " + shell_quote(std::string("exec ") + shardline() + " " + flag + " > /dev/full"));
+    EXPECT_EQ(r.exit_code, 4) << flag << ": " << r.err;
+    EXPECT_NE(r.err.find("writing the output failed"), std::string::npos) << flag << ": " << r.err;
+  }
 }
 
 // Sequences that wait for KV blocks start after others finish: the statistics then give the whole run's
