@@ -303,14 +303,14 @@ void Pipeline::sample_item(const Item& item, std::vector<SeqState>& seqs, const 
   }
   const int n_logits = static_cast<int>(logit_seqs_.size());
   if (!warned_not_finite_ && mesh_.tp_rank() == 0) warn_if_not_finite(seqs, n_logits);
-  greedy_tokens_.assign(n_logits, -1);
+  picked_tokens_.assign(n_logits, -1);
   // All rows greedy and no callback reading logits (the same on every TP rank: the specs and the flag
   // are): only the tokens are needed, which the backend may find without gathering the logits.
   bool tokens_only = !callback_reads_logits_;
   for (int i = 0; i < n_logits && tokens_only; ++i) tokens_only = seqs[logit_seqs_[i]].sampler->leaves_logits_unchanged();
   if (n_logits > 0 && tokens_only) {
     greedy_values_.resize(n_logits);
-    stage_.greedy_tokens(logit_rows_.data(), n_logits, logits_for(n_logits), greedy_tokens_.data(), greedy_values_.data());
+    stage_.greedy_tokens(logit_rows_.data(), n_logits, logits_for(n_logits), picked_tokens_.data(), greedy_values_.data());
     // The winning logit is NaN when the row's were NaN from its first (argmax skips later NaNs), and Inf when
     // the final norm's or classifier's Inf made them overflow; a finite model's is finite.
     for (int i = 0; i < n_logits && !warned_not_finite_ && mesh_.tp_rank() == 0; ++i) {
@@ -318,11 +318,23 @@ void Pipeline::sample_item(const Item& item, std::vector<SeqState>& seqs, const 
     }
   } else if (n_logits > 0) {
     stage_.logits(logit_rows_.data(), n_logits, logits_for(n_logits));
-    // Greedy rows only read their logits (an argmax over the vocabulary each), so they pick their tokens on
-    // the kernel threads; sampled rows share one scratch buffer and go one by one below.
-    kernels::cpu::parallel_for(n_logits, [&](int i, int) {
-      const Sampler& sampler = *seqs[logit_seqs_[i]].sampler;
-      if (sampler.leaves_logits_unchanged()) greedy_tokens_[i] = sampler.greedy_token(logits_.get() + i * vocab);
+    // Every row picks its token on the kernel threads: greedy rows read their logits (an argmax over the
+    // vocabulary), sampled rows scale a copy in their thread's scratch row (callbacks get the raw logits).
+    // Each sequence has its own sampler and random state, so the tokens do not depend on which thread drew
+    // them. One by one on the calling thread, a batch of 16 sampled rows with top-p took longer than the
+    // forward pass that made their logits.
+    const std::size_t scratch_values = static_cast<std::size_t>(kernels::cpu::num_threads()) * vocab;
+    if (probabilities_.size() < scratch_values) probabilities_.resize(scratch_values);
+    kernels::cpu::parallel_for(n_logits, [&](int i, int thread) {
+      Sampler& sampler = *seqs[logit_seqs_[i]].sampler;
+      const float* logits = logits_.get() + static_cast<std::size_t>(i) * vocab;
+      if (sampler.leaves_logits_unchanged()) {
+        picked_tokens_[i] = sampler.greedy_token(logits);
+        return;
+      }
+      float* probabilities = probabilities_.data() + static_cast<std::size_t>(thread) * vocab;
+      std::copy(logits, logits + vocab, probabilities);
+      picked_tokens_[i] = sampler.sample(probabilities);
     });
   }
   for (int i = 0; i < n_logits; ++i) {
@@ -332,11 +344,7 @@ void Pipeline::sample_item(const Item& item, std::vector<SeqState>& seqs, const 
     if (!tokens_only && !warned_not_finite_ && mesh_.tp_rank() == 0 && !all_finite(logits, vocab)) {
       warn_logits_not_finite(s, seq);  // (the tokens-only path left logits_ unwritten: its values were checked)
     }
-    int token = greedy_tokens_[i];
-    if (token < 0) {
-      probabilities_.assign(logits, logits + vocab);  // the sampler scales in place; callbacks get the raw logits
-      token = s.sampler->sample(probabilities_.data());
-    }
+    const int token = picked_tokens_[i];
     tokens.push_back(token);
     SequenceOutput& out = outputs[seq];
     if (out.ids.empty()) out.first_token_s = now_s() - start_s_;

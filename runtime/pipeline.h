@@ -147,9 +147,9 @@ class Pipeline {
   // greedy tokens itself never writes are never touched.
   std::unique_ptr<float[]> logits_;
   std::size_t logits_floats_ = 0;
-  std::vector<float> probabilities_;  // (vocab)
+  std::vector<float> probabilities_;  // (kernel threads, vocab): each thread's copy of a row its sampler scales
   std::vector<int> logit_seqs_;       // the sequence of each row that wants logits, in order
-  std::vector<int> greedy_tokens_;    // their greedy tokens, or -1 for rows that sample
+  std::vector<int> picked_tokens_;    // their tokens, greedy or sampled
   std::vector<float> greedy_values_;  // the winning logit of each greedy row picked without the logits
   bool callback_reads_logits_ = true; // run()'s
   bool warned_not_finite_ = false;    // run() warns once about a hidden state or logits of NaN or Inf

@@ -1,10 +1,11 @@
 #include "runtime/sampler.h"
 
-#include <algorithm>
+#include <bit>
 #include <cmath>
-#include <utility>
+#include <cstdint>
 #include <vector>
 
+#include <boost/sort/spreadsort/integer_sort.hpp>
 #include <fmt/format.h>
 
 #include "common/error.h"
@@ -50,26 +51,42 @@ int Sampler::sample(float* logits) {
   return sample_top_p(logits, coin);
 }
 
+namespace {
+
+// A nucleus candidate as one sortable number: the probability's bits inverted, then the token. Probabilities
+// are >= +0 (softmax's; -0 is made +0), whose bits order as their values do, so ascending keys are
+// descending probabilities, equal ones by increasing token: the order of llama2.c's comparator, made total
+// (its qsort leaves equal probabilities in any order).
+std::uint64_t candidate_key(float probability, int token) {
+  const std::uint32_t bits = std::bit_cast<std::uint32_t>(probability + 0.0f);
+  return static_cast<std::uint64_t>(~bits) << 32 | static_cast<std::uint32_t>(token);
+}
+float candidate_probability(std::uint64_t key) { return std::bit_cast<float>(~static_cast<std::uint32_t>(key >> 32)); }
+int candidate_token(std::uint64_t key) { return static_cast<int>(key & 0xFFFFFFFFu); }
+
+}  // namespace
+
 int Sampler::sample_top_p(const float* probs, float coin) {
-  // (prob, token) scratch, one per thread rather than one per sequence: a sampler per sequence reserving a
+  // Candidate scratch, one per thread rather than one per sequence: a sampler per sequence reserving a
   // vocabulary's worth (256 KB for 32000 tokens) cost thousands of prompts gigabytes of address space.
-  thread_local std::vector<std::pair<float, int>> candidates;
+  thread_local std::vector<std::uint64_t> candidates;
   // Tokens below (1 - top_p) / (n - 1) cannot be in the nucleus, so they are dropped before sorting.
   candidates.clear();
   const float cutoff = (1.0f - options_.top_p) / static_cast<float>(vocab_size_ - 1);
   for (int i = 0; i < vocab_size_; ++i) {
-    if (probs[i] >= cutoff) candidates.emplace_back(probs[i], i);
+    if (probs[i] >= cutoff) candidates.push_back(candidate_key(probs[i], i));
   }
   // Valid probabilities always leave the largest (>= 1/n >= cutoff); NaN ones (from NaN logits) leave none,
   // and the token is then the probabilities' argmax, a valid id, rather than an index past the end.
   if (candidates.empty()) return kernels::cpu::argmax(probs, vocab_size_);
-  std::sort(candidates.begin(), candidates.end(), [](const auto& a, const auto& b) {
-    return a.first > b.first || (a.first == b.first && a.second < b.second);
-  });
+  // Boost's radix-based integer sort: a flat distribution (a random-weight model's, or a high temperature)
+  // keeps most of the vocabulary, whose std::sort of (probability, token) pairs took 3.9-4.1 ms for 32000;
+  // these keys take 1.5-1.7 ms.
+  boost::sort::spreadsort::integer_sort(candidates.begin(), candidates.end());
   float cumulative = 0.0f;
   std::size_t last = candidates.size() - 1;
   for (std::size_t i = 0; i < candidates.size(); ++i) {
-    cumulative += candidates[i].first;
+    cumulative += candidate_probability(candidates[i]);
     if (cumulative > options_.top_p) {
       last = i;
       break;
@@ -78,10 +95,10 @@ int Sampler::sample_top_p(const float* probs, float coin) {
   const float r = coin * cumulative;
   float cdf = 0.0f;
   for (std::size_t i = 0; i <= last; ++i) {
-    cdf += candidates[i].first;
-    if (r < cdf) return candidates[i].second;
+    cdf += candidate_probability(candidates[i]);
+    if (r < cdf) return candidate_token(candidates[i]);
   }
-  return candidates[last].second;
+  return candidate_token(candidates[last]);
 }
 
 }  // namespace shardline::runtime

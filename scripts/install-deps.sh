@@ -10,7 +10,7 @@ packages=(
   openmpi-bin libopenmpi-dev            # MPI runtime and headers (mpirun, PMIx)
   libhwloc-dev hwloc                    # topology discovery and CPU binding
   libnuma-dev numactl                   # NUMA memory policy
-  libboost-program-options-dev          # CLI parsing
+  libboost-program-options-dev          # CLI parsing (brings Boost's headers: Boost.Sort for top-p)
   libgtest-dev libgmock-dev             # unit tests
   libbenchmark-dev                      # kernel micro-benchmarks
   nlohmann-json3-dev libfmt-dev         # JSON output, formatting

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -225,6 +226,24 @@ TEST_F(Cli, AGgufOfAnotherShapeRunsAsItsCheckpointOnEveryLayout) {
                                              layout + " --model " + path("odd.gguf"));
       ASSERT_EQ(gguf.exit_code, 0) << layout << "\n" << gguf.err;
       EXPECT_EQ(parse_single_json(gguf.out)["ids"], expected) << sampling << " " << layout;
+    }
+  }
+}
+
+// A batch's sampled rows draw their tokens on the kernel threads, each sequence with its own sampler: the
+// tokens must not depend on how many threads there are or which one drew a row.
+TEST_F(Cli, SampledBatchesGiveTheSameTokensOnAnyThreadCount) {
+  SHARDLINE_REQUIRE_MODEL_FILE(model_file("tiny-32k.bin"));
+  for (const std::string sampling : {"--temperature 0.9 --top-p 0.9", "--temperature 1.2 --top-p 0"}) {
+    const std::string run = shardline() + " run --json --model " + model_file("tiny-32k.bin") +
+                            " --batch 5 --steps 12 --seed 5 " + sampling;
+    const ProcessResult one = run_process(run + " --threads 1");
+    ASSERT_EQ(one.exit_code, 0) << one.err;
+    EXPECT_EQ(std::count(one.out.begin(), one.out.end(), '\n'), 5) << one.out;
+    for (const char* threads : {" --threads 2", " --threads 3"}) {
+      const ProcessResult more = run_process(run + threads);
+      ASSERT_EQ(more.exit_code, 0) << more.err;
+      EXPECT_EQ(more.out, one.out) << sampling << threads;
     }
   }
 }

@@ -1,6 +1,10 @@
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <map>
+#include <random>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -55,6 +59,76 @@ TEST(Sampler, TopPNeverPicksOutsideTheNucleus) {
   }
   EXPECT_EQ(counts[2] + counts[3], 0);
   EXPECT_NEAR(counts[0] / 5000.0, 0.5 / 0.8, 0.03);
+}
+
+// llama2.c's sample_topp() over the probabilities the sampler left in place, its comparator made total (equal
+// probabilities by increasing token, as runtime/sampler.cpp orders them), with the coin drawn by llama2.c's
+// xorshift64* from the same seed: the reference the sampler's radix-sorted nucleus must match.
+class ReferenceTopP {
+ public:
+  explicit ReferenceTopP(std::uint64_t seed) : state_(seed) {}
+
+  int pick(const std::vector<float>& probs, float top_p) {
+    const float coin = random_f32();
+    std::vector<std::pair<float, int>> candidates;
+    const float cutoff = (1.0f - top_p) / static_cast<float>(probs.size() - 1);
+    for (std::size_t i = 0; i < probs.size(); ++i) {
+      if (probs[i] >= cutoff) candidates.emplace_back(probs[i], static_cast<int>(i));
+    }
+    std::sort(candidates.begin(), candidates.end(), [](const auto& a, const auto& b) {
+      return a.first > b.first || (a.first == b.first && a.second < b.second);
+    });
+    float cumulative = 0.0f;
+    std::size_t last = candidates.size() - 1;
+    for (std::size_t i = 0; i < candidates.size(); ++i) {
+      cumulative += candidates[i].first;
+      if (cumulative > top_p) {
+        last = i;
+        break;
+      }
+    }
+    const float r = coin * cumulative;
+    float cdf = 0.0f;
+    for (std::size_t i = 0; i <= last; ++i) {
+      cdf += candidates[i].first;
+      if (r < cdf) return candidates[i].second;
+    }
+    return candidates[last].second;
+  }
+
+ private:
+  float random_f32() {
+    state_ ^= state_ >> 12;
+    state_ ^= state_ << 25;
+    state_ ^= state_ >> 27;
+    return static_cast<float>(static_cast<std::uint32_t>((state_ * 0x2545F4914F6CDD1Dull) >> 32) >> 8) / 16777216.0f;
+  }
+  std::uint64_t state_;
+};
+
+TEST(Sampler, TopPPicksLlama2csTokenOnFlatPeakedAndTiedDistributions) {
+  constexpr int kVocab = 32000;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  // Spreads of the logits: a random-weight model's flat ones (most of the vocabulary in the nucleus), a
+  // trained model's peaked ones, and logits on a coarse grid (many equal probabilities: the tie order).
+  const std::vector<std::pair<const char*, float>> shapes = {{"flat", 0.3f}, {"peaked", 4.0f}, {"tied", -1.0f}};
+  for (const auto& [name, spread] : shapes) {
+    for (float top_p : {0.5f, 0.9f, 0.99f}) {
+      for (float temperature : {0.7f, 1.5f}) {
+        const std::uint64_t seed = 1000 + static_cast<std::uint64_t>(top_p * 100) + static_cast<std::uint64_t>(temperature * 10);
+        Sampler sampler(kVocab, {.temperature = temperature, .top_p = top_p, .seed = seed});
+        ReferenceTopP reference(seed);
+        for (int draw = 0; draw < 3; ++draw) {
+          std::vector<float> logits(kVocab);
+          for (float& v : logits) v = spread > 0 ? spread * normal(rng) : std::round(2.0f * normal(rng)) / 2.0f;
+          const int token = sampler.sample(logits.data());  // leaves the probabilities it used in logits
+          EXPECT_EQ(token, reference.pick(logits, top_p))
+              << name << " top-p " << top_p << " temperature " << temperature << " draw " << draw;
+        }
+      }
+    }
+  }
 }
 
 TEST(Sampler, RejectsATemperatureOrTopPThatIsNotANumber) {
