@@ -109,6 +109,19 @@ std::vector<int> expand_slurm_counts(const std::string& variable, const std::str
   return counts;
 }
 
+// Open MPI's variables first: inside an allocation mpirun starts its daemons as an srun step, whose
+// SLURM_PROCID and SLURM_LOCALID its ranks inherit (the daemon's node index, 0).
+int LaunchEnv::task_rank() const {
+  if (ompi) return ompi->world_rank;
+  if (slurm && slurm->in_step()) return slurm->proc_id;
+  return pmix ? pmix->rank : -1;
+}
+
+int LaunchEnv::task_rank_on_host() const {
+  if (ompi) return ompi->local_rank;
+  return slurm && slurm->in_step() ? slurm->local_id : -1;
+}
+
 bool LaunchEnv::srun_without_pmix() const {
   return launcher == Launcher::kPlain && slurm && slurm->in_step() && slurm->n_tasks > 1;
 }

@@ -60,6 +60,12 @@ struct LaunchEnv {
 
   // True when this process should bring up MPI: a launcher wired it to its peers.
   bool wired_by_launcher() const { return launcher != Launcher::kPlain; }
+  // This process's place among the tasks one launch started, for the commands that are not MPI jobs (plan,
+  // gen-model, topo, launch-check), which run once per launch or per host: mpirun's rank, else the srun
+  // task's, else PMIx's; -1 where no launcher says (a plain process, the batch script itself).
+  int task_rank() const;
+  // The same among this host's tasks: mpirun's local rank, else the srun task's local id; -1 where unknown.
+  int task_rank_on_host() const;
   // An srun step of several tasks that were not given PMIx (srun without --mpi=pmix while the cluster's
   // MpiDefault is none): every task would run alone and print its own output. Run refuses this.
   bool srun_without_pmix() const;

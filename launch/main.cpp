@@ -14,6 +14,7 @@
 #include "launch/bench_command.h"
 #include "launch/gen_model_command.h"
 #include "launch/launch_check_command.h"
+#include "launch/launch_env.h"
 #include "launch/mpi_session.h"
 #include "launch/plan_command.h"
 #include "launch/probe_command.h"
@@ -40,9 +41,23 @@ Exit codes: 0 ok, 1 unexpected error, 2 bad flags or layout, 3 corrupt input fil
             4 missing resource (file, memory, GPU), 5 communication failure (peer died, timeout).
 )";
 
+// The commands that are not MPI jobs, started under mpirun or srun anyway (`mpirun -np 4 shardline plan`):
+// every task would do the same work and print it again (and gen-model's tasks race to write one file).
+// plan and launch-check run on the launch's first task; gen-model and topo on each host's first (a model
+// written to each host's own disk; each host's topology). The other tasks end at once, with exit 0.
+bool left_to_another_task(const std::string& command) {
+  using namespace shardline::launch;
+  const bool per_launch = command == "plan" || command == "launch-check";
+  const bool per_host = command == "gen-model" || command == "topo";
+  if (!per_launch && !per_host) return false;
+  const LaunchEnv env = detect_launch_env();
+  return (per_host ? env.task_rank_on_host() : env.task_rank()) > 0;
+}
+
 int dispatch(const std::string& command, const std::vector<std::string>& args,
              std::unique_ptr<shardline::launch::MpiSession>& mpi) {
   using namespace shardline::launch;
+  if (left_to_another_task(command)) return 0;
   if (command == "run") {
     mpi = std::make_unique<MpiSession>();
     if (mpi->active() && mpi->world_size() > 1) {

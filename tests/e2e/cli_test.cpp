@@ -230,6 +230,34 @@ TEST_F(Cli, AGgufOfAnotherShapeRunsAsItsCheckpointOnEveryLayout) {
   }
 }
 
+// The commands that are not MPI jobs, started under mpirun anyway: plan once per launch, gen-model and topo
+// once per host (here one host), the other ranks ending at once. Each rank used to print its own copy, and
+// gen-model's ranks raced to write the same file.
+TEST_F(Cli, CommandsThatAreNotMpiJobsRunOnceUnderMpirun) {
+  const auto count = [](const std::string& text, const std::string& what) {
+    std::size_t n = 0;
+    for (std::size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+    return n;
+  };
+  ProcessResult r = run_process(kMpirun + "3 " + shardline() + " plan --preset 15m --cluster " +
+                                std::string(SHARDLINE_SOURCE_DIR) + "/hostfiles/cluster-this-vm.json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(count(r.out, "objective latency"), 1u) << r.out;
+  const std::string model = path("once.bin");
+  r = run_process(kMpirun + "3 " + shardline() + " gen-model --dim 64 --hidden 128 --layers 2 --heads 4 --vocab 512 "
+                  "--seq 64 --out " + model);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(count(r.err, "wrote " + model), 1u) << r.err;
+  EXPECT_TRUE(fs::exists(model));
+  r = run_process(kMpirun + "2 " + shardline() + " topo");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(count(r.out, "topology: this host"), 1u) << r.out;
+  // A bad flag still fails the launch: the rank that runs the command reports it.
+  r = run_process(kMpirun + "2 " + shardline() + " plan --preset nonsense");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_EQ(count(r.err, "unknown model preset 'nonsense'"), 1u) << r.err;
+}
+
 // A batch's sampled rows draw their tokens on the kernel threads, each sequence with its own sampler: the
 // tokens must not depend on how many threads there are or which one drew a row.
 TEST_F(Cli, SampledBatchesGiveTheSameTokensOnAnyThreadCount) {

@@ -106,6 +106,33 @@ TEST(LaunchEnv, MpirunInsideAnAllocation) {
   EXPECT_TRUE(e.slurm);
 }
 
+// The commands that are not MPI jobs run on one task of a launch (or of each host): which one this is.
+TEST(LaunchEnv, TaskRanksForCommandsThatRunOnce) {
+  EXPECT_EQ(detect_launch_env(Environment{}).task_rank(), -1);
+  EXPECT_EQ(detect_launch_env(Environment{}).task_rank_on_host(), -1);
+  EXPECT_EQ(detect_launch_env(batch_script()).task_rank(), -1);  // the script is one process, not a task
+  EXPECT_EQ(detect_launch_env(batch_script()).task_rank_on_host(), -1);
+  const LaunchEnv srun = detect_launch_env(srun_task());
+  EXPECT_EQ(srun.task_rank(), 3);
+  EXPECT_EQ(srun.task_rank_on_host(), 1);
+  Environment without_pmix = srun_task();
+  without_pmix.erase("PMIX_RANK");
+  without_pmix.erase("PMIX_NAMESPACE");
+  EXPECT_EQ(detect_launch_env(without_pmix).task_rank(), 3);  // srun's tasks are numbered either way
+  // mpirun inside an allocation: its ranks inherit the daemons' SLURM_PROCID / SLURM_LOCALID; OMPI_* decides.
+  Environment mpirun = batch_script();
+  mpirun["SLURM_STEP_ID"] = "1";
+  mpirun["SLURM_PROCID"] = "1";
+  mpirun["OMPI_COMM_WORLD_SIZE"] = "4";
+  mpirun["OMPI_COMM_WORLD_RANK"] = "2";
+  mpirun["OMPI_COMM_WORLD_LOCAL_RANK"] = "0";
+  const LaunchEnv e = detect_launch_env(mpirun);
+  EXPECT_EQ(e.task_rank(), 2);
+  EXPECT_EQ(e.task_rank_on_host(), 0);
+  EXPECT_EQ(detect_launch_env({{"PMIX_RANK", "5"}, {"PMIX_NAMESPACE", "prte-1"}}).task_rank(), 5);
+  EXPECT_EQ(detect_launch_env({{"PMIX_RANK", "5"}, {"PMIX_NAMESPACE", "prte-1"}}).task_rank_on_host(), -1);
+}
+
 TEST(LaunchEnv, TaskCountFallsBackToTasksPerNode) {
   const LaunchEnv e = detect_launch_env({{"SLURM_JOB_ID", "7"}, {"SLURM_TASKS_PER_NODE", "3(x2),1"}});
   ASSERT_TRUE(e.slurm);
