@@ -1,10 +1,12 @@
 // shardline: serve a transformer LLM across MPI ranks. This file only dispatches subcommands and turns
 // every expected failure into one clear line and a meaningful exit code (see common/error.h).
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <iostream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <fmt/format.h>
@@ -42,16 +44,30 @@ Exit codes: 0 ok, 1 unexpected error, 2 bad flags or layout, 3 corrupt input fil
 )";
 
 // The commands that are not MPI jobs, started under mpirun or srun anyway (`mpirun -np 4 shardline plan`):
-// every task would do the same work and print it again (and gen-model's tasks race to write one file).
-// plan and launch-check run on the launch's first task; gen-model and topo on each host's first (a model
-// written to each host's own disk; each host's topology). The other tasks end at once, with exit 0.
+// every task would do the same work and print it again. plan and launch-check run on the launch's first
+// task; gen-model and topo on each host's first (a model written to each host's own disk; each host's
+// topology). The other tasks say so in one line and end with exit 0; SHARDLINE_EVERY_TASK=1 runs the command
+// on every task (a script that gives each task its own --out). The task numbers are Open MPI's or Slurm's.
 bool left_to_another_task(const std::string& command) {
   using namespace shardline::launch;
   const bool per_launch = command == "plan" || command == "launch-check";
   const bool per_host = command == "gen-model" || command == "topo";
   if (!per_launch && !per_host) return false;
-  const LaunchEnv env = detect_launch_env();
-  return (per_host ? env.task_rank_on_host() : env.task_rank()) > 0;
+  const char* every_task = std::getenv("SHARDLINE_EVERY_TASK");
+  if (every_task != nullptr && std::string_view(every_task) == "1") return false;
+  LaunchEnv env;
+  try {
+    env = detect_launch_env();
+  } catch (const shardline::ConfigError&) {
+    return false;  // a launcher variable of nonsense: these commands never read one, so they run
+  }
+  const int rank = per_host ? env.task_rank_on_host() : env.task_rank();
+  if (rank <= 0) return false;
+  shardline::log::set_place(fmt::format("[task {}]", rank), false);
+  shardline::log::warn("{} runs on the first task{} of an mpirun or srun launch; this task ({} {}) did nothing "
+                       "(SHARDLINE_EVERY_TASK=1 runs it on every task)",
+                       command, per_host ? " on each host" : "", rank, per_host ? "on its host" : "of the launch");
+  return true;
 }
 
 int dispatch(const std::string& command, const std::vector<std::string>& args,

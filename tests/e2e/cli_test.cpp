@@ -239,10 +239,25 @@ TEST_F(Cli, CommandsThatAreNotMpiJobsRunOnceUnderMpirun) {
     for (std::size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
     return n;
   };
-  ProcessResult r = run_process(kMpirun + "3 " + shardline() + " plan --preset 15m --cluster " +
-                                std::string(SHARDLINE_SOURCE_DIR) + "/hostfiles/cluster-this-vm.json");
+  const std::string plan = shardline() + " plan --preset 15m --cluster " + std::string(SHARDLINE_SOURCE_DIR) +
+                           "/hostfiles/cluster-this-vm.json";
+  ProcessResult r = run_process(kMpirun + "3 " + plan);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(count(r.out, "objective latency"), 1u) << r.out;
+  EXPECT_EQ(count(r.err, "plan runs on the first task of an mpirun or srun launch"), 2u) << r.err;
+  // The task numbers come from the launcher's variables: a script started as task 1 that runs plan itself
+  // gets the line too, and SHARDLINE_EVERY_TASK=1 runs the command anyway.
+  const std::string task_1 = "OMPI_COMM_WORLD_SIZE=2 OMPI_COMM_WORLD_RANK=1 OMPI_COMM_WORLD_LOCAL_RANK=1 ";
+  r = run_process("env " + task_1 + plan);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "");
+  EXPECT_NE(r.err.find("[task 1] warn: plan runs on the first task"), std::string::npos) << r.err;
+  r = run_process("env SHARDLINE_EVERY_TASK=1 " + task_1 + plan);
+  EXPECT_EQ(count(r.out, "objective latency"), 1u) << r.err;
+  // A launcher variable of nonsense is run's and probe's to report; these commands never read one.
+  r = run_process("env SLURM_JOB_ID=1 'SLURM_TASKS_PER_NODE=2(x3' " + shardline() + " topo");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(count(r.out, "topology: this host"), 1u) << r.err;
   const std::string model = path("once.bin");
   r = run_process(kMpirun + "3 " + shardline() + " gen-model --dim 64 --hidden 128 --layers 2 --heads 4 --vocab 512 "
                   "--seq 64 --out " + model);
@@ -485,8 +500,7 @@ TEST_F(Cli, UnwritableLogitsFileIsRefusedBeforeGenerating) {
 }
 
 // A write that fails (here /dev/full, as a full disk) is a failed run, exit 4, for the text on stdout, the
-// --dump-logits file, probe's profile and the top-level --help and --version alike; each used to exit 0
-// with the output cut short.
+// --dump-logits file and probe's profile alike; each used to exit 0 with the output cut short.
 TEST_F(Cli, WritesThatFailAreFailedRuns) {
   SHARDLINE_REQUIRE_MODEL_FILE(model_file("tiny-32k.gguf"));
   const std::string run = shardline() + " run --model " + model_file("tiny-32k.gguf") + " --steps 4";
@@ -499,8 +513,12 @@ TEST_F(Cli, WritesThatFailAreFailedRuns) {
   r = run_process(shardline() + " probe --quick --out /dev/full", 120);
   EXPECT_EQ(r.exit_code, 4) << r.err;
   EXPECT_NE(r.err.find("writing --out file '/dev/full' failed (disk full?)"), std::string::npos) << r.err;
-  for (const char* flag : {"--help", "--version"}) {  // printed before any command runs
-    r = run_process("bash -c " + shell_quote(std::string("exec ") + shardline() + " " + flag + " > /dev/full"));
+}
+
+// The top-level --help and --version, printed before any command runs, check their output too.
+TEST_F(Cli, HelpAndVersionToAFullDiskAreFailedRuns) {
+  for (const char* flag : {"--help", "--version"}) {
+    const ProcessResult r = run_process("bash -c " + shell_quote(std::string("exec ") + shardline() + " " + flag + " > /dev/full"));
     EXPECT_EQ(r.exit_code, 4) << flag << ": " << r.err;
     EXPECT_NE(r.err.find("writing the output failed"), std::string::npos) << flag << ": " << r.err;
   }
