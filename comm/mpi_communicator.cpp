@@ -77,7 +77,12 @@ class MpiCommunicator final : public Communicator {
   void broadcast(void* data, std::size_t bytes, int root) override {
     MPI_Request request;
     check_mpi(MPI_Ibcast(data, checked_count(bytes), MPI_BYTE, root, comm_, &request), "broadcast");
-    wait(request, "broadcast", root);
+    // The root waits for the others, not for itself: "broadcast with rank 0" on rank 0 blamed the wrong rank.
+    if (root == rank_) {
+      wait(request, "broadcast from this rank", -1);
+    } else {
+      wait(request, "broadcast", root);
+    }
   }
 
   void send(const void* data, std::size_t bytes, int dst, int tag) override {

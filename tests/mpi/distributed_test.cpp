@@ -267,6 +267,7 @@ TEST_F(FailingRank, StuckRankTimesOutAndNamesTheCause) {
   const std::string err = read_text_file(path("job.err"));
   EXPECT_NE(err.find("[r0 pp0 tp0] error:"), std::string::npos) << err;
   EXPECT_NE(err.find("timed out"), std::string::npos) << err;
+  EXPECT_EQ(err.find("with rank 0 ("), std::string::npos) << "rank 0 blamed itself:\n" << err;
 }
 
 // --- Memory scales with the shard -----------------------------------------------------------------
