@@ -207,7 +207,8 @@ TimeBreakdown stage_pass(const LayoutGeometry& g, int s, double rows, double log
     } else {
       // One all-gather of every row's logit slices (Stage::logits), not one per row.
       total.comm_s += ring_allgather_s(g.layout.tp, logit_rows * w.shape.vocab_size * kFloat, tp_link);
-      total.compute_s += logit_rows * w.shape.vocab_size * 1e-9;  // sampling scan, ~1 ns per logit
+      // The sampler's scan, ~1 ns per logit, a row per thread (the pipeline samples rows on the kernel threads).
+      total.compute_s += logit_rows * w.shape.vocab_size * 1e-9 / std::min(rates.row_threads, logit_rows);
     }
   }
   return total;

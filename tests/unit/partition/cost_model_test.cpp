@@ -277,6 +277,8 @@ TEST(CostModel, GreedyDecodingExchangesEachRanksBestTokenInsteadOfTheLogits) {
   // tp = 1: nothing to exchange either way; greedy skips the sampler's scan of the logits.
   EXPECT_DOUBLE_EQ(greedy_tp1.decode.comm_s, sampled_tp1.decode.comm_s);
   EXPECT_LT(greedy_tp1.decode.compute_s, sampled_tp1.decode.compute_s);
+  // The scan, about 1 ns per logit, takes a row per thread: 16 rows on the rank's 16 threads.
+  EXPECT_NEAR(sampled_tp1.decode.compute_s - greedy_tp1.decode.compute_s, 16.0 * 32000 * 1e-9 / 16, 1e-12);
 }
 
 TEST(Cluster, WeightFormatsHaveTheirOwnRatesOrFp32s) {
