@@ -91,8 +91,46 @@ class CheckpointWriter {
   ProgressCallback progress_;
 };
 
+// This host's name, in part files' names: on a folder several hosts share, a part file's process number
+// means something only on the host that wrote it.
+std::string host_name() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof(name) - 1) != 0 || name[0] == '\0') return "host";
+  std::string host(name);
+  for (char& c : host) {
+    if (c == '.' || c == '/') c = '_';  // one field of the part file's name
+  }
+  return host;
+}
+
+// "<path>.tmp.<host>.<pid>.<n>": written, then renamed into place.
 std::string temp_name(const std::string& path) {
-  return fmt::format("{}.tmp.{}.{}", path, ::getpid(), reinterpret_cast<std::uintptr_t>(&path) & 0xffff);
+  return fmt::format("{}.tmp.{}.{}.{}", path, host_name(), ::getpid(), reinterpret_cast<std::uintptr_t>(&path) & 0xffff);
+}
+
+// Removes the part files of `path` that a process of this host left when it was killed outright (SIGKILL, an
+// out-of-memory kill, a power cut), which no handler could clean up: a killed 70B model's part file holds
+// hundreds of GB. Only those whose process is gone (kill(pid, 0) says ESRCH); a running writer's, another
+// host's and anything not named as temp_name() names them stay.
+void remove_stale_part_files(const std::string& path) {
+  const fs::path final_path = fs::absolute(path);
+  const std::string prefix = final_path.filename().string() + ".tmp." + host_name() + ".";
+  std::error_code ec;
+  for (const fs::directory_entry& entry : fs::directory_iterator(final_path.parent_path(), ec)) {
+    const std::string name = entry.path().filename().string();
+    if (!name.starts_with(prefix)) continue;
+    const std::string rest = name.substr(prefix.size());  // "<pid>.<n>"
+    const std::size_t dot = rest.find('.');
+    if (dot == 0 || dot == std::string::npos || rest.find_first_not_of("0123456789") != dot) continue;
+    const long pid = std::strtol(rest.substr(0, dot).c_str(), nullptr, 10);
+    if (pid <= 0 || pid == ::getpid() || ::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
+    std::error_code removed;
+    const auto bytes = entry.file_size(removed);
+    if (fs::remove(entry.path(), removed) && !removed) {
+      log::info("removed '{}' ({:.1f} MiB), the part file of a writer (process {}) that was killed before it finished",
+                entry.path().string(), static_cast<double>(bytes) / (1024.0 * 1024.0), pid);
+    }
+  }
 }
 
 // Part files that Ctrl-C (or SIGTERM, SIGHUP) during a long write would leave behind: their paths, where
@@ -194,6 +232,8 @@ void generate_model(const partition::ModelShape& s, std::uint64_t seed, const Ge
                     const ProgressCallback& progress) {
   if (auto problem = s.find_problem()) throw ConfigError(fmt::format("cannot generate this model: {}", *problem));
   const CheckpointLayout layout = checkpoint_layout(s);
+  remove_stale_part_files(paths.model);  // before the free space is checked: theirs counts
+  remove_stale_part_files(paths.tokenizer);
   check_destination(paths.model, layout.total_bytes);
   check_destination(paths.tokenizer, 0);
   // The tokenizer first (it is small, and its folder may be another one), renamed into place last: a

@@ -656,6 +656,48 @@ TEST_F(Cli, GenModelKilledMidWriteLeavesNoPartFile) {
   EXPECT_TRUE(left.empty()) << "left behind: " << (left.empty() ? "" : left.front());
 }
 
+// SIGKILL leaves a part file no handler could remove (for a large model, hundreds of GB): the next gen-model
+// for that name removes it and says so. Part files of a live process, or named for another host (a folder
+// several hosts share, where this host's process numbers mean nothing), stay.
+TEST_F(Cli, GenModelRemovesThePartFileOfAWriterKilledOutright) {
+  namespace fs = std::filesystem;
+  const fs::path dir = path("sigkilled");
+  fs::create_directories(dir);
+  const std::string d = dir.string();
+  const std::string script =
+      "for attempt in 1 2 3 4 5; do " + shardline() + " gen-model --preset 15m --out " + d +
+      "/m.bin 2>/dev/null & pid=$!; "
+      "for i in $(seq 2000); do ls " + d + " | grep -q 'm.bin.tmp' && break; sleep 0.005; done; "
+      "kill -KILL $pid; wait $pid; if ls " + d + " | grep -q 'm.bin.tmp'; then echo killed; exit; fi; "
+      "rm -f " + d + "/*; done; echo 'never caught mid-write'";
+  const ProcessResult killed = run_process("bash -c " + shell_quote(script), 120);
+  ASSERT_EQ(killed.out, "killed\n") << killed.err;
+  std::string stale;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    if (entry.path().filename().string().starts_with("m.bin.tmp.")) stale = entry.path().filename().string();
+  }
+  ASSERT_FALSE(stale.empty());
+  // Kept: one for this (live) test process, one of another host with the killed writer's number.
+  char host[256] = {};
+  ASSERT_EQ(gethostname(host, sizeof(host) - 1), 0);
+  std::string host_field(host);
+  std::replace(host_field.begin(), host_field.end(), '.', '_');
+  const std::string live = fmt::format("m.bin.tmp.{}.{}.7", host_field, getpid());
+  const std::string pid_and_slot = stale.substr(stale.rfind('.', stale.rfind('.') - 1) + 1);  // "<pid>.<n>"
+  const std::string other_host = "m.bin.tmp.elsewhere." + pid_and_slot;
+  std::ofstream(dir / live) << "writing";
+  std::ofstream(dir / other_host) << "writing";
+  const ProcessResult again = run_process(shardline() + " gen-model --dim 64 --hidden 128 --layers 2 --heads 4 --vocab 512 "
+                                          "--seq 64 --out " + d + "/m.bin");
+  ASSERT_EQ(again.exit_code, 0) << again.err;
+  EXPECT_NE(again.err.find("removed '" + (dir / stale).string() + "'"), std::string::npos) << again.err;
+  EXPECT_NE(again.err.find("killed before it finished"), std::string::npos) << again.err;
+  EXPECT_FALSE(fs::exists(dir / stale));
+  EXPECT_TRUE(fs::exists(dir / live));
+  EXPECT_TRUE(fs::exists(dir / other_host));
+  EXPECT_TRUE(fs::exists(dir / "m.bin"));
+}
+
 TEST_F(Cli, NanWeightsAreWarnedAboutOnceByOneRank) {
   // llama2.c's rules pick token 0 from NaN logits: the run goes on (the reference does), but says why its
   // text is meaningless, once, from the rank that writes the output, on one rank and on tp 2 x pp 2.
