@@ -167,7 +167,10 @@ void Stage::attention_block(const LayerWeights& w, float* x, const float* residu
       cpu::team_barrier();
       act_inner_.prepare_rows(att_.data(), mine.begin, mine.end);
     } else {
-      for (int t = mine.begin; t < mine.end; ++t) {
+      // Rows in bands of about equal attention work (context lengths), not of equal counts: a prefill
+      // chunk's later rows see more positions than its first, and a batch mixes long and short sequences.
+      const cpu::Band attended = team.share_by_cost(n, [&](int t) { return rows[t].pos + 1; });
+      for (int t = attended.begin; t < attended.end; ++t) {
         attend(t, cpu::Team{});
         act_inner_.prepare_rows(att_.data(), t, t + 1);
       }

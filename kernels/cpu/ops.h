@@ -3,6 +3,7 @@
 // the inner loops are compiled for several ISAs (AVX-512, AVX2+FMA, portable) and picked at run time.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <optional>
 #include <string_view>
@@ -37,6 +38,32 @@ struct Team {
   int thread = 0;
   int n_threads = 1;
   Band share(int n_items) const { return thread_band(n_items, thread, n_threads); }
+  // This thread's contiguous band of n_items whose costs differ (cost(i) >= 0, e.g. attention's context
+  // length per row): item i goes to the thread whose equal share of the total cost holds the middle of its
+  // own cost, so the bands cost about the same. Every thread computes every boundary the same way, so the
+  // bands tile [0, n_items) in thread order. O(n_items).
+  template <typename Cost>
+  Band share_by_cost(int n_items, Cost&& cost) const {
+    long total = 0;
+    for (int i = 0; i < n_items; ++i) total += cost(i);
+    if (total <= 0 || n_threads <= 1) return share(n_items);
+    // Item i (costs before it: before) belongs to thread floor((before + cost / 2) * n_threads / total):
+    // doubled to stay in integers.
+    Band band{n_items, n_items};
+    long before = 0;
+    for (int i = 0; i < n_items; ++i) {
+      const long c = cost(i);
+      const long owner = std::min<long>(((2 * before + c) * n_threads) / (2 * total), n_threads - 1);
+      if (owner >= thread && band.begin == n_items) band.begin = i;
+      if (owner > thread) {
+        band.end = i;
+        break;
+      }
+      before += c;
+    }
+    if (band.begin > band.end) band.begin = band.end;
+    return band;
+  }
 };
 // Runs body(team) once on each of the num_threads() kernel threads, in one parallel pass (on the caller
 // alone with one thread). Every thread must reach the same team_barrier() calls.

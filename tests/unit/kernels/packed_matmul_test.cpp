@@ -936,6 +936,54 @@ TEST(Threads, RunTeamRunsOncePerThreadAndTheBarrierPublishesEveryWrite) {
   }
 }
 
+// share_by_cost(): contiguous bands in thread order that cover every item once, whatever the costs, and
+// whose costs differ by at most twice the largest item's (each item goes where the middle of its cost falls,
+// so each end of a band is at most half an item off its equal share).
+TEST(Threads, SharesByCostTileTheItemsAndBalanceTheirCost) {
+  std::mt19937 rng(5);
+  std::vector<std::vector<long>> cases = {
+      {},                                    // nothing
+      std::vector<long>(10, 3),              // equal: bands of equal counts (within one)
+      {0, 0, 0, 0},                          // no cost at all: share()'s bands
+      {1000, 1, 1, 1, 1, 1, 1, 1},           // one item outweighs the rest
+      {5, 5, 0, 0, 0},                       // free items at the end still go to a thread
+  };
+  std::vector<long> prefill(64);  // a prefill chunk's rows see 1 .. 64 positions
+  for (int i = 0; i < 64; ++i) prefill[i] = i + 1;
+  cases.push_back(prefill);
+  for (int c = 0; c < 20; ++c) {
+    std::vector<long> random(1 + rng() % 40);
+    for (long& v : random) v = static_cast<long>(rng() % 600);
+    cases.push_back(random);
+  }
+  for (const std::vector<long>& costs : cases) {
+    const int n = static_cast<int>(costs.size());
+    const long largest = n > 0 ? *std::max_element(costs.begin(), costs.end()) : 0;
+    for (int threads = 1; threads <= 5; ++threads) {
+      std::vector<int> owner(n, -1);
+      std::vector<long> band_cost(threads, 0);
+      int next = 0;
+      for (int t = 0; t < threads; ++t) {
+        const Band band = Team{t, threads}.share_by_cost(n, [&](int i) { return costs[i]; });
+        ASSERT_EQ(band.begin, next) << "thread " << t << " of " << threads << ", " << n << " items";
+        ASSERT_LE(band.begin, band.end);
+        for (int i = band.begin; i < band.end; ++i) band_cost[t] += costs[i];
+        next = band.end;
+      }
+      EXPECT_EQ(next, n) << threads << " threads: every item has a thread";
+      const auto [low, high] = std::minmax_element(band_cost.begin(), band_cost.end());
+      if (n >= threads) {
+        EXPECT_LE(*high - *low, 2 * largest) << threads << " threads, " << n << " items";
+      }
+    }
+  }
+  // A 64-row prefill chunk on two threads: 1035 and 1045 of 2080 positions, where equal counts give 528
+  // and 1552.
+  const Band first = Team{0, 2}.share_by_cost(64, [&](int i) { return prefill[i]; });
+  EXPECT_EQ(first.begin, 0);
+  EXPECT_EQ(first.end, 45);
+}
+
 TEST(BandwidthProbe, ReadsEveryRegionInPlausibleTime) {
   const std::size_t bytes = 64u << 20;
   std::unique_ptr<std::byte, decltype(&std::free)> buffer(static_cast<std::byte*>(std::aligned_alloc(64, bytes)), &std::free);
