@@ -1,5 +1,8 @@
 #include "runtime/checkpoint.h"
 
+#include <cstdint>
+#include <limits>
+
 #include <fmt/format.h>
 
 #include "common/error.h"
@@ -75,7 +78,8 @@ ModelFile read_llama2c_file(const std::string& path) {
   shape.n_heads = header[3];
   shape.n_kv_heads = header[4];
   shape.shared_classifier = header[5] > 0;
-  shape.vocab_size = header[5] < 0 ? -header[5] : header[5];
+  // INT_MIN has no positive counterpart: left negative, the shape check refuses it (negating it is undefined).
+  shape.vocab_size = header[5] < 0 && header[5] != std::numeric_limits<std::int32_t>::min() ? -header[5] : header[5];
   shape.seq_len = header[6];
   if (auto problem = shape.find_problem()) {
     throw FormatError(fmt::format("'{}' is neither a GGUF file nor a llama2.c checkpoint: read as a llama2.c header, "

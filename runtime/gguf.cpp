@@ -303,8 +303,9 @@ GgufFile::GgufFile(const std::string& path) : path_(path), file_(path) {
   bool end_known = true;               // false after a tensor of unknown layout
   for (const GgufTensor* tensor : stored) {
     if (end_known && previous != nullptr && tensor->bytes > 0 && previous->offset + previous->bytes > tensor->offset) {
-      throw FormatError(fmt::format("GGUF file '{}' is corrupt: tensors '{}' and '{}' overlap", path,
-                                    printable(previous->name), printable(tensor->name)));
+      throw FormatError(fmt::format("GGUF file '{}' is corrupt: tensors '{}' and '{}' overlap: a tensor's type or "
+                                    "shape does not match its data",
+                                    path, printable(previous->name), printable(tensor->name)));
     }
     if (end_known && tensor->offset != expected) {
       const std::string before =
@@ -319,6 +320,16 @@ GgufFile::GgufFile(const std::string& path) : path_(path), file_(path) {
     previous = tensor;
     end_known = tensor->bytes > 0;
     expected = (tensor->offset + tensor->bytes + alignment - 1) / alignment * alignment;
+  }
+  // And the last one ends the file (its padding may be left off): bytes after it mean the data section
+  // starts later than the tensor table says, so every tensor would be read that many bytes early (32 bytes
+  // put between the table and the data made a model run on, printing garbage).
+  if (end_known && previous != nullptr && size_bytes_ > expected) {
+    throw FormatError(fmt::format("GGUF file '{}' is corrupt: its last tensor, '{}' ({}, {} bytes), ends at byte {} "
+                                  "(padded to {}) but the file has {} bytes: the tensor data does not start where "
+                                  "the tensor table says, or a tensor's type or shape does not match its data",
+                                  path, printable(previous->name), gguf_type_name(previous->type), previous->bytes,
+                                  previous->offset + previous->bytes, expected, size_bytes_));
   }
   for (GgufTensor& tensor : table) {
     const std::string name = tensor.name;

@@ -107,8 +107,9 @@ Tokenizer::Tokenizer(const std::string& path, int vocab_size) {
     if (!read_pod(data, pos, score) || !read_pod(data, pos, len) ||
         (len >= 0 && data.size() - pos < static_cast<std::size_t>(len))) {
       if (i < vocab_size)
-        throw FormatError(fmt::format("tokenizer '{}' is truncated in token {} of {} (byte offset {})", path, i,
-                                      vocab_size, token_offset));
+        throw FormatError(fmt::format("tokenizer '{}' ends inside token {} of {} (byte offset {}): the file is "
+                                      "truncated, or the length of this or an earlier token is wrong",
+                                      path, i, vocab_size, token_offset));
       throw FormatError(fmt::format("tokenizer '{}' has {} trailing bytes after token {}, but the model expects "
                                     "{} tokens",
                                     path, data.size() - token_offset, i - 1, vocab_size));

@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -105,6 +106,11 @@ TEST_F(CheckpointTest, NonsenseHeadersAreFormatErrors) {
             std::string::npos);
   EXPECT_NE(error_of(write_variant("d.bin", 0, kv_not_dividing_heads)).find("n_kv_heads=3 does not divide"),
             std::string::npos);
+  // A negative vocabulary means an unshared classifier; INT_MIN has no positive counterpart (negating it was
+  // undefined behaviour, which a sanitizer build flagged) and stays a negative size.
+  const std::int32_t min_vocab[7] = {32, 70, 2, 4, 2, std::numeric_limits<std::int32_t>::min(), 16};
+  EXPECT_NE(error_of(write_variant("e.bin", 0, min_vocab)).find("vocab -2147483648"), std::string::npos)
+      << error_of(write_variant("e.bin", 0, min_vocab));
 }
 
 TEST_F(CheckpointTest, MissingFileIsAResourceError) {

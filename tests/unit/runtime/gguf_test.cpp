@@ -234,6 +234,17 @@ TEST_F(GeneratedGguf, ForgedFieldsAreRefusedByName) {
   const std::string gap = save(retyped);
   EXPECT_NE(gap.find("tensor 'blk.0.attn_v.weight' (F16, "), std::string::npos) << gap;
   EXPECT_NE(gap.find("a tensor's type or shape does not match its data"), std::string::npos) << gap;
+  // 32 bytes between the tensor table and the data (from a fuzzing pass): every tensor was read 32 bytes
+  // early, the last 32 bytes of the file never, and the model ran on, printing garbage.
+  const std::string good_file = write("shift-source.gguf");
+  std::uint64_t data_start = std::numeric_limits<std::uint64_t>::max();
+  const GgufFile source(good_file);
+  for (const auto& [tensor_name, tensor] : source.tensors()) data_start = std::min(data_start, tensor.offset);
+  std::vector<char> shifted = good;
+  shifted.insert(shifted.begin() + static_cast<std::ptrdiff_t>(data_start), 32, '\0');
+  const std::string late = save(shifted);
+  EXPECT_NE(late.find("ends at byte"), std::string::npos) << late;
+  EXPECT_NE(late.find("the tensor data does not start where the tensor table says"), std::string::npos) << late;
   // A type whose layout this reader does not know (IQ4_XS: 136 bytes per 256 values) has an unknown end,
   // so the tensor after it is not held to one; an empty tensor takes no bytes.
   GgufWriter unknown;

@@ -316,6 +316,24 @@ TEST_F(LlamaTokenizerTest, TruncatedFileIsFormatError) {
   }
 }
 
+// A token's length one too large shifts every later token; the reader cannot tell that from a cut file, so
+// it says both (from a fuzzing pass: it said only "truncated", of a file with every byte there).
+TEST_F(LlamaTokenizerTest, AWrongTokenLengthIsNotCalledATruncation) {
+  std::string bytes = read_bytes(path());
+  constexpr std::size_t kToken27237Length = 372961;  // int32: its score (4 bytes) precedes it
+  ASSERT_EQ(bytes[kToken27237Length], 4);
+  bytes[kToken27237Length] = 5;
+  const fs::path bad = write_temp("long-token.bin", bytes);
+  try {
+    Tokenizer(bad.string(), 32000);
+    ADD_FAILURE() << "no error";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("ends inside token 27238 of 32000"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("the length of this or an earlier token is wrong"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST_F(LlamaTokenizerTest, VocabSizeMismatchIsFormatError) {
   for (int expected : {31999, 32001}) {
     try {
