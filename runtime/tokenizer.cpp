@@ -117,6 +117,12 @@ Tokenizer::Tokenizer(const std::string& path, int vocab_size) {
     if (len < 0)
       throw FormatError(fmt::format("tokenizer '{}': token {} has a negative length {} (byte offset {})", path, i,
                                     len, token_offset));
+    // As the GGUF vocabulary's scores: a merge score that is not a number is a corrupt file, not a token that
+    // always (Inf) or never (NaN, -Inf) merges.
+    if (!std::isfinite(score))
+      throw FormatError(fmt::format("tokenizer '{}': token {} has the score {} (byte offset {}); scores are finite "
+                                    "numbers",
+                                    path, i, score, token_offset));
     pieces_.emplace_back(data.data() + pos, static_cast<std::size_t>(len));
     scores_.push_back(score);
     pos += static_cast<std::size_t>(len);

@@ -334,6 +334,23 @@ TEST_F(LlamaTokenizerTest, AWrongTokenLengthIsNotCalledATruncation) {
   }
 }
 
+// Scores that are not numbers are refused by name, as the GGUF vocabulary's are (the .bin reader once took
+// them: an Inf score made a token that always merges).
+TEST_F(LlamaTokenizerTest, AScoreThatIsNotANumberIsAFormatError) {
+  constexpr std::size_t kToken27237Score = 372961 - 4;
+  for (const float bad : {std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
+    std::string bytes = read_bytes(path());
+    std::memcpy(bytes.data() + kToken27237Score, &bad, sizeof(bad));
+    const fs::path file = write_temp("bad-score.bin", bytes);
+    try {
+      Tokenizer(file.string(), 32000);
+      ADD_FAILURE() << "no error for the score " << bad;
+    } catch (const FormatError& e) {
+      EXPECT_NE(std::string(e.what()).find("token 27237 has the score"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST_F(LlamaTokenizerTest, VocabSizeMismatchIsFormatError) {
   for (int expected : {31999, 32001}) {
     try {
