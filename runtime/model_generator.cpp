@@ -1,6 +1,9 @@
 #include "runtime/model_generator.h"
 
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -11,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <vector>
 
 #include <fmt/format.h>
@@ -108,28 +112,45 @@ std::string temp_name(const std::string& path) {
   return fmt::format("{}.tmp.{}.{}.{}", path, host_name(), ::getpid(), reinterpret_cast<std::uintptr_t>(&path) & 0xffff);
 }
 
+// Whether `rest` (a part file's name after "<file>.tmp.<host>.") is "<pid>.<n>", both all digits, and its
+// pid a possible process number.
+bool part_file_pid(const std::string& rest, long& pid) {
+  const std::size_t dot = rest.find('.');
+  if (dot == 0 || dot == std::string::npos || dot + 1 == rest.size() || dot > 10) return false;
+  if (rest.find_first_not_of("0123456789") != dot || rest.find_first_not_of("0123456789", dot + 1) != std::string::npos) {
+    return false;
+  }
+  pid = std::strtol(rest.substr(0, dot).c_str(), nullptr, 10);
+  return pid > 0 && pid <= std::numeric_limits<int>::max();
+}
+
 // Removes the part files of `path` that a process of this host left when it was killed outright (SIGKILL, an
 // out-of-memory kill, a power cut), which no handler could clean up: a killed 70B model's part file holds
-// hundreds of GB. Only those whose process is gone (kill(pid, 0) says ESRCH); a running writer's, another
-// host's and anything not named as temp_name() names them stay.
+// hundreds of GB. A writer holds an exclusive flock() on its part file from creating it until it ends (the
+// kernel drops it with the process, however it ends), so a part file this process can lock has no writer;
+// its process number must also be gone here (kill(pid, 0): ESRCH). A lock is what tells a live writer in
+// another PID namespace of this host (containers sharing the host's name: every rank of a `run` writes the
+// default model's cache at once) from a dead one. Another host's part files and anything not named as
+// temp_name() names them stay; so does everything when the folder cannot be read.
 void remove_stale_part_files(const std::string& path) {
   const fs::path final_path = fs::absolute(path);
   const std::string prefix = final_path.filename().string() + ".tmp." + host_name() + ".";
   std::error_code ec;
-  for (const fs::directory_entry& entry : fs::directory_iterator(final_path.parent_path(), ec)) {
-    const std::string name = entry.path().filename().string();
-    if (!name.starts_with(prefix)) continue;
-    const std::string rest = name.substr(prefix.size());  // "<pid>.<n>"
-    const std::size_t dot = rest.find('.');
-    if (dot == 0 || dot == std::string::npos || rest.find_first_not_of("0123456789") != dot) continue;
-    const long pid = std::strtol(rest.substr(0, dot).c_str(), nullptr, 10);
-    if (pid <= 0 || pid == ::getpid() || ::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
-    std::error_code removed;
-    const auto bytes = entry.file_size(removed);
-    if (fs::remove(entry.path(), removed) && !removed) {
+  for (fs::directory_iterator it(final_path.parent_path(), ec), end; !ec && it != end; it.increment(ec)) {
+    const fs::path candidate = it->path();
+    const std::string name = candidate.filename().string();
+    long pid = 0;
+    if (!name.starts_with(prefix) || !part_file_pid(name.substr(prefix.size()), pid)) continue;
+    if (pid == ::getpid() || ::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
+    const int fd = ::open(candidate.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd < 0) continue;  // gone already, a link, or not ours to open
+    struct stat st {};
+    const bool stale = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && ::flock(fd, LOCK_EX | LOCK_NB) == 0;
+    if (stale && ::unlink(candidate.c_str()) == 0) {
       log::info("removed '{}' ({:.1f} MiB), the part file of a writer (process {}) that was killed before it finished",
-                entry.path().string(), static_cast<double>(bytes) / (1024.0 * 1024.0), pid);
+                candidate.string(), static_cast<double>(st.st_size) / (1024.0 * 1024.0), pid);
     }
+    ::close(fd);
   }
 }
 
@@ -187,11 +208,22 @@ void unwatch_part_file(int slot) {
 // full disk, a bad shape found late, a Ctrl-C) leaves nothing behind.
 class TempFile {
  public:
+  // Creates the part file and holds an exclusive flock() on it until the object ends (the writers open it
+  // again by name): remove_stale_part_files() leaves a locked part file alone.
   explicit TempFile(const std::string& final_path)
-      : final_(final_path), temp_(temp_name(final_path)), slot_(watch_part_file(temp_)) {}
+      : final_(final_path), temp_(temp_name(final_path)), slot_(watch_part_file(temp_)) {
+    lock_fd_ = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (lock_fd_ < 0) {
+      const int error = errno;
+      unwatch_part_file(slot_);
+      throw ResourceError(fmt::format("cannot create '{}': {}", temp_, std::strerror(error)));
+    }
+    ::flock(lock_fd_, LOCK_EX);  // a file system without locks leaves it unlocked: only SIGKILLed writers differ
+  }
   ~TempFile() {
     std::error_code ignored;
     if (!kept_) fs::remove(temp_, ignored);
+    ::close(lock_fd_);
     unwatch_part_file(slot_);
   }
   TempFile(const TempFile&) = delete;
@@ -207,6 +239,7 @@ class TempFile {
  private:
   std::string final_, temp_;
   int slot_ = -1;
+  int lock_fd_ = -1;
   bool kept_ = false;
 };
 

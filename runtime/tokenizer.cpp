@@ -121,7 +121,7 @@ Tokenizer::Tokenizer(const std::string& path, int vocab_size) {
     // always (Inf) or never (NaN, -Inf) merges.
     if (!std::isfinite(score))
       throw FormatError(fmt::format("tokenizer '{}': token {} has the score {} (byte offset {}); scores are finite "
-                                    "numbers",
+                                    "numbers (or an earlier token's length is wrong)",
                                     path, i, score, token_offset));
     pieces_.emplace_back(data.data() + pos, static_cast<std::size_t>(len));
     scores_.push_back(score);

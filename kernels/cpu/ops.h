@@ -48,7 +48,8 @@ struct Team {
     for (int i = 0; i < n_items; ++i) total += cost(i);
     if (total <= 0 || n_threads <= 1) return share(n_items);
     // Item i (costs before it: before) belongs to thread floor((before + cost / 2) * n_threads / total):
-    // doubled to stay in integers.
+    // doubled to stay in integers (2 x total x n_threads must fit a long: attention's int context lengths
+    // over int rows do, with room to spare).
     Band band{n_items, n_items};
     long before = 0;
     for (int i = 0; i < n_items; ++i) {

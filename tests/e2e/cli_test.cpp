@@ -1,5 +1,7 @@
 // The `shardline` CLI as a user runs it: goldens through --json, the plain text output, mpirun -np 1,
 // the built-in default model, and one clear error line with a meaningful exit code for each bad input.
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -657,8 +659,9 @@ TEST_F(Cli, GenModelKilledMidWriteLeavesNoPartFile) {
 }
 
 // SIGKILL leaves a part file no handler could remove (for a large model, hundreds of GB): the next gen-model
-// for that name removes it and says so. Part files of a live process, or named for another host (a folder
-// several hosts share, where this host's process numbers mean nothing), stay.
+// for that name removes it and says so. Part files of a live process, one locked by a writer whose process
+// number means nothing here (another PID namespace of this host), one named for another host (a folder
+// several hosts share) and names that only look like part files stay.
 TEST_F(Cli, GenModelRemovesThePartFileOfAWriterKilledOutright) {
   namespace fs = std::filesystem;
   const fs::path dir = path("sigkilled");
@@ -685,16 +688,26 @@ TEST_F(Cli, GenModelRemovesThePartFileOfAWriterKilledOutright) {
   const std::string live = fmt::format("m.bin.tmp.{}.{}.7", host_field, getpid());
   const std::string pid_and_slot = stale.substr(stale.rfind('.', stale.rfind('.') - 1) + 1);  // "<pid>.<n>"
   const std::string other_host = "m.bin.tmp.elsewhere." + pid_and_slot;
+  const std::string locked = fmt::format("m.bin.tmp.{}.{}", host_field, pid_and_slot.substr(0, pid_and_slot.find('.'))) + ".99";
+  const std::string not_ours = fmt::format("m.bin.tmp.{}.{}.backup", host_field, pid_and_slot.substr(0, pid_and_slot.find('.')));
   std::ofstream(dir / live) << "writing";
   std::ofstream(dir / other_host) << "writing";
+  std::ofstream(dir / not_ours) << "a user's file";
+  std::ofstream(dir / locked) << "writing";
+  const int lock_fd = open((dir / locked).c_str(), O_RDONLY);
+  ASSERT_GE(lock_fd, 0);
+  ASSERT_EQ(flock(lock_fd, LOCK_EX), 0);  // held by this test process while gen-model runs
   const ProcessResult again = run_process(shardline() + " gen-model --dim 64 --hidden 128 --layers 2 --heads 4 --vocab 512 "
                                           "--seq 64 --out " + d + "/m.bin");
   ASSERT_EQ(again.exit_code, 0) << again.err;
   EXPECT_NE(again.err.find("removed '" + (dir / stale).string() + "'"), std::string::npos) << again.err;
   EXPECT_NE(again.err.find("killed before it finished"), std::string::npos) << again.err;
   EXPECT_FALSE(fs::exists(dir / stale));
+  close(lock_fd);
   EXPECT_TRUE(fs::exists(dir / live));
   EXPECT_TRUE(fs::exists(dir / other_host));
+  EXPECT_TRUE(fs::exists(dir / not_ours));
+  EXPECT_TRUE(fs::exists(dir / locked)) << "a locked part file has a writer, whatever its process number says";
   EXPECT_TRUE(fs::exists(dir / "m.bin"));
 }
 
