@@ -37,7 +37,9 @@ int gen_model_command(const std::vector<std::string>& args) {
   po::variables_map vm;
   const std::string usage =
       "Usage: shardline gen-model (--preset NAME | --dim D --hidden H --layers L --heads N --vocab V --seq S) "
-      "--out FILE\n\nWrites a llama2.c checkpoint with random weights and a matching synthetic tokenizer.";
+      "--out FILE\n\nWrites a llama2.c checkpoint with random weights and a matching synthetic tokenizer, each under\n"
+      "a temporary name renamed into place at the end (an earlier writer's leftover that was killed outright\n"
+      "is removed first). Under mpirun or srun it runs on each host's first task.";
   if (!parse_command_line("gen-model", usage, options, args, vm)) return 0;
   const std::uint64_t seed = parse_seed_flag(seed_text);
 

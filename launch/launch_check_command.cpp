@@ -23,7 +23,8 @@ constexpr const char* kUsage =
     "Checks, before mpirun or srun starts any rank, that the launch fits the layout: the rank count, the\n"
     "hostfile's slots and syntax, the rankfile, and (inside a Slurm job) the allocation's task count; with\n"
     "--model also that the model can be split tp x pp ways. Prints one line and exits 0 when it fits; else one\n"
-    "error line and exit 2 (flags, hostfile, rankfile) or 4 (too few slots or tasks, a missing hostfile, rankfile or model). Example:\n"
+    "error line and exit 2 (flags, hostfile, rankfile) or 4 (too few slots or tasks, a missing hostfile, rankfile or model).\n"
+    "Under mpirun or srun it runs on the launch's first task only. Example:\n"
     "  shardline launch-check --hostfile hosts --np 4 --tp 2 --pp 2 && mpirun --hostfile hosts -np 4 shardline run --tp 2 --pp 2 ...";
 
 }  // namespace

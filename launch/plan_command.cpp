@@ -179,7 +179,8 @@ int plan_command(const std::vector<std::string>& args) {
       "Usage: shardline plan (--model M.bin | --preset NAME) [--cluster FILE | --probe-file FILE]\n"
       "                      [--objective latency|throughput] [--batch B] [--context C] [--top K] [--json]\n\n"
       "Lays the model out on the cluster and predicts TTFT, tokens/s and memory per rank for the best\n"
-      "layouts. Needs no MPI job and no weights. Without --cluster, this machine is measured (about 1 s).";
+      "layouts. Needs no MPI job and no weights. Without --cluster, this machine is measured (about 1 s).\n"
+      "Under mpirun or srun it runs on the launch's first task only.";
   if (!parse_command_line("plan", usage, options, args, vm)) return 0;
   if (!emit.empty() && json) throw ConfigError("shardline plan: --emit prints a script, --json the plans: give one");
   if (!vm["time"].defaulted() && emit.empty()) throw ConfigError("shardline plan: --time is the script's: give --emit sbatch");

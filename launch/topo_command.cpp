@@ -79,7 +79,8 @@ int topo_command(const std::vector<std::string>& args) {
   const std::string usage =
       "Usage: shardline topo [--np N] [--bind auto|numa|core|none] [--synthetic DESC | --xml FILE]\n\n"
       "Prints the host's topology (packages, NUMA nodes and their cores, caches, GPUs, memory, hugepages) and\n"
-      "the placement each of N local ranks would get from `shardline run --bind MODE`. Needs no MPI job.";
+      "the placement each of N local ranks would get from `shardline run --bind MODE`. Needs no MPI job;\n"
+      "under mpirun or srun it runs on each host's first task.";
   if (!parse_command_line("topo", usage, options, args, vm)) return 0;
   if (np < 1) throw ConfigError("--np must be >= 1");
   if (vm.count("synthetic") && synthetic.empty()) {  // else an empty description showed this host instead
