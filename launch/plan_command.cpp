@@ -232,11 +232,10 @@ int plan_command(const std::vector<std::string>& args) {
   for (int tp : search.tp_only) check_rank_flag("--tp", tp);
   for (int pp : search.pp_only) check_rank_flag("--pp", pp);
   if (!m_list.empty()) {
-    // A micro-batch holds at least one sequence (run keeps --micro-batches to the sequences too): larger counts
-    // are priced and shown as the batch, once.
+    // Counts past the batch are priced and shown as the batch (Workload::micro_batches_for), once.
     for (int m : parse_int_list("--micro-batches", m_list)) {
       if (m < 1) throw ConfigError(fmt::format("shardline plan: --micro-batches {} is not a count >= 1", m));
-      const int kept = std::min(m, std::max(1, w.batch));
+      const int kept = w.micro_batches_for(m);
       if (kept < m) log::info("--micro-batches {} is more than --batch {}: planned as {}", m, w.batch, kept);
       if (std::find(search.micro_batches_only.begin(), search.micro_batches_only.end(), kept) ==
           search.micro_batches_only.end()) {

@@ -288,8 +288,7 @@ PlanEstimate estimate_plan(const ClusterSpec& cluster, const Workload& w, const 
   Layout& layout = plan.layout;
   if (layout.layers_per_stage.empty()) layout.layers_per_stage = balanced_layer_split(cluster, w, layout.tp, layout.pp);
   const LayoutGeometry g{cluster, w, layout, ranges_of(w.shape, layout.pp, layout.layers_per_stage)};
-  // A micro-batch holds at least one sequence: more than the batch run as the batch (the plan says so).
-  layout.micro_batches = std::min(layout.micro_batches, std::max(1, w.batch));
+  layout.micro_batches = w.micro_batches_for(layout.micro_batches);  // recorded: the plan shows what was priced
   const int pp = layout.pp, m = layout.micro_batches;
   const double rows = std::ceil(static_cast<double>(w.batch) / m);  // decode rows per micro-batch
   const double decode_context = w.prompt() + w.generated() / 2.0;

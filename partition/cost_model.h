@@ -3,6 +3,7 @@
 // pipeline schedule this runtime actually runs (runtime/pipeline.h). Pure math, unit-tested.
 #pragma once
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -52,6 +53,9 @@ struct Workload {
   bool greedy = true;
   int prompt() const { return prompt_tokens > 0 ? prompt_tokens : std::max(1, context / 2); }
   int generated() const { return std::max(1, context - prompt()); }
+  // The micro-batches a layout asking for `requested` runs: each holds at least one sequence, so more than
+  // the batch run as the batch (run keeps --micro-batches to its sequences too).
+  int micro_batches_for(int requested) const { return std::min(requested, std::max(1, batch)); }
 };
 
 struct Layout {

@@ -62,7 +62,6 @@ struct Team {
       }
       before += c;
     }
-    if (band.begin > band.end) band.begin = band.end;
     return band;
   }
 };

@@ -66,6 +66,26 @@ nlohmann::json parse_single_json(const std::string& out) {
   return nlohmann::json::parse(out);
 }
 
+// The names of the files in dir.
+std::vector<std::string> files_in(const fs::path& dir) {
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(dir)) names.push_back(entry.path().filename().string());
+  return names;
+}
+
+// A bash script that starts `gen-model --preset 15m --out dir/m.bin`, waits for its part file to show, runs
+// `interrupt` on it ($pid), then `when_caught` if the part file is still there (the writer was caught mid-
+// write) and exits, else `otherwise`, and tries again (at most five times, then it prints 'never caught
+// mid-write'): a loaded machine cannot let the writer finish first and fail the test.
+std::string gen_model_caught_mid_write(const std::string& dir, const std::string& interrupt,
+                                       const std::string& when_caught, const std::string& otherwise) {
+  return "for attempt in 1 2 3 4 5; do " + shardline() + " gen-model --preset 15m --out " + dir +
+         "/m.bin 2>/dev/null & pid=$!; "
+         "for i in $(seq 2000); do ls " + dir + " | grep -q 'm.bin.tmp' && break; sleep 0.005; done; " + interrupt +
+         "; if ls " + dir + " | grep -q 'm.bin.tmp'; then " + when_caught + "; exit; fi; " + otherwise + "; rm -f " +
+         dir + "/*; done; echo 'never caught mid-write'";
+}
+
 TEST_F(Cli, JsonOutputReproducesEveryGolden) {
   SHARDLINE_REQUIRE_MODEL_FILE(model_file("goldens.jsonl"));
   for (const auto& golden : load_goldens()) {
@@ -236,17 +256,12 @@ TEST_F(Cli, AGgufOfAnotherShapeRunsAsItsCheckpointOnEveryLayout) {
 // once per host (here one host), the other ranks ending at once. Each rank used to print its own copy, and
 // gen-model's ranks raced to write the same file.
 TEST_F(Cli, CommandsThatAreNotMpiJobsRunOnceUnderMpirun) {
-  const auto count = [](const std::string& text, const std::string& what) {
-    std::size_t n = 0;
-    for (std::size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
-    return n;
-  };
   const std::string plan = shardline() + " plan --preset 15m --cluster " + std::string(SHARDLINE_SOURCE_DIR) +
                            "/hostfiles/cluster-this-vm.json";
   ProcessResult r = run_process(kMpirun + "3 " + plan);
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_EQ(count(r.out, "objective latency"), 1u) << r.out;
-  EXPECT_EQ(count(r.err, "plan runs on the first task of an mpirun or srun launch"), 2u) << r.err;
+  EXPECT_EQ(count_of(r.out, "objective latency"), 1u) << r.out;
+  EXPECT_EQ(count_of(r.err, "plan runs on the first task of an mpirun or srun launch"), 2u) << r.err;
   // The task numbers come from the launcher's variables: a script started as task 1 that runs plan itself
   // gets the line too, and SHARDLINE_EVERY_TASK=1 runs the command anyway.
   const std::string task_1 = "OMPI_COMM_WORLD_SIZE=2 OMPI_COMM_WORLD_RANK=1 OMPI_COMM_WORLD_LOCAL_RANK=1 ";
@@ -255,24 +270,24 @@ TEST_F(Cli, CommandsThatAreNotMpiJobsRunOnceUnderMpirun) {
   EXPECT_EQ(r.out, "");
   EXPECT_NE(r.err.find("[task 1] warn: plan runs on the first task"), std::string::npos) << r.err;
   r = run_process("env SHARDLINE_EVERY_TASK=1 " + task_1 + plan);
-  EXPECT_EQ(count(r.out, "objective latency"), 1u) << r.err;
+  EXPECT_EQ(count_of(r.out, "objective latency"), 1u) << r.err;
   // A launcher variable of nonsense is run's and probe's to report; these commands never read one.
   r = run_process("env SLURM_JOB_ID=1 'SLURM_TASKS_PER_NODE=2(x3' " + shardline() + " topo");
   EXPECT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_EQ(count(r.out, "topology: this host"), 1u) << r.err;
+  EXPECT_EQ(count_of(r.out, "topology: this host"), 1u) << r.err;
   const std::string model = path("once.bin");
   r = run_process(kMpirun + "3 " + shardline() + " gen-model --dim 64 --hidden 128 --layers 2 --heads 4 --vocab 512 "
                   "--seq 64 --out " + model);
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_EQ(count(r.err, "wrote " + model), 1u) << r.err;
+  EXPECT_EQ(count_of(r.err, "wrote " + model), 1u) << r.err;
   EXPECT_TRUE(fs::exists(model));
   r = run_process(kMpirun + "2 " + shardline() + " topo");
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_EQ(count(r.out, "topology: this host"), 1u) << r.out;
+  EXPECT_EQ(count_of(r.out, "topology: this host"), 1u) << r.out;
   // A bad flag still fails the launch: the rank that runs the command reports it.
   r = run_process(kMpirun + "2 " + shardline() + " plan --preset nonsense");
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_EQ(count(r.err, "unknown model preset 'nonsense'"), 1u) << r.err;
+  EXPECT_EQ(count_of(r.err, "unknown model preset 'nonsense'"), 1u) << r.err;
 }
 
 // A batch's sampled rows draw their tokens on the kernel threads, each sequence with its own sampler: the
@@ -630,8 +645,7 @@ TEST_F(Cli, GenModelRefusesWhatTheDiskCannotHoldAndLeavesNoPartFile) {
                                         "--out " + (dir / "cut.bin").string() + "\"");
   EXPECT_EQ(cut.exit_code, 4) << cut.err;
   EXPECT_NE(cut.err.find("failed"), std::string::npos) << cut.err;
-  std::vector<std::string> left;
-  for (const auto& entry : fs::directory_iterator(dir)) left.push_back(entry.path().filename().string());
+  const std::vector<std::string> left = files_in(dir);
   EXPECT_TRUE(left.empty()) << "left behind: " << (left.empty() ? "" : left.front());
 }
 
@@ -643,18 +657,12 @@ TEST_F(Cli, GenModelKilledMidWriteLeavesNoPartFile) {
   namespace fs = std::filesystem;
   const fs::path dir = path("killed");
   fs::create_directories(dir);
-  const std::string d = dir.string();
-  const std::string script =
-      "for attempt in 1 2 3 4 5; do " + shardline() + " gen-model --preset 15m --out " + d +
-      "/m.bin 2>/dev/null & pid=$!; "
-      "for i in $(seq 2000); do ls " + d + " | grep -q 'm.bin.tmp' && break; sleep 0.005; done; "
-      "kill -STOP $pid; "
-      "if ls " + d + " | grep -q 'm.bin.tmp'; then kill -TERM $pid; kill -CONT $pid; wait $pid; echo $?; exit; fi; "
-      "kill -CONT $pid; wait $pid; rm -f " + d + "/*; done; echo 'never caught mid-write'";
+  const std::string script = gen_model_caught_mid_write(dir.string(), "kill -STOP $pid",
+                                                        "kill -TERM $pid; kill -CONT $pid; wait $pid; echo $?",
+                                                        "kill -CONT $pid; wait $pid");
   const ProcessResult r = run_process("bash -c " + shell_quote(script), 120);
   EXPECT_EQ(r.out, "143\n") << r.err;
-  std::vector<std::string> left;
-  for (const auto& entry : fs::directory_iterator(dir)) left.push_back(entry.path().filename().string());
+  const std::vector<std::string> left = files_in(dir);
   EXPECT_TRUE(left.empty()) << "left behind: " << (left.empty() ? "" : left.front());
 }
 
@@ -667,17 +675,12 @@ TEST_F(Cli, GenModelRemovesThePartFileOfAWriterKilledOutright) {
   const fs::path dir = path("sigkilled");
   fs::create_directories(dir);
   const std::string d = dir.string();
-  const std::string script =
-      "for attempt in 1 2 3 4 5; do " + shardline() + " gen-model --preset 15m --out " + d +
-      "/m.bin 2>/dev/null & pid=$!; "
-      "for i in $(seq 2000); do ls " + d + " | grep -q 'm.bin.tmp' && break; sleep 0.005; done; "
-      "kill -KILL $pid; wait $pid; if ls " + d + " | grep -q 'm.bin.tmp'; then echo killed; exit; fi; "
-      "rm -f " + d + "/*; done; echo 'never caught mid-write'";
+  const std::string script = gen_model_caught_mid_write(d, "kill -KILL $pid; wait $pid", "echo killed", "true");
   const ProcessResult killed = run_process("bash -c " + shell_quote(script), 120);
   ASSERT_EQ(killed.out, "killed\n") << killed.err;
   std::string stale;
-  for (const auto& entry : fs::directory_iterator(dir)) {
-    if (entry.path().filename().string().starts_with("m.bin.tmp.")) stale = entry.path().filename().string();
+  for (const std::string& name : files_in(dir)) {
+    if (name.starts_with("m.bin.tmp.")) stale = name;
   }
   ASSERT_FALSE(stale.empty());
   // Kept: one for this (live) test process, one of another host with the killed writer's number.
@@ -687,9 +690,10 @@ TEST_F(Cli, GenModelRemovesThePartFileOfAWriterKilledOutright) {
   std::replace(host_field.begin(), host_field.end(), '.', '_');
   const std::string live = fmt::format("m.bin.tmp.{}.{}.7", host_field, getpid());
   const std::string pid_and_slot = stale.substr(stale.rfind('.', stale.rfind('.') - 1) + 1);  // "<pid>.<n>"
+  const std::string dead_pid = pid_and_slot.substr(0, pid_and_slot.find('.'));
   const std::string other_host = "m.bin.tmp.elsewhere." + pid_and_slot;
-  const std::string locked = fmt::format("m.bin.tmp.{}.{}", host_field, pid_and_slot.substr(0, pid_and_slot.find('.'))) + ".99";
-  const std::string not_ours = fmt::format("m.bin.tmp.{}.{}.backup", host_field, pid_and_slot.substr(0, pid_and_slot.find('.')));
+  const std::string locked = fmt::format("m.bin.tmp.{}.{}.99", host_field, dead_pid);
+  const std::string not_ours = fmt::format("m.bin.tmp.{}.{}.backup", host_field, dead_pid);
   std::ofstream(dir / live) << "writing";
   std::ofstream(dir / other_host) << "writing";
   std::ofstream(dir / not_ours) << "a user's file";

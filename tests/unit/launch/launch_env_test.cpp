@@ -29,6 +29,14 @@ Environment srun_task() {
   return env;
 }
 
+// The same task when srun was not given PMIx (--mpi=none).
+Environment srun_task_without_pmix() {
+  Environment env = srun_task();
+  env.erase("PMIX_RANK");
+  env.erase("PMIX_NAMESPACE");
+  return env;
+}
+
 TEST(LaunchEnv, NoVariablesIsAPlainProcess) {
   const LaunchEnv e = detect_launch_env(Environment{});
   EXPECT_EQ(e.launcher, Launcher::kPlain);
@@ -79,9 +87,7 @@ TEST(LaunchEnv, SrunTaskWithPmix) {
 }
 
 TEST(LaunchEnv, SrunWithoutPmixIsRecognised) {
-  Environment env = srun_task();
-  env.erase("PMIX_RANK");
-  env.erase("PMIX_NAMESPACE");
+  Environment env = srun_task_without_pmix();
   const LaunchEnv e = detect_launch_env(env);
   EXPECT_EQ(e.launcher, Launcher::kPlain);
   EXPECT_TRUE(e.srun_without_pmix());
@@ -115,10 +121,7 @@ TEST(LaunchEnv, TaskRanksForCommandsThatRunOnce) {
   const LaunchEnv srun = detect_launch_env(srun_task());
   EXPECT_EQ(srun.task_rank(), 3);
   EXPECT_EQ(srun.task_rank_on_host(), 1);
-  Environment without_pmix = srun_task();
-  without_pmix.erase("PMIX_RANK");
-  without_pmix.erase("PMIX_NAMESPACE");
-  EXPECT_EQ(detect_launch_env(without_pmix).task_rank(), 3);  // srun's tasks are numbered either way
+  EXPECT_EQ(detect_launch_env(srun_task_without_pmix()).task_rank(), 3);  // srun's tasks are numbered either way
   // mpirun inside an allocation: its ranks inherit the daemons' SLURM_PROCID / SLURM_LOCALID; OMPI_* decides.
   Environment mpirun = batch_script();
   mpirun["SLURM_STEP_ID"] = "1";

@@ -58,6 +58,16 @@ fs::path write_temp(const std::string& name, const std::string& bytes) {
   return path;
 }
 
+// The FormatError a tokenizer file of vocab_size tokens gets, or "no FormatError".
+std::string format_error_of(const fs::path& file, int vocab_size) {
+  try {
+    Tokenizer(file.string(), vocab_size);
+  } catch (const FormatError& e) {
+    return e.what();
+  }
+  return "no FormatError";
+}
+
 // What the caller prints for a sequence that starts with BOS, as run.c's generate loop does.
 std::string decode_all(const Tokenizer& tok, const std::vector<int>& ids) {
   std::string text;
@@ -316,38 +326,28 @@ TEST_F(LlamaTokenizerTest, TruncatedFileIsFormatError) {
   }
 }
 
+// Token 27237 of Llama 2's tokenizer.bin: its int32 length at this byte, its float score just before.
+constexpr std::size_t kToken27237Length = 372961;
+
 // A token's length one too large shifts every later token; the reader cannot tell that from a cut file, so
 // it says both (from a fuzzing pass: it said only "truncated", of a file with every byte there).
 TEST_F(LlamaTokenizerTest, AWrongTokenLengthIsNotCalledATruncation) {
   std::string bytes = read_bytes(path());
-  constexpr std::size_t kToken27237Length = 372961;  // int32: its score (4 bytes) precedes it
   ASSERT_EQ(bytes[kToken27237Length], 4);
   bytes[kToken27237Length] = 5;
-  const fs::path bad = write_temp("long-token.bin", bytes);
-  try {
-    Tokenizer(bad.string(), 32000);
-    ADD_FAILURE() << "no error";
-  } catch (const FormatError& e) {
-    EXPECT_NE(std::string(e.what()).find("ends inside token 27238 of 32000"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("the length of this or an earlier token is wrong"), std::string::npos)
-        << e.what();
-  }
+  const std::string error = format_error_of(write_temp("long-token.bin", bytes), 32000);
+  EXPECT_NE(error.find("ends inside token 27238 of 32000"), std::string::npos) << error;
+  EXPECT_NE(error.find("the length of this or an earlier token is wrong"), std::string::npos) << error;
 }
 
 // Scores that are not numbers are refused by name, as the GGUF vocabulary's are (the .bin reader once took
 // them: an Inf score made a token that always merges).
 TEST_F(LlamaTokenizerTest, AScoreThatIsNotANumberIsAFormatError) {
-  constexpr std::size_t kToken27237Score = 372961 - 4;
   for (const float bad : {std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
     std::string bytes = read_bytes(path());
-    std::memcpy(bytes.data() + kToken27237Score, &bad, sizeof(bad));
-    const fs::path file = write_temp("bad-score.bin", bytes);
-    try {
-      Tokenizer(file.string(), 32000);
-      ADD_FAILURE() << "no error for the score " << bad;
-    } catch (const FormatError& e) {
-      EXPECT_NE(std::string(e.what()).find("token 27237 has the score"), std::string::npos) << e.what();
-    }
+    std::memcpy(bytes.data() + kToken27237Length - sizeof(float), &bad, sizeof(bad));
+    const std::string error = format_error_of(write_temp("bad-score.bin", bytes), 32000);
+    EXPECT_NE(error.find("token 27237 has the score"), std::string::npos) << "score " << bad << ": " << error;
   }
 }
 
@@ -374,13 +374,8 @@ TEST(TokenizerFileTest, NegativeLengthIsFormatError) {
   std::string bytes = read_bytes(good);
   const std::int32_t negative = -5;
   std::memcpy(&bytes[4 + 4], &negative, sizeof negative);  // token 0: after the header and its score
-  const fs::path bad = write_temp("negative.bin", bytes);
-  try {
-    Tokenizer(bad.string(), 300);
-    ADD_FAILURE() << "no error for a negative length";
-  } catch (const FormatError& e) {
-    EXPECT_NE(std::string(e.what()).find("negative length"), std::string::npos) << e.what();
-  }
+  const std::string error = format_error_of(write_temp("negative.bin", bytes), 300);
+  EXPECT_NE(error.find("negative length"), std::string::npos) << error;
 }
 
 // ---- synthetic vocabulary ---------------------------------------------------------------------------------
