@@ -114,16 +114,23 @@ std::vector<int> expand_slurm_counts(const std::string& variable, const std::str
 int LaunchEnv::task_rank() const {
   if (ompi) return ompi->world_rank;
   if (slurm && slurm->in_step()) return slurm->proc_id;
-  return pmix ? pmix->rank : -1;
+  if (pmix) return pmix->rank;
+  return pmi ? pmi->rank : -1;
 }
 
 int LaunchEnv::task_rank_on_host() const {
   if (ompi) return ompi->local_rank;
-  return slurm && slurm->in_step() ? slurm->local_id : -1;
+  if (slurm && slurm->in_step()) return slurm->local_id;
+  return pmi ? pmi->local_rank : -1;
 }
 
 bool LaunchEnv::srun_without_pmix() const {
   return launcher == Launcher::kPlain && slurm && slurm->in_step() && slurm->n_tasks > 1;
+}
+
+// srun --mpi=pmi2 sets PMI_* as well: srun_without_pmix() names that case (and its fix).
+bool LaunchEnv::pmi_tasks_without_pmix() const {
+  return launcher == Launcher::kPlain && pmi && pmi->size > 1 && !srun_without_pmix();
 }
 
 LaunchEnv detect_launch_env(const Environment& env) {
@@ -135,6 +142,9 @@ LaunchEnv detect_launch_env(const Environment& env) {
                            int_of(env, "OMPI_COMM_WORLD_NODE_RANK", -1)};
   }
   if (find(env, "PMIX_RANK")) e.pmix = PmixPlacement{text_of(env, "PMIX_NAMESPACE"), int_of(env, "PMIX_RANK", -1)};
+  if (find(env, "PMI_SIZE")) {
+    e.pmi = PmiPlacement{int_of(env, "PMI_SIZE", 0), int_of(env, "PMI_RANK", -1), int_of(env, "MPI_LOCALRANKID", -1)};
+  }
   // mpirun inside an allocation starts its ranks through an srun step of its own daemons, so its variables
   // decide before Slurm's; mpirun also runs a PMIx server, so OMPI_* before PMIX_*.
   if (e.ompi) {
@@ -150,7 +160,8 @@ Environment launcher_variables() {
   for (char** entry = environ; entry && *entry; ++entry) {
     const char* text = *entry;
     if (std::strncmp(text, "SLURM", 5) != 0 && std::strncmp(text, "OMPI_", 5) != 0 &&
-        std::strncmp(text, "PMIX_", 5) != 0) {
+        std::strncmp(text, "PMIX_", 5) != 0 && std::strncmp(text, "PMI_", 4) != 0 &&
+        std::strncmp(text, "MPI_LOCAL", 9) != 0) {
       continue;
     }
     const char* eq = std::strchr(text, '=');
@@ -168,6 +179,8 @@ std::string describe(const LaunchEnv& e) {
                         e.ompi->local_rank, e.ompi->local_size);
   } else if (e.pmix) {
     line += fmt::format(" (PMIx rank {} in namespace {})", e.pmix->rank, e.pmix->nspace);
+  } else if (e.pmi) {
+    line += fmt::format(" (PMI rank {} of {}, without PMIx)", e.pmi->rank, e.pmi->size);
   }
   if (e.slurm) {
     const SlurmAllocation& s = *e.slurm;

@@ -1,6 +1,7 @@
 // How this process was started, read from the variables launchers set: Slurm (SLURM_*, inside an
 // allocation and inside an srun step), Open MPI's mpirun (OMPI_COMM_WORLD_*), another PMIx launcher
-// (PMIX_*), or nothing (a plain process). These are hints: once MPI is up, rank, node and local rank come
+// (PMIX_*), a PMI-1/PMI-2 launcher that Open MPI cannot join (PMI_*: MPICH's and Intel MPI's mpiexec, i.e.
+// Hydra), or nothing (a plain process). These are hints: once MPI is up, rank, node and local rank come
 // from MPI itself (MpiSession); the environment says which launcher to blame and what the allocation holds.
 //
 // Example, `sbatch --nodes=2 --ntasks-per-node=2 job.sbatch` whose script runs `srun --mpi=pmix shardline run`:
@@ -52,23 +53,37 @@ struct PmixPlacement {
   int rank = -1;       // PMIX_RANK
 };
 
+// What a PMI-1/PMI-2 process manager tells its tasks: MPICH's and Intel MPI's Hydra (mpiexec), also srun
+// --mpi=pmi2. Debian's Open MPI speaks PMIx only, so such tasks cannot wire up; read to say so, and to
+// number the tasks for the commands that run once.
+struct PmiPlacement {
+  int size = 0;         // PMI_SIZE
+  int rank = -1;        // PMI_RANK
+  int local_rank = -1;  // MPI_LOCALRANKID (Hydra): the task's rank on its host
+};
+
 struct LaunchEnv {
   Launcher launcher = Launcher::kPlain;
   std::optional<SlurmAllocation> slurm;  // set inside any Slurm allocation, also for mpirun in sbatch
   std::optional<OmpiPlacement> ompi;
   std::optional<PmixPlacement> pmix;
+  std::optional<PmiPlacement> pmi;
 
   // True when this process should bring up MPI: a launcher wired it to its peers.
   bool wired_by_launcher() const { return launcher != Launcher::kPlain; }
   // This process's place among the tasks one launch started, for the commands that are not MPI jobs (plan,
   // gen-model, topo, launch-check), which run once per launch or per host: mpirun's rank, else the srun
-  // task's, else PMIx's; -1 where no launcher says (a plain process, the batch script itself).
+  // task's, else PMIx's, else PMI's; -1 where no launcher says (a plain process, the batch script itself).
   int task_rank() const;
-  // The same among this host's tasks: mpirun's local rank, else the srun task's local id; -1 where unknown.
+  // The same among this host's tasks: mpirun's local rank, else the srun task's local id, else Hydra's;
+  // -1 where unknown.
   int task_rank_on_host() const;
   // An srun step of several tasks that were not given PMIx (srun without --mpi=pmix while the cluster's
   // MpiDefault is none): every task would run alone and print its own output. Run refuses this.
   bool srun_without_pmix() const;
+  // Several tasks started by a PMI launcher other than srun (MPICH's or Intel MPI's mpiexec: Hydra), which
+  // this build's Open MPI cannot join: every task would run alone. Run refuses this too.
+  bool pmi_tasks_without_pmix() const;
 };
 
 using Environment = std::map<std::string, std::string>;
@@ -78,7 +93,7 @@ using Environment = std::map<std::string, std::string>;
 LaunchEnv detect_launch_env(const Environment& env);
 // From this process's environment.
 LaunchEnv detect_launch_env();
-// This process's variables with one of the prefixes SLURM_, OMPI_, PMIX_ (the only ones read).
+// This process's variables with one of the prefixes SLURM, OMPI_, PMIX_, PMI_, MPI_LOCAL (the only ones read).
 Environment launcher_variables();
 
 // Slurm's compressed counts: "2(x3),1" -> {2, 2, 2, 1}; "4" -> {4}. ConfigError naming `variable` otherwise.

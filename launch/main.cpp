@@ -70,6 +70,16 @@ bool left_to_another_task(const std::string& command) {
   return true;
 }
 
+// `mpirun -np 4 shardline --help` (or --version): the first task prints it, the others print nothing, as a
+// command's own --help does under mpirun.
+bool printed_by_another_task() {
+  try {
+    return shardline::launch::detect_launch_env().task_rank() > 0;
+  } catch (const shardline::ConfigError&) {
+    return false;  // a launcher variable of nonsense: print, as a plain process would
+  }
+}
+
 int dispatch(const std::string& command, const std::vector<std::string>& args,
              std::unique_ptr<shardline::launch::MpiSession>& mpi) {
   using namespace shardline::launch;
@@ -116,10 +126,12 @@ int main(int argc, char** argv) {
     return static_cast<int>(shardline::ExitCode::kConfig);
   }
   if (args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
+    if (printed_by_another_task()) return 0;
     std::fputs(kUsage, stdout);
     return checked_output(0);
   }
   if (args[0] == "--version") {
+    if (printed_by_another_task()) return 0;
     std::puts("shardline 0.1.0");
     return checked_output(0);
   }

@@ -55,6 +55,17 @@ MpiSession::MpiSession() : launch_env_(detect_launch_env()), node_name_(host_nam
                                   "with 'srun --mpi=pmix' (Debian's Open MPI speaks PMIx only, not pmi2)",
                                   launch_env_.slurm->n_tasks));
   }
+  if (launch_env_.pmi_tasks_without_pmix()) {
+    // The same for MPICH's or Intel MPI's mpiexec (Hydra): it wires its tasks over PMI, which Open MPI does
+    // not speak, so MPI_Init would make each one a job of one rank that generates alone.
+    if (launch_env_.pmi->rank > 0) std::exit(static_cast<int>(ExitCode::kConfig));
+    const int n = launch_env_.pmi->size;
+    throw ConfigError(fmt::format("started as {} tasks by a PMI launcher (PMI_SIZE={}: MPICH's or Intel MPI's "
+                                  "mpiexec, i.e. Hydra), which this shardline's Open MPI cannot join (it speaks "
+                                  "PMIx only), so every task would run alone: launch with Open MPI's mpirun "
+                                  "('mpirun -np {} shardline ...'), or 'srun --mpi=pmix' under Slurm",
+                                  n, n, n));
+  }
   if (!launch_env_.wired_by_launcher()) return;
   launcher_ = launcher_name(launch_env_.launcher);
   int provided = 0;

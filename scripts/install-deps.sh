@@ -8,6 +8,7 @@ export DEBIAN_FRONTEND=noninteractive
 packages=(
   build-essential cmake pkg-config git
   openmpi-bin libopenmpi-dev            # MPI runtime and headers (mpirun, PMIx)
+  mpich                                 # only its mpiexec.hydra, for the test that run refuses a launcher Open MPI cannot join
   libhwloc-dev hwloc                    # topology discovery and CPU binding
   libnuma-dev numactl                   # NUMA memory policy
   libboost-program-options-dev          # CLI parsing (brings Boost's headers: Boost.Sort for top-p)

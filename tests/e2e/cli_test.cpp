@@ -288,6 +288,34 @@ TEST_F(Cli, CommandsThatAreNotMpiJobsRunOnceUnderMpirun) {
   r = run_process(kMpirun + "2 " + shardline() + " plan --preset nonsense");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_EQ(count_of(r.err, "unknown model preset 'nonsense'"), 1u) << r.err;
+  // The top-level help and version, as a command's own --help: printed once.
+  for (const char* flag : {" --help", " --version"}) {
+    r = run_process(kMpirun + "2 " + shardline() + flag);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(r.out, run_process(shardline() + flag).out);
+  }
+}
+
+// MPICH's (or Intel MPI's) mpiexec, Hydra, wires its tasks over PMI, which Open MPI cannot join: each task
+// generated the whole text alone, and the launch exited 0. Now one task says so and the launch fails; the
+// commands that run once count Hydra's tasks as they count mpirun's. Hydra is mpich's, installed for this.
+TEST_F(Cli, TasksOfAHydraLaunchAreRefusedWithOneLine) {
+  SHARDLINE_REQUIRE_MODEL_FILE(model_file("tiny-32k.bin"));
+  const std::string hydra = "mpiexec.hydra -n ";
+  ProcessResult r = run_process(hydra + "2 " + shardline() + " run --model " + model_file("tiny-32k.bin") +
+                                " --steps 4", 60);
+  EXPECT_NE(r.exit_code, 0) << r.err;
+  EXPECT_EQ(count_of(r.err, "error: "), 1u) << r.err;
+  EXPECT_NE(r.err.find("started as 2 tasks by a PMI launcher"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("'mpirun -np 2 shardline ...'"), std::string::npos) << r.err;
+  EXPECT_EQ(r.out.find("Once upon"), std::string::npos) << r.out;
+  r = run_process(hydra + "3 " + shardline() + " plan --preset 15m --cluster " + std::string(SHARDLINE_SOURCE_DIR) +
+                  "/hostfiles/cluster-this-vm.json", 60);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(count_of(r.out, "objective latency"), 1u) << r.out;
+  EXPECT_EQ(count_of(r.err, "plan runs on the first task"), 2u) << r.err;
+  r = run_process(hydra + "2 " + shardline() + " --version", 60);
+  EXPECT_EQ(r.out, "shardline 0.1.0\n") << r.err;
 }
 
 // A batch's sampled rows draw their tokens on the kernel threads, each sequence with its own sampler: the

@@ -97,6 +97,35 @@ TEST(LaunchEnv, SrunWithoutPmixIsRecognised) {
   EXPECT_FALSE(detect_launch_env(env).srun_without_pmix());
 }
 
+// What MPICH's Hydra (mpiexec -n 2) gives its second task: PMI-1 variables, no PMIx.
+Environment hydra_task() {
+  return {{"PMI_RANK", "1"}, {"PMI_SIZE", "2"}, {"PMI_FD", "8"}, {"MPI_LOCALNRANKS", "2"}, {"MPI_LOCALRANKID", "1"}};
+}
+
+TEST(LaunchEnv, HydraTasksAreRecognisedAsUnwired) {
+  const LaunchEnv e = detect_launch_env(hydra_task());
+  EXPECT_EQ(e.launcher, Launcher::kPlain);  // Open MPI cannot join PMI: nothing wires these tasks
+  EXPECT_FALSE(e.wired_by_launcher());
+  ASSERT_TRUE(e.pmi);
+  EXPECT_EQ(e.pmi->size, 2);
+  EXPECT_TRUE(e.pmi_tasks_without_pmix());
+  EXPECT_EQ(e.task_rank(), 1);
+  EXPECT_EQ(e.task_rank_on_host(), 1);
+  EXPECT_EQ(describe(e), "plain process (PMI rank 1 of 2, without PMIx)");
+  // One task alone needs no wiring; srun --mpi=pmi2 (PMI_* inside a step) is srun's case, with srun's fix.
+  EXPECT_FALSE(detect_launch_env({{"PMI_RANK", "0"}, {"PMI_SIZE", "1"}}).pmi_tasks_without_pmix());
+  Environment pmi2 = srun_task_without_pmix();
+  pmi2.insert({{"PMI_RANK", "3"}, {"PMI_SIZE", "4"}});
+  EXPECT_TRUE(detect_launch_env(pmi2).srun_without_pmix());
+  EXPECT_FALSE(detect_launch_env(pmi2).pmi_tasks_without_pmix());
+  // A launcher Open MPI does join decides: mpirun's ranks with a stray PMI_SIZE are wired.
+  Environment mpirun = hydra_task();
+  mpirun.insert({{"OMPI_COMM_WORLD_SIZE", "2"}, {"OMPI_COMM_WORLD_RANK", "0"}});
+  EXPECT_FALSE(detect_launch_env(mpirun).pmi_tasks_without_pmix());
+  EXPECT_EQ(detect_launch_env(mpirun).task_rank(), 0);
+  EXPECT_THROW(detect_launch_env({{"PMI_SIZE", "two"}}), ConfigError);
+}
+
 TEST(LaunchEnv, PmixWithoutSlurmOrMpirun) {
   const LaunchEnv e = detect_launch_env({{"PMIX_RANK", "0"}, {"PMIX_NAMESPACE", "prte-1"}});
   EXPECT_EQ(e.launcher, Launcher::kPmix);
