@@ -121,7 +121,7 @@ po::options_description run_options(RunFlags& f) {
   RunConfig& c = f.c;
   po::options_description options("run options");
   options.add_options()
-      ("model,m", po::value(&c.engine.model_path), "llama2.c checkpoint or GGUF file (F32/F16/BF16/Q8_0) of a llama model (default: a built-in random-weight model)")
+      ("model,m", po::value(&c.engine.model_path), "llama2.c checkpoint or GGUF file (F32/F16/BF16/Q8_0/Q4_0-Q6_K) of a llama model (default: a built-in random-weight model)")
       ("tokenizer,z", po::value(&c.engine.tokenizer_path), "tokenizer.bin (default: a GGUF model's own vocabulary, else found beside the model)")
       ("prompt,i", po::value(&f.prompt)->default_value("Once upon a time"), "prompt text")
       ("prompts-file", po::value(&f.prompts_file), "several sequences at once: one prompt per line (blank lines are skipped; not with --prompt)")
@@ -267,7 +267,7 @@ std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, 
 std::string cpu_only_reason(const RunConfig& c, const runtime::CheckpointLayout& layout) {
   if (c.engine.weights_dtype == kernels::cpu::WeightDtype::kInt8) return "--weights-dtype int8 runs on the CPU only";
   if (!layout.all_f32()) {
-    return "the CUDA stage reads F32 model files only and this one has F16, BF16 or Q8_0 tensors";
+    return "the CUDA stage reads F32 model files only and this one has F16, BF16 or quantised tensors";
   }
   return "";
 }

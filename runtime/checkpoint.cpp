@@ -13,14 +13,27 @@
 
 namespace shardline::runtime {
 
-std::uint64_t tensor_bytes(TensorElement element, std::uint64_t n) {
+ElementBlock element_block(TensorElement element) {
   switch (element) {
-    case TensorElement::kF32: return 4 * n;
-    case TensorElement::kQ8_0:
-      SL_CHECK_MSG(n % kQ8_0Block == 0, "{} Q8_0 values are no whole number of blocks", n);
-      return n / kQ8_0Block * (2 + kQ8_0Block);
-    default: return 2 * n;
+    case TensorElement::kF32: return {1, 4};
+    case TensorElement::kF16:
+    case TensorElement::kBF16: return {1, 2};
+    case TensorElement::kQ8_0: return {32, 34};   // fp16 d, 32 int8 codes
+    case TensorElement::kQ4_0: return {32, 18};   // fp16 d, 16 bytes of nibbles
+    case TensorElement::kQ4_1: return {32, 20};   // fp16 d and m, 16 bytes of nibbles
+    case TensorElement::kQ5_0: return {32, 22};   // fp16 d, 4 bytes of fifth bits, 16 of nibbles
+    case TensorElement::kQ5_1: return {32, 24};   // fp16 d and m, 4 bytes of fifth bits, 16 of nibbles
+    case TensorElement::kQ4_K: return {256, 144};  // fp16 d and dmin, 12 bytes of 6-bit scales and mins, 128 of nibbles
+    case TensorElement::kQ5_K: return {256, 176};  // as Q4_K, with 32 bytes of fifth bits
+    case TensorElement::kQ6_K: return {256, 210};  // 128 bytes of nibbles, 64 of 2-bit parts, 16 int8 scales, fp16 d
   }
+  return {1, 4};
+}
+
+std::uint64_t tensor_bytes(TensorElement element, std::uint64_t n) {
+  const ElementBlock block = element_block(element);
+  SL_CHECK_MSG(n % block.elements == 0, "{} values are no whole number of blocks of {}", n, block.elements);
+  return n / block.elements * block.bytes;
 }
 
 bool CheckpointLayout::all_f32() const {

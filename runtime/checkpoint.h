@@ -14,15 +14,19 @@ namespace shardline::runtime {
 inline constexpr std::uint64_t kCheckpointHeaderBytes = 7 * sizeof(std::int32_t);
 
 // The element types a model file's tensors may have: llama2.c's are all F32; a GGUF file's matrices may be
-// F16, BF16 or Q8_0 (blocks of 32 int8 values and their fp16 scale, 34 bytes), converted to fp32 as a rank
-// reads its slice; its norms usually stay F32.
-enum class TensorElement { kF32, kF16, kBF16, kQ8_0 };
-inline constexpr std::uint64_t kQ8_0Block = 32;
-// Bytes of n consecutive elements (for Q8_0, n a multiple of kQ8_0Block).
+// F16, BF16, or one of ggml's quantised block formats (runtime/ggml_blocks.h: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
+// Q4_K, Q5_K, Q6_K), converted to fp32 as a rank reads its slice; its norms usually stay F32.
+enum class TensorElement { kF32, kF16, kBF16, kQ8_0, kQ4_0, kQ4_1, kQ5_0, kQ5_1, kQ4_K, kQ5_K, kQ6_K };
+// Elements per block and a block's bytes: {1, 4} for F32, {1, 2} for F16 and BF16, {32, 34} for Q8_0 ...
+struct ElementBlock {
+  std::uint64_t elements, bytes;
+};
+ElementBlock element_block(TensorElement element);
+// Bytes of n consecutive elements (for a block format, n a multiple of its block's elements).
 std::uint64_t tensor_bytes(TensorElement element, std::uint64_t n);
 
 // Where a tensor is: its first byte in the file and its elements' type. at(i) is element i of it (row r of
-// a (rows, cols) matrix starts at element r * cols; for Q8_0, i a multiple of kQ8_0Block).
+// a (rows, cols) matrix starts at element r * cols; for a block format, i a multiple of its block).
 struct TensorRef {
   std::uint64_t offset = 0;
   TensorElement element = TensorElement::kF32;

@@ -187,10 +187,10 @@ class CudaStage final : public StageBackend {
 
 void CudaStage::upload_weights() {
   const CheckpointLayout layout = read_model_file(file_.path()).layout;
-  // The device stage uploads straight from the mapped file as fp32 (a GGUF file's F16/BF16 tensors are
-  // widened only by the CPU stage's loader).
+  // The device stage uploads straight from the mapped file as fp32 (a GGUF file's F16, BF16 and quantised
+  // tensors are widened only by the CPU stage's loader).
   if (!layout.all_f32()) {
-    throw FormatError(fmt::format("'{}' has F16, BF16 or Q8_0 tensors, which --device cuda does not read yet: run it on "
+    throw FormatError(fmt::format("'{}' has F16, BF16 or quantised tensors, which --device cuda does not read yet: run it on "
                                   "the CPU (--device cpu) or convert it with --outtype f32", file_.path()));
   }
   whole_file_ = file_.map(0, file_.size_bytes(), memory::MapOptions{false, -1});

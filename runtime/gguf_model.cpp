@@ -31,20 +31,35 @@ int required_dimension(const GgufFile& file, const std::string& key) {
   return static_cast<int>(*value);
 }
 
-// Where a tensor of ne = {cols, rows} is (a vector: rows = 1, ne = {cols}): F32, F16, BF16 or Q8_0.
+// The element type of a GGUF tensor type shardline reads, or nothing.
+std::optional<TensorElement> element_of(std::uint32_t type) {
+  switch (static_cast<GgufType>(type)) {
+    case GgufType::kF32: return TensorElement::kF32;
+    case GgufType::kF16: return TensorElement::kF16;
+    case GgufType::kBF16: return TensorElement::kBF16;
+    case GgufType::kQ8_0: return TensorElement::kQ8_0;
+    case GgufType::kQ4_0: return TensorElement::kQ4_0;
+    case GgufType::kQ4_1: return TensorElement::kQ4_1;
+    case GgufType::kQ5_0: return TensorElement::kQ5_0;
+    case GgufType::kQ5_1: return TensorElement::kQ5_1;
+    case GgufType::kQ4_K: return TensorElement::kQ4_K;
+    case GgufType::kQ5_K: return TensorElement::kQ5_K;
+    case GgufType::kQ6_K: return TensorElement::kQ6_K;
+  }
+  return std::nullopt;
+}
+
+// Where a tensor of ne = {cols, rows} is (a vector: rows = 1, ne = {cols}). A block type's rows are whole
+// blocks (checked with the table), so every row starts a block and a rank's rows can be read alone.
 TensorRef float_tensor(const GgufFile& file, const std::string& name, std::uint64_t rows, std::uint64_t cols) {
   const GgufTensor* t = file.tensor(name);
   if (!t) refuse(file, fmt::format("has no tensor '{}'", name));
-  TensorElement element = TensorElement::kF32;
-  switch (static_cast<GgufType>(t->type)) {
-    case GgufType::kF32: break;
-    case GgufType::kF16: element = TensorElement::kF16; break;
-    case GgufType::kBF16: element = TensorElement::kBF16; break;
-    case GgufType::kQ8_0: element = TensorElement::kQ8_0; break;  // rows of whole blocks: checked with the table
-    default:
-      refuse(file, fmt::format("tensor '{}' is {}; shardline reads F32, F16, BF16 and Q8_0 tensors (convert "
-                               "the model with --outtype f16, bf16 or q8_0)",
-                               printable(name), gguf_type_name(t->type)));
+  const std::optional<TensorElement> element = element_of(t->type);
+  if (!element) {
+    refuse(file, fmt::format("tensor '{}' is {}; shardline reads F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, "
+                             "Q5_K and Q6_K tensors (requantize the model with llama-quantize to one of Q4_0, Q4_K_M, "
+                             "Q5_K_M, Q6_K or Q8_0, or convert it with --outtype f16, bf16 or q8_0)",
+                             printable(name), gguf_type_name(t->type)));
   }
   // Compared without trailing 1s, which writers may or may not keep (ggml drops them: a 1-row matrix is {cols}).
   const std::vector<std::uint64_t> expected = rows == 1 ? std::vector<std::uint64_t>{cols}
@@ -55,7 +70,7 @@ TensorRef float_tensor(const GgufFile& file, const std::string& name, std::uint6
     refuse(file, fmt::format("tensor '{}' has ne [{}] but the metadata's shape implies [{}]", printable(name),
                              fmt::join(t->ne, ", "), fmt::join(expected, ", ")));
   }
-  return {t->offset, element};
+  return {t->offset, *element};
 }
 
 // "blk.N.<one of the nine per-layer tensors>.weight" with N < n_layers.

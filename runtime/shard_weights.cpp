@@ -9,6 +9,7 @@
 #include "kernels/cpu/row_kernels.h"
 #include "kernels/cpu/weight_format.h"
 #include "runtime/checkpoint.h"
+#include "runtime/ggml_blocks.h"
 
 namespace shardline::runtime {
 
@@ -116,19 +117,12 @@ std::uint64_t ShardWeights::arena_bytes_needed(const partition::ModelShape& shap
 
 namespace {
 
-// n values of a tensor's elements as fp32 (exact: every F16, BF16 and Q8_0 value is a float). F16 goes through the
-// KV cache's row kernel (F16C/AVX-512 where present), in chunks an int counts; src is 2-byte aligned (GGUF
-// aligns tensors to 8 or more).
+// n values of a tensor's elements as fp32: F16 and BF16 exactly, ggml's block formats as ggml decodes them
+// (runtime/ggml_blocks.h). F16 goes through the KV cache's row kernel (F16C/AVX-512 where present), in chunks
+// an int counts; src is 2-byte aligned (GGUF aligns tensors to 8 or more).
 void widen(const std::byte* src, TensorElement element, std::uint64_t n, float* dst) {
-  if (element == TensorElement::kQ8_0) {  // value = scale * code: exact in fp32 (11 + 7 significant bits)
-    for (std::uint64_t block = 0; block < n / kQ8_0Block; ++block) {
-      const std::byte* b = src + block * (2 + kQ8_0Block);
-      std::uint16_t scale_bits;
-      std::memcpy(&scale_bits, b, sizeof scale_bits);
-      const float scale = kernels::cpu::fp16_to_float(scale_bits);
-      const auto* codes = reinterpret_cast<const std::int8_t*>(b + 2);
-      for (std::uint64_t i = 0; i < kQ8_0Block; ++i) dst[block * kQ8_0Block + i] = scale * static_cast<float>(codes[i]);
-    }
+  if (element_block(element).elements > 1) {
+    widen_blocks(src, element, n, dst);
     return;
   }
   const auto* bits = reinterpret_cast<const std::uint16_t*>(src);
@@ -183,7 +177,7 @@ PackedMatrix ShardWeights::convert(TensorRef matrix, int rows, int cols, partiti
   // stay in the rank's resident set. A column slice maps every row whole (its columns are strided).
   const std::uint64_t n = static_cast<std::uint64_t>(rows) * cols;
   const memory::MappedRegion source = file_.map(matrix.offset, tensor_bytes(matrix.element, n), {.populate = true});
-  // F16 and BF16 slices go through fp32 first (a temporary of the slice's rows), which the packers take.
+  // Other elements than F32 go through fp32 first (a temporary of the slice's rows), which the packers take.
   std::vector<float> widened;
   if (matrix.element != TensorElement::kF32) {
     widened.resize(n);

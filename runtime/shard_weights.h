@@ -3,7 +3,7 @@
 // asked for (fp32, bf16 or int8; see kernels/cpu/weight_format.h): its file pages are mapped only while
 // they are read, so they do not stay in the rank's resident set. The norms stay zero-copy mappings,
 // populated and bound to the node, and so does the token embedding, looked up one row per token (with
-// copy_to_arena those are read into the arena too; a GGUF file's F16, BF16 or Q8_0 norms and embedding are
+// copy_to_arena those are read into the arena too; a GGUF file's F16, BF16 or quantised norms and embedding are
 // widened into rank-local fp32 copies either way). Nothing else of the file is mapped, so resident memory
 // scales with the shard.
 #pragma once

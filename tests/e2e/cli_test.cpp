@@ -336,61 +336,76 @@ TEST_F(Cli, SampledBatchesGiveTheSameTokensOnAnyThreadCount) {
   }
 }
 
-TEST_F(Cli, F16Bf16AndQ8_0GgufGiveTheTokensOfTheirRoundedCheckpoint) {
-  // The F16 (BF16, Q8_0) file's weights widen exactly to the checkpoint's weights rounded to F16 (BF16, Q8_0
-  // blocks): a llama2.c file of those rounded weights must give the same tokens, on one rank and with TP.
-  const std::string model = path("h.bin");
-  ASSERT_EQ(run_process(shardline() + " gen-model --dim 64 --hidden 160 --layers 2 --heads 4 --kv-heads 2 --vocab 300 "
-                                      "--seq 40 --seed 4 --out " + model).exit_code, 0);
+// A GGUF file whose matrices and embedding are F16, BF16 or one of ggml's block formats must give the tokens of
+// a llama2.c checkpoint of the values those tensors decode to (the file's weights rounded, or quantised, as it
+// holds them), on one rank and with TP. The K-quants need rows of 256 values, so they get a wider model.
+void expect_gguf_gives_its_decoded_checkpoint(const std::string& model, const std::string& dir,
+                                              const std::vector<std::uint32_t>& types) {
   const std::string tokenizer = runtime::default_tokenizer_path_for(model);
-  for (const std::uint32_t type : {1u, 30u, 8u}) {
-    llama_gguf_from_llama2c(model, tokenizer, {.matrix_type = type}).write(path("h.gguf"));
+  const runtime::ModelFile file = runtime::read_model_file(model);
+  const partition::ModelShape& s = file.shape;
+  const std::uint64_t d = s.dim, h = s.hidden_dim, kv = s.kv_dim();
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> matrices = {
+      {file.layout.token_embedding.offset, static_cast<std::uint64_t>(s.vocab_size) * d}};
+  for (const auto& l : file.layout.layers) {
+    for (const auto& [t, n] : std::vector<std::pair<runtime::TensorRef, std::uint64_t>>{
+             {l.wq, d * d}, {l.wk, kv * d}, {l.wv, kv * d}, {l.wo, d * d}, {l.w1, h * d}, {l.w2, d * h}, {l.w3, h * d}}) {
+      matrices.emplace_back(t.offset, n);
+    }
+  }
+  const std::string gguf_path = dir + "/decoded.gguf", rounded_path = dir + "/decoded.bin";
+  for (const std::uint32_t type : types) {
+    llama_gguf_from_llama2c(model, tokenizer, {.matrix_type = type}).write(gguf_path);
     std::ifstream in(model, std::ios::binary);
     std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    // The embedding's and every matrix's floats rounded as the file's (the norms stay F32 there); rows
-    // of 64 and 160 values are whole Q8_0 blocks.
-    const runtime::CheckpointLayout at = runtime::read_model_file(model).layout;
-    std::vector<std::pair<std::uint64_t, std::uint64_t>> matrices = {{at.token_embedding.offset, 300 * 64}};
-    for (const auto& l : at.layers) {
-      for (const auto& [t, n] : std::vector<std::pair<runtime::TensorRef, std::uint64_t>>{
-               {l.wq, 64 * 64}, {l.wk, 32 * 64}, {l.wv, 32 * 64}, {l.wo, 64 * 64}, {l.w1, 160 * 64},
-               {l.w2, 64 * 160}, {l.w3, 160 * 64}}) {
-        matrices.emplace_back(t.offset, n);
-      }
-    }
     for (const auto& [offset, n] : matrices) {
-      for (std::uint64_t block = 0; block < n / 32; ++block) {
-        char* values = bytes.data() + offset + 128 * block;
-        const std::vector<char> q8 = q8_0_blocks(std::vector<char>(values, values + 128));
-        for (int i = 0; i < 32; ++i) {
-          float value;
-          std::memcpy(&value, values + 4 * i, 4);
-          value = type == 1    ? kernels::cpu::fp16_to_float(kernels::cpu::float_to_fp16(value))
-                  : type == 30 ? kernels::cpu::bf16_to_float(kernels::cpu::float_to_bf16(value))
-                               : q8_0_value(q8.data(), i);
-          std::memcpy(values + 4 * i, &value, 4);
+      std::vector<float> x(n);
+      std::memcpy(x.data(), bytes.data() + offset, n * 4);
+      if (ggml_block_values(type) > 1) {
+        x = quantize_blocks(type, x.data(), n).values;
+      } else {
+        for (float& v : x) {
+          v = type == 1 ? kernels::cpu::fp16_to_float(kernels::cpu::float_to_fp16(v))
+                        : kernels::cpu::bf16_to_float(kernels::cpu::float_to_bf16(v));
         }
       }
+      std::memcpy(bytes.data() + offset, x.data(), n * 4);
     }
-    std::ofstream(path("rounded.bin"), std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    std::ofstream(rounded_path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
     const std::string args = " run --json --threads 1 --steps 20 --prompt hello --tokenizer " + tokenizer;
-    const ProcessResult rounded = run_process(shardline() + args + " --model " + path("rounded.bin"));
+    const ProcessResult rounded = run_process(shardline() + args + " --model " + rounded_path);
     ASSERT_EQ(rounded.exit_code, 0) << rounded.err;
     for (const std::string np : {"1", "2"}) {
       const ProcessResult gguf = run_process(kMpirun + np + " " + shardline() + args + " --tp " + np + " --model " +
-                                             path("h.gguf"));
+                                             gguf_path);
       ASSERT_EQ(gguf.exit_code, 0) << gguf.err;
       EXPECT_EQ(parse_single_json(gguf.out)["ids"], parse_single_json(rounded.out)["ids"]) << type << " np " << np;
       // --device auto keeps such a file on the CPU, GPU or not: the CUDA stage uploads F32 files only, so
       // --device cuda is a bad flag for it, said before anything starts.
       EXPECT_NE(gguf.err.find("running on the CPU: the CUDA stage reads F32 model files only"), std::string::npos)
           << gguf.err;
-      if (np == "1") {
-        expect_clean_failure(args + " --device cuda --model " + path("h.gguf"), 2,
-                             "--device cuda: the CUDA stage reads F32 model files only");
-      }
     }
   }
+}
+
+TEST_F(Cli, F16Bf16AndBlockFormatGgufGiveTheTokensOfTheirDecodedCheckpoint) {
+  const std::string model = path("h.bin");
+  ASSERT_EQ(run_process(shardline() + " gen-model --dim 64 --hidden 160 --layers 2 --heads 4 --kv-heads 2 --vocab 300 "
+                                      "--seq 40 --seed 4 --out " + model).exit_code, 0);
+  // Q4_0 .. Q5_1 are what llama-quantize writes for rows of 32 (and K-quant files for rows that are no multiple
+  // of 256).
+  expect_gguf_gives_its_decoded_checkpoint(model, dir_.string(),
+                                           {1u, 30u, kGgmlQ8_0, kGgmlQ4_0, kGgmlQ4_1, kGgmlQ5_0, kGgmlQ5_1});
+  llama_gguf_from_llama2c(model, runtime::default_tokenizer_path_for(model), {.matrix_type = 8}).write(path("h.gguf"));
+  expect_clean_failure(" run --device cuda --model " + path("h.gguf"), 2,
+                       "--device cuda: the CUDA stage reads F32 model files only");
+}
+
+TEST_F(Cli, KQuantGgufGivesTheTokensOfItsDecodedCheckpoint) {
+  const std::string model = path("k.bin");
+  ASSERT_EQ(run_process(shardline() + " gen-model --dim 256 --hidden 512 --layers 2 --heads 4 --kv-heads 2 --vocab 300 "
+                                      "--seq 40 --seed 6 --out " + model).exit_code, 0);
+  expect_gguf_gives_its_decoded_checkpoint(model, dir_.string(), {kGgmlQ4_K, kGgmlQ5_K, kGgmlQ6_K});
 }
 
 TEST_F(Cli, AGgufFilesEpsilonAndRopeBaseReachTheArithmetic) {

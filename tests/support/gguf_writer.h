@@ -15,6 +15,7 @@
 #include "kernels/cpu/weight_format.h"
 #include "runtime/checkpoint.h"
 #include "runtime/tokenizer.h"
+#include "tests/support/ggml_quants.h"
 
 namespace shardline::test {
 
@@ -101,36 +102,21 @@ struct LlamaGgufOptions {
   std::uint32_t context_length = 0;       // 0: the checkpoint's seq_len
   std::uint32_t rope_dimension_count = 0;  // 0: the head size
   std::uint32_t feed_forward_length = 0;   // 0: the checkpoint's hidden_dim
-  std::uint32_t matrix_type = 0;           // the matrices' and embedding's: 0 F32, 1 F16, 8 Q8_0, 30 BF16 (norms stay F32)
+  std::uint32_t matrix_type = 0;           // the matrices' and embedding's: 0 F32, 1 F16, 30 BF16, or a ggml block
+                                           // type of ggml_quants.h (8 Q8_0, 12 Q4_K ...); the norms stay F32
   float rms_eps = 1e-5f;
   double rope_freq_base = 0;               // 0: not written (the default, 10000)
 };
 
-// Q8_0 as llama.cpp's reference quantiser writes it: per 32 values, d = max|x| / 127 stored as fp16 and
-// codes round(x / d) (round half away from zero, as roundf); the values a reader gets back are fp16(d) * code.
-inline std::vector<char> q8_0_blocks(const std::vector<char>& f32) {
-  std::vector<char> out;
-  for (std::size_t b = 0; b < f32.size() / 128; ++b) {
-    float x[32], amax = 0.0f;
-    std::memcpy(x, f32.data() + 128 * b, 128);
-    for (float v : x) amax = std::max(amax, std::fabs(v));
-    const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-    const std::uint16_t d16 = kernels::cpu::float_to_fp16(d);
-    out.insert(out.end(), reinterpret_cast<const char*>(&d16), reinterpret_cast<const char*>(&d16) + 2);
-    for (float v : x) out.push_back(static_cast<char>(static_cast<std::int8_t>(std::round(v * id))));
-  }
-  return out;
-}
-inline float q8_0_value(const char* block, int i) {
-  std::uint16_t d16;
-  std::memcpy(&d16, block, 2);
-  return kernels::cpu::fp16_to_float(d16) * static_cast<float>(static_cast<std::int8_t>(block[2 + i]));
-}
-
-// F32 bytes as F16 or BF16 ones (round to nearest even), as a converter with --outtype f16/bf16 writes them;
-// type 8 as Q8_0 (q8_0_blocks()).
+// F32 bytes as F16 or BF16 ones (round to nearest even), as a converter with --outtype f16/bf16 writes them,
+// or as one of ggml's block formats (ggml_quants.h; Q8_0's scale is max|x| / 127 and its codes round(x / d),
+// as llama.cpp's reference quantiser writes them).
 inline std::vector<char> narrowed(const std::vector<char>& f32, std::uint32_t type) {
-  if (type == 8) return q8_0_blocks(f32);
+  if (ggml_block_values(type) > 1) {
+    std::vector<float> x(f32.size() / 4);
+    std::memcpy(x.data(), f32.data(), f32.size());
+    return quantize_blocks(type, x.data(), x.size()).bytes;
+  }
   std::vector<char> out(f32.size() / 2);
   for (std::size_t i = 0; i < f32.size() / 4; ++i) {
     float value;

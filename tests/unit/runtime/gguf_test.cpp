@@ -297,19 +297,20 @@ TEST_F(GeneratedGguf, ModelsShardlineCannotRunAreRefusedByName) {
             std::string::npos);
   EXPECT_NE(error_with([](GgufWriter& w) { w.u32("llama.block_count", 3); }).find("holds the key 'llama.block_count' twice"),
             std::string::npos);
-  // A quantised tensor is named with its type.
-  GgufWriter q4k_model;
-  q4k_model.string("general.architecture", "llama");
+  // A tensor of a quantised type shardline does not decode is named with its type.
+  GgufWriter q3k_model;
+  q3k_model.string("general.architecture", "llama");
   for (const auto& [key, value] : std::vector<std::pair<std::string, std::uint32_t>>{
            {"llama.embedding_length", 256}, {"llama.feed_forward_length", 512}, {"llama.block_count", 1},
            {"llama.attention.head_count", 2}, {"llama.context_length", 8}}) {
-    q4k_model.u32(key, value);
+    q3k_model.u32(key, value);
   }
-  q4k_model.tensor("token_embd.weight", {256, 300}, 12, std::vector<char>(300 * 144));  // Q4_K: 256 values in 144 bytes
-  q4k_model.write(path("q4k.gguf"));
-  EXPECT_NE(error_of(path("q4k.gguf")).find("tensor 'token_embd.weight' is Q4_K; shardline reads F32, F16, BF16 and Q8_0"),
+  q3k_model.tensor("token_embd.weight", {256, 300}, 11, std::vector<char>(300 * 110));  // Q3_K: 256 values in 110 bytes
+  q3k_model.write(path("q3k.gguf"));
+  EXPECT_NE(error_of(path("q3k.gguf")).find("tensor 'token_embd.weight' is Q3_K; shardline reads F32, F16, BF16, Q8_0, "
+                                            "Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K tensors (requantize"),
             std::string::npos)
-      << error_of(path("q4k.gguf"));
+      << error_of(path("q3k.gguf"));
   GgufWriter gpt2;
   gpt2.string("general.architecture", "gpt2");
   gpt2.write(path("gpt2.gguf"));
