@@ -67,6 +67,7 @@ struct RunConfig {
   bool threads_given = false;  // else: one thread per core of the rank's placement
   bool steps_given = false;    // else: kDefaultSteps, cut to what each prompt leaves of the context
   std::string cpu_only_reason;  // why the CUDA stage cannot take this run (phase 1), or ""
+  std::string quantised_note;   // a quantised file's weights held in fp32 or bf16 (phase 1), or ""
   std::uint64_t prompt_ids_hash = 0;  // of every request's token ids (phase 1): ranks must encode alike
   memory::BindMode bind = memory::BindMode::kAuto;
   runtime::DeviceRequest device = runtime::DeviceRequest::kAuto;
@@ -270,6 +271,22 @@ std::string cpu_only_reason(const RunConfig& c, const runtime::CheckpointLayout&
     return "the CUDA stage reads F32 model files only and this one has F16, BF16 or quantised tensors";
   }
   return "";
+}
+
+// A file of quantised weights converted to fp32 or bf16 takes several times its bytes in memory, and streams
+// them every token: one line names the compact choice. (The first layer's w1 stands for the file: a
+// llama-quantize preset mixes types, all of them blocks of a few bits a weight.)
+std::string quantised_file_note(const RunConfig& c, const runtime::CheckpointLayout& layout) {
+  if (layout.layers.empty() || c.engine.weights_dtype == kernels::cpu::WeightDtype::kInt8) return "";
+  const runtime::TensorElement element = layout.layers.front().w1.element;
+  const runtime::ElementBlock block = runtime::element_block(element);
+  if (block.elements == 1) return "";
+  const double bits = 8.0 * static_cast<double>(block.bytes) / static_cast<double>(block.elements);
+  const double held = c.engine.weights_dtype == kernels::cpu::WeightDtype::kF32 ? 32.0 : 16.0;
+  return fmt::format("'{}' holds {} weights ({:.1f} bits each); --weights-dtype {} holds them in {:.0f} bits, {:.1f}x "
+                     "their bytes in the file: --weights-dtype int8 (8.5 bits) is the compact choice",
+                     c.engine.model_path, runtime::element_name(element), bits,
+                     kernels::cpu::weight_dtype_name(c.engine.weights_dtype), held, held / bits);
 }
 
 // What every rank must agree on, hashed: the model's shape and file size (not its path: hosts may keep
@@ -490,6 +507,7 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
     report_model_bus_errors(config->engine.model_path);
     shape = model.shape;
     config->cpu_only_reason = cpu_only_reason(*config, model.layout);  // the phases below only look it up
+    config->quantised_note = quantised_file_note(*config, model.layout);
     if (config->engine.tokenizer_path.empty()) config->engine.tokenizer_path = find_tokenizer_for(config->engine.model_path);
     const runtime::Tokenizer tokenizer(config->engine.tokenizer_path, shape->vocab_size);
     std::string all_ids;
@@ -672,6 +690,7 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
   if (config->device == runtime::DeviceRequest::kAuto && !backend.cuda) {
     log::info("--device auto: running on the CPU: {}", backend.cpu_reason);
   }
+  if (!config->quantised_note.empty()) log::info("{}", config->quantised_note);
   log::debug("stage backend: {}", engine->backend());
   int rank_cpus = 0;  // hardware threads: two kernel threads on one core's two still both run
   for (const auto& core : placed->binding.cpu_cores) rank_cpus += static_cast<int>(core.pus.size());

@@ -30,6 +30,11 @@ ElementBlock element_block(TensorElement element) {
   return {1, 4};
 }
 
+const char* element_name(TensorElement element) {
+  static const char* const names[] = {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"};
+  return names[static_cast<int>(element)];
+}
+
 std::uint64_t tensor_bytes(TensorElement element, std::uint64_t n) {
   const ElementBlock block = element_block(element);
   SL_CHECK_MSG(n % block.elements == 0, "{} values are no whole number of blocks of {}", n, block.elements);

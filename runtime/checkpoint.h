@@ -22,6 +22,8 @@ struct ElementBlock {
   std::uint64_t elements, bytes;
 };
 ElementBlock element_block(TensorElement element);
+// "F32", "F16", "BF16", "Q8_0", "Q4_K" ...: ggml's names.
+const char* element_name(TensorElement element);
 // Bytes of n consecutive elements (for a block format, n a multiple of its block's elements).
 std::uint64_t tensor_bytes(TensorElement element, std::uint64_t n);
 

@@ -19,6 +19,7 @@
 
 #include "kernels/cpu/weight_format.h"
 #include "runtime/checkpoint.h"
+#include "runtime/gguf.h"
 #include "runtime/model_generator.h"
 #include "tests/support/cli_fixture.h"
 #include "tests/support/gguf_writer.h"
@@ -384,6 +385,9 @@ void expect_gguf_gives_its_decoded_checkpoint(const std::string& model, const st
       // --device cuda is a bad flag for it, said before anything starts.
       EXPECT_NE(gguf.err.find("running on the CPU: the CUDA stage reads F32 model files only"), std::string::npos)
           << gguf.err;
+      // A quantised file held in fp32 (the default) takes several times its bytes: one line says so.
+      EXPECT_EQ(count_of(gguf.err, "holds " + runtime::gguf_type_name(type) + " weights"),
+                ggml_block_values(type) > 1 ? 1u : 0u) << gguf.err;
     }
   }
 }
