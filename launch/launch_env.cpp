@@ -111,21 +111,26 @@ std::vector<int> expand_slurm_counts(const std::string& variable, const std::str
 
 // Open MPI's variables first: inside an allocation mpirun starts its daemons as an srun step, whose
 // SLURM_PROCID and SLURM_LOCALID its ranks inherit (the daemon's node index, 0).
+// PMI's rank before the srun step's: Hydra inside an allocation starts its tasks through an srun step of its
+// own proxies, whose SLURM_PROCID (the proxy's node index) they inherit; srun --mpi=pmi2 sets PMI_RANK to
+// SLURM_PROCID anyway.
 int LaunchEnv::task_rank() const {
   if (ompi) return ompi->world_rank;
+  if (pmi) return pmi->rank;
   if (slurm && slurm->in_step()) return slurm->proc_id;
-  if (pmix) return pmix->rank;
-  return pmi ? pmi->rank : -1;
+  return pmix ? pmix->rank : -1;
 }
 
 int LaunchEnv::task_rank_on_host() const {
   if (ompi) return ompi->local_rank;
-  if (slurm && slurm->in_step()) return slurm->local_id;
-  return pmi ? pmi->local_rank : -1;
+  if (started_by_hydra()) return pmi->local_rank;
+  return slurm && slurm->in_step() ? slurm->local_id : -1;
 }
 
+bool LaunchEnv::started_by_hydra() const { return pmi && pmi->local_rank >= 0; }
+
 bool LaunchEnv::srun_without_pmix() const {
-  return launcher == Launcher::kPlain && slurm && slurm->in_step() && slurm->n_tasks > 1;
+  return launcher == Launcher::kPlain && slurm && slurm->in_step() && slurm->n_tasks > 1 && !started_by_hydra();
 }
 
 // srun --mpi=pmi2 sets PMI_* as well: srun_without_pmix() names that case (and its fix).
@@ -142,7 +147,9 @@ LaunchEnv detect_launch_env(const Environment& env) {
                            int_of(env, "OMPI_COMM_WORLD_NODE_RANK", -1)};
   }
   if (find(env, "PMIX_RANK")) e.pmix = PmixPlacement{text_of(env, "PMIX_NAMESPACE"), int_of(env, "PMIX_RANK", -1)};
-  if (find(env, "PMI_SIZE")) {
+  // Only with a live PMI connection (PMI_FD or PMI_PORT): a shell left over from a Hydra launch keeps PMI_RANK
+  // and PMI_SIZE, and its plain processes are not tasks of anything.
+  if (find(env, "PMI_SIZE") && (find(env, "PMI_FD") || find(env, "PMI_PORT"))) {
     e.pmi = PmiPlacement{int_of(env, "PMI_SIZE", 0), int_of(env, "PMI_RANK", -1), int_of(env, "MPI_LOCALRANKID", -1)};
   }
   // mpirun inside an allocation starts its ranks through an srun step of its own daemons, so its variables

@@ -56,10 +56,11 @@ struct PmixPlacement {
 // What a PMI-1/PMI-2 process manager tells its tasks: MPICH's and Intel MPI's Hydra (mpiexec), also srun
 // --mpi=pmi2. Debian's Open MPI speaks PMIx only, so such tasks cannot wire up; read to say so, and to
 // number the tasks for the commands that run once.
+// Read only where PMI_FD or PMI_PORT says the task has a live PMI connection.
 struct PmiPlacement {
   int size = 0;         // PMI_SIZE
   int rank = -1;        // PMI_RANK
-  int local_rank = -1;  // MPI_LOCALRANKID (Hydra): the task's rank on its host
+  int local_rank = -1;  // MPI_LOCALRANKID, Hydra's only (not srun's pmi2): the task's rank on its host
 };
 
 struct LaunchEnv {
@@ -75,12 +76,15 @@ struct LaunchEnv {
   // gen-model, topo, launch-check), which run once per launch or per host: mpirun's rank, else the srun
   // task's, else PMIx's, else PMI's; -1 where no launcher says (a plain process, the batch script itself).
   int task_rank() const;
-  // The same among this host's tasks: mpirun's local rank, else the srun task's local id, else Hydra's;
-  // -1 where unknown.
+  // The same among this host's tasks: mpirun's local rank, else Hydra's, else the srun task's local id; -1
+  // where unknown.
   int task_rank_on_host() const;
   // An srun step of several tasks that were not given PMIx (srun without --mpi=pmix while the cluster's
   // MpiDefault is none): every task would run alone and print its own output. Run refuses this.
   bool srun_without_pmix() const;
+  // Started by MPICH's or Intel MPI's mpiexec (Hydra), which sets MPI_LOCALRANKID; inside a Slurm allocation
+  // its tasks also carry the SLURM_STEP_ID and SLURM_PROCID of the srun step that started its proxies.
+  bool started_by_hydra() const;
   // Several tasks started by a PMI launcher other than srun (MPICH's or Intel MPI's mpiexec: Hydra), which
   // this build's Open MPI cannot join: every task would run alone. Run refuses this too.
   bool pmi_tasks_without_pmix() const;

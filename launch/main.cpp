@@ -47,7 +47,8 @@ Exit codes: 0 ok, 1 unexpected error, 2 bad flags or layout, 3 corrupt input fil
 // every task would do the same work and print it again. plan and launch-check run on the launch's first
 // task; gen-model and topo on each host's first (a model written to each host's own disk; each host's
 // topology). The other tasks say so in one line and end with exit 0; SHARDLINE_EVERY_TASK=1 runs the command
-// on every task (a script that gives each task its own --out). The task numbers are Open MPI's or Slurm's.
+// on every task (a script that gives each task its own --out). The task numbers are Open MPI's, Slurm's or
+// Hydra's (launch_env.h).
 bool left_to_another_task(const std::string& command) {
   using namespace shardline::launch;
   const bool per_launch = command == "plan" || command == "launch-check";

@@ -50,7 +50,7 @@ void wait_bounded(MPI_Request& request, double timeout_s, const char* what, int 
 MpiSession::MpiSession() : launch_env_(detect_launch_env()), node_name_(host_name()) {
   if (launch_env_.srun_without_pmix()) {
     // Every task would be its own one-rank job; one task says so, the others leave with the same code.
-    if (launch_env_.slurm->proc_id > 0) std::exit(static_cast<int>(ExitCode::kConfig));
+    if (launch_env_.task_rank() > 0) std::exit(static_cast<int>(ExitCode::kConfig));
     throw ConfigError(fmt::format("srun started {} tasks without PMIx, so they cannot find each other: launch "
                                   "with 'srun --mpi=pmix' (Debian's Open MPI speaks PMIx only, not pmi2)",
                                   launch_env_.slurm->n_tasks));
@@ -60,8 +60,8 @@ MpiSession::MpiSession() : launch_env_(detect_launch_env()), node_name_(host_nam
     // not speak, so MPI_Init would make each one a job of one rank that generates alone.
     if (launch_env_.pmi->rank > 0) std::exit(static_cast<int>(ExitCode::kConfig));
     const int n = launch_env_.pmi->size;
-    throw ConfigError(fmt::format("started as {} tasks by a PMI launcher (PMI_SIZE={}: MPICH's or Intel MPI's "
-                                  "mpiexec, i.e. Hydra), which this shardline's Open MPI cannot join (it speaks "
+    throw ConfigError(fmt::format("started as {} tasks by a PMI launcher (PMI_SIZE={}: e.g. MPICH's or Intel MPI's "
+                                  "mpiexec, Hydra), which this shardline's Open MPI cannot join (it speaks "
                                   "PMIx only), so every task would run alone: launch with Open MPI's mpirun "
                                   "('mpirun -np {} shardline ...'), or 'srun --mpi=pmix' under Slurm",
                                   n, n, n));

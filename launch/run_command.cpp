@@ -122,7 +122,7 @@ po::options_description run_options(RunFlags& f) {
   RunConfig& c = f.c;
   po::options_description options("run options");
   options.add_options()
-      ("model,m", po::value(&c.engine.model_path), "llama2.c checkpoint or GGUF file (F32/F16/BF16/Q8_0/Q4_0-Q6_K) of a llama model (default: a built-in random-weight model)")
+      ("model,m", po::value(&c.engine.model_path), "llama2.c checkpoint or GGUF file (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K-Q6_K, IQ4_NL, IQ4_XS) of a llama model (default: a built-in random-weight model)")
       ("tokenizer,z", po::value(&c.engine.tokenizer_path), "tokenizer.bin (default: a GGUF model's own vocabulary, else found beside the model)")
       ("prompt,i", po::value(&f.prompt)->default_value("Once upon a time"), "prompt text")
       ("prompts-file", po::value(&f.prompts_file), "several sequences at once: one prompt per line (blank lines are skipped; not with --prompt)")

@@ -26,12 +26,17 @@ ElementBlock element_block(TensorElement element) {
     case TensorElement::kQ4_K: return {256, 144};  // fp16 d and dmin, 12 bytes of 6-bit scales and mins, 128 of nibbles
     case TensorElement::kQ5_K: return {256, 176};  // as Q4_K, with 32 bytes of fifth bits
     case TensorElement::kQ6_K: return {256, 210};  // 128 bytes of nibbles, 64 of 2-bit parts, 16 int8 scales, fp16 d
+    case TensorElement::kQ2_K: return {256, 84};   // 16 bytes of 4-bit scales and mins, 64 of 2-bit codes, d, dmin
+    case TensorElement::kQ3_K: return {256, 110};  // 32 bytes of high bits, 64 of 2-bit codes, 12 of scales, d
+    case TensorElement::kIQ4_NL: return {32, 18};  // fp16 d, 16 bytes of table indices
+    case TensorElement::kIQ4_XS: return {256, 136};  // fp16 d, 2 + 4 bytes of 6-bit scales, 128 of indices
   }
   return {1, 4};
 }
 
 const char* element_name(TensorElement element) {
-  static const char* const names[] = {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"};
+  static const char* const names[] = {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K",
+                                      "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS"};
   return names[static_cast<int>(element)];
 }
 

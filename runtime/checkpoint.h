@@ -14,9 +14,11 @@ namespace shardline::runtime {
 inline constexpr std::uint64_t kCheckpointHeaderBytes = 7 * sizeof(std::int32_t);
 
 // The element types a model file's tensors may have: llama2.c's are all F32; a GGUF file's matrices may be
-// F16, BF16, or one of ggml's quantised block formats (runtime/ggml_blocks.h: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
-// Q4_K, Q5_K, Q6_K), converted to fp32 as a rank reads its slice; its norms usually stay F32.
-enum class TensorElement { kF32, kF16, kBF16, kQ8_0, kQ4_0, kQ4_1, kQ5_0, kQ5_1, kQ4_K, kQ5_K, kQ6_K };
+// F16, BF16, or one of ggml's quantised block formats (runtime/ggml_blocks.h: Q8_0, Q4_0 ... Q6_K, Q2_K,
+// Q3_K, IQ4_NL, IQ4_XS), converted to fp32 as a rank reads its slice; its norms usually stay F32.
+enum class TensorElement {
+  kF32, kF16, kBF16, kQ8_0, kQ4_0, kQ4_1, kQ5_0, kQ5_1, kQ4_K, kQ5_K, kQ6_K, kQ2_K, kQ3_K, kIQ4_NL, kIQ4_XS
+};
 // Elements per block and a block's bytes: {1, 4} for F32, {1, 2} for F16 and BF16, {32, 34} for Q8_0 ...
 struct ElementBlock {
   std::uint64_t elements, bytes;

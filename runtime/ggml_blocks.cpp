@@ -131,6 +131,78 @@ void q6_k(const std::uint8_t* b, float* y) {
   }
 }
 
+// Q2_K: 16 sub-blocks of 16, each a 4-bit scale and a 4-bit min in one byte (scales first in the block,
+// d and dmin last); 2-bit codes, four to a byte: byte l of each 32 holds values l, l + 32, l + 64, l + 96 of
+// its 128 (as for Q3_K).
+void q2_k(const std::uint8_t* b, float* y) {
+  const std::uint8_t* scales = b;
+  const std::uint8_t* q = b + 16;
+  const float d = half_at(b + 80), dmin = half_at(b + 82);
+  int is = 0;
+  for (int n = 0; n < 256; n += 128, q += 32) {
+    for (int shift = 0; shift < 8; shift += 2) {
+      for (int half = 0; half < 2; ++half) {
+        const int sc = scales[is++];
+        const float dl = d * static_cast<float>(sc & 0x0F), ml = dmin * static_cast<float>(sc >> 4);
+        for (int l = 0; l < 16; ++l) *y++ = dl * static_cast<float>((q[l + 16 * half] >> shift) & 3) - ml;
+      }
+    }
+  }
+}
+
+// Q3_K: 3-bit codes as Q2_K's 2 bits plus a high bit in hmask (bit k of byte l for value 32k + l; a set bit
+// means the code is not lowered by 4), and 16 signed 6-bit scales (+32) packed into 12 bytes: the low
+// nibbles of scales 0-7 and then the high nibbles of bytes 0-7 for scales 8-15, their top two bits in bytes
+// 8-11 (scale j's in byte 8 + j % 4, bits 2 * (j / 4)). d comes last.
+void q3_k(const std::uint8_t* b, float* y) {
+  const std::uint8_t* hm = b;
+  const std::uint8_t* q = b + 32;
+  const std::uint8_t* packed = b + 96;
+  const float d_all = half_at(b + 108);
+  int scales[16];
+  for (int j = 0; j < 16; ++j) {
+    const int low = j < 8 ? packed[j] & 0x0F : packed[j - 8] >> 4;
+    scales[j] = (low | (((packed[8 + j % 4] >> (2 * (j / 4))) & 3) << 4)) - 32;
+  }
+  int is = 0;
+  std::uint8_t m = 1;
+  for (int n = 0; n < 256; n += 128, q += 32) {
+    for (int shift = 0; shift < 8; shift += 2, m <<= 1) {
+      for (int half = 0; half < 2; ++half) {
+        const float dl = d_all * static_cast<float>(scales[is++]);
+        for (int l = 16 * half; l < 16 * half + 16; ++l) {
+          *y++ = dl * static_cast<float>(((q[l] >> shift) & 3) - ((hm[l] & m) ? 0 : 4));
+        }
+      }
+    }
+  }
+}
+
+// IQ4_NL and IQ4_XS: 4-bit indices into a fixed non-linear table (ggml-common.h's kvalues_iq4nl), nibbles
+// laid out as Q4_0's. IQ4_NL: blocks of 32 with an fp16 d. IQ4_XS: super-blocks of 256 with an fp16 d and,
+// per sub-block of 32, a 6-bit scale (+32): low nibble in scales_l, top two bits in scales_h.
+constexpr float kIq4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+void iq4_32(const std::uint8_t* qs, float dl, float* y) {
+  for (int j = 0; j < 16; ++j) {
+    y[j] = dl * kIq4Values[qs[j] & 0x0F];
+    y[j + 16] = dl * kIq4Values[qs[j] >> 4];
+  }
+}
+
+void iq4_nl(const std::uint8_t* b, float* y) { iq4_32(b + 2, half_at(b), y); }
+
+void iq4_xs(const std::uint8_t* b, float* y) {
+  const float d = half_at(b);
+  std::uint16_t scales_h;
+  std::memcpy(&scales_h, b + 2, sizeof scales_h);
+  const std::uint8_t* scales_l = b + 4;
+  for (int ib = 0; ib < 8; ++ib) {
+    const int ls = ((scales_l[ib / 2] >> (4 * (ib % 2))) & 0x0F) | (((scales_h >> (2 * ib)) & 3) << 4);
+    iq4_32(b + 8 + 16 * ib, d * static_cast<float>(ls - 32), y + 32 * ib);
+  }
+}
+
 using BlockDecoder = void (*)(const std::uint8_t*, float*);
 
 BlockDecoder decoder_of(TensorElement element) {
@@ -143,6 +215,10 @@ BlockDecoder decoder_of(TensorElement element) {
     case TensorElement::kQ4_K: return k_quant_4_or_5<false>;
     case TensorElement::kQ5_K: return k_quant_4_or_5<true>;
     case TensorElement::kQ6_K: return q6_k;
+    case TensorElement::kQ2_K: return q2_k;
+    case TensorElement::kQ3_K: return q3_k;
+    case TensorElement::kIQ4_NL: return iq4_nl;
+    case TensorElement::kIQ4_XS: return iq4_xs;
     default: return nullptr;
   }
 }

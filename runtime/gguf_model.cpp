@@ -45,6 +45,10 @@ std::optional<TensorElement> element_of(std::uint32_t type) {
     case GgufType::kQ4_K: return TensorElement::kQ4_K;
     case GgufType::kQ5_K: return TensorElement::kQ5_K;
     case GgufType::kQ6_K: return TensorElement::kQ6_K;
+    case GgufType::kQ2_K: return TensorElement::kQ2_K;
+    case GgufType::kQ3_K: return TensorElement::kQ3_K;
+    case GgufType::kIQ4_NL: return TensorElement::kIQ4_NL;
+    case GgufType::kIQ4_XS: return TensorElement::kIQ4_XS;
   }
   return std::nullopt;
 }
@@ -56,9 +60,10 @@ TensorRef float_tensor(const GgufFile& file, const std::string& name, std::uint6
   if (!t) refuse(file, fmt::format("has no tensor '{}'", name));
   const std::optional<TensorElement> element = element_of(t->type);
   if (!element) {
-    refuse(file, fmt::format("tensor '{}' is {}; shardline reads F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, "
-                             "Q5_K and Q6_K tensors (requantize the model with llama-quantize to one of Q4_0, Q4_K_M, "
-                             "Q5_K_M, Q6_K or Q8_0, or convert it with --outtype f16, bf16 or q8_0)",
+    refuse(file, fmt::format("tensor '{}' is {}; shardline reads F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, "
+                             "Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS tensors (requantize the model with "
+                             "llama-quantize to one of Q4_K_M, Q5_K_M, Q6_K, Q8_0, Q3_K_M or IQ4_XS, or convert it "
+                             "with --outtype f16, bf16 or q8_0)",
                              printable(name), gguf_type_name(t->type)));
   }
   // Compared without trailing 1s, which writers may or may not keep (ggml drops them: a 1-row matrix is {cols}).

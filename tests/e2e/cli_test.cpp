@@ -302,6 +302,8 @@ TEST_F(Cli, CommandsThatAreNotMpiJobsRunOnceUnderMpirun) {
 // commands that run once count Hydra's tasks as they count mpirun's. Hydra is mpich's, installed for this.
 TEST_F(Cli, TasksOfAHydraLaunchAreRefusedWithOneLine) {
   SHARDLINE_REQUIRE_MODEL_FILE(model_file("tiny-32k.bin"));
+  ASSERT_EQ(run_process("sh -c 'command -v mpiexec.hydra'").exit_code, 0)
+      << "mpiexec.hydra not found: scripts/install-deps.sh installs it (Debian's mpich)";
   const std::string hydra = "mpiexec.hydra -n ";
   ProcessResult r = run_process(hydra + "2 " + shardline() + " run --model " + model_file("tiny-32k.bin") +
                                 " --steps 4", 60);
@@ -396,10 +398,10 @@ TEST_F(Cli, F16Bf16AndBlockFormatGgufGiveTheTokensOfTheirDecodedCheckpoint) {
   const std::string model = path("h.bin");
   ASSERT_EQ(run_process(shardline() + " gen-model --dim 64 --hidden 160 --layers 2 --heads 4 --kv-heads 2 --vocab 300 "
                                       "--seq 40 --seed 4 --out " + model).exit_code, 0);
-  // Q4_0 .. Q5_1 are what llama-quantize writes for rows of 32 (and K-quant files for rows that are no multiple
-  // of 256).
+  // Q4_0 .. Q5_1 and IQ4_NL are what llama-quantize writes for rows of 32 (and K-quant files for rows that are
+  // no multiple of 256).
   expect_gguf_gives_its_decoded_checkpoint(model, dir_.string(),
-                                           {1u, 30u, kGgmlQ8_0, kGgmlQ4_0, kGgmlQ4_1, kGgmlQ5_0, kGgmlQ5_1});
+                                           {1u, 30u, kGgmlQ8_0, kGgmlQ4_0, kGgmlQ4_1, kGgmlQ5_0, kGgmlQ5_1, kGgmlIQ4_NL});
   llama_gguf_from_llama2c(model, runtime::default_tokenizer_path_for(model), {.matrix_type = 8}).write(path("h.gguf"));
   expect_clean_failure(" run --device cuda --model " + path("h.gguf"), 2,
                        "--device cuda: the CUDA stage reads F32 model files only");
@@ -409,7 +411,8 @@ TEST_F(Cli, KQuantGgufGivesTheTokensOfItsDecodedCheckpoint) {
   const std::string model = path("k.bin");
   ASSERT_EQ(run_process(shardline() + " gen-model --dim 256 --hidden 512 --layers 2 --heads 4 --kv-heads 2 --vocab 300 "
                                       "--seq 40 --seed 6 --out " + model).exit_code, 0);
-  expect_gguf_gives_its_decoded_checkpoint(model, dir_.string(), {kGgmlQ4_K, kGgmlQ5_K, kGgmlQ6_K});
+  expect_gguf_gives_its_decoded_checkpoint(model, dir_.string(),
+                                           {kGgmlQ2_K, kGgmlQ3_K, kGgmlQ4_K, kGgmlQ5_K, kGgmlQ6_K, kGgmlIQ4_XS});
 }
 
 TEST_F(Cli, AGgufFilesEpsilonAndRopeBaseReachTheArithmetic) {

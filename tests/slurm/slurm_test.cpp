@@ -196,5 +196,21 @@ TEST_F(Slurm, SrunWithoutPmixIsRefusedWithOneLine) {
   EXPECT_TRUE(r.out.empty()) << r.out;
 }
 
+// MPICH's mpiexec (Hydra) inside an allocation starts its proxies as an srun step, so its tasks carry that
+// step's SLURM_STEP_ID and SLURM_PROCID (0 on every task of the first node) beside Hydra's PMI variables: it
+// must be refused as Hydra, by one task, and the commands that run once must count Hydra's tasks.
+TEST_F(Slurm, HydraInsideAnAllocationIsRefusedWithOneLine) {
+  SHARDLINE_REQUIRE_MODEL_FILE(model_file("tiny-32k.bin"));
+  const std::string hydra = "salloc --ntasks=2 --overcommit mpiexec.hydra -n 2 " + shardline_binary();
+  ProcessResult r = run_process(hydra + " run " + golden_run_args(1, 1), 60);
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_EQ(count_of(r.err, "] error: "), 1u) << r.err;
+  EXPECT_NE(r.err.find("started as 2 tasks by a PMI launcher"), std::string::npos) << r.err;
+  EXPECT_TRUE(r.out.empty()) << r.out;
+  r = run_process(hydra + " --version", 60);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "shardline 0.1.0\n") << r.err;
+}
+
 }  // namespace
 }  // namespace shardline::test

@@ -112,18 +112,37 @@ TEST(LaunchEnv, HydraTasksAreRecognisedAsUnwired) {
   EXPECT_EQ(e.task_rank(), 1);
   EXPECT_EQ(e.task_rank_on_host(), 1);
   EXPECT_EQ(describe(e), "plain process (PMI rank 1 of 2, without PMIx)");
-  // One task alone needs no wiring; srun --mpi=pmi2 (PMI_* inside a step) is srun's case, with srun's fix.
-  EXPECT_FALSE(detect_launch_env({{"PMI_RANK", "0"}, {"PMI_SIZE", "1"}}).pmi_tasks_without_pmix());
+  // One task alone needs no wiring; srun --mpi=pmi2 (PMI_* inside a step, no MPI_LOCALRANKID) is srun's
+  // case, with srun's fix.
+  EXPECT_FALSE(detect_launch_env({{"PMI_RANK", "0"}, {"PMI_SIZE", "1"}, {"PMI_FD", "3"}}).pmi_tasks_without_pmix());
   Environment pmi2 = srun_task_without_pmix();
-  pmi2.insert({{"PMI_RANK", "3"}, {"PMI_SIZE", "4"}});
+  pmi2.insert({{"PMI_RANK", "3"}, {"PMI_SIZE", "4"}, {"PMI_FD", "5"}});
   EXPECT_TRUE(detect_launch_env(pmi2).srun_without_pmix());
   EXPECT_FALSE(detect_launch_env(pmi2).pmi_tasks_without_pmix());
+  EXPECT_EQ(detect_launch_env(pmi2).task_rank(), 3);
+  EXPECT_EQ(detect_launch_env(pmi2).task_rank_on_host(), 1);
+  // Hydra inside an allocation: its tasks inherit the step of its proxies (every task SLURM_PROCID 0 on the
+  // first node); PMI and MPI_LOCALRANKID tell them apart, and it is Hydra's case, not srun's.
+  Environment in_allocation = hydra_task();
+  in_allocation.insert({{"SLURM_JOB_ID", "9"}, {"SLURM_STEP_ID", "0"}, {"SLURM_PROCID", "0"}, {"SLURM_LOCALID", "0"},
+                        {"SLURM_NTASKS", "2"}});
+  const LaunchEnv hydra_in_slurm = detect_launch_env(in_allocation);
+  EXPECT_TRUE(hydra_in_slurm.started_by_hydra());
+  EXPECT_FALSE(hydra_in_slurm.srun_without_pmix());
+  EXPECT_TRUE(hydra_in_slurm.pmi_tasks_without_pmix());
+  EXPECT_EQ(hydra_in_slurm.task_rank(), 1);
+  EXPECT_EQ(hydra_in_slurm.task_rank_on_host(), 1);
+  // PMI variables without a live connection (PMI_FD, PMI_PORT) are a shell's leftovers: not a task.
+  Environment leftover = hydra_task();
+  leftover.erase("PMI_FD");
+  EXPECT_FALSE(detect_launch_env(leftover).pmi);
+  EXPECT_EQ(detect_launch_env(leftover).task_rank(), -1);
   // A launcher Open MPI does join decides: mpirun's ranks with a stray PMI_SIZE are wired.
   Environment mpirun = hydra_task();
   mpirun.insert({{"OMPI_COMM_WORLD_SIZE", "2"}, {"OMPI_COMM_WORLD_RANK", "0"}});
   EXPECT_FALSE(detect_launch_env(mpirun).pmi_tasks_without_pmix());
   EXPECT_EQ(detect_launch_env(mpirun).task_rank(), 0);
-  EXPECT_THROW(detect_launch_env({{"PMI_SIZE", "two"}}), ConfigError);
+  EXPECT_THROW(detect_launch_env({{"PMI_SIZE", "two"}, {"PMI_PORT", "host:1234"}}), ConfigError);
 }
 
 TEST(LaunchEnv, PmixWithoutSlurmOrMpirun) {

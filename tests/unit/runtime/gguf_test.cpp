@@ -298,19 +298,20 @@ TEST_F(GeneratedGguf, ModelsShardlineCannotRunAreRefusedByName) {
   EXPECT_NE(error_with([](GgufWriter& w) { w.u32("llama.block_count", 3); }).find("holds the key 'llama.block_count' twice"),
             std::string::npos);
   // A tensor of a quantised type shardline does not decode is named with its type.
-  GgufWriter q3k_model;
-  q3k_model.string("general.architecture", "llama");
+  GgufWriter iq2_model;
+  iq2_model.string("general.architecture", "llama");
   for (const auto& [key, value] : std::vector<std::pair<std::string, std::uint32_t>>{
            {"llama.embedding_length", 256}, {"llama.feed_forward_length", 512}, {"llama.block_count", 1},
            {"llama.attention.head_count", 2}, {"llama.context_length", 8}}) {
-    q3k_model.u32(key, value);
+    iq2_model.u32(key, value);
   }
-  q3k_model.tensor("token_embd.weight", {256, 300}, 11, std::vector<char>(300 * 110));  // Q3_K: 256 values in 110 bytes
-  q3k_model.write(path("q3k.gguf"));
-  EXPECT_NE(error_of(path("q3k.gguf")).find("tensor 'token_embd.weight' is Q3_K; shardline reads F32, F16, BF16, Q8_0, "
-                                            "Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K tensors (requantize"),
+  iq2_model.tensor("token_embd.weight", {256, 300}, 16, std::vector<char>(300 * 66));  // IQ2_XXS: 256 values in 66 bytes
+  iq2_model.write(path("iq2.gguf"));
+  EXPECT_NE(error_of(path("iq2.gguf")).find("tensor 'token_embd.weight' is IQ2_XXS; shardline reads F32, F16, BF16, "
+                                            "Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and "
+                                            "IQ4_XS tensors (requantize"),
             std::string::npos)
-      << error_of(path("q3k.gguf"));
+      << error_of(path("iq2.gguf"));
   GgufWriter gpt2;
   gpt2.string("general.architecture", "gpt2");
   gpt2.write(path("gpt2.gguf"));
