@@ -17,4 +17,6 @@ run layouts 900 scripts/bench-layouts.sh 64 4
 run roofline 900 scripts/bench-roofline.sh
 run arena-110m 300 env REPEATS=3 scripts/bench-arena.sh 110m 64 2
 run arena-1.1b 600 env REPEATS=3 scripts/bench-arena.sh 1.1b 32 2
+run gguf-load-fp32 300 env REPEATS=5 scripts/bench-gguf-load.sh 110m 2 fp32
+run gguf-load-int8 300 env REPEATS=5 scripts/bench-gguf-load.sh 110m 2 int8
 run multihost 300 scripts/bench-multihost.sh 110m 64

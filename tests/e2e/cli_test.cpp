@@ -375,12 +375,13 @@ void expect_gguf_gives_its_decoded_checkpoint(const std::string& model, const st
       std::memcpy(bytes.data() + offset, x.data(), n * 4);
     }
     std::ofstream(rounded_path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    const std::string args = " run --json --threads 1 --steps 20 --prompt hello --tokenizer " + tokenizer;
-    const ProcessResult rounded = run_process(shardline() + args + " --model " + rounded_path);
+    const std::string args = " run --json --steps 20 --prompt hello --tokenizer " + tokenizer;
+    const ProcessResult rounded = run_process(shardline() + args + " --threads 1 --model " + rounded_path);
     ASSERT_EQ(rounded.exit_code, 0) << rounded.err;
+    // One rank decodes the file on two threads (in chunks, shard_weights.cpp), two ranks on one each.
     for (const std::string np : {"1", "2"}) {
-      const ProcessResult gguf = run_process(kMpirun + np + " " + shardline() + args + " --tp " + np + " --model " +
-                                             gguf_path);
+      const ProcessResult gguf = run_process(kMpirun + np + " " + shardline() + args + " --threads " +
+                                             (np == "1" ? "2" : "1") + " --tp " + np + " --model " + gguf_path);
       ASSERT_EQ(gguf.exit_code, 0) << gguf.err;
       EXPECT_EQ(parse_single_json(gguf.out)["ids"], parse_single_json(rounded.out)["ids"]) << type << " np " << np;
       // --device auto keeps such a file on the CPU, GPU or not: the CUDA stage uploads F32 files only, so

@@ -78,8 +78,11 @@ class GgufWriter {
   };
   template <typename T>
   static void pod(std::vector<char>& out, T v) {
-    const char* p = reinterpret_cast<const char*>(&v);
-    out.insert(out.end(), p, p + sizeof(T));
+    // resize and memcpy, not insert(p, p + sizeof(T)): GCC 12 at -O3 warns falsely (-Warray-bounds) about the
+    // inlined insert of a small range.
+    const std::size_t at = out.size();
+    out.resize(at + sizeof(T));
+    std::memcpy(out.data() + at, &v, sizeof(T));
   }
   static void str(std::vector<char>& out, const std::string& s) {
     pod(out, std::uint64_t{s.size()});
