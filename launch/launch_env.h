@@ -73,8 +73,9 @@ struct LaunchEnv {
   // True when this process should bring up MPI: a launcher wired it to its peers.
   bool wired_by_launcher() const { return launcher != Launcher::kPlain; }
   // This process's place among the tasks one launch started, for the commands that are not MPI jobs (plan,
-  // gen-model, topo, launch-check), which run once per launch or per host: mpirun's rank, else the srun
-  // task's, else PMIx's, else PMI's; -1 where no launcher says (a plain process, the batch script itself).
+  // gen-model, topo, launch-check), which run once per launch or per host: mpirun's rank, else PMI's (Hydra's,
+  // or srun --mpi=pmi2's), else the srun task's, else PMIx's; -1 where no launcher says (a plain process, the
+  // batch script itself).
   int task_rank() const;
   // The same among this host's tasks: mpirun's local rank, else Hydra's, else the srun task's local id; -1
   // where unknown.

@@ -58,7 +58,7 @@ MpiSession::MpiSession() : launch_env_(detect_launch_env()), node_name_(host_nam
   if (launch_env_.pmi_tasks_without_pmix()) {
     // The same for MPICH's or Intel MPI's mpiexec (Hydra): it wires its tasks over PMI, which Open MPI does
     // not speak, so MPI_Init would make each one a job of one rank that generates alone.
-    if (launch_env_.pmi->rank > 0) std::exit(static_cast<int>(ExitCode::kConfig));
+    if (launch_env_.task_rank() > 0) std::exit(static_cast<int>(ExitCode::kConfig));
     const int n = launch_env_.pmi->size;
     throw ConfigError(fmt::format("started as {} tasks by a PMI launcher (PMI_SIZE={}: e.g. MPICH's or Intel MPI's "
                                   "mpiexec, Hydra), which this shardline's Open MPI cannot join (it speaks "

@@ -37,6 +37,8 @@ ElementBlock element_block(TensorElement element) {
 const char* element_name(TensorElement element) {
   static const char* const names[] = {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K",
                                       "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS"};
+  static_assert(sizeof(names) / sizeof(names[0]) == static_cast<std::size_t>(TensorElement::kIQ4_XS) + 1,
+                "a name for every TensorElement, in its order");
   return names[static_cast<int>(element)];
 }
 

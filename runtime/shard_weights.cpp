@@ -137,8 +137,9 @@ void widen_chunk(const std::byte* src, TensorElement element, std::uint64_t n, f
 }
 
 // The same on the rank's kernel threads, in chunks of whole blocks (2^14 values, a whole number of blocks of
-// every type; each thread takes a band of chunks, so their count costs nothing). Each value is decoded alone, so the split does not change a bit. On one
-// thread a 4-bit file's blocks decode at 1-2.6 ns a value, F16 at about 1: a 7B model's seconds.
+// every type; each thread takes a band of chunks, so their count costs nothing). Each value is decoded alone,
+// so the split does not change a bit. On one thread a 4-bit file's blocks decode at 1-2.6 ns a value, F16 at
+// about 1: a 7B model's seconds (BENCHMARKS.md, "GGUF files: load time by element type").
 void widen(const std::byte* src, TensorElement element, std::uint64_t n, float* dst) {
   constexpr std::uint64_t kChunkValues = std::uint64_t{1} << 14;
   const std::uint64_t chunks = (n + kChunkValues - 1) / kChunkValues;
