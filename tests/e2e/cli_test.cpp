@@ -342,37 +342,48 @@ TEST_F(Cli, SampledBatchesGiveTheSameTokensOnAnyThreadCount) {
 // A GGUF file whose matrices and embedding are F16, BF16 or one of ggml's block formats must give the tokens of
 // a llama2.c checkpoint of the values those tensors decode to (the file's weights rounded, or quantised, as it
 // holds them), on one rank and with TP. The K-quants need rows of 256 values, so they get a wider model.
+// Each file is the model written with one set of options (one type for every matrix, or a preset's mix).
 void expect_gguf_gives_its_decoded_checkpoint(const std::string& model, const std::string& dir,
-                                              const std::vector<std::uint32_t>& types) {
+                                              const std::vector<LlamaGgufOptions>& files) {
   const std::string tokenizer = runtime::default_tokenizer_path_for(model);
   const runtime::ModelFile file = runtime::read_model_file(model);
   const partition::ModelShape& s = file.shape;
-  const std::uint64_t d = s.dim, h = s.hidden_dim, kv = s.kv_dim();
-  std::vector<std::pair<std::uint64_t, std::uint64_t>> matrices = {
-      {file.layout.token_embedding.offset, static_cast<std::uint64_t>(s.vocab_size) * d}};
-  for (const auto& l : file.layout.layers) {
-    for (const auto& [t, n] : std::vector<std::pair<runtime::TensorRef, std::uint64_t>>{
-             {l.wq, d * d}, {l.wk, kv * d}, {l.wv, kv * d}, {l.wo, d * d}, {l.w1, h * d}, {l.w2, d * h}, {l.w3, h * d}}) {
-      matrices.emplace_back(t.offset, n);
+  const std::uint64_t d = s.dim, h = s.hidden_dim, kv = s.kv_dim(), v = s.vocab_size;
+  struct Matrix {
+    std::string name;  // in the GGUF file
+    std::uint64_t offset, n;
+  };
+  std::vector<Matrix> matrices = {{"token_embd.weight", file.layout.token_embedding.offset, v * d}};
+  if (!s.shared_classifier) matrices.push_back({"output.weight", file.layout.classifier.offset, v * d});
+  for (int i = 0; i < s.n_layers; ++i) {
+    const runtime::LayerTensors& l = file.layout.layers[i];
+    const std::string b = "blk." + std::to_string(i) + ".";
+    for (const Matrix& m : std::vector<Matrix>{{"attn_q", l.wq.offset, d * d}, {"attn_k", l.wk.offset, kv * d},
+                                               {"attn_v", l.wv.offset, kv * d}, {"attn_output", l.wo.offset, d * d},
+                                               {"ffn_gate", l.w1.offset, h * d}, {"ffn_down", l.w2.offset, d * h},
+                                               {"ffn_up", l.w3.offset, h * d}}) {
+      matrices.push_back({b + m.name + ".weight", m.offset, m.n});
     }
   }
   const std::string gguf_path = dir + "/decoded.gguf", rounded_path = dir + "/decoded.bin";
-  for (const std::uint32_t type : types) {
-    llama_gguf_from_llama2c(model, tokenizer, {.matrix_type = type}).write(gguf_path);
+  for (const LlamaGgufOptions& options : files) {
+    const std::uint32_t main_type = options.type_of("blk.0.ffn_gate.weight");  // the type run's note names
+    llama_gguf_from_llama2c(model, tokenizer, options).write(gguf_path);
     std::ifstream in(model, std::ios::binary);
     std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    for (const auto& [offset, n] : matrices) {
-      std::vector<float> x(n);
-      std::memcpy(x.data(), bytes.data() + offset, n * 4);
+    for (const Matrix& m : matrices) {
+      const std::uint32_t type = options.type_of(m.name);
+      std::vector<float> x(m.n);
+      std::memcpy(x.data(), bytes.data() + m.offset, m.n * 4);
       if (ggml_block_values(type) > 1) {
-        x = quantize_blocks(type, x.data(), n).values;
-      } else {
-        for (float& v : x) {
-          v = type == 1 ? kernels::cpu::fp16_to_float(kernels::cpu::float_to_fp16(v))
-                        : kernels::cpu::bf16_to_float(kernels::cpu::float_to_bf16(v));
+        x = quantize_blocks(type, x.data(), m.n).values;
+      } else if (type != 0) {
+        for (float& value : x) {
+          value = type == 1 ? kernels::cpu::fp16_to_float(kernels::cpu::float_to_fp16(value))
+                            : kernels::cpu::bf16_to_float(kernels::cpu::float_to_bf16(value));
         }
       }
-      std::memcpy(bytes.data() + offset, x.data(), n * 4);
+      std::memcpy(bytes.data() + m.offset, x.data(), m.n * 4);
     }
     std::ofstream(rounded_path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
     const std::string args = " run --json --steps 20 --prompt hello --tokenizer " + tokenizer;
@@ -383,16 +394,24 @@ void expect_gguf_gives_its_decoded_checkpoint(const std::string& model, const st
       const ProcessResult gguf = run_process(kMpirun + np + " " + shardline() + args + " --threads " +
                                              (np == "1" ? "2" : "1") + " --tp " + np + " --model " + gguf_path);
       ASSERT_EQ(gguf.exit_code, 0) << gguf.err;
-      EXPECT_EQ(parse_single_json(gguf.out)["ids"], parse_single_json(rounded.out)["ids"]) << type << " np " << np;
+      EXPECT_EQ(parse_single_json(gguf.out)["ids"], parse_single_json(rounded.out)["ids"])
+          << main_type << " np " << np;
       // --device auto keeps such a file on the CPU, GPU or not: the CUDA stage uploads F32 files only, so
       // --device cuda is a bad flag for it, said before anything starts.
       EXPECT_NE(gguf.err.find("running on the CPU: the CUDA stage reads F32 model files only"), std::string::npos)
           << gguf.err;
       // A quantised file held in fp32 (the default) takes several times its bytes: one line says so.
-      EXPECT_EQ(count_of(gguf.err, "holds " + runtime::gguf_type_name(type) + " weights"),
-                ggml_block_values(type) > 1 ? 1u : 0u) << gguf.err;
+      EXPECT_EQ(count_of(gguf.err, "holds " + runtime::gguf_type_name(main_type) + " weights"),
+                ggml_block_values(main_type) > 1 ? 1u : 0u) << gguf.err;
     }
   }
+}
+
+// One type for every matrix and the embedding.
+std::vector<LlamaGgufOptions> one_type_each(const std::vector<std::uint32_t>& types) {
+  std::vector<LlamaGgufOptions> files;
+  for (const std::uint32_t type : types) files.push_back({.matrix_type = type});
+  return files;
 }
 
 TEST_F(Cli, F16Bf16AndBlockFormatGgufGiveTheTokensOfTheirDecodedCheckpoint) {
@@ -401,8 +420,8 @@ TEST_F(Cli, F16Bf16AndBlockFormatGgufGiveTheTokensOfTheirDecodedCheckpoint) {
                                       "--seq 40 --seed 4 --out " + model).exit_code, 0);
   // Q4_0 .. Q5_1 and IQ4_NL are what llama-quantize writes for rows of 32 (and K-quant files for rows that are
   // no multiple of 256).
-  expect_gguf_gives_its_decoded_checkpoint(model, dir_.string(),
-                                           {1u, 30u, kGgmlQ8_0, kGgmlQ4_0, kGgmlQ4_1, kGgmlQ5_0, kGgmlQ5_1, kGgmlIQ4_NL});
+  expect_gguf_gives_its_decoded_checkpoint(
+      model, dir_.string(), one_type_each({1u, 30u, kGgmlQ8_0, kGgmlQ4_0, kGgmlQ4_1, kGgmlQ5_0, kGgmlQ5_1, kGgmlIQ4_NL}));
   llama_gguf_from_llama2c(model, runtime::default_tokenizer_path_for(model), {.matrix_type = 8}).write(path("h.gguf"));
   expect_clean_failure(" run --device cuda --model " + path("h.gguf"), 2,
                        "--device cuda: the CUDA stage reads F32 model files only");
@@ -411,9 +430,20 @@ TEST_F(Cli, F16Bf16AndBlockFormatGgufGiveTheTokensOfTheirDecodedCheckpoint) {
 TEST_F(Cli, KQuantGgufGivesTheTokensOfItsDecodedCheckpoint) {
   const std::string model = path("k.bin");
   ASSERT_EQ(run_process(shardline() + " gen-model --dim 256 --hidden 512 --layers 2 --heads 4 --kv-heads 2 --vocab 300 "
-                                      "--seq 40 --seed 6 --out " + model).exit_code, 0);
-  expect_gguf_gives_its_decoded_checkpoint(model, dir_.string(),
-                                           {kGgmlQ2_K, kGgmlQ3_K, kGgmlQ4_K, kGgmlQ5_K, kGgmlQ6_K, kGgmlIQ4_XS});
+                                      "--seq 40 --seed 6 --unshared-classifier --out " + model).exit_code, 0);
+  std::vector<LlamaGgufOptions> files =
+      one_type_each({kGgmlQ2_K, kGgmlQ3_K, kGgmlQ4_K, kGgmlQ5_K, kGgmlQ6_K, kGgmlIQ4_XS});
+  // Q4_K_M's mix: Q6_K for attn_v, ffn_down and the classifier, Q4_K elsewhere; and one with every type
+  // there is in one file, each tensor decoded by its own type.
+  files.push_back({.matrix_type = kGgmlQ4_K,
+                   .tensor_types = {{"attn_v.weight", kGgmlQ6_K}, {"ffn_down.weight", kGgmlQ6_K},
+                                    {"output.weight", kGgmlQ6_K}}});
+  files.push_back({.matrix_type = kGgmlQ5_K,
+                   .tensor_types = {{"token_embd.weight", kGgmlQ8_0}, {"output.weight", 1u}, {"attn_q.weight", kGgmlQ4_0},
+                                    {"attn_k.weight", kGgmlIQ4_NL}, {"attn_v.weight", kGgmlQ3_K},
+                                    {"attn_output.weight", kGgmlQ2_K}, {"ffn_up.weight", 30u},
+                                    {"ffn_down.weight", kGgmlIQ4_XS}}});
+  expect_gguf_gives_its_decoded_checkpoint(model, dir_.string(), files);
 }
 
 TEST_F(Cli, AGgufFilesEpsilonAndRopeBaseReachTheArithmetic) {

@@ -107,6 +107,17 @@ struct LlamaGgufOptions {
   std::uint32_t feed_forward_length = 0;   // 0: the checkpoint's hidden_dim
   std::uint32_t matrix_type = 0;           // the matrices' and embedding's: 0 F32, 1 F16, 30 BF16, or a ggml block
                                            // type of ggml_quants.h (8 Q8_0, 12 Q4_K ...); the norms stay F32
+  // Types for some matrices instead, by the end of their names ("attn_v.weight", "output.weight"), as
+  // llama-quantize's presets mix them (Q4_K_M: Q6_K for attn_v, ffn_down and output).
+  std::vector<std::pair<std::string, std::uint32_t>> tensor_types = {};
+  std::uint32_t type_of(const std::string& name) const {
+    for (const auto& [suffix, type] : tensor_types) {
+      if (name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+        return type;
+      }
+    }
+    return matrix_type;
+  }
   float rms_eps = 1e-5f;
   double rope_freq_base = 0;               // 0: not written (the default, 10000)
 };
@@ -201,8 +212,8 @@ inline GgufWriter llama_gguf_from_llama2c(const std::string& checkpoint, const s
   for (const auto& e : entries) {
     std::uint64_t floats = 1;
     for (std::uint64_t n : e.ne) floats *= n;
-    if (options.matrix_type != 0 && e.ne.size() == 2) {
-      w.tensor(e.name, e.ne, options.matrix_type, narrowed(read(e.offset, floats), options.matrix_type));
+    if (const std::uint32_t type = options.type_of(e.name); type != 0 && e.ne.size() == 2) {
+      w.tensor(e.name, e.ne, type, narrowed(read(e.offset, floats), type));
     } else {
       w.tensor(e.name, e.ne, 0, read(e.offset, floats));
     }
