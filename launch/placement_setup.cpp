@@ -1,5 +1,6 @@
 #include "launch/placement_setup.h"
 
+#include <cerrno>
 #include <cstdlib>
 #include <exception>
 #include <optional>
@@ -13,12 +14,16 @@ namespace shardline::launch {
 
 namespace {
 
+// The number a launcher variable starts with (Slurm's "4(x2),3" gives 4), from 0 to 2^30 as launch_env.cpp
+// bounds its counts: anything else is no hint at all. A value past INT_MAX was narrowed to a negative local
+// rank, and INT_MAX itself overflowed the "+ 1" below (a fuzzing pass under UBSan).
 std::optional<int> env_int(const char* name) {
   const char* value = std::getenv(name);
   if (!value || !*value) return std::nullopt;
   char* end = nullptr;
+  errno = 0;
   const long parsed = std::strtol(value, &end, 10);
-  if (end == value || parsed < 0) return std::nullopt;
+  if (errno != 0 || end == value || parsed < 0 || parsed >= (1L << 30)) return std::nullopt;
   return static_cast<int>(parsed);
 }
 

@@ -123,9 +123,15 @@ void quantize_int8_row_avx512(const float* x, int k, int kp, int group, std::int
   auto load = [&](int j) {  // x[j .. j + 16), zero from k on (the padding of the last group)
     return j < k ? _mm512_maskz_loadu_ps(first_lanes(k - j), x + j) : _mm512_setzero_ps();
   };
+  const __m512 largest = _mm512_set1_ps(__FLT_MAX__);
   for (int g = 0, j0 = 0; j0 < kp; ++g, j0 += group) {
     __m512 amax = _mm512_setzero_ps();
-    for (int i = 0; i < group; i += 16) amax = _mm512_max_ps(amax, abs16(load(j0 + i)));
+    __mmask16 not_finite = 0;  // |x| > FLT_MAX or unordered: Inf or NaN (quantize_int8_row's NaN scale)
+    for (int i = 0; i < group; i += 16) {
+      const __m512 magnitude = abs16(load(j0 + i));
+      amax = _mm512_max_ps(amax, magnitude);
+      not_finite |= _mm512_cmp_ps_mask(magnitude, largest, _CMP_NLE_UQ);
+    }
     const float group_max = fold_max16(amax);
     const __m512 inv = _mm512_set1_ps(group_max > 0.0f ? 127.0f / group_max : 0.0f);
     __m512i sum = _mm512_setzero_si512();
@@ -134,7 +140,7 @@ void quantize_int8_row_avx512(const float* x, int k, int kp, int group, std::int
       _mm_storeu_si128(reinterpret_cast<__m128i*>(q + j0 + i), _mm512_cvtepi32_epi8(code));
       sum = _mm512_add_epi32(sum, code);
     }
-    scales[g] = group_max / 127.0f;
+    scales[g] = not_finite == 0 ? group_max / 127.0f : __builtin_nanf("");
     sums[g] = _mm512_reduce_add_epi32(sum);
   }
 }

@@ -83,12 +83,17 @@ void quantize_int8_row(const float* x, int k, int kp, int group, std::int8_t* q,
     const float amax = group_amax(v, group);
     const float inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
     std::int32_t sum = 0;
+    bool finite = true;
     for (int i = 0; i < group; ++i) {
       const std::int32_t code = int8_code(v[i], inverse);
       q[j0 + i] = static_cast<std::int8_t>(code);
       sum += code;
+      finite &= __builtin_fabsf(v[i]) <= __FLT_MAX__;  // false for NaN and Inf
     }
-    scales[g] = amax / 127.0f;
+    // A group holding a NaN or an Inf (a damaged model's activations) gets a NaN scale, so its products
+    // stay NaN as fp32's would and the run's warning about non-finite hidden states fires; its codes alone
+    // would have made finite numbers of them (a NaN's code is -127).
+    scales[g] = finite ? amax / 127.0f : __builtin_nanf("");
     sums[g] = sum;
   }
 }

@@ -22,11 +22,14 @@ inline float bits_to_float(std::uint32_t bits) {
   return f;
 }
 
-// fp16 (IEEE half) to float, subnormals included; the scales are finite and non-negative.
+// fp16 (IEEE half) to float, subnormals included, as F16C's conversion gives it; the scales are
+// non-negative, and NaN only where a weight group held a NaN or an Inf (pack_panel_int8), which must stay
+// NaN here as it does in the VNNI and AMX kernels.
 inline float half_to_float(std::uint16_t h) {
   const std::uint32_t exponent = (h >> 10) & 0x1f;
   const std::uint32_t mantissa = h & 0x3ff;
   if (exponent == 0) return static_cast<float>(mantissa) * (1.0f / 16777216.0f);  // m * 2^-24
+  if (exponent == 0x1f) return bits_to_float(0x7f800000u | (mantissa << 13));    // Inf or NaN
   return bits_to_float(((exponent + 112) << 23) | (mantissa << 13));
 }
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "common/error.h"
 #include "kernels/cpu/ops.h"
@@ -51,6 +52,10 @@ void pack_panel_bf16(const Source& s, int panel, std::uint16_t* dst) {
 }
 
 // Per feature and group of `group` k values: scale = max|w| / 127 (stored as fp16) and q = round(w / scale).
+// A group holding a NaN or an Inf (a damaged file) gets a NaN scale and codes of 0, so its products are NaN
+// as fp32's would be and the run's warning about non-finite hidden states fires; std::max would have
+// skipped a NaN (a finite scale, the weight silently turned into a code), and an Inf made the scale Inf,
+// its inverse 0 and the code NaN, whose conversion to int is undefined.
 void pack_panel_int8(const Source& s, int panel, int group, std::byte* dst) {
   const int kp = padded_k(WeightDtype::kInt8, s.k);
   auto* quads = reinterpret_cast<std::uint8_t*>(dst);
@@ -60,7 +65,17 @@ void pack_panel_int8(const Source& s, int panel, int group, std::byte* dst) {
     for (int l = 0; l < kPanelWidth; ++l) {
       const int f = panel * kPanelWidth + l;
       float amax = 0.0f;
-      for (int j = j0; j < j1; ++j) amax = std::max(amax, std::fabs(s.at(f, j)));
+      bool finite = true;
+      for (int j = j0; j < j1; ++j) {
+        const float magnitude = std::fabs(s.at(f, j));
+        finite &= magnitude <= std::numeric_limits<float>::max();  // false for NaN and Inf
+        amax = std::max(amax, magnitude);
+      }
+      if (!finite) {
+        scales[g * kPanelWidth + l] = float_to_fp16(std::numeric_limits<float>::quiet_NaN());
+        for (int j = j0; j < j1; ++j) quads[static_cast<std::size_t>(j / 4) * 4 * kPanelWidth + l * 4 + j % 4] = 128;
+        continue;
+      }
       const std::uint16_t scale_bits = float_to_fp16(amax / 127.0f);
       const float scale = fp16_to_float(scale_bits);
       const float inverse = scale > 0.0f ? 1.0f / scale : 0.0f;

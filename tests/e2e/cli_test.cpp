@@ -276,6 +276,11 @@ TEST_F(Cli, CommandsThatAreNotMpiJobsRunOnceUnderMpirun) {
   r = run_process("env SLURM_JOB_ID=1 'SLURM_TASKS_PER_NODE=2(x3' " + shardline() + " topo");
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(count_of(r.out, "topology: this host"), 1u) << r.err;
+  // A local rank past what an int holds is no placement hint (it overflowed, or aborted on a failed check).
+  for (const char* local : {"2147483647", "2147483648", "99999999999999999999"}) {
+    r = run_process(std::string("env SLURM_LOCALID=") + local + " " + shardline() + " run --steps 2 --threads 1");
+    EXPECT_EQ(r.exit_code, 0) << local << ": " << r.err;
+  }
   const std::string model = path("once.bin");
   r = run_process(kMpirun + "3 " + shardline() + " gen-model --dim 64 --hidden 128 --layers 2 --heads 4 --vocab 512 "
                   "--seq 64 --out " + model);
@@ -820,6 +825,24 @@ TEST_F(Cli, NanWeightsAreWarnedAboutOnceByOneRank) {
     EXPECT_EQ(r.exit_code, 0) << launch << "\n" << r.err;
     EXPECT_EQ(count_of(r.err, warning), 1u) << launch << "\n" << r.err;
     EXPECT_NE(r.err.find("sequence 0's"), std::string::npos) << r.err;
+  }
+  // A NaN inside a weight matrix (layer 0's wq, after the embedding and the layers' attention RMSNorm
+  // weights), held in each weight dtype: int8 gives its group a NaN scale, so it warns as fp32 and bf16 do
+  // (it used to turn the NaN into a finite code, or an Inf into a NaN converted to an int, on every ISA).
+  const std::string in_matrix = path("nan-matrix.bin");
+  ASSERT_EQ(run_process(shardline() + " gen-model --dim 32 --hidden 64 --layers 2 --heads 2 --vocab 300 --seq 16 --out " +
+                        in_matrix).exit_code, 0);
+  {
+    std::fstream file(in_matrix, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(7 * sizeof(std::int32_t) + (300 * 32 + 2 * 32 + 5) * sizeof(float));
+    const float inf = std::numeric_limits<float>::infinity();
+    file.write(reinterpret_cast<const char*>(&inf), sizeof(inf));
+  }
+  for (const char* dtype : {"fp32", "bf16", "int8"}) {
+    const ProcessResult r = run_process(shardline() + " run --model " + in_matrix + " --prompt hello --steps 4 "
+                                        "--weights-dtype " + dtype, 120);
+    EXPECT_EQ(r.exit_code, 0) << dtype << "\n" << r.err;
+    EXPECT_EQ(count_of(r.err, warning), 1u) << dtype << "\n" << r.err;
   }
   // A NaN in the final RMSNorm weight leaves every hidden state finite and every logit NaN (from a fuzzing
   // pass: the run printed <unk>s and said nothing); an Inf there makes them +-Inf, whose greedy winner is

@@ -208,6 +208,40 @@ TEST(WeightFormat, Int8PackingKeepsEveryWeightWithinHalfAStep) {
   }
 }
 
+// A damaged file's NaN or Inf weight: its int8 group gets a NaN scale, so the products are NaN on every ISA
+// as fp32's are (and the run warns about non-finite hidden states), never a finite code made from a NaN
+// (std::max skips one) nor a NaN converted to an int (an Inf made the step's inverse 0, and Inf x 0).
+TEST(WeightFormat, Int8GroupsWithNanOrInfWeightsBecomeNan) {
+  std::mt19937 rng(12);
+  const int d = 18, k = 256;  // groups of 128
+  std::vector<float> w = random_floats(rng, static_cast<std::size_t>(d) * k);
+  w[3 * k + 5] = std::numeric_limits<float>::quiet_NaN();    // feature 3, group 0
+  w[9 * k + 200] = std::numeric_limits<float>::infinity();   // feature 9, group 1
+  w[17 * k + 130] = -std::numeric_limits<float>::infinity(); // feature 17 (the second panel), group 1
+  const Packed packed = pack(WeightDtype::kInt8, w, d, k);
+  const std::vector<float> got = unpack(packed.matrix);
+  for (int f = 0; f < d; ++f) {
+    for (int j = 0; j < k; ++j) {
+      const bool damaged = (f == 3 && j < 128) || (f == 9 && j >= 128) || (f == 17 && j >= 128);
+      EXPECT_EQ(std::isnan(got[f * k + j]), damaged) << "feature " << f << " k " << j;
+    }
+  }
+  std::vector<float> x = random_floats(rng, 2 * static_cast<std::size_t>(k), -1.0f, 1.0f);
+  Activations a;
+  a.reserve(2, k);
+  a.prepare(x.data(), 2, k, WeightDtype::kInt8);
+  for (Isa isa : runnable_isas()) {
+    ScopedIsa scoped_isa(isa);
+    std::vector<float> y(2 * static_cast<std::size_t>(d));
+    matmul(y.data(), a, packed.matrix);
+    for (int r = 0; r < 2; ++r) {
+      for (int f = 0; f < d; ++f) {
+        EXPECT_EQ(std::isnan(y[r * d + f]), f == 3 || f == 9 || f == 17) << isa_name(isa) << " row " << r << " f " << f;
+      }
+    }
+  }
+}
+
 TEST(WeightFormat, PacksAColumnSliceThroughTheRowStride) {
   std::mt19937 rng(5);
   const int d = 18, cols = 50, begin = 7, k = 29;  // columns [7, 36) of a (18, 50) matrix
@@ -402,6 +436,12 @@ TEST(Activations, PreparedRowsAreIdenticalOnEveryIsa) {
       return p;
     };
     const Prepared want = prepare(Isa::kPortable);
+    // Row 3's groups holding the NaN and the Inf get NaN scales (their products stay NaN, as fp32's do, and
+    // the run warns), the row's other groups not; every ISA gives these bits.
+    const std::size_t groups_per_row = want.scales.size() / n;
+    EXPECT_TRUE(std::isnan(want.scales[3 * groups_per_row]));
+    EXPECT_TRUE(std::isnan(want.scales[3 * groups_per_row + 1]));
+    EXPECT_FALSE(std::isnan(want.scales[3 * groups_per_row + 2]));
     for (Isa isa : runnable_isas()) {
       SCOPED_TRACE(isa_name(isa));
       const Prepared got = prepare(isa);
