@@ -293,14 +293,19 @@ void to_int8_kv_row_avx512(const float* x, int n, int head_size, void* row) {
   std::int8_t* codes = static_cast<std::int8_t*>(row);
   for (int h = 0, j0 = 0; j0 < n; ++h, j0 += head_size) {
     __m512 amax = _mm512_setzero_ps();
-    for (int i = 0; i < head_size; i += 16) amax = _mm512_max_ps(amax, abs16(_mm512_loadu_ps(x + j0 + i)));
+    __mmask16 not_finite = 0;
+    for (int i = 0; i < head_size; i += 16) {
+      const __m512 magnitude = abs16(_mm512_loadu_ps(x + j0 + i));
+      amax = _mm512_max_ps(amax, magnitude);
+      not_finite |= _mm512_cmp_ps_mask(magnitude, _mm512_set1_ps(__FLT_MAX__), _CMP_NLE_UQ);
+    }
     const float head_max = fold_max16(amax);
     const __m512 inv = _mm512_set1_ps(head_max > 0.0f ? 127.0f / head_max : 0.0f);
     for (int i = 0; i < head_size; i += 16) {
       const __m512i code = int8_codes16(_mm512_loadu_ps(x + j0 + i), inv);
       _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + j0 + i), _mm512_cvtepi32_epi8(code));
     }
-    set_int8_row_scale(codes, n, h, head_max / 127.0f);
+    set_int8_row_scale(codes, n, h, not_finite == 0 ? head_max / 127.0f : __builtin_nanf(""));
   }
 }
 

@@ -198,14 +198,19 @@ inline void set_int8_row_scale(std::int8_t* row, int n, int head, float scale) {
   __builtin_memcpy(row + n + 4 * head, &scale, sizeof scale);
 }
 
-// One int8 cache row (ToInt8KvRow): each head's codes as quantize_int8_row() computes a group's.
+// One int8 cache row (ToInt8KvRow): each head's codes and scale as quantize_int8_row() computes a group's,
+// a head holding a NaN or an Inf included (its scale NaN, so it reads back as NaN, as an fp32 cache would).
 void to_int8_kv_row(const float* x, int n, int head_size, void* row) {
   std::int8_t* codes = static_cast<std::int8_t*>(row);
   for (int h = 0, j0 = 0; j0 < n; ++h, j0 += head_size) {
     const float amax = group_amax(x + j0, head_size);
     const float inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
-    for (int i = 0; i < head_size; ++i) codes[j0 + i] = static_cast<std::int8_t>(int8_code(x[j0 + i], inverse));
-    set_int8_row_scale(codes, n, h, amax / 127.0f);
+    bool finite = true;
+    for (int i = 0; i < head_size; ++i) {
+      codes[j0 + i] = static_cast<std::int8_t>(int8_code(x[j0 + i], inverse));
+      finite &= __builtin_fabsf(x[j0 + i]) <= __FLT_MAX__;
+    }
+    set_int8_row_scale(codes, n, h, finite ? amax / 127.0f : __builtin_nanf(""));
   }
 }
 
