@@ -14,33 +14,11 @@
 namespace shardline::runtime {
 
 ElementBlock element_block(TensorElement element) {
-  switch (element) {
-    case TensorElement::kF32: return {1, 4};
-    case TensorElement::kF16:
-    case TensorElement::kBF16: return {1, 2};
-    case TensorElement::kQ8_0: return {32, 34};   // fp16 d, 32 int8 codes
-    case TensorElement::kQ4_0: return {32, 18};   // fp16 d, 16 bytes of nibbles
-    case TensorElement::kQ4_1: return {32, 20};   // fp16 d and m, 16 bytes of nibbles
-    case TensorElement::kQ5_0: return {32, 22};   // fp16 d, 4 bytes of fifth bits, 16 of nibbles
-    case TensorElement::kQ5_1: return {32, 24};   // fp16 d and m, 4 bytes of fifth bits, 16 of nibbles
-    case TensorElement::kQ4_K: return {256, 144};  // fp16 d and dmin, 12 bytes of 6-bit scales and mins, 128 of nibbles
-    case TensorElement::kQ5_K: return {256, 176};  // as Q4_K, with 32 bytes of fifth bits
-    case TensorElement::kQ6_K: return {256, 210};  // 128 bytes of nibbles, 64 of 2-bit parts, 16 int8 scales, fp16 d
-    case TensorElement::kQ2_K: return {256, 84};   // 16 bytes of 4-bit scales and mins, 64 of 2-bit codes, d, dmin
-    case TensorElement::kQ3_K: return {256, 110};  // 32 bytes of high bits, 64 of 2-bit codes, 12 of scales, d
-    case TensorElement::kIQ4_NL: return {32, 18};  // fp16 d, 16 bytes of table indices
-    case TensorElement::kIQ4_XS: return {256, 136};  // fp16 d, 2 + 4 bytes of 6-bit scales, 128 of indices
-  }
-  return {1, 4};
+  const GgufBlockSize block = gguf_block_size(static_cast<std::uint32_t>(element));
+  return {block.elements, block.bytes};
 }
 
-const char* element_name(TensorElement element) {
-  static const char* const names[] = {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K",
-                                      "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS"};
-  static_assert(sizeof(names) / sizeof(names[0]) == static_cast<std::size_t>(TensorElement::kIQ4_XS) + 1,
-                "a name for every TensorElement, in its order");
-  return names[static_cast<int>(element)];
-}
+std::string element_name(TensorElement element) { return gguf_type_name(static_cast<std::uint32_t>(element)); }
 
 std::uint64_t tensor_bytes(TensorElement element, std::uint64_t n) {
   const ElementBlock block = element_block(element);

@@ -14,10 +14,12 @@ namespace shardline::runtime {
 inline constexpr std::uint64_t kCheckpointHeaderBytes = 7 * sizeof(std::int32_t);
 
 // The element types a model file's tensors may have: llama2.c's are all F32; a GGUF file's matrices may be
-// F16, BF16, or one of ggml's quantised block formats (runtime/ggml_blocks.h: Q8_0, Q4_0 ... Q6_K, Q2_K,
-// Q3_K, IQ4_NL, IQ4_XS), converted to fp32 as a rank reads its slice; its norms usually stay F32.
-enum class TensorElement {
-  kF32, kF16, kBF16, kQ8_0, kQ4_0, kQ4_1, kQ5_0, kQ5_1, kQ4_K, kQ5_K, kQ6_K, kQ2_K, kQ3_K, kIQ4_NL, kIQ4_XS
+// F16, BF16, or one of ggml's quantised block formats (runtime/ggml_blocks.h), converted to fp32 as a rank
+// reads its slice; its norms usually stay F32. The values are ggml's type ids, so GGUF's tables (block
+// sizes, names: runtime/gguf.h) describe them.
+enum class TensorElement : std::uint32_t {
+  kF32 = 0, kF16 = 1, kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ2_K = 10, kQ3_K = 11, kQ4_K = 12,
+  kQ5_K = 13, kQ6_K = 14, kIQ4_NL = 20, kIQ4_XS = 23, kBF16 = 30
 };
 // Elements per block and a block's bytes: {1, 4} for F32, {1, 2} for F16 and BF16, {32, 34} for Q8_0 ...
 struct ElementBlock {
@@ -25,7 +27,7 @@ struct ElementBlock {
 };
 ElementBlock element_block(TensorElement element);
 // "F32", "F16", "BF16", "Q8_0", "Q4_K" ...: ggml's names.
-const char* element_name(TensorElement element);
+std::string element_name(TensorElement element);
 // Bytes of n consecutive elements (for a block format, n a multiple of its block's elements).
 std::uint64_t tensor_bytes(TensorElement element, std::uint64_t n);
 

@@ -229,7 +229,7 @@ void widen_blocks(const std::byte* src, TensorElement element, std::uint64_t n, 
   const BlockDecoder decode = decoder_of(element);
   const ElementBlock block = element_block(element);
   SL_CHECK_MSG(decode != nullptr && n % block.elements == 0, "{} values of element type {} are no whole blocks", n,
-               static_cast<int>(element));
+               element_name(element));
   const auto* bytes = reinterpret_cast<const std::uint8_t*>(src);
   for (std::uint64_t i = 0; i < n / block.elements; ++i) decode(bytes + i * block.bytes, dst + i * block.elements);
 }

@@ -149,13 +149,9 @@ GgufValue read_value(Cursor& in, std::uint32_t type) {
   }
 }
 
-// ggml's tensor types as (elements per block, bytes per block), for the types whose layout this reader
-// knows (ggml-common.h's block structs); {0, 0} for the others, whose tensors are not bounds-checked and are
-// refused by name when a model needs them.
-struct BlockSize {
-  std::uint64_t elements, bytes;
-};
-BlockSize block_size(std::uint32_t type) {
+}  // namespace
+
+GgufBlockSize gguf_block_size(std::uint32_t type) {
   switch (type) {
     case 0: return {1, 4};      // F32
     case 1: return {1, 2};      // F16
@@ -182,8 +178,6 @@ BlockSize block_size(std::uint32_t type) {
     default: return {0, 0};
   }
 }
-
-}  // namespace
 
 bool is_gguf_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -253,7 +247,7 @@ GgufFile::GgufFile(const std::string& path) : path_(path), file_(path) {
     }
     tensor.type = in.pod<std::uint32_t>("a tensor type");
     tensor.offset = in.pod<std::uint64_t>("a tensor offset");
-    const BlockSize block = block_size(tensor.type);
+    const GgufBlockSize block = gguf_block_size(tensor.type);
     if (block.elements > 0) {
       if (tensor.ne[0] % block.elements != 0) {
         in.fail(fmt::format("tensor '{}' of type {} has rows of {} values, no multiple of its blocks of {}",

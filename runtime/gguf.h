@@ -24,12 +24,15 @@ inline constexpr char kGgufMagic[4] = {'G', 'G', 'U', 'F'};
 // Whether the file at path starts with the GGUF magic (false if it cannot be read).
 bool is_gguf_file(const std::string& path);
 
-// The tensor types shardline can read (others are named in errors by gguf_type_name()).
-enum class GgufType : std::uint32_t {
-  kF32 = 0, kF16 = 1, kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ2_K = 10, kQ3_K = 11, kQ4_K = 12,
-  kQ5_K = 13, kQ6_K = 14, kIQ4_NL = 20, kIQ4_XS = 23, kBF16 = 30
-};
+// ggml's name of a tensor type ("F32", "Q4_K" ...; "type N" for one it does not know).
 std::string gguf_type_name(std::uint32_t type);
+// ggml's tensor types as (elements per block, bytes per block), for the types whose layout this reader
+// knows (ggml-common.h's block structs); {0, 0} for the others, whose tensors are not bounds-checked and are
+// refused by name when a model needs them. (The types shardline reads are runtime::TensorElement.)
+struct GgufBlockSize {
+  std::uint64_t elements, bytes;
+};
+GgufBlockSize gguf_block_size(std::uint32_t type);
 
 struct GgufTensor {
   std::string name;

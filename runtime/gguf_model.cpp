@@ -33,22 +33,22 @@ int required_dimension(const GgufFile& file, const std::string& key) {
 
 // The element type of a GGUF tensor type shardline reads, or nothing.
 std::optional<TensorElement> element_of(std::uint32_t type) {
-  switch (static_cast<GgufType>(type)) {
-    case GgufType::kF32: return TensorElement::kF32;
-    case GgufType::kF16: return TensorElement::kF16;
-    case GgufType::kBF16: return TensorElement::kBF16;
-    case GgufType::kQ8_0: return TensorElement::kQ8_0;
-    case GgufType::kQ4_0: return TensorElement::kQ4_0;
-    case GgufType::kQ4_1: return TensorElement::kQ4_1;
-    case GgufType::kQ5_0: return TensorElement::kQ5_0;
-    case GgufType::kQ5_1: return TensorElement::kQ5_1;
-    case GgufType::kQ4_K: return TensorElement::kQ4_K;
-    case GgufType::kQ5_K: return TensorElement::kQ5_K;
-    case GgufType::kQ6_K: return TensorElement::kQ6_K;
-    case GgufType::kQ2_K: return TensorElement::kQ2_K;
-    case GgufType::kQ3_K: return TensorElement::kQ3_K;
-    case GgufType::kIQ4_NL: return TensorElement::kIQ4_NL;
-    case GgufType::kIQ4_XS: return TensorElement::kIQ4_XS;
+  switch (const auto element = static_cast<TensorElement>(type)) {
+    case TensorElement::kF32:
+    case TensorElement::kF16:
+    case TensorElement::kBF16:
+    case TensorElement::kQ8_0:
+    case TensorElement::kQ4_0:
+    case TensorElement::kQ4_1:
+    case TensorElement::kQ5_0:
+    case TensorElement::kQ5_1:
+    case TensorElement::kQ4_K:
+    case TensorElement::kQ5_K:
+    case TensorElement::kQ6_K:
+    case TensorElement::kQ2_K:
+    case TensorElement::kQ3_K:
+    case TensorElement::kIQ4_NL:
+    case TensorElement::kIQ4_XS: return element;
   }
   return std::nullopt;
 }
