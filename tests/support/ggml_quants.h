@@ -7,6 +7,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstddef>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -73,6 +74,18 @@ inline float signed_max(const float* x, int n) {
   return max;
 }
 
+// A block of 32's codes as Q4_0 .. Q5_1 lay them out: low nibbles of qs for values 0-15, high ones for
+// 16-31; for 5-bit codes the fifth bits in a 32-bit mask at qh (bit j for value j; qh < 0: 4-bit codes).
+inline void pack_32_codes(const int* codes, std::vector<char>& out, std::size_t qs, std::ptrdiff_t qh_at) {
+  std::uint32_t qh = 0;
+  for (int j = 0; j < 16; ++j) {
+    out[qs + j] = static_cast<char>((codes[j] & 0x0F) | ((codes[j + 16] & 0x0F) << 4));
+    qh |= static_cast<std::uint32_t>((codes[j] & 0x10) >> 4) << j;
+    qh |= static_cast<std::uint32_t>((codes[j + 16] & 0x10) >> 4) << (j + 16);
+  }
+  if (qh_at >= 0) std::memcpy(out.data() + qh_at, &qh, 4);
+}
+
 // Q4_0 and Q5_0: d = max / -2^(bits-1), code = x / d + 2^(bits-1); value = (code - 2^(bits-1)) * d.
 inline void symmetric_32(const float* x, int bits, std::vector<char>& out, std::size_t at, float* values) {
   const int half = 1 << (bits - 1), top = (1 << bits) - 1;
@@ -81,14 +94,7 @@ inline void symmetric_32(const float* x, int bits, std::vector<char>& out, std::
   put_half(out, at, d16);
   int codes[32];
   for (int j = 0; j < 32; ++j) codes[j] = clamp(static_cast<int>(x[j] * id + static_cast<float>(half) + 0.5f), 0, top);
-  const std::size_t qs = at + (bits == 5 ? 6 : 2);
-  std::uint32_t qh = 0;
-  for (int j = 0; j < 16; ++j) {
-    out[qs + j] = static_cast<char>((codes[j] & 0x0F) | ((codes[j + 16] & 0x0F) << 4));
-    qh |= static_cast<std::uint32_t>((codes[j] & 0x10) >> 4) << j;
-    qh |= static_cast<std::uint32_t>((codes[j + 16] & 0x10) >> 4) << (j + 16);
-  }
-  if (bits == 5) std::memcpy(out.data() + at + 2, &qh, 4);
+  pack_32_codes(codes, out, at + (bits == 5 ? 6 : 2), bits == 5 ? static_cast<std::ptrdiff_t>(at + 2) : -1);
   for (int j = 0; j < 32; ++j) values[j] = static_cast<float>(codes[j] - half) * float_of(d16);
 }
 
@@ -102,14 +108,7 @@ inline void affine_32(const float* x, int bits, std::vector<char>& out, std::siz
   put_half(out, at + 2, m16);
   int codes[32];
   for (int j = 0; j < 32; ++j) codes[j] = clamp(static_cast<int>((x[j] - min) * id + 0.5f), 0, top);
-  const std::size_t qs = at + (bits == 5 ? 8 : 4);
-  std::uint32_t qh = 0;
-  for (int j = 0; j < 16; ++j) {
-    out[qs + j] = static_cast<char>((codes[j] & 0x0F) | ((codes[j + 16] & 0x0F) << 4));
-    qh |= static_cast<std::uint32_t>((codes[j] & 0x10) >> 4) << j;
-    qh |= static_cast<std::uint32_t>((codes[j + 16] & 0x10) >> 4) << (j + 16);
-  }
-  if (bits == 5) std::memcpy(out.data() + at + 4, &qh, 4);
+  pack_32_codes(codes, out, at + (bits == 5 ? 8 : 4), bits == 5 ? static_cast<std::ptrdiff_t>(at + 4) : -1);
   for (int j = 0; j < 32; ++j) values[j] = static_cast<float>(codes[j]) * float_of(d16) + float_of(m16);
 }
 
@@ -314,7 +313,7 @@ inline void iq4_32(const float* x, float dl, std::vector<char>& out, std::size_t
     index[j] = dl != 0.0f ? nearest_iq4(x[j] / dl) : 8;
     values[j] = dl * kIq4Table[index[j]];
   }
-  for (int j = 0; j < 16; ++j) out[qs + j] = static_cast<char>(index[j] | (index[j + 16] << 4));
+  pack_32_codes(index, out, qs, -1);
 }
 
 inline void iq4_nl(const float* x, std::vector<char>& out, std::size_t at, float* values) {
