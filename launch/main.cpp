@@ -43,6 +43,18 @@ Exit codes: 0 ok, 1 unexpected error, 2 bad flags or layout, 3 corrupt input fil
             4 missing resource (file, memory, GPU), 5 communication failure (peer died, timeout).
 )";
 
+// This process's rank among its launch's tasks (or its host's), as launch_env.h numbers them; -1 where no
+// launcher says, or its variables are nonsense (the commands that ask never read them, so they run as a
+// plain process would).
+int this_task_rank(bool on_host) {
+  try {
+    const shardline::launch::LaunchEnv env = shardline::launch::detect_launch_env();
+    return on_host ? env.task_rank_on_host() : env.task_rank();
+  } catch (const shardline::ConfigError&) {
+    return -1;
+  }
+}
+
 // The commands that are not MPI jobs, started under mpirun or srun anyway (`mpirun -np 4 shardline plan`):
 // every task would do the same work and print it again. plan and launch-check run on the launch's first
 // task; gen-model and topo on each host's first (a model written to each host's own disk; each host's
@@ -50,19 +62,12 @@ Exit codes: 0 ok, 1 unexpected error, 2 bad flags or layout, 3 corrupt input fil
 // on every task (a script that gives each task its own --out). The task numbers are Open MPI's, Slurm's or
 // Hydra's (launch_env.h).
 bool left_to_another_task(const std::string& command) {
-  using namespace shardline::launch;
   const bool per_launch = command == "plan" || command == "launch-check";
   const bool per_host = command == "gen-model" || command == "topo";
   if (!per_launch && !per_host) return false;
   const char* every_task = std::getenv("SHARDLINE_EVERY_TASK");
   if (every_task != nullptr && std::string_view(every_task) == "1") return false;
-  LaunchEnv env;
-  try {
-    env = detect_launch_env();
-  } catch (const shardline::ConfigError&) {
-    return false;  // a launcher variable of nonsense: these commands never read one, so they run
-  }
-  const int rank = per_host ? env.task_rank_on_host() : env.task_rank();
+  const int rank = this_task_rank(per_host);
   if (rank <= 0) return false;
   shardline::log::set_place(fmt::format("[task {}]", rank), false);
   shardline::log::warn("{} runs on the first task{} of an mpirun or srun launch; this task ({} {}) did nothing "
@@ -73,13 +78,7 @@ bool left_to_another_task(const std::string& command) {
 
 // `mpirun -np 4 shardline --help` (or --version): the first task prints it, the others print nothing, as a
 // command's own --help does under mpirun.
-bool printed_by_another_task() {
-  try {
-    return shardline::launch::detect_launch_env().task_rank() > 0;
-  } catch (const shardline::ConfigError&) {
-    return false;  // a launcher variable of nonsense: print, as a plain process would
-  }
-}
+bool printed_by_another_task() { return this_task_rank(/*on_host=*/false) > 0; }
 
 int dispatch(const std::string& command, const std::vector<std::string>& args,
              std::unique_ptr<shardline::launch::MpiSession>& mpi) {
