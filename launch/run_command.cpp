@@ -265,9 +265,10 @@ std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, 
 
 // Why this run cannot go to a GPU, or "": the CUDA stage converts weights to fp32 or bf16 only, and uploads
 // F32 tensors only. --device auto then keeps the CPU (and says why); --device cuda is refused (exit 2).
-std::string cpu_only_reason(const RunConfig& c, const runtime::CheckpointLayout& layout) {
+std::string cpu_only_reason(const RunConfig& c, const runtime::ModelFile& model) {
   if (c.engine.weights_dtype == kernels::cpu::WeightDtype::kInt8) return "--weights-dtype int8 runs on the CPU only";
-  if (!layout.all_f32()) {
+  if (!model.rope_freq_divisors.empty()) return "the CUDA stage does not apply RoPE frequency factors (rope_freqs)";
+  if (!model.layout.all_f32()) {
     return "the CUDA stage reads F32 model files only and this one has F16, BF16 or quantised tensors";
   }
   return "";
@@ -506,7 +507,7 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
     const runtime::ModelFile model = runtime::read_model_file(config->engine.model_path);  // a missing one first
     report_model_bus_errors(config->engine.model_path);
     shape = model.shape;
-    config->cpu_only_reason = cpu_only_reason(*config, model.layout);  // the phases below only look it up
+    config->cpu_only_reason = cpu_only_reason(*config, model);  // the phases below only look it up
     config->quantised_note = quantised_file_note(*config, model.layout);
     if (config->engine.tokenizer_path.empty()) config->engine.tokenizer_path = find_tokenizer_for(config->engine.model_path);
     const runtime::Tokenizer tokenizer(config->engine.tokenizer_path, shape->vocab_size);

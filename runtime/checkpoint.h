@@ -70,14 +70,17 @@ CheckpointLayout checkpoint_layout(const partition::ModelShape& shape);
 
 enum class ModelFormat { kLlama2c, kGguf };
 
-// A model file as the engine reads it: its shape, where its tensors are, and the two constants of its
-// arithmetic that a file may set (GGUF's layer_norm_rms_epsilon and rope.freq_base; llama2.c's are fixed).
+// A model file as the engine reads it: its shape, where its tensors are, and the constants of its arithmetic
+// that a file may set (GGUF's layer_norm_rms_epsilon, rope.freq_base and rope_freqs; llama2.c's are fixed).
 struct ModelFile {
   ModelFormat format = ModelFormat::kLlama2c;
   partition::ModelShape shape;
   CheckpointLayout layout;
   float rms_eps = 1e-5f;
   float rope_theta = 10000.0f;
+  // Empty, or head_size / 2 positive divisors of RoPE's pair angles (Llama 3.1's frequency scaling, the
+  // tensor rope_freqs.weight of its GGUF files; kernels/cpu/ops.h rope_angles).
+  std::vector<float> rope_freq_divisors;
 };
 
 // Reads and validates a llama2.c checkpoint or a GGUF file (told apart by GGUF's magic): the header or

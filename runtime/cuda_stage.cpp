@@ -186,7 +186,12 @@ class CudaStage final : public StageBackend {
 };
 
 void CudaStage::upload_weights() {
-  const CheckpointLayout layout = read_model_file(file_.path()).layout;
+  const ModelFile model = read_model_file(file_.path());
+  const CheckpointLayout& layout = model.layout;
+  if (!model.rope_freq_divisors.empty()) {
+    throw FormatError(fmt::format("'{}' scales RoPE by frequency factors (rope_freqs), which --device cuda does not "
+                                  "apply yet: run it on the CPU (--device cpu)", file_.path()));
+  }
   // The device stage uploads straight from the mapped file as fp32 (a GGUF file's F16, BF16 and quantised
   // tensors are widened only by the CPU stage's loader).
   if (!layout.all_f32()) {

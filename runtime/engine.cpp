@@ -43,8 +43,9 @@ Engine::Engine(const EngineOptions& options, const partition::Mesh& mesh, comm::
   const partition::RankShard shard = partition::shard_for(model_.shape, mesh, stages);
   shard_ = shard;
   StageOptions stage_options;
-  stage_options.rms_eps = model_.rms_eps;  // a GGUF file may set these two
+  stage_options.rms_eps = model_.rms_eps;  // a GGUF file may set these three
   stage_options.rope_theta = model_.rope_theta;
+  stage_options.rope_freq_divisors = model_.rope_freq_divisors;
   // Scratch for the largest prefill chunk expected; Pipeline::run grows it when a batch needs more rows.
   stage_options.max_rows = std::min(
       options.chunk_tokens > 0 ? options.chunk_tokens : options.chunk_policy.max_chunk_tokens, model_.shape.seq_len);

@@ -3,6 +3,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdint>
+#include <cstring>
+#include <fstream>
 #include <limits>
 
 #include <fmt/format.h>
@@ -93,6 +95,31 @@ bool is_layer_tensor(const std::string& name, int n_layers) {
   return false;
 }
 
+// Llama 3.1's RoPE scaling as llama.cpp's converter stores it: the tensor rope_freqs.weight, F32, one divisor
+// per rotated pair (ggml divides each pair's angle by it). Empty when the file has none.
+std::vector<float> rope_freq_divisors(const GgufFile& file, int head_size) {
+  const GgufTensor* t = file.tensor("rope_freqs.weight");
+  if (t == nullptr) return {};
+  const std::uint64_t pairs = static_cast<std::uint64_t>(head_size) / 2;
+  if (t->type != static_cast<std::uint32_t>(TensorElement::kF32) || t->ne != std::vector<std::uint64_t>{pairs}) {
+    refuse(file, fmt::format("tensor 'rope_freqs.weight' is {} [{}]; RoPE frequency factors are F32 [{}] (one per "
+                             "pair of a head's {} dimensions)",
+                             gguf_type_name(t->type), fmt::join(t->ne, ", "), pairs, head_size));
+  }
+  std::vector<float> divisors(pairs);
+  std::ifstream in(file.path(), std::ios::binary);
+  in.seekg(static_cast<std::streamoff>(t->offset));
+  in.read(reinterpret_cast<char*>(divisors.data()), static_cast<std::streamsize>(pairs * sizeof(float)));
+  if (!in) refuse(file, "cannot read tensor 'rope_freqs.weight'");
+  for (std::size_t i = 0; i < divisors.size(); ++i) {
+    if (!(divisors[i] > 0.0f) || !std::isfinite(divisors[i])) {
+      refuse(file, fmt::format("rope_freqs.weight[{}] is {}; RoPE frequency factors must be positive numbers", i,
+                               divisors[i]));
+    }
+  }
+  return divisors;
+}
+
 }  // namespace
 
 ModelFile read_gguf_model(const std::string& path) {
@@ -147,6 +174,7 @@ ModelFile read_gguf_model(const std::string& path) {
   if (!(theta >= 1.0 && theta <= 1e12)) refuse(file, fmt::format("{}rope.freq_base {} is not in [1, 1e12]", p, theta));
   model.rms_eps = static_cast<float>(eps);
   model.rope_theta = static_cast<float>(theta);
+  model.rope_freq_divisors = rope_freq_divisors(file, s.head_size());
 
   const std::uint64_t d = s.dim, h = s.hidden_dim, kv = s.kv_dim(), v = s.vocab_size;
   CheckpointLayout& at = model.layout;
@@ -161,14 +189,14 @@ ModelFile read_gguf_model(const std::string& path) {
                          float_tensor(file, b + "ffn_gate.weight", h, d), float_tensor(file, b + "ffn_down.weight", d, h),
                          float_tensor(file, b + "ffn_up.weight", h, d)});
   }
-  // Any other tensor (biases, rope_freqs for Llama 3.1's RoPE, ...) would change the arithmetic if it were
-  // used, so a file with one is refused, as llama.cpp refuses a llama file with tensors it does not expect.
+  // Any other tensor (biases, ...) would change the arithmetic if it were used, so a file with one is refused,
+  // as llama.cpp refuses a llama file with tensors it does not expect.
   for (const auto& [name, tensor] : file.tensors()) {
-    const bool known = name == "token_embd.weight" || name == "output_norm.weight" ||
+    const bool known = name == "token_embd.weight" || name == "output_norm.weight" || name == "rope_freqs.weight" ||
                        (name == "output.weight" && !s.shared_classifier) || is_layer_tensor(name, s.n_layers);
     if (!known) {
-      refuse(file, fmt::format("holds the tensor '{}', which shardline's llama model does not use (biases, RoPE "
-                               "frequency factors and other extras are not supported)",
+      refuse(file, fmt::format("holds the tensor '{}', which shardline's llama model does not use (biases and other "
+                               "extras are not supported)",
                                printable(name)));
     }
   }

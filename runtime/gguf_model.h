@@ -8,10 +8,12 @@
 //   llama.context_length = seq_len                                             blk.N.ffn_gate/down/up   w1, w2, w3
 //
 // The tensors may be F32 (mapped and sliced in place, as llama2.c's are), F16, BF16, or Q8_0, Q4_0, Q4_1, Q5_0,
-// Q5_1, Q4_K, Q5_K or Q6_K (each rank converts its own slices to fp32 as it reads them, as ggml decodes them:
-// runtime/ggml_blocks.h, then to its weight dtype); the other quantised types are refused by name. llama.cpp's converters store q and k for RoPE on adjacent pairs, the
-// rotation llama2.c and shardline use, so the tensors are used as they are (tests/unit/runtime/gguf_test.cpp
-// checks this byte for byte against the llama2.c files in shared/models).
+// Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL or IQ4_XS (each rank converts its own slices to fp32 as it reads
+// them, as ggml decodes them: runtime/ggml_blocks.h, then to its weight dtype); the other quantised types are
+// refused by name. llama.cpp's converters store q and k for RoPE on adjacent pairs, the rotation llama2.c and
+// shardline use, so the tensors are used as they are (tests/unit/runtime/gguf_test.cpp checks this byte for
+// byte against the llama2.c files in shared/models). Llama 3.1's RoPE scaling comes as the F32 tensor
+// rope_freqs.weight (one divisor per rotated pair), read into ModelFile::rope_freq_divisors.
 #pragma once
 
 #include <string>

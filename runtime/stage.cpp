@@ -131,7 +131,8 @@ void Stage::attention_block(const LayerWeights& w, float* x, const float* residu
     const cpu::Band mine = team.share(n);  // this thread's rows
     if (local_layer == 0) {  // each row's rotary angles, once per forward
       for (int t = mine.begin; t < mine.end; ++t) {
-        cpu::rope_angles(rope_.data() + static_cast<std::size_t>(t) * hs, hs, rows[t].pos, options_.rope_theta);
+        cpu::rope_angles(rope_.data() + static_cast<std::size_t>(t) * hs, hs, rows[t].pos, options_.rope_theta,
+                         options_.rope_freq_divisors.empty() ? nullptr : options_.rope_freq_divisors.data());
       }
     }
     act_.normalise_rows(xb_.data(), x, residual, w.rms_att, options_.rms_eps, mine.begin, mine.end);

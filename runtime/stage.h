@@ -27,6 +27,7 @@ struct StageOptions {
   int max_rows = 64;  // most rows one forward call takes; sizes the scratch buffers
   float rms_eps = 1e-5f;
   float rope_theta = 10000.0f;
+  std::vector<float> rope_freq_divisors = {};  // ModelFile's: empty or (head_size / 2)
   int kv_block_tokens = 16;        // positions per KV cache block
   int kv_blocks = 0;               // blocks in this rank's KV pool; 0: kDefaultKvContexts full contexts
   kernels::cpu::KvDtype kv_dtype = kernels::cpu::KvDtype::kF32;  // the KV cache's values (run --kv-dtype)

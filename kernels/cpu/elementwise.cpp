@@ -65,11 +65,14 @@ void rmsnorm(float* out, const float* x, const float* weight, int n, int dim, fl
 namespace {
 
 // Same arithmetic as llama2.c: the frequency from the index within the head, float powf/cosf/sinf. Pairs
-// [i0, i1) (i counts floats, even); cos_sin[0] is pair i0's cosine.
-void pair_angles(float* cos_sin, int head_size, int pos, float theta_base, int i0, int i1) {
+// [i0, i1) (i counts floats, even); cos_sin[0] is pair i0's cosine. Pair p's angle is divided by
+// freq_divisors[p] where given (as ggml divides by a model's rope_freqs).
+void pair_angles(float* cos_sin, int head_size, int pos, float theta_base, int i0, int i1,
+                 const float* freq_divisors = nullptr) {
   for (int i = i0; i < i1; i += 2) {
     const float freq = 1.0f / std::pow(theta_base, static_cast<float>(i) / static_cast<float>(head_size));
-    const float angle = static_cast<float>(pos) * freq;
+    float angle = static_cast<float>(pos) * freq;
+    if (freq_divisors != nullptr) angle /= freq_divisors[i / 2];
     cos_sin[i - i0] = std::cos(angle);
     cos_sin[i - i0 + 1] = std::sin(angle);
   }
@@ -77,8 +80,8 @@ void pair_angles(float* cos_sin, int head_size, int pos, float theta_base, int i
 
 }  // namespace
 
-void rope_angles(float* cos_sin, int head_size, int pos, float theta_base) {
-  pair_angles(cos_sin, head_size, pos, theta_base, 0, head_size);
+void rope_angles(float* cos_sin, int head_size, int pos, float theta_base, const float* freq_divisors) {
+  pair_angles(cos_sin, head_size, pos, theta_base, 0, head_size, freq_divisors);
 }
 
 void rope_rotate(float* vec, int n_heads, int head_size, const float* cos_sin) {

@@ -101,7 +101,9 @@ void rope(float* vec, int n_heads, int head_size, int pos, float theta_base);
 // each row's angles once (a pow, a cos and a sin per pair) and rotates q and k of every layer with them.
 // rope() is exactly rope_angles() then rope_rotate().
 //   cos_sin: (head_size / 2, 2): cos and sin of pair i at 2i and 2i + 1.
-void rope_angles(float* cos_sin, int head_size, int pos, float theta_base);
+//   freq_divisors: null, or (head_size / 2): pair i's angle is divided by freq_divisors[i] (Llama 3.1's RoPE
+//   scaling, which a GGUF file stores as the tensor rope_freqs.weight and ggml applies the same way).
+void rope_angles(float* cos_sin, int head_size, int pos, float theta_base, const float* freq_divisors = nullptr);
 void rope_rotate(float* vec, int n_heads, int head_size, const float* cos_sin);
 
 // In-place numerically stable softmax over size values.

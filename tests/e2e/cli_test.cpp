@@ -470,6 +470,16 @@ TEST_F(Cli, AGgufFilesEpsilonAndRopeBaseReachTheArithmetic) {
   EXPECT_EQ(defaults, parse_single_json(bin.out)["ids"]);
   EXPECT_NE(ids_of({.rope_freq_base = 500000}), defaults);
   EXPECT_NE(ids_of({.rms_eps = 0.5f}), defaults);
+  // Llama 3.1's RoPE divisors (rope_freqs.weight, 8 pairs of a 16-wide head): ones change nothing, others
+  // reach every rank's rotation alike.
+  EXPECT_EQ(ids_of({.rope_freqs = std::vector<float>(8, 1.0f)}), defaults);
+  const std::vector<float> divisors = {8, 8, 4, 4, 2, 2, 1, 1};
+  const auto scaled = ids_of({.rope_freqs = divisors});
+  EXPECT_NE(scaled, defaults);
+  const ProcessResult tp2 = run_process(kMpirun + "2 " + shardline() + " run --json --threads 1 --steps 40 --prompt hi --tp 2 "
+                                        "--model " + path("e.gguf"));
+  ASSERT_EQ(tp2.exit_code, 0) << tp2.err;
+  EXPECT_EQ(parse_single_json(tp2.out)["ids"], scaled);
 }
 
 TEST_F(Cli, GgufModelsPlanAndLaunchCheckLikeCheckpoints) {

@@ -120,6 +120,7 @@ struct LlamaGgufOptions {
   }
   float rms_eps = 1e-5f;
   double rope_freq_base = 0;               // 0: not written (the default, 10000)
+  std::vector<float> rope_freqs = {};      // empty: no rope_freqs.weight tensor (Llama 3.1's RoPE divisors)
 };
 
 // F32 bytes as F16 or BF16 ones (round to nearest even), as a converter with --outtype f16/bf16 writes them,
@@ -207,6 +208,11 @@ inline GgufWriter llama_gguf_from_llama2c(const std::string& checkpoint, const s
                                    {b + "ffn_down.weight", {h, d}, t.w2.offset},
                                    {b + "ffn_up.weight", {d, h}, t.w3.offset},
                                    {b + "ffn_norm.weight", {d}, t.rms_ffn.offset}});
+  }
+  if (!options.rope_freqs.empty()) {  // llama.cpp writes it first, before the token embedding
+    std::vector<char> bytes(options.rope_freqs.size() * sizeof(float));
+    std::memcpy(bytes.data(), options.rope_freqs.data(), bytes.size());
+    w.tensor("rope_freqs.weight", {options.rope_freqs.size()}, 0, bytes);
   }
   if (options.shuffle_seed != 0) std::shuffle(entries.begin(), entries.end(), std::mt19937(options.shuffle_seed));
   for (const auto& e : entries) {

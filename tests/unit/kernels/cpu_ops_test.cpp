@@ -229,6 +229,26 @@ TEST(CpuRope, AnglesOnceThenRotateIsRopeBitForBit) {
   }
 }
 
+TEST(CpuRope, FrequencyDivisorsDivideEachPairsAngle) {
+  // Llama 3.1's RoPE scaling (a GGUF file's rope_freqs.weight): pair i turns by pos * base^(-2i/d) / f[i], as
+  // ggml divides its angle. Divisors of 1 change nothing.
+  const int head_size = 8, pos = 37;
+  const std::vector<float> divisors = {1.0f, 2.0f, 8.0f, 32.0f};
+  std::vector<float> plain(head_size), ones(head_size), scaled(head_size);
+  rope_angles(plain.data(), head_size, pos, 500000.0f);
+  const std::vector<float> unit(head_size / 2, 1.0f);
+  rope_angles(ones.data(), head_size, pos, 500000.0f, unit.data());
+  EXPECT_EQ(ones, plain);
+  rope_angles(scaled.data(), head_size, pos, 500000.0f, divisors.data());
+  for (int p = 0; p < head_size / 2; ++p) {
+    const double angle = pos * std::pow(500000.0, -2.0 * p / head_size) / divisors[p];
+    EXPECT_NEAR(scaled[2 * p], std::cos(angle), 1e-6) << "pair " << p;
+    EXPECT_NEAR(scaled[2 * p + 1], std::sin(angle), 1e-6) << "pair " << p;
+  }
+  EXPECT_EQ(scaled[0], plain[0]);  // pair 0's divisor is 1
+  EXPECT_NE(scaled[2], plain[2]);
+}
+
 TEST(CpuRope, BitIdenticalOnEveryIsa) {
   // The rotation is a row kernel (row_kernels.h), with AVX-512 intrinsics on 8 pairs at a time and a masked
   // vector for what is left of a head (head sizes 6 and 600 leave tails; 600 also takes rope()'s chunks).

@@ -260,6 +260,10 @@ TEST_F(GeneratedGguf, ForgedFieldsAreRefusedByName) {
       << error_of(path("eps.gguf"));
   llama_gguf_from_llama2c(paths_.model, paths_.tokenizer, {.rope_freq_base = 0.5}).write(path("theta.gguf"));
   EXPECT_NE(error_of(path("theta.gguf")).find("rope.freq_base 0.5 is not in [1, 1e12]"), std::string::npos);
+  // Llama 3.1's RoPE divisors come through as the file holds them.
+  const std::vector<float> divisors = {1, 1, 2, 2, 4, 4, 8, 8, 8, 8};
+  llama_gguf_from_llama2c(paths_.model, paths_.tokenizer, {.rope_freqs = divisors}).write(path("freqs.gguf"));
+  EXPECT_EQ(read_model_file(path("freqs.gguf")).rope_freq_divisors, divisors);
   // An alignment that would leave F32 tensors misaligned.
   llama_gguf_from_llama2c(paths_.model, paths_.tokenizer, {.alignment = 2}).write(path("a2.gguf"), 2);
   EXPECT_NE(error_of(path("a2.gguf")).find("general.alignment 2 is not a power of two of at least 8"), std::string::npos);
@@ -346,8 +350,12 @@ TEST_F(GeneratedGguf, MissingOrMisshapenTensorsAndPartialRopeAreRefused) {
   EXPECT_NE(error_with([](GgufWriter& w) { w.tensor("blk.1.attn_q.bias", {120}, 0, std::vector<char>(480)); })
                 .find("holds the tensor 'blk.1.attn_q.bias', which shardline's llama model does not use"),
             std::string::npos);
+  // RoPE divisors (Llama 3.1) are read; zeros, or a tensor of the wrong length or type, are not.
   EXPECT_NE(error_with([](GgufWriter& w) { w.tensor("rope_freqs.weight", {10}, 0, std::vector<char>(40)); })
-                .find("'rope_freqs.weight'"),
+                .find("rope_freqs.weight[0] is 0; RoPE frequency factors must be positive numbers"),
+            std::string::npos);
+  EXPECT_NE(error_with([](GgufWriter& w) { w.tensor("rope_freqs.weight", {9}, 0, std::vector<char>(36)); })
+                .find("tensor 'rope_freqs.weight' is F32 [9]; RoPE frequency factors are F32 [10]"),
             std::string::npos);
   EXPECT_NE(error_with([](GgufWriter& w) { w.tensor("blk.3.attn_q.weight", {120, 120}, 0, std::vector<char>(57600)); })
                 .find("'blk.3.attn_q.weight'"),
