@@ -14,6 +14,9 @@
 #include <iostream>
 #include <limits>
 #include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -512,8 +515,11 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
     if (config->engine.tokenizer_path.empty()) config->engine.tokenizer_path = find_tokenizer_for(config->engine.model_path);
     const runtime::Tokenizer tokenizer(config->engine.tokenizer_path, shape->vocab_size);
     std::string all_ids;
+    std::unordered_map<std::string, std::vector<int>> encoded;  // --batch repeats one prompt: encoded once
     for (auto& request : config->requests) {
-      const std::vector<int> ids = tokenizer.encode(request.prompt, true, false);
+      auto [at, fresh] = encoded.try_emplace(request.prompt);
+      if (fresh) at->second = tokenizer.encode(request.prompt, true, false);
+      const std::vector<int>& ids = at->second;
       const int prompt_tokens = static_cast<int>(ids.size());
       if (!config->steps_given) request.steps = std::clamp(shape->seq_len - prompt_tokens + 1, 1, kDefaultSteps);
       longest_prompt = std::max(longest_prompt, prompt_tokens);
@@ -683,8 +689,7 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
   const double loading_s = std::numeric_limits<double>::infinity();
   code = agreed_phase(mpi, loading_s, [&] {
     engine = std::make_unique<runtime::Engine>(config->engine, *mesh, *groups.world, *groups.tp);
-    for (const auto& request : config->requests) engine->encode_checked(request);
-    engine->check_kv_capacity(config->requests);
+    engine->check_kv_capacity(config->requests);  // (encodes and checks every request first)
   });
   if (code != 0) return code;
   // Said once the job is sure to run, so a bad request still gets exactly one line.

@@ -1,6 +1,8 @@
 #include "runtime/engine.h"
 
 #include <algorithm>
+#include <string_view>
+#include <unordered_map>
 
 #include <fmt/format.h>
 
@@ -82,13 +84,16 @@ Engine::Engine(const EngineOptions& options, const partition::Mesh& mesh, comm::
     stage_options.arena = arena_.get();
     stage_ = std::make_unique<Stage>(*weights_, tp_comm, stage_options);
   }
-  pipeline_ = std::make_unique<Pipeline>(*stage_, mesh, world, PipelineOptions{options.micro_batches});
+  pipeline_ = std::make_unique<Pipeline>(*stage_, mesh, world, PipelineOptions{options.micro_batches, tokenizer_.end_ids()});
   load_s_ = now_s() - created_s_;
 }
 
-std::vector<int> encode_checked(const Tokenizer& tokenizer, int seq_len, const GenerationRequest& request) {
+namespace {
+
+// ConfigError unless a request's steps after its encoded prompt fit the model's context.
+void check_fits(const std::vector<int>& ids, int seq_len, const GenerationRequest& request) {
   if (request.steps < 1) throw ConfigError(fmt::format("--steps must be >= 1, got {}", request.steps));
-  std::vector<int> ids = tokenizer.encode(request.prompt, /*bos=*/true, /*eos=*/false);
+  if (ids.empty()) throw ConfigError("the prompt is empty and this model's vocabulary adds no BOS token: give a prompt");
   const int n_prompt = static_cast<int>(ids.size());
   if (n_prompt > seq_len) {
     throw ConfigError(fmt::format("the prompt is {} tokens but the model's context (seq_len) is {}; shorten it",
@@ -102,32 +107,48 @@ std::vector<int> encode_checked(const Tokenizer& tokenizer, int seq_len, const G
                                   "--steps {} or less",
                                   request.steps, n_prompt, positions, seq_len, seq_len - n_prompt + 1));
   }
+}
+
+}  // namespace
+
+std::vector<int> encode_checked(const Tokenizer& tokenizer, int seq_len, const GenerationRequest& request) {
+  std::vector<int> ids = tokenizer.encode(request.prompt, /*bos=*/true, /*eos=*/false);
+  check_fits(ids, seq_len, request);
   return ids;
 }
 
-void check_requests(const Tokenizer& tokenizer, int seq_len, const std::vector<GenerationRequest>& requests) {
+std::vector<std::vector<int>> encode_requests(const Tokenizer& tokenizer, int seq_len,
+                                              const std::vector<GenerationRequest>& requests) {
+  std::vector<std::vector<int>> ids(requests.size());
+  std::unordered_map<std::string_view, std::size_t> encoded;  // a prompt -> the first request that has it
   for (std::size_t i = 0; i < requests.size(); ++i) {
     try {
-      encode_checked(tokenizer, seq_len, requests[i]);
+      const auto [first, fresh] = encoded.emplace(requests[i].prompt, i);
+      if (fresh) {
+        ids[i] = encode_checked(tokenizer, seq_len, requests[i]);
+      } else {
+        ids[i] = ids[first->second];
+        check_fits(ids[i], seq_len, requests[i]);
+      }
     } catch (const ConfigError& e) {
       if (requests.size() == 1) throw;
       throw ConfigError(fmt::format("sequence {} of {} (prompt \"{}\"): {}", i + 1, requests.size(),
                                     printable(requests[i].prompt, 40), e.what()));
     }
   }
+  return ids;
 }
 
-std::vector<int> Engine::encode_checked(const GenerationRequest& request) const {
-  return runtime::encode_checked(tokenizer_, model_.shape.seq_len, request);
+void check_requests(const Tokenizer& tokenizer, int seq_len, const std::vector<GenerationRequest>& requests) {
+  encode_requests(tokenizer, seq_len, requests);
 }
 
 void Engine::check_kv_capacity(const std::vector<GenerationRequest>& requests) const {
-  std::vector<SequenceSpec> specs;
-  for (const auto& request : requests) {
-    SequenceSpec spec;
-    spec.prompt_ids = encode_checked(request);
-    spec.steps = request.steps;
-    specs.push_back(std::move(spec));
+  std::vector<std::vector<int>> ids = encode_requests(tokenizer_, model_.shape.seq_len, requests);
+  std::vector<SequenceSpec> specs(requests.size());
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    specs[i].prompt_ids = std::move(ids[i]);
+    specs[i].steps = requests[i].steps;
   }
   check_kv_fits(specs);
 }
@@ -153,9 +174,10 @@ std::vector<GenerationResult> Engine::generate(const std::vector<GenerationReque
   const int n = static_cast<int>(requests.size());
   std::vector<GenerationResult> results(n);
   std::vector<SequenceSpec> specs(n);
+  std::vector<std::vector<int>> ids = encode_requests(tokenizer_, model_.shape.seq_len, requests);
   for (int i = 0; i < n; ++i) {
     results[i].prompt = requests[i].prompt;
-    results[i].prompt_ids = encode_checked(requests[i]);
+    results[i].prompt_ids = std::move(ids[i]);
     const int n_prompt = static_cast<int>(results[i].prompt_ids.size());
     results[i].chunk_tokens = options_.chunk_tokens > 0 ? std::min(options_.chunk_tokens, n_prompt)
                                                          : options_.chunk_policy.chunk_for(n_prompt);
@@ -176,7 +198,7 @@ std::vector<GenerationResult> Engine::generate(const std::vector<GenerationReque
   auto emit = [&](int i, int token, bool generated) {
     std::string_view piece = tokenizer_.decode(prev[i], token);
     prev[i] = token;
-    if (!Tokenizer::is_printable_piece(piece)) return;
+    if (!tokenizer_.prints(piece)) return;
     results[i].text += piece;
     if (generated) results[i].generated_text += piece;
     if (stream) on_piece(piece);
@@ -184,8 +206,9 @@ std::vector<GenerationResult> Engine::generate(const std::vector<GenerationReque
   if (output) {
     for (int i = 0; i < n; ++i) {
       const auto& ids = results[i].prompt_ids;
-      prev[i] = ids[0];
-      for (std::size_t t = 1; t < ids.size(); ++t) emit(i, ids[t], false);
+      const bool starts_with_bos = ids[0] == tokenizer_.bos_id();  // not text; it sets prev for the first piece
+      prev[i] = starts_with_bos ? ids[0] : -1;
+      for (std::size_t t = starts_with_bos ? 1 : 0; t < ids.size(); ++t) emit(i, ids[t], false);
     }
   }
   std::vector<int> steps_done(n, 0);

@@ -76,7 +76,11 @@ using LogitsCallback = std::function<void(int sequence, int step, const float* l
 // Encodes request's prompt and checks that it and its steps fit seq_len positions; ConfigError if not.
 // The CLI runs it on every request before any rank maps weights; the engine runs it again on what it gets.
 std::vector<int> encode_checked(const Tokenizer& tokenizer, int seq_len, const GenerationRequest& request);
-// The same for several requests; an error names the sequence (1-based) and the start of its prompt.
+// The same for several requests, each distinct prompt encoded once (run --batch repeats one prompt for every
+// sequence); an error names the sequence (1-based) and the start of its prompt.
+std::vector<std::vector<int>> encode_requests(const Tokenizer& tokenizer, int seq_len,
+                                              const std::vector<GenerationRequest>& requests);
+// encode_requests() for its errors alone.
 void check_requests(const Tokenizer& tokenizer, int seq_len, const std::vector<GenerationRequest>& requests);
 
 class Engine {
@@ -106,8 +110,6 @@ class Engine {
   // The rank that samples and prints: tp_rank 0 of the last stage.
   bool is_output_rank() const { return mesh_.is_last_stage() && mesh_.tp_rank() == 0; }
 
-  // Encodes and checks a request against the model (prompt and steps fit seq_len); ConfigError if not.
-  std::vector<int> encode_checked(const GenerationRequest& request) const;
   // Checks that the KV pool can hold each request alone at its longest; ResourceError if one cannot.
   // Every rank computes the same answer, so the check belongs before generation starts.
   void check_kv_capacity(const std::vector<GenerationRequest>& requests) const;

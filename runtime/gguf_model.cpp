@@ -1,5 +1,6 @@
 #include "runtime/gguf_model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdint>
@@ -120,6 +121,38 @@ std::vector<float> rope_freq_divisors(const GgufFile& file, int head_size) {
   return divisors;
 }
 
+// Llama 3's vocabulary: tokens spelled in GPT-2's byte alphabet, their types, the merges by rank, and the ids
+// that begin and end text (byte_level_bpe.h checks them against the vocabulary).
+ByteLevelVocabulary read_byte_level_vocabulary(const GgufFile& file) {
+  ByteLevelVocabulary v;
+  v.tokens = file.strings("tokenizer.ggml.tokens");
+  if (const GgufValue* types = file.find("tokenizer.ggml.token_type")) {
+    if (types->kind != GgufValue::Kind::kArray || types->array_count != v.tokens.size()) {
+      refuse(file, "tokenizer.ggml.token_type is not an array of one type per token");
+    }
+    for (const double type : file.numbers("tokenizer.ggml.token_type")) v.types.push_back(static_cast<int>(type));
+  }
+  const GgufValue* merges = file.find("tokenizer.ggml.merges");
+  if (!merges || merges->kind != GgufValue::Kind::kArray) refuse(file, "has no tokenizer.ggml.merges array (byte-level BPE needs its merges)");
+  v.merges = file.strings("tokenizer.ggml.merges");
+  v.pre = file.get_string("tokenizer.ggml.pre").value_or("default");
+  auto id = [&](const std::string& key) -> int {
+    const std::optional<std::uint64_t> value = file.get_count(key);
+    if (!value) return -1;
+    if (*value >= v.tokens.size()) refuse(file, fmt::format("{} is {} but the vocabulary has {} tokens", key, *value, v.tokens.size()));
+    return static_cast<int>(*value);
+  };
+  v.bos_id = id("tokenizer.ggml.bos_token_id");
+  const GgufValue* add_bos = file.find("tokenizer.ggml.add_bos_token");
+  v.add_bos = add_bos == nullptr || add_bos->kind != GgufValue::Kind::kBool || add_bos->u != 0;
+  if (v.bos_id < 0) v.add_bos = false;
+  for (const char* key : {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"}) {
+    const int end = id(key);
+    if (end >= 0 && std::find(v.end_ids.begin(), v.end_ids.end(), end) == v.end_ids.end()) v.end_ids.push_back(end);
+  }
+  return v;
+}
+
 }  // namespace
 
 ModelFile read_gguf_model(const std::string& path) {
@@ -207,17 +240,24 @@ ModelFile read_gguf_model(const std::string& path) {
 GgufVocabulary read_gguf_vocabulary(const std::string& path, int vocab_size) {
   const GgufFile file(path);
   const std::optional<std::string> kind = file.get_string("tokenizer.ggml.model");
-  if (kind != "llama") {
-    refuse(file, kind ? fmt::format("its tokenizer is '{}'; shardline reads llama (SentencePiece) vocabularies", printable(*kind))
+  if (kind != "llama" && kind != "gpt2") {
+    refuse(file, kind ? fmt::format("its tokenizer is '{}'; shardline reads llama (SentencePiece) and gpt2 (byte-level "
+                                    "BPE, Llama 3) vocabularies",
+                                    printable(*kind))
                       : std::string("carries no vocabulary (tokenizer.ggml.model); pass --tokenizer tokenizer.bin"));
   }
   // The counts first: nothing is decoded unless it is the model's vocabulary.
   const GgufValue* tokens = file.find("tokenizer.ggml.tokens");
-  const GgufValue* scores = file.find("tokenizer.ggml.scores");
   if (!tokens || tokens->kind != GgufValue::Kind::kArray) refuse(file, "has no tokenizer.ggml.tokens array");
   if (tokens->array_count != static_cast<std::uint64_t>(vocab_size)) {
     refuse(file, fmt::format("its vocabulary has {} tokens but the model expects {}", tokens->array_count, vocab_size));
   }
+  if (kind == "gpt2") {
+    GgufVocabulary vocabulary;
+    vocabulary.byte_level = read_byte_level_vocabulary(file);
+    return vocabulary;
+  }
+  const GgufValue* scores = file.find("tokenizer.ggml.scores");
   if (!scores || scores->kind != GgufValue::Kind::kArray || scores->array_count != tokens->array_count) {
     refuse(file, "tokenizer.ggml.scores is not an array of one number per token");
   }

@@ -16,9 +16,11 @@
 // rope_freqs.weight (one divisor per rotated pair), read into ModelFile::rope_freq_divisors.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "runtime/byte_level_bpe.h"
 #include "runtime/checkpoint.h"
 
 namespace shardline::runtime {
@@ -27,14 +29,16 @@ namespace shardline::runtime {
 // the key or tensor for anything shardline cannot run.
 ModelFile read_gguf_model(const std::string& path);
 
-// The vocabulary of a GGUF file's tokenizer.ggml.* arrays in llama2.c's conventions (tokenizer.h): spaces
-// where SentencePiece writes U+2581, and BOS and EOS as llama2.c's tokenizer.bin spells them.
+// The vocabulary of a GGUF file's tokenizer.ggml.* arrays: a SentencePiece one ("llama") in llama2.c's
+// conventions (tokenizer.h: spaces where SentencePiece writes U+2581, and BOS and EOS as llama2.c's
+// tokenizer.bin spells them), or Llama 3's byte-level BPE ("gpt2": tokens, token types, merges, special ids).
 struct GgufVocabulary {
   std::vector<std::string> pieces;
   std::vector<float> scores;
+  std::optional<ByteLevelVocabulary> byte_level;  // set for "gpt2" (pieces and scores then stay empty)
 };
-// FormatError when the file has no vocabulary, one of another kind (only "llama", SentencePiece, is read) or
-// one of other than vocab_size tokens (checked before anything is decoded).
+// FormatError when the file has no vocabulary, one of another kind (SentencePiece "llama" and byte-level
+// "gpt2" are read) or one of other than vocab_size tokens (checked before anything is decoded).
 GgufVocabulary read_gguf_vocabulary(const std::string& path, int vocab_size);
 
 }  // namespace shardline::runtime

@@ -12,7 +12,6 @@
 #include "common/log.h"
 #include "common/units.h"
 #include "kernels/cpu/ops.h"
-#include "runtime/tokenizer.h"
 
 namespace shardline::runtime {
 
@@ -348,11 +347,12 @@ void Pipeline::sample_item(const Item& item, std::vector<SeqState>& seqs, const 
     tokens.push_back(token);
     SequenceOutput& out = outputs[seq];
     if (out.ids.empty()) out.first_token_s = now_s() - start_s_;
-    if (token != kBosId) {
+    const bool ends = is_end(token);
+    if (!ends) {
       out.ids.push_back(token);
       if (on_token) on_token(seq, token, tokens_only ? nullptr : logits);
     }
-    if (token == kBosId || static_cast<int>(out.ids.size()) == s.spec->steps) out.done_s = now_s() - start_s_;
+    if (ends || static_cast<int>(out.ids.size()) == s.spec->steps) out.done_s = now_s() - start_s_;
   }
   stats_.busy_s += now_s() - start_s;
 }
@@ -365,7 +365,7 @@ void Pipeline::apply_tokens(const Item& item, const std::vector<int>& tokens, st
     SeqState& s = seqs[item.seq[r]];
     const int token = tokens[next++];
     s.awaiting = false;
-    if (token == kBosId) {  // llama2.c: BOS delimits sequences
+    if (is_end(token)) {  // llama2.c: BOS delimits sequences; Llama 3: EOS, EOT
       s.done = true;
       release(seqs, item.seq[r]);
       continue;

@@ -26,6 +26,7 @@
 // take the backend's greedy tokens, which gather none).
 #pragma once
 
+#include <algorithm>
 #include <functional>
 #include <memory>
 #include <vector>
@@ -34,6 +35,7 @@
 #include "partition/mesh.h"
 #include "runtime/sampler.h"
 #include "runtime/stage_backend.h"
+#include "runtime/tokenizer.h"
 
 namespace shardline::runtime {
 
@@ -50,6 +52,8 @@ struct SequenceSpec {
 
 struct PipelineOptions {
   int micro_batches = 1;   // m
+  // A sequence ends when it picks one of these (not output): the tokenizer's end_ids(), llama2.c's BOS by default.
+  std::vector<int> end_ids = {kBosId};
 };
 
 // What one sequence produced; filled on the last stage only.
@@ -103,6 +107,9 @@ class Pipeline {
   void run_first_stage(std::vector<SeqState>& seqs, std::vector<SequenceOutput>& outputs, const TokenCallback& on_token);
   void run_later_stage(std::vector<SeqState>& seqs, std::vector<SequenceOutput>& outputs, const TokenCallback& on_token);
   bool build_item(std::vector<SeqState>& seqs, Item& item);
+  bool is_end(int token) const {
+    return std::find(options_.end_ids.begin(), options_.end_ids.end(), token) != options_.end_ids.end();
+  }
   // x: (rows, dim) host activations in and out; with a backend that moves activations, x is only the first
   // stage's embedded input (null on later stages) and the output stays with the backend.
   void forward_item(const Item& item, std::vector<SeqState>& seqs, float* x);

@@ -18,6 +18,7 @@
 #include "common/error.h"
 #include "common/input_file.h"
 #include "common/printable.h"
+#include "runtime/byte_level_bpe.h"
 #include "runtime/gguf.h"
 #include "runtime/gguf_model.h"
 
@@ -84,6 +85,12 @@ Tokenizer::Tokenizer(const std::string& path, int vocab_size) {
   require_input_file(path, "tokenizer", InputKind::kRegularFile);
   if (is_gguf_file(path)) {  // a GGUF model carries its vocabulary
     GgufVocabulary vocabulary = read_gguf_vocabulary(path, vocab_size);
+    if (vocabulary.byte_level) {
+      byte_level_ = std::make_shared<const ByteLevelBpe>(std::move(*vocabulary.byte_level),
+                                                         fmt::format("the vocabulary of '{}'", path));
+      end_ids_ = byte_level_->end_ids();
+      return;
+    }
     pieces_ = std::move(vocabulary.pieces);
     scores_ = std::move(vocabulary.scores);
     build_index(fmt::format("the vocabulary of '{}'", path));
@@ -161,6 +168,17 @@ void Tokenizer::build_index(const std::string& source) {
   for (int id = 0; id < vocab_size(); ++id) index_.emplace(pieces_[id], id);  // first id wins on duplicates
 }
 
+int Tokenizer::vocab_size() const {
+  return byte_level_ ? byte_level_->vocab_size() : static_cast<int>(pieces_.size());
+}
+
+int Tokenizer::bos_id() const {
+  if (!byte_level_) return kBosId;
+  return byte_level_->add_bos() ? byte_level_->bos_id() : -1;
+}
+
+bool Tokenizer::prints(std::string_view piece) const { return byte_level_ != nullptr || is_printable_piece(piece); }
+
 int Tokenizer::lookup(std::string_view text) const {
   auto it = index_.find(text);
   return it == index_.end() ? -1 : it->second;
@@ -168,15 +186,26 @@ int Tokenizer::lookup(std::string_view text) const {
 
 const std::string& Tokenizer::piece(int id) const {
   SL_CHECK_MSG(id >= 0 && id < vocab_size(), "token id {} outside vocabulary of {}", id, vocab_size());
-  return pieces_[id];
+  return byte_level_ ? byte_level_->token_text(id) : pieces_[id];
 }
 
 float Tokenizer::score(int id) const {
   SL_CHECK_MSG(id >= 0 && id < vocab_size(), "token id {} outside vocabulary of {}", id, vocab_size());
-  return scores_[id];
+  return byte_level_ ? 0.0f : scores_[id];
 }
 
 std::vector<int> Tokenizer::encode(std::string_view text, bool bos, bool eos) const {
+  if (byte_level_) {  // its own BOS (when the file asks for one) and end of text
+    std::vector<int> tokens;
+    const std::vector<int> body = byte_level_->encode(text);
+    // A prompt written as a chat template starts with "<|begin_of_text|>" already: one BOS, not two.
+    if (bos && byte_level_->add_bos() && (body.empty() || body.front() != byte_level_->bos_id())) {
+      tokens.push_back(byte_level_->bos_id());
+    }
+    tokens.insert(tokens.end(), body.begin(), body.end());
+    if (eos && !end_ids_.empty()) tokens.push_back(end_ids_.front());
+    return tokens;
+  }
   std::vector<int> tokens;
   tokens.reserve(text.size() + 3);
   if (bos) tokens.push_back(kBosId);
@@ -259,6 +288,7 @@ std::vector<int> Tokenizer::encode(std::string_view text, bool bos, bool eos) co
 }
 
 std::string_view Tokenizer::decode(int prev_token, int token) const {
+  if (byte_level_) return byte_level_->decode(token);
   std::string_view p = piece(token);
   // sentencepiece's decoder drops the dummy prefix's space after BOS (llama2.c PR #89).
   if (prev_token == kBosId && !p.empty() && p.front() == ' ') p.remove_prefix(1);
@@ -274,6 +304,7 @@ bool Tokenizer::is_printable_piece(std::string_view piece) {
 }
 
 void Tokenizer::save(const std::string& path) const {
+  if (byte_level_) throw ConfigError("a byte-level BPE vocabulary has no tokenizer.bin form (it needs its merges)");
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   if (!out) throw ResourceError(fmt::format("cannot create tokenizer '{}': {}", path, std::strerror(errno)));
   std::int32_t max_token_length = 0;

@@ -9,16 +9,23 @@
 //
 // Example with the Llama 2 vocabulary: encode("Once upon a time", bos=true, eos=false) = {1, 9038, 2501, 263,
 // 931}: BOS, " Once", " upon", " a", " time" (the dummy prefix " " became the leading space of " Once").
+//
+// A GGUF file may instead carry Llama 3's byte-level BPE vocabulary (byte_level_bpe.h): then encode, decode
+// and the special ids are that vocabulary's, and the llama2.c ids above do not apply. Its BOS is added when
+// the file asks for it (tokenizer.ggml.add_bos_token) and the text does not start with BOS's own text.
 #pragma once
 
 #include <cstddef>
 #include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
 
 namespace shardline::runtime {
+
+class ByteLevelBpe;
 
 inline constexpr int kUnkId = 0;
 inline constexpr int kBosId = 1;
@@ -36,7 +43,16 @@ class Tokenizer {
   // From in-memory pieces (synthetic vocabularies, tests). Same validation, FormatError on failure.
   Tokenizer(std::vector<std::string> pieces, std::vector<float> scores);
 
-  int vocab_size() const { return static_cast<int>(pieces_.size()); }
+  int vocab_size() const;
+  // The id encode() starts with when asked for BOS: kBosId, or a byte-level vocabulary's (-1: it adds none).
+  int bos_id() const;
+
+  // The ids after which generation stops (the token itself is not output): llama2.c's BOS (run.c stops when
+  // the model starts a new sequence), or a byte-level vocabulary's EOS, EOT and EOM.
+  const std::vector<int>& end_ids() const { return end_ids_; }
+  // Whether `piece` (a decode() result) is written out: is_printable_piece for llama2.c's vocabulary; every
+  // byte-level piece (a token may end inside a UTF-8 character that the next one completes).
+  bool prints(std::string_view piece) const;
 
   // run.c encode(): [BOS] + dummy prefix " " (if text is non-empty) + one token per UTF-8 codepoint (its
   // bytes as byte-fallback tokens when the codepoint is not a piece), then repeatedly merge the adjacent pair
@@ -52,12 +68,14 @@ class Tokenizer {
   // lone UTF-8 fragment or control byte would garble a terminal). Multi-byte pieces and "" are printable.
   static bool is_printable_piece(std::string_view piece);
 
+  // A byte-level vocabulary's piece is its token's spelling, its score 0, and lookup finds nothing.
   const std::string& piece(int id) const;
   float score(int id) const;
   // Lowest id whose piece is exactly `text`, or -1.
   int lookup(std::string_view text) const;
 
-  // Writes the tokenizer.bin format above. Throws ResourceError when the file cannot be written.
+  // Writes the tokenizer.bin format above. Throws ResourceError when the file cannot be written, ConfigError
+  // for a byte-level vocabulary (tokenizer.bin cannot hold its merges).
   void save(const std::string& path) const;
 
  private:
@@ -70,8 +88,10 @@ class Tokenizer {
   // Checks the fixed ids (byte tokens) and fills index_; `source` names the file in error messages.
   void build_index(const std::string& source);
 
-  std::vector<std::string> pieces_;  // (vocab_size)
+  std::vector<std::string> pieces_;  // (vocab_size); empty with a byte-level vocabulary
   std::vector<float> scores_;        // (vocab_size)
+  std::shared_ptr<const ByteLevelBpe> byte_level_;  // a GGUF file's Llama 3 vocabulary, else null
+  std::vector<int> end_ids_ = {kBosId};
   // Owns copies of the pieces (not views into pieces_) so the default copy and move stay correct.
   std::unordered_map<std::string, int, PieceHash, std::equal_to<>> index_;
 };

@@ -15,6 +15,7 @@ packages=(
   libgtest-dev libgmock-dev             # unit tests
   libbenchmark-dev                      # kernel micro-benchmarks
   nlohmann-json3-dev libfmt-dev         # JSON output, formatting
+  libpcre2-dev                          # Unicode regexes: Llama 3's pre-tokenizer
   coreutils procps                      # timeout, ps (used by tests)
   munge slurmctld slurmd slurm-client   # real Slurm for the `slurm` tests (they start their own daemons)
   iproute2 util-linux                   # ip netns / unshare: two hosts for the `multihost` tests

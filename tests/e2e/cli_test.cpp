@@ -21,6 +21,7 @@
 #include "runtime/checkpoint.h"
 #include "runtime/gguf.h"
 #include "runtime/model_generator.h"
+#include "tests/support/byte_level_vocab.h"
 #include "tests/support/cli_fixture.h"
 #include "tests/support/gguf_writer.h"
 #include "tests/support/models.h"
@@ -480,6 +481,54 @@ TEST_F(Cli, AGgufFilesEpsilonAndRopeBaseReachTheArithmetic) {
                                         "--model " + path("e.gguf"));
   ASSERT_EQ(tp2.exit_code, 0) << tp2.err;
   EXPECT_EQ(parse_single_json(tp2.out)["ids"], scaled);
+}
+
+TEST_F(Cli, ALlama3StyleGgufRunsWithItsByteLevelVocabulary) {
+  // A GGUF file with Llama 3's vocabulary kind (byte-level BPE, its own BOS and end ids, RoPE base 500000): the
+  // prompt becomes the ids ByteLevelBpe gives, the text is the decoded ids, every layout gives the same tokens,
+  // and generation stops at an end id without writing it.
+  const std::string model = path("l3.bin");
+  ASSERT_EQ(run_process(shardline() + " gen-model --dim 64 --hidden 160 --layers 2 --heads 4 --kv-heads 2 --vocab 400 "
+                                      "--seq 64 --seed 8 --out " + model).exit_code, 0);
+  const runtime::ByteLevelVocabulary vocabulary = make_byte_level_vocabulary(400);
+  auto write = [&](const runtime::ByteLevelVocabulary& v) {
+    llama_gguf_from_llama2c(model, "", {.rope_freq_base = 500000, .byte_level = v}).write(path("l3.gguf"));
+  };
+  write(vocabulary);
+  const std::string prompt = "<|begin_of_text|>Once upon a time, Lily's friend";
+  const std::string args = " run --json --threads 1 --steps 24 --model " + path("l3.gguf") + " --prompt \"" + prompt + "\"";
+  const ProcessResult one = run_process(shardline() + args);
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  const nlohmann::json out = parse_single_json(one.out);
+  const runtime::ByteLevelBpe bpe(make_byte_level_vocabulary(400), "test");
+  // The prompt's own "<|begin_of_text|>" is its one BOS; a prompt without it is given one.
+  EXPECT_EQ(out["prompt_ids"].get<std::vector<int>>(), bpe.encode(prompt));
+  EXPECT_EQ(bpe.encode(prompt).front(), vocabulary.bos_id);
+  const ProcessResult plain = run_process(shardline() + " run --json --threads 1 --steps 1 --model " + path("l3.gguf") +
+                                          " --prompt \"Once upon\"");
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  std::vector<int> want_plain = {vocabulary.bos_id};
+  for (const int id : bpe.encode("Once upon")) want_plain.push_back(id);
+  EXPECT_EQ(parse_single_json(plain.out)["prompt_ids"].get<std::vector<int>>(), want_plain);
+  const std::vector<int> ids = out["ids"].get<std::vector<int>>();
+  ASSERT_GE(ids.size(), 4u);
+  std::string generated;
+  for (const int id : ids) generated += bpe.decode(id);
+  EXPECT_EQ(out["generated_text"].get<std::string>(), generated);
+  EXPECT_EQ(out["text"].get<std::string>(), "Once upon a time, Lily's friend" + generated);  // specials print nothing
+  for (const char* layout : {"--tp 2", "--pp 2"}) {
+    const ProcessResult two = run_process(kMpirun + "2 " + shardline() + args + " " + layout);
+    ASSERT_EQ(two.exit_code, 0) << layout << ": " << two.err;
+    EXPECT_EQ(parse_single_json(two.out)["ids"], out["ids"]) << layout;
+  }
+  // The same file with its EOS set to the fourth token it generated: the first three, then the end.
+  runtime::ByteLevelVocabulary ending = vocabulary;
+  ending.end_ids = {ids[3]};
+  write(ending);
+  const std::vector<int> first = {ids.begin(), std::find(ids.begin(), ids.end(), ids[3])};
+  const ProcessResult stopped = run_process(shardline() + args);
+  ASSERT_EQ(stopped.exit_code, 0) << stopped.err;
+  EXPECT_EQ(parse_single_json(stopped.out)["ids"].get<std::vector<int>>(), first);
 }
 
 TEST_F(Cli, GgufModelsPlanAndLaunchCheckLikeCheckpoints) {

@@ -8,11 +8,13 @@
 #include <cstdint>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "kernels/cpu/weight_format.h"
+#include "runtime/byte_level_bpe.h"
 #include "runtime/checkpoint.h"
 #include "runtime/tokenizer.h"
 #include "tests/support/ggml_quants.h"
@@ -21,7 +23,7 @@ namespace shardline::test {
 
 class GgufWriter {
  public:
-  enum : std::uint32_t { kU32 = 4, kI32 = 5, kF32 = 6, kString = 8, kArray = 9, kU64 = 10 };
+  enum : std::uint32_t { kU32 = 4, kI32 = 5, kF32 = 6, kBool = 7, kString = 8, kArray = 9, kU64 = 10 };
 
   void u32(const std::string& key, std::uint32_t v) { entry(key, kU32), pod(meta_, v); }
   void f32(const std::string& key, float v) { entry(key, kF32), pod(meta_, v); }
@@ -29,6 +31,11 @@ class GgufWriter {
   void strings(const std::string& key, const std::vector<std::string>& v) {
     entry(key, kArray), pod(meta_, std::uint32_t{kString}), pod(meta_, std::uint64_t{v.size()});
     for (const auto& s : v) str(meta_, s);
+  }
+  void boolean(const std::string& key, bool v) { entry(key, kBool), pod(meta_, std::uint8_t{v}); }
+  void i32s(const std::string& key, const std::vector<int>& v) {
+    entry(key, kArray), pod(meta_, std::uint32_t{kI32}), pod(meta_, std::uint64_t{v.size()});
+    for (int x : v) pod(meta_, static_cast<std::int32_t>(x));
   }
   void f32s(const std::string& key, const std::vector<float>& v) {
     entry(key, kArray), pod(meta_, std::uint32_t{kF32}), pod(meta_, std::uint64_t{v.size()});
@@ -121,7 +128,22 @@ struct LlamaGgufOptions {
   float rms_eps = 1e-5f;
   double rope_freq_base = 0;               // 0: not written (the default, 10000)
   std::vector<float> rope_freqs = {};      // empty: no rope_freqs.weight tensor (Llama 3.1's RoPE divisors)
+  // Set: this byte-level (Llama 3) vocabulary instead of the checkpoint's tokenizer (the same token count).
+  std::optional<runtime::ByteLevelVocabulary> byte_level = {};
 };
+
+// A byte-level vocabulary's tokenizer.ggml.* keys, as llama.cpp's converter writes Llama 3's.
+inline void write_byte_level_vocabulary(GgufWriter& w, const runtime::ByteLevelVocabulary& v) {
+  w.string("tokenizer.ggml.model", "gpt2");
+  w.string("tokenizer.ggml.pre", v.pre);
+  w.strings("tokenizer.ggml.tokens", v.tokens);
+  if (!v.types.empty()) w.i32s("tokenizer.ggml.token_type", v.types);
+  w.strings("tokenizer.ggml.merges", v.merges);
+  if (v.bos_id >= 0) w.u32("tokenizer.ggml.bos_token_id", static_cast<std::uint32_t>(v.bos_id));
+  const char* const end_keys[] = {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"};
+  for (std::size_t i = 0; i < v.end_ids.size() && i < 3; ++i) w.u32(end_keys[i], static_cast<std::uint32_t>(v.end_ids[i]));
+  w.boolean("tokenizer.ggml.add_bos_token", v.add_bos);
+}
 
 // F32 bytes as F16 or BF16 ones (round to nearest even), as a converter with --outtype f16/bf16 writes them,
 // or as one of ggml's block formats (ggml_quants.h; Q8_0's scale is max|x| / 127 and its codes round(x / d),
@@ -167,7 +189,9 @@ inline GgufWriter llama_gguf_from_llama2c(const std::string& checkpoint, const s
   w.u32("llama.rope.dimension_count", options.rope_dimension_count ? options.rope_dimension_count : s.head_size());
   w.f32("llama.attention.layer_norm_rms_epsilon", options.rms_eps);
   if (options.rope_freq_base != 0) w.f32("llama.rope.freq_base", static_cast<float>(options.rope_freq_base));
-  if (options.with_vocabulary) {
+  if (options.byte_level) {
+    write_byte_level_vocabulary(w, *options.byte_level);
+  } else if (options.with_vocabulary) {
     const runtime::Tokenizer tokenizer(tokenizer_path, s.vocab_size);
     std::vector<std::string> tokens;
     std::vector<float> scores;

@@ -2,6 +2,7 @@
 // with 1 and 2 threads and several prefill chunk sizes (different summation orders must not matter).
 #include <gtest/gtest.h>
 
+#include "common/error.h"
 #include "comm/communicator.h"
 #include "partition/mesh.h"
 #include "runtime/engine.h"
@@ -65,6 +66,26 @@ TEST_P(EngineGoldens, BatchedSequencesEachReproduceTheirGolden) {
       EXPECT_EQ(results[i].ids, expected[i].ids) << model << " / " << expected[i].prompt;
       EXPECT_EQ(results[i].text, expected[i].run_c_text) << model << " / " << expected[i].prompt;
     }
+  }
+}
+
+TEST(EncodeRequests, ARepeatedPromptIsEncodedOnceAndCheckedForEachRequest) {
+  // run --batch N repeats one prompt N times: encoded once, each request still checked with its own steps.
+  const Tokenizer tokenizer = make_synthetic_tokenizer(400);
+  const std::vector<GenerationRequest> requests = {{"the tale", 4, {}}, {"a rat", 4, {}}, {"the tale", 6, {}}, {"a rat", 1, {}}};
+  const std::vector<std::vector<int>> ids = encode_requests(tokenizer, 32, requests);
+  ASSERT_EQ(ids.size(), requests.size());
+  for (std::size_t i = 0; i < requests.size(); ++i) EXPECT_EQ(ids[i], encode_checked(tokenizer, 32, requests[i])) << i;
+  EXPECT_EQ(ids[0], ids[2]);
+  // The third request's steps do not fit though the first's, with the same prompt, did.
+  const int prompt_tokens = static_cast<int>(ids[0].size());
+  std::vector<GenerationRequest> too_long = requests;
+  too_long[2].steps = 32 - prompt_tokens + 2;
+  try {
+    encode_requests(tokenizer, 32, too_long);
+    ADD_FAILURE() << "accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("sequence 3 of 4 (prompt \"the tale\"): --steps"), std::string::npos) << e.what();
   }
 }
 
