@@ -111,7 +111,7 @@ std::optional<BenchConfig> parse_bench_config(const std::vector<std::string>& ar
   if (c.chunk_tokens < 1) throw ConfigError("--chunk-tokens must be >= 1");
   apply_isa_flag(isa);
   c.threads = vm.count("threads") ? vm["threads"].as<int>() : default_threads();
-  if (c.threads < 1) throw ConfigError("--threads must be >= 1");
+  check_threads_flag(c.threads);
   if (vm.count("tp")) check_rank_flag("--tp", c.tp);
   if (vm.count("pp")) check_rank_flag("--pp", c.pp);
   if (!(c.comm_timeout_s > 0)) throw ConfigError("--comm-timeout must be a positive number of seconds (inf: no limit)");

@@ -118,6 +118,14 @@ void check_rank_flag(const char* flag, int value) {
   }
 }
 
+void check_threads_flag(int value) {
+  if (value < 1 || value > kMaxThreadsFlag) {
+    throw ConfigError(fmt::format("--threads {} is not a thread count from 1 to {} (kernel threads per rank: about one "
+                                  "per core it runs on)",
+                                  value, kMaxThreadsFlag));
+  }
+}
+
 std::string rank_count_mismatch(int tp_flag, int pp_flag, int world) {
   const std::string ranks = fmt::format("the {} rank{} of this job", world, world == 1 ? "" : "s");
   if (tp_flag > 0 && pp_flag > 0) {

@@ -38,6 +38,13 @@ inline constexpr int kMaxRanksPerFlag = 32768;
 // ConfigError naming the flag unless 1 <= value <= kMaxRanksPerFlag.
 void check_rank_flag(const char* flag, int value);
 
+// The most kernel threads --threads may ask of one rank: several times the hardware threads of the largest
+// hosts. Past it libgomp fails to create them (tens of thousands) or crashes (65536 segfaulted in
+// GOMP_parallel).
+inline constexpr int kMaxThreadsFlag = 1024;
+// ConfigError unless 1 <= --threads <= kMaxThreadsFlag.
+void check_threads_flag(int value);
+
 // Why --tp/--pp (0 = not given) cannot lay out a job of `world` ranks, and what to launch instead.
 std::string rank_count_mismatch(int tp_flag, int pp_flag, int world);
 

@@ -761,6 +761,13 @@ TEST_F(Cli, UnknownFlagsAndCommands) {
   // tp x pp past an int wrapped: launch-check crashed or said "ok ... = 0 ranks", run said "launch -1 ranks".
   expect_clean_failure("launch-check --tp 65536 --pp 65536", 2, "--tp 65536 is not a rank count from 1 to 32768");
   expect_clean_failure("run --tp 2 --pp 65537", 2, "--pp 65537 is not a rank count from 1 to 32768");
+  // A thread count libgomp cannot create (65536 crashed inside GOMP_parallel with no message).
+  expect_clean_failure("run --threads 65536", 2, "--threads 65536 is not a thread count from 1 to 1024");
+  expect_clean_failure("run --threads 0", 2, "--threads 0 is not a thread count from 1 to 1024");
+  expect_clean_failure("bench --threads 100000", 2, "--threads 100000 is not a thread count from 1 to 1024");
+  // More sequences than host memory holds: refused before one is built (this grew to all of the machine's
+  // memory over a minute before failing).
+  expect_clean_failure("run --batch 2147483647 --steps 3", 4, "2147483647 sequences (--batch 2147483647 x 1 prompt) need about");
   expect_clean_failure("plan --preset 15m --tp 1,40000", 2, "--tp 40000 is not a rank count");
   // A model named without --model used to be dropped, and the built-in model ran instead.
   expect_clean_failure("run " + path("model.bin") + " --steps 4", 2, "unexpected argument '" + path("model.bin") + "'");
@@ -1040,11 +1047,12 @@ TEST_F(Cli, MoreThreadsThanCoresAreWarnedAbout) {
 }
 
 TEST_F(Cli, RunningOutOfMemoryIsAMissingResource) {
-  // 10^8 requests under a 3 GB address-space limit: exit 4 and a line that says what ran out, not
-  // "unexpected: std::bad_alloc" and exit 1.
+  // 1.5 million requests under a 1.2 GB address-space limit: exit 4 and a line that says what ran out, not
+  // "unexpected: std::bad_alloc" and exit 1. (About 1.7 GB by run's own estimate, which refuses up front only
+  // what the host's available memory cannot hold: Cli.UnknownFlagsAndCommands has that case.)
   SHARDLINE_REQUIRE_MODEL_FILE(model_file("tiny-32k.bin"));
-  const ProcessResult r = run_process("bash -c " + shell_quote("ulimit -v 3000000; exec " + shardline() + " run --model " +
-                                                               model_file("tiny-32k.bin") + " --batch 100000000 --steps 2"), 60);
+  const ProcessResult r = run_process("bash -c " + shell_quote("ulimit -v 1200000; exec " + shardline() + " run --model " +
+                                                               model_file("tiny-32k.bin") + " --batch 1500000 --steps 2"), 60);
   EXPECT_EQ(r.exit_code, 4) << r.err;
   EXPECT_NE(r.err.find("error: out of memory (is --batch"), std::string::npos) << r.err;
 }
