@@ -16,11 +16,18 @@
 namespace shardline::runtime {
 namespace {
 
-// Llama 3's pre-tokenizer, as its tokenizer.json writes it (llama.cpp spells the (?i:...) group out by hand
-// because its own regex engine lacks it; PCRE2 has it).
+// Unicode's White_Space characters, which \s means to Hugging Face's tokenizers, Python's regex and llama.cpp.
+// Not PCRE2's \s: its list still holds U+180E, which Unicode 6.3 took out of White_Space (a helper's review
+// against an independent reference found "  U+180E" split differently because of it).
+#define SHARDLINE_WHITE_SPACE "\\t-\\r\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}"
+
+// Llama 3's pre-tokenizer, as its tokenizer.json writes it with \s spelled out as above, \S as its negation
+// (llama.cpp spells the (?i:...) group out by hand because its own regex engine lacks it; PCRE2 has it).
 constexpr const char* kLlama3Pattern =
-    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
-    "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^" SHARDLINE_WHITE_SPACE
+    "\\p{L}\\p{N}]+[\\r\\n]*|[" SHARDLINE_WHITE_SPACE "]*[\\r\\n]+|[" SHARDLINE_WHITE_SPACE
+    "]+(?![^" SHARDLINE_WHITE_SPACE "])|[" SHARDLINE_WHITE_SPACE "]+";
+#undef SHARDLINE_WHITE_SPACE
 
 std::string utf8_of(std::uint32_t cp) {
   std::string s;
