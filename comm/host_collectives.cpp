@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "comm/mpi_check.h"
+#include "comm/liveness.h"
 #include "comm/peer_name.h"
 #include "comm/poller.h"
 #include "common/error.h"
@@ -124,10 +125,12 @@ void HostCollectives::publish_and_wait(std::uint64_t call, const char* what) {
       if (poller.spun_out()) {
         int pending = 0;  // any MPI call drives Open MPI's progress engine (sends in flight)
         MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm_, &pending, MPI_STATUS_IGNORE);
+        answer_pings();
       }
       if (!poller.pause()) {
-        throw CommError(fmt::format("{} timed out after {:g} s (--comm-timeout) waiting for {}: a peer is stuck or dead",
-                                    what, timeout_s_, peer_name(comm_, r)));
+        const std::string silent = silent_ranks_note();
+        throw CommError(fmt::format("{} timed out after {:g} s (--comm-timeout) waiting for {}{}", what, timeout_s_,
+                                    peer_name(comm_, r), silent.empty() ? ": a peer is stuck or dead" : silent));
       }
     }
   }

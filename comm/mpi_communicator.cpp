@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "comm/host_collectives.h"
+#include "comm/liveness.h"
 #include "comm/mpi_check.h"
 #include "comm/peer_name.h"
 #include "comm/poller.h"
@@ -138,11 +139,14 @@ class MpiCommunicator final : public Communicator {
       int done = 0;
       check_mpi(MPI_Test(&request, &done, status ? status : MPI_STATUS_IGNORE), what);
       if (done) return;
+      if (poller.spun_out()) answer_pings();
       if (!poller.pause()) {
+        const std::string silent = silent_ranks_note();  // who is stuck: often not the peer waited for
         MPI_Cancel(&request);
         throw CommError(fmt::format(
-            "{} {}timed out after {:g} s (--comm-timeout): a peer is stuck or dead", what,
-            peer >= 0 ? fmt::format("with {} ", peer_name(comm_, peer)) : std::string(), options_.timeout_s));
+            "{} {}timed out after {:g} s (--comm-timeout){}", what,
+            peer >= 0 ? fmt::format("with {} ", peer_name(comm_, peer)) : std::string(), options_.timeout_s,
+            silent.empty() ? ": a peer is stuck or dead" : silent));
       }
     }
   }

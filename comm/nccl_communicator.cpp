@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "comm/mpi_communicator.h"
+#include "comm/liveness.h"
 #include "comm/peer_name.h"
 #include "comm/poller.h"
 #include "common/error.h"
@@ -175,8 +176,10 @@ class NcclComm final : public NcclCommunicator {
                                 why));
   }
   [[noreturn]] void time_out(const std::string& what, int peer) {
+    const std::string silent = silent_ranks_note();  // before the abort: the others may be asking this rank
     fail(what, peer,
-         fmt::format("timed out after {:g} s (--comm-timeout): a peer is stuck or dead", options_.timeout_s));
+         fmt::format("timed out after {:g} s (--comm-timeout){}", options_.timeout_s,
+                     silent.empty() ? ": a peer is stuck or dead" : silent));
   }
 
   // Queues one operation on `stream` after the compute stream's queued work, then waits for it to finish.
@@ -202,6 +205,7 @@ class NcclComm final : public NcclCommunicator {
       if (queried != ncclSuccess) fail(what, peer, nccl_text(queried, comm_));
       if (state == ncclSuccess) return;
       if (state != ncclInProgress) fail(what, peer, nccl_text(state, comm_));
+      if (poller.spun_out()) answer_pings();
       if (!poller.pause()) time_out(what, peer);
     }
   }
@@ -215,6 +219,7 @@ class NcclComm final : public NcclCommunicator {
       ncclResult_t state = ncclSuccess;
       ncclCommGetAsyncError(comm_, &state);
       if (state != ncclSuccess && state != ncclInProgress) fail(what, peer, nccl_text(state, comm_));
+      if (poller.spun_out()) answer_pings();
       if (!poller.pause()) time_out(what, peer);
     }
   }

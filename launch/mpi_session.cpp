@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "comm/liveness.h"
 #include "comm/poller.h"
 #include "common/error.h"
 
@@ -35,10 +36,14 @@ void wait_bounded(MPI_Request& request, double timeout_s, const char* what, int 
       throw CommError(fmt::format("MPI failed while the ranks {}", what));
     }
     if (done != 0) return;
+    if (poller.spun_out()) comm::answer_pings();
     if (!poller.pause()) {
-      print_error_line(fmt::format("a rank did not arrive within {:g} s (--comm-timeout) while the ranks {}: is one "
-                                   "stuck (reading its files from a hung file system, stopped, or swapping)?",
-                                   timeout_s, what));
+      const std::string silent = comm::silent_ranks_note();
+      print_error_line(fmt::format("a rank did not arrive within {:g} s (--comm-timeout) while the ranks {}{}", timeout_s,
+                                   what,
+                                   silent.empty() ? ": is one stuck (reading its files from a hung file system, "
+                                                    "stopped, or swapping)?"
+                                                  : silent));
       MPI_Abort(MPI_COMM_WORLD, abort_code);
       std::_Exit(abort_code);  // MPI_Abort does not return; should it, nothing may unwind past the request
     }
@@ -78,6 +83,7 @@ MpiSession::MpiSession() : launch_env_(detect_launch_env()), node_name_(host_nam
   // Errors come back as codes and become exceptions (then a job-wide abort), not MPI's own abort.
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   set_abort_hook(&mpi_abort);
+  comm::start_liveness();  // a timeout can then name the rank that is stuck (comm/liveness.h)
   // Node identity from MPI, not from the launcher's variables: it holds for every launcher.
   char name[MPI_MAX_PROCESSOR_NAME] = {};
   int length = 0;
@@ -93,6 +99,7 @@ MpiSession::MpiSession() : launch_env_(detect_launch_env()), node_name_(host_nam
 MpiSession::~MpiSession() {
   if (active_) {
     set_abort_hook(nullptr);
+    comm::stop_liveness();
     MPI_Finalize();
   }
 }

@@ -1033,6 +1033,30 @@ TEST_F(Cli, ARankStuckAtStartUpFailsTheJobAfterTheCommTimeout) {
       run_process(kMpirun + "1 " + shardline() + common + " : -np 1 " + shardline() + common + " --prompts-file " + fifo, 60);
   EXPECT_EQ(r.exit_code, 5) << r.err;  // a communication failure, not the test's time limit (124)
   EXPECT_NE(r.err.find("[r0] error: a rank did not arrive within 2 s (--comm-timeout)"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("rank 1 does not answer within 2 s"), std::string::npos) << r.err;  // comm/liveness.h
+}
+
+TEST_F(Cli, ATimeoutNamesTheRankThatIsStuckNotTheNeighbourWaitingForIt) {
+  // pp=3 and rank 0 stopped mid-run (SIGSTOP, by the shell that started it): rank 1 waits for rank 0, and
+  // rank 2 for rank 1, which is healthy. Every error line must name rank 0 as the one that does not answer.
+  const std::string model = path("long.bin");
+  ASSERT_EQ(run_process(shardline() + " gen-model --dim 256 --hidden 700 --layers 3 --heads 8 --kv-heads 4 --vocab 1000 "
+                                      "--seq 4096 --out " + model).exit_code, 0);
+  const std::string args = " run --model " + model + " --steps 4000 --batch 4 --prompt hi --pp 3 --threads 1 --json "
+                           "--comm-timeout 3";
+  const std::string stopped_rank0 = "bash -c " + shell_quote(shardline() + args + " & pid=$!; sleep 3; kill -STOP $pid; "
+                                                                               "wait $pid");
+  const ProcessResult r = run_process(kMpirun + "1 " + stopped_rank0 + " : -np 2 " + shardline() + args, 90);
+  EXPECT_EQ(r.exit_code, 5) << r.err;
+  int errors = 0;
+  for (std::size_t at = r.err.find("error:"); at != std::string::npos; at = r.err.find("error:", at + 1)) {
+    const std::string line = r.err.substr(at, r.err.find('\n', at) - at);
+    if (line.find("timed out") == std::string::npos && line.find("did not arrive") == std::string::npos) continue;
+    ++errors;
+    EXPECT_NE(line.find("rank 0 does not answer within 2 s (stopped, stuck outside MPI, or dead), every other rank does"),
+              std::string::npos) << line;
+  }
+  EXPECT_GE(errors, 1) << r.err;
 }
 
 TEST_F(Cli, MoreThreadsThanCoresAreWarnedAbout) {
