@@ -418,11 +418,13 @@ PlanEstimate estimate_plan(const ClusterSpec& cluster, const Workload& w, const 
       plan.feasible = false;
       plan.bytes_short = short_bytes;
       plan.infeasible_reason = fmt::format(
-          "stage {} ({}) needs {} per rank ({} weights + {} KV) but a rank has {}: {} short", s,
+          "stage {} ({}) needs {} per rank ({} weights + {} KV + {} activations and logits) but a rank has {}: {} "
+          "short",
+          s,
           layout.tp == 1 ? fmt::format("rank {}", g.first_rank(s))
                          : fmt::format("ranks {}-{}", g.first_rank(s), g.first_rank(s) + layout.tp - 1),
-          format_bytes(stage.rank_memory_bytes),
-          format_bytes(stage.weight_bytes), format_bytes(stage.kv_bytes), format_bytes(available),
+          format_bytes(stage.rank_memory_bytes), format_bytes(stage.weight_bytes), format_bytes(stage.kv_bytes),
+          format_bytes(stage.rank_memory_bytes - stage.weight_bytes - stage.kv_bytes), format_bytes(available),
           format_bytes(short_bytes));
     }
   }

@@ -1,8 +1,10 @@
 #include <cmath>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "common/error.h"
+#include "common/units.h"
 #include "partition/chunk_policy.h"
 #include "partition/cost_model.h"
 #include "partition/model_presets.h"
@@ -217,6 +219,14 @@ TEST(CostModel, InfeasiblePlanNamesTheStageAndTheBytesShort) {
   EXPECT_GT(one.bytes_short, 10e9);
   EXPECT_NE(one.infeasible_reason.find("stage 0 (rank 0)"), std::string::npos) << one.infeasible_reason;
   EXPECT_NE(one.infeasible_reason.find("short"), std::string::npos) << one.infeasible_reason;
+  // The parts add up to the total: weights, KV, and the activations and logits (left out, the sum was short).
+  const StageEstimate& stage = one.stages[0];
+  const std::string parts = fmt::format("needs {} per rank ({} weights + {} KV + {} activations and logits)",
+                                        format_bytes(stage.rank_memory_bytes), format_bytes(stage.weight_bytes),
+                                        format_bytes(stage.kv_bytes),
+                                        format_bytes(stage.rank_memory_bytes - stage.weight_bytes - stage.kv_bytes));
+  EXPECT_NE(one.infeasible_reason.find(parts), std::string::npos) << one.infeasible_reason;
+  EXPECT_GT(stage.rank_memory_bytes - stage.weight_bytes - stage.kv_bytes, 0.0);
   EXPECT_TRUE(estimate_plan(c, w, Layout{2, 1, {}, 1, 0}).feasible);
 }
 
