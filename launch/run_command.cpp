@@ -15,6 +15,7 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -629,7 +630,18 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
   const int output_rank = mesh->rank_of(mesh->pp_size() - 1, 0);
   log::set_place(mesh->tag(), mesh->rank() == output_rank);
   report_model_bus_errors(config->engine.model_path);  // again, with the rank's full tag
-  if (plan) log::info("plan auto: {}", runtime::describe(*plan));
+  if (plan) {
+    // Ranks that outnumber their host's cores take turns on them, so the link probe timed the scheduler as
+    // much as the links: the same job's prediction ranged over 36-4315 tok/s from run to run.
+    const int cores = static_cast<int>(std::thread::hardware_concurrency());  // the host's (a bound rank has one)
+    const std::string noisy =
+        mpi.local_size() > cores && cores > 0
+            ? fmt::format(" (the {} ranks on this host outnumber its {} CPUs: the links it measured, and so this "
+                          "prediction, vary from run to run)",
+                          mpi.local_size(), cores)
+            : std::string();
+    log::info("plan auto: {}{}", runtime::describe(*plan), noisy);
+  }
 
   if (config->print_config) {
     if (mesh->rank() == output_rank) {

@@ -1059,6 +1059,23 @@ TEST_F(Cli, ATimeoutNamesTheRankThatIsStuckNotTheNeighbourWaitingForIt) {
   EXPECT_GE(errors, 1) << r.err;
 }
 
+TEST_F(Cli, APlanMeasuredOnAnOversubscribedHostSaysItsPredictionIsNoisy) {
+  // Ranks taking turns on fewer CPUs make the link probe time the scheduler: the plan line says so, and only
+  // then.
+  SHARDLINE_REQUIRE_MODEL_FILE(model_file("tiny-32k.bin"));
+  const int cpus = static_cast<int>(std::thread::hardware_concurrency());
+  const std::string args = " run --model " + model_file("tiny-32k.bin") + " --steps 2";
+  for (const int ranks : {2, 2 * cpus}) {
+    if (ranks > 8) continue;  // (a host of more than 4 CPUs runs only the first case)
+    const ProcessResult r = run_process(kMpirun + std::to_string(ranks) + " " + shardline() + args, 120);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    ASSERT_NE(r.err.find("info: plan auto: "), std::string::npos) << r.err;
+    const bool noisy = r.err.find(fmt::format("the {} ranks on this host outnumber its {} CPUs", ranks, cpus)) !=
+                       std::string::npos;
+    EXPECT_EQ(noisy, ranks > cpus) << ranks << " ranks on " << cpus << " CPUs:\n" << r.err;
+  }
+}
+
 TEST_F(Cli, MoreThreadsThanCoresAreWarnedAbout) {
   SHARDLINE_REQUIRE_MODEL_FILE(model_file("tiny-32k.bin"));
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
