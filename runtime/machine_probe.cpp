@@ -14,6 +14,7 @@
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/packed_matmul.h"
 #include "kernels/cpu/weight_format.h"
+#include "memory/system_memory.h"
 
 namespace shardline::runtime {
 
@@ -26,16 +27,7 @@ int usable_cores() {
   return std::max(1, CPU_COUNT(&set));
 }
 
-double available_memory_bytes() {
-  std::ifstream meminfo("/proc/meminfo");
-  std::string key;
-  double kib = 0;
-  while (meminfo >> key >> kib) {
-    if (key == "MemAvailable:") return kib * 1024.0;
-    meminfo.ignore(256, '\n');
-  }
-  return 0;
-}
+double available_memory_bytes() { return static_cast<double>(memory::read_meminfo().available_bytes); }
 
 partition::WeightFormat weight_format_of(cpu::WeightDtype dtype) {
   switch (dtype) {
