@@ -80,12 +80,32 @@ bool left_to_another_task(const std::string& command) {
 // command's own --help does under mpirun.
 bool printed_by_another_task() { return this_task_rank(/*on_host=*/false) > 0; }
 
+// run's --comm-timeout, read ahead of its flags (MPI starts before they are parsed) to bound MPI's own
+// start-up; the default when it is absent or unreadable (the flag parser then reports a bad value).
+double comm_timeout_flag(const std::vector<std::string>& args) {
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    std::string value;
+    if (args[i] == "--comm-timeout" && i + 1 < args.size()) {
+      value = args[i + 1];
+    } else if (args[i].rfind("--comm-timeout=", 0) == 0) {
+      value = args[i].substr(std::string("--comm-timeout=").size());
+    } else {
+      continue;
+    }
+    char* end = nullptr;
+    const double timeout_s = std::strtod(value.c_str(), &end);
+    if (end != value.c_str() && *end == '\0' && timeout_s > 0) return timeout_s;
+    break;
+  }
+  return shardline::launch::kDefaultCommTimeoutS;
+}
+
 int dispatch(const std::string& command, const std::vector<std::string>& args,
              std::unique_ptr<shardline::launch::MpiSession>& mpi) {
   using namespace shardline::launch;
   if (left_to_another_task(command)) return 0;
   if (command == "run") {
-    mpi = std::make_unique<MpiSession>();
+    mpi = std::make_unique<MpiSession>(comm_timeout_flag(args));
     if (mpi->active() && mpi->world_size() > 1) {
       shardline::log::set_place(fmt::format("[r{}]", mpi->world_rank()), mpi->world_rank() == 0);
     }

@@ -3,8 +3,13 @@
 #include <mpi.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <mutex>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -50,9 +55,48 @@ void wait_bounded(MPI_Request& request, double timeout_s, const char* what, int 
   }
 }
 
+// Ends the task if MPI_Init has not returned within timeout_s: Open MPI's MPI_Init waits (a PMIx fence) for
+// every task of the job, so one task stopped or stuck before it (a hung file system, a debugger) held all the
+// others there until the job's time limit. Nothing can be unwound from inside MPI_Init: the task leaves with
+// one line and exit 5, and the launcher ends the rest of the job.
+class InitWatchdog {
+ public:
+  InitWatchdog(double timeout_s, int task) {
+    if (!(timeout_s < 365.0 * 24 * 3600)) return;  // inf: no bound, as every other wait
+    thread_ = std::thread([this, timeout_s, task] {
+      std::unique_lock<std::mutex> lock(mutex_);
+      if (done_.wait_for(lock, std::chrono::duration<double>(timeout_s), [this] { return disarmed_; })) return;
+      std::fprintf(stderr,
+                   "[r%d] error: MPI start-up (MPI_Init) did not complete within %g s (--comm-timeout): a task of "
+                   "this job has not reached it (stopped, stuck before it on a hung file system, or never "
+                   "started)\n",
+                   task, timeout_s);
+      std::fflush(stderr);
+      std::_Exit(static_cast<int>(ExitCode::kComm));
+    });
+  }
+  ~InitWatchdog() {
+    if (!thread_.joinable()) return;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      disarmed_ = true;
+    }
+    done_.notify_one();
+    thread_.join();
+  }
+  InitWatchdog(const InitWatchdog&) = delete;
+  InitWatchdog& operator=(const InitWatchdog&) = delete;
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable done_;
+  bool disarmed_ = false;
+  std::thread thread_;
+};
+
 }  // namespace
 
-MpiSession::MpiSession() : launch_env_(detect_launch_env()), node_name_(host_name()) {
+MpiSession::MpiSession(double init_timeout_s) : launch_env_(detect_launch_env()), node_name_(host_name()) {
   if (launch_env_.srun_without_pmix()) {
     // Every task would be its own one-rank job; one task says so, the others leave with the same code.
     if (launch_env_.task_rank() > 0) std::exit(static_cast<int>(ExitCode::kConfig));
@@ -74,8 +118,11 @@ MpiSession::MpiSession() : launch_env_(detect_launch_env()), node_name_(host_nam
   if (!launch_env_.wired_by_launcher()) return;
   launcher_ = launcher_name(launch_env_.launcher);
   int provided = 0;
-  if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
-    throw CommError("MPI_Init_thread failed");
+  {
+    const InitWatchdog watchdog(init_timeout_s, std::max(0, launch_env_.task_rank()));
+    if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
+      throw CommError("MPI_Init_thread failed");
+    }
   }
   active_ = true;
   MPI_Comm_size(MPI_COMM_WORLD, &world_size_);

@@ -16,8 +16,10 @@ inline constexpr double kDefaultCommTimeoutS = 120.0;
 class MpiSession {
  public:
   // Initialises MPI if launched by mpirun/srun; installs MPI_Abort as the abort hook. Throws ConfigError
-  // for srun steps of several tasks without PMIx (they would run as unrelated one-rank jobs).
-  MpiSession();
+  // for srun steps of several tasks without PMIx (they would run as unrelated one-rank jobs). MPI_Init waits
+  // for every task of the job: one that does not get there within init_timeout_s (--comm-timeout) ends this
+  // task with one line and exit 5, rather than holding it until the job's time limit.
+  explicit MpiSession(double init_timeout_s = kDefaultCommTimeoutS);
   ~MpiSession();
   MpiSession(const MpiSession&) = delete;
   MpiSession& operator=(const MpiSession&) = delete;

@@ -1036,6 +1036,21 @@ TEST_F(Cli, ARankStuckAtStartUpFailsTheJobAfterTheCommTimeout) {
   EXPECT_NE(r.err.find("rank 1 does not answer within 2 s"), std::string::npos) << r.err;  // comm/liveness.h
 }
 
+TEST_F(Cli, ATaskThatNeverReachesMpiStartUpFailsTheJobAfterTheCommTimeout) {
+  // The second task sleeps before it starts shardline: Open MPI's MPI_Init waits for every task, so the first
+  // sat inside it until the job's time limit. Now it leaves after --comm-timeout with one line and exit 5.
+  SHARDLINE_REQUIRE_MODEL_FILE(model_file("tiny-32k.bin"));
+  const std::string args = " run --model " + model_file("tiny-32k.bin") + " --steps 3 --comm-timeout 3";
+  const ProcessResult r = run_process(kMpirun + "1 " + shardline() + args + " : -np 1 bash -c " +
+                                          shell_quote("sleep 30; exec " + shardline() + args),
+                                      60);
+  EXPECT_EQ(r.exit_code, 5) << r.err;  // not the test's time limit (124)
+  EXPECT_NE(r.err.find("[r0] error: MPI start-up (MPI_Init) did not complete within 3 s (--comm-timeout): a task of "
+                       "this job has not reached it"),
+            std::string::npos)
+      << r.err;
+}
+
 TEST_F(Cli, ATimeoutNamesTheRankThatIsStuckNotTheNeighbourWaitingForIt) {
   // pp=3 and rank 0 stopped mid-run (SIGSTOP, by the shell that started it): rank 1 waits for rank 0, and
   // rank 2 for rank 1, which is healthy. Every error line must name rank 0 as the one that does not answer.
