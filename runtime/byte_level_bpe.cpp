@@ -173,14 +173,14 @@ ByteLevelBpe::ByteLevelBpe(ByteLevelVocabulary v, const std::string& source)
       default: decoded_.push_back(bytes_of_spelling(text)); break;
     }
     if ((type == TokenType::kControl || type == TokenType::kUserDefined) && !text.empty()) {
-      specials_.emplace_back(text, id);
-      starts_special_[static_cast<unsigned char>(text[0])] = true;
+      specials_[static_cast<unsigned char>(text[0])].emplace_back(text, id);
     }
     ids_.emplace(text, id);  // (emplace keeps the first of equal spellings)
   }
   // Longest first, so "<|eot_id|>" wins over a shorter special that starts it.
-  std::stable_sort(specials_.begin(), specials_.end(),
-                   [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
+  for (auto& bucket : specials_) {
+    std::stable_sort(bucket.begin(), bucket.end(), [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
+  }
   for (int b = 0; b < 256; ++b) {
     if (!ids_.contains(spellings()[b])) {
       refuse(fmt::format("its vocabulary has no token for byte 0x{:02X} (spelled '{}'), which any text may hold", b,
@@ -210,14 +210,11 @@ std::vector<int> ByteLevelBpe::encode(std::string_view text) const {
   std::vector<int> out;
   std::size_t plain_from = 0;
   for (std::size_t i = 0; i < text.size();) {
-    if (!starts_special_[static_cast<unsigned char>(text[i])]) {
-      ++i;
-      continue;
-    }
-    const auto special = std::find_if(specials_.begin(), specials_.end(), [&](const auto& s) {
+    const auto& candidates = specials_[static_cast<unsigned char>(text[i])];
+    const auto special = std::find_if(candidates.begin(), candidates.end(), [&](const auto& s) {
       return text.compare(i, s.first.size(), s.first) == 0;
     });
-    if (special == specials_.end()) {
+    if (special == candidates.end()) {
       ++i;
       continue;
     }

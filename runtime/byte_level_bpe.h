@@ -76,8 +76,10 @@ class ByteLevelBpe {
   std::vector<std::string> decoded_;  // each token's bytes
   Index ids_;                         // token text -> lowest id spelled so
   Index merge_ranks_;                 // "left right" -> rank
-  std::vector<std::pair<std::string, int>> specials_;  // special texts and ids, longest first
-  std::array<bool, 256> starts_special_{};            // which bytes begin one (the others skip the search)
+  // Special texts and ids by their first byte, longest first: a position is compared only with the specials
+  // that start with its byte (a vocabulary of thousands of user-defined tokens made every byte of a long
+  // prompt compare with all of them).
+  std::array<std::vector<std::pair<std::string, int>>, 256> specials_;
   int bos_id_ = -1;
   bool add_bos_ = true;
   std::vector<int> end_ids_;
