@@ -23,6 +23,7 @@ struct Liveness {
   MPI_Request ping_request = MPI_REQUEST_NULL;
   static constexpr int kAnswer = 1;                // what an answer carries (its arrival is the message)
   std::vector<MPI_Request> answers_sent;           // completed at the next answer_pings()
+  bool asked = false;                              // silent_ranks() ran on this rank
 };
 
 Liveness& state() {
@@ -83,6 +84,7 @@ void answer_pings() {
 std::vector<int> silent_ranks(double grace_s) {
   Liveness& l = state();
   if (l.comm == MPI_COMM_NULL) return {};
+  l.asked = true;
   std::vector<MPI_Request> pings, answers;
   std::vector<int> peers, answer_buffers(static_cast<std::size_t>(l.size));
   for (int r = 0; r < l.size; ++r) {
@@ -110,14 +112,28 @@ std::vector<int> silent_ranks(double grace_s) {
   std::vector<int> silent;
   for (std::size_t i = 0; i < peers.size(); ++i) {
     if (!answered[i]) {
-      silent.push_back(peers[i]);
+      // Cancelled and waited for (an unmatched receive completes at once), so MPI writes no answer into
+      // answer_buffers once it is gone; one that arrived after all is an answer.
       MPI_Cancel(&answers[i]);
-      MPI_Request_free(&answers[i]);
+      MPI_Status status;
+      MPI_Wait(&answers[i], &status);
+      int cancelled = 0;
+      MPI_Test_cancelled(&status, &cancelled);
+      if (cancelled != 0) silent.push_back(peers[i]);
     }
-    // A ping to a rank that never takes it stays queued: the job ends on this timeout anyway.
+    // A ping to a rank that never takes it stays queued (its buffer is static): the job ends on this timeout.
     if (pings[i] != MPI_REQUEST_NULL) MPI_Request_free(&pings[i]);
   }
   return silent;
+}
+
+void linger_after_asking(double seconds) {
+  if (state().comm == MPI_COMM_NULL || !state().asked) return;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (std::chrono::steady_clock::now() < until) {
+    answer_pings();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
 }
 
 std::string silent_ranks_note(double grace_s) {

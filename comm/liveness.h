@@ -34,4 +34,9 @@ std::vector<int> silent_ranks(double grace_s);
 inline constexpr double kLivenessGraceS = 2.0;
 std::string silent_ranks_note(double grace_s = kLivenessGraceS);
 
+// After this rank asked (silent_ranks), answers pings for seconds before the caller ends the job: the job's
+// end sends SIGCONT to every rank, so a rank stopped by SIGSTOP woke up and answered the probes of the ranks
+// that timed out a moment later, which then said "every rank answers". Returns at once if it did not ask.
+void linger_after_asking(double seconds = 2 * kLivenessGraceS);
+
 }  // namespace shardline::comm

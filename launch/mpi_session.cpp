@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include <fmt/format.h>
@@ -55,7 +56,7 @@ void wait_bounded(MPI_Request& request, double timeout_s, const char* what, int 
   }
 }
 
-// Ends the task if MPI_Init has not returned within timeout_s: Open MPI's MPI_Init waits (a PMIx fence) for
+// Ends the task if MPI's start-up has not finished within timeout_s: Open MPI's MPI_Init waits (a PMIx fence) for
 // every task of the job, so one task stopped or stuck before it (a hung file system, a debugger) held all the
 // others there until the job's time limit. Nothing can be unwound from inside MPI_Init: the task leaves with
 // one line and exit 5, and the launcher ends the rest of the job.
@@ -67,7 +68,8 @@ class InitWatchdog {
       std::unique_lock<std::mutex> lock(mutex_);
       if (done_.wait_for(lock, std::chrono::duration<double>(timeout_s), [this] { return disarmed_; })) return;
       std::fprintf(stderr,
-                   "[r%d] error: MPI start-up (MPI_Init) did not complete within %g s (--comm-timeout): a task of "
+                   "[r%d] error: MPI start-up (MPI_Init and its first collectives) did not complete within %g s "
+                   "(--comm-timeout): a task of "
                    "this job has not reached it (stopped, stuck before it on a hung file system, or never "
                    "started)\n",
                    task, timeout_s);
@@ -118,11 +120,10 @@ MpiSession::MpiSession(double init_timeout_s) : launch_env_(detect_launch_env())
   if (!launch_env_.wired_by_launcher()) return;
   launcher_ = launcher_name(launch_env_.launcher);
   int provided = 0;
-  {
-    const InitWatchdog watchdog(init_timeout_s, std::max(0, launch_env_.task_rank()));
-    if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
-      throw CommError("MPI_Init_thread failed");
-    }
+  // Until the last blocking collective below (MPI_Comm_dup, MPI_Comm_split_type) has returned.
+  std::optional<InitWatchdog> watchdog(std::in_place, init_timeout_s, std::max(0, launch_env_.task_rank()));
+  if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
+    throw CommError("MPI_Init_thread failed");
   }
   active_ = true;
   MPI_Comm_size(MPI_COMM_WORLD, &world_size_);
@@ -141,6 +142,7 @@ MpiSession::MpiSession(double init_timeout_s) : launch_env_(detect_launch_env())
     MPI_Comm_size(node, &local_size_);
     MPI_Comm_free(&node);
   }
+  watchdog.reset();
 }
 
 MpiSession::~MpiSession() {
@@ -191,8 +193,14 @@ bool MpiSession::same_as_rank0(std::uint64_t value, double timeout_s) const {
 void MpiSession::abort_job(int exit_code) const {
   std::fflush(stdout);
   std::fflush(stderr);
-  if (active_ && world_size_ > 1) MPI_Abort(MPI_COMM_WORLD, exit_code);
-  if (active_) MPI_Finalize();
+  if (active_ && world_size_ > 1) {
+    comm::linger_after_asking();  // the others' probes finish before the abort wakes a stopped rank
+    MPI_Abort(MPI_COMM_WORLD, exit_code);
+  }
+  if (active_) {
+    comm::stop_liveness();  // its receive must not be pending in MPI_Finalize
+    MPI_Finalize();
+  }
   std::exit(exit_code);
 }
 

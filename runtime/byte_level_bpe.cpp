@@ -81,6 +81,15 @@ std::size_t utf8_length_at(std::string_view text, std::size_t i) {
   return 0;
 }
 
+bool is_utf8(std::string_view text) {
+  for (std::size_t i = 0; i < text.size();) {
+    const std::size_t n = utf8_length_at(text, i);
+    if (n == 0) return false;
+    i += n;
+  }
+  return true;
+}
+
 void require_utf8(std::string_view text) {
   for (std::size_t i = 0; i < text.size();) {
     const std::size_t n = utf8_length_at(text, i);
@@ -173,6 +182,8 @@ ByteLevelBpe::ByteLevelBpe(ByteLevelVocabulary v, const std::string& source)
       default: decoded_.push_back(bytes_of_spelling(text)); break;
     }
     if ((type == TokenType::kControl || type == TokenType::kUserDefined) && !text.empty()) {
+      // Matched in UTF-8 text: one that is not UTF-8 would split a character, and leave PCRE2 a fragment.
+      if (!is_utf8(text)) refuse(fmt::format("special token {} ('{}') is not UTF-8 text", id, printable(text, 40)));
       specials_[static_cast<unsigned char>(text[0])].emplace_back(text, id);
     }
     ids_.emplace(text, id);  // (emplace keeps the first of equal spellings)

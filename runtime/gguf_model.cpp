@@ -102,7 +102,9 @@ std::vector<float> rope_freq_divisors(const GgufFile& file, int head_size) {
   const GgufTensor* t = file.tensor("rope_freqs.weight");
   if (t == nullptr) return {};
   const std::uint64_t pairs = static_cast<std::uint64_t>(head_size) / 2;
-  if (t->type != static_cast<std::uint32_t>(TensorElement::kF32) || t->ne != std::vector<std::uint64_t>{pairs}) {
+  std::vector<std::uint64_t> ne = t->ne;
+  while (ne.size() > 1 && ne.back() == 1) ne.pop_back();  // as float_tensor() compares shapes
+  if (t->type != static_cast<std::uint32_t>(TensorElement::kF32) || ne != std::vector<std::uint64_t>{pairs}) {
     refuse(file, fmt::format("tensor 'rope_freqs.weight' is {} [{}]; RoPE frequency factors are F32 [{}] (one per "
                              "pair of a head's {} dimensions)",
                              gguf_type_name(t->type), fmt::join(t->ne, ", "), pairs, head_size));
@@ -113,9 +115,11 @@ std::vector<float> rope_freq_divisors(const GgufFile& file, int head_size) {
   in.read(reinterpret_cast<char*>(divisors.data()), static_cast<std::streamsize>(pairs * sizeof(float)));
   if (!in) refuse(file, "cannot read tensor 'rope_freqs.weight'");
   for (std::size_t i = 0; i < divisors.size(); ++i) {
-    if (!(divisors[i] > 0.0f) || !std::isfinite(divisors[i])) {
-      refuse(file, fmt::format("rope_freqs.weight[{}] is {}; RoPE frequency factors must be positive numbers", i,
-                               divisors[i]));
+    // Llama 3.1's are 1 to 8; a divisor near 0 turns the angle infinite and every logit NaN.
+    if (!(divisors[i] >= 1e-3f && divisors[i] <= 1e9f)) {
+      refuse(file, fmt::format("rope_freqs.weight[{}] is {}; RoPE frequency factors must be numbers from 0.001 to "
+                               "1e9",
+                               i, divisors[i]));
     }
   }
   return divisors;
@@ -130,7 +134,13 @@ ByteLevelVocabulary read_byte_level_vocabulary(const GgufFile& file) {
     if (types->kind != GgufValue::Kind::kArray || types->array_count != v.tokens.size()) {
       refuse(file, "tokenizer.ggml.token_type is not an array of one type per token");
     }
-    for (const double type : file.numbers("tokenizer.ggml.token_type")) v.types.push_back(static_cast<int>(type));
+    for (const double type : file.numbers("tokenizer.ggml.token_type")) {
+      // llama.cpp's llama_token_type: 0 undefined ... 6 byte (checked before the cast: a NaN has no int).
+      if (!(type >= 0.0 && type <= 6.0) || type != std::floor(type)) {
+        refuse(file, fmt::format("token {} has the type {}; tokenizer.ggml.token_type holds 0 to 6", v.types.size(), type));
+      }
+      v.types.push_back(static_cast<int>(type));
+    }
   }
   const GgufValue* merges = file.find("tokenizer.ggml.merges");
   if (!merges || merges->kind != GgufValue::Kind::kArray) refuse(file, "has no tokenizer.ggml.merges array (byte-level BPE needs its merges)");

@@ -1045,8 +1045,8 @@ TEST_F(Cli, ATaskThatNeverReachesMpiStartUpFailsTheJobAfterTheCommTimeout) {
                                           shell_quote("sleep 30; exec " + shardline() + args),
                                       60);
   EXPECT_EQ(r.exit_code, 5) << r.err;  // not the test's time limit (124)
-  EXPECT_NE(r.err.find("[r0] error: MPI start-up (MPI_Init) did not complete within 3 s (--comm-timeout): a task of "
-                       "this job has not reached it"),
+  EXPECT_NE(r.err.find("[r0] error: MPI start-up (MPI_Init and its first collectives) did not complete within 3 s "
+                       "(--comm-timeout): a task of this job has not reached it"),
             std::string::npos)
       << r.err;
 }

@@ -1,6 +1,7 @@
 #include "runtime/byte_level_bpe.h"
 
 #include <filesystem>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -163,6 +164,13 @@ TEST(ByteLevelBpe, VocabulariesItCannotRunAreRefused) {
   ByteLevelVocabulary types = hand_vocabulary({});
   types.types = {1, 1};
   EXPECT_NE(error_of(types).find("token_type has 2 entries for 256 tokens"), std::string::npos);
+  // A special token that is not UTF-8 would split a character of the prompt (and hand PCRE2 a fragment).
+  ByteLevelVocabulary fragment = hand_vocabulary({"x"});
+  fragment.tokens[256] = "\xC3";
+  fragment.types.assign(257, 1);
+  fragment.types[256] = static_cast<int>(TokenType::kControl);
+  EXPECT_NE(error_of(fragment).find("special token 256 ('\\xc3') is not UTF-8 text"), std::string::npos)
+      << error_of(fragment);
 }
 
 TEST(ByteLevelBpe, AGgufFilesByteLevelVocabularyIsTheTokenizers) {
@@ -186,6 +194,31 @@ TEST(ByteLevelBpe, AGgufFilesByteLevelVocabularyIsTheTokenizers) {
   EXPECT_EQ(text, "Once upon");
   EXPECT_TRUE(tokenizer.prints("\xE5"));  // a token may end inside a character; the next completes it
   EXPECT_THROW(tokenizer.save(path), ConfigError);
+}
+
+TEST(ByteLevelBpe, TokenTypesOutsideLlamaCppsAreRefused) {
+  // tokenizer.ggml.token_type holds 0 to 6; a NaN, a fraction or 7 is a damaged file (a NaN once reached an
+  // int cast).
+  const std::string path = (std::filesystem::temp_directory_path() / "shardline_byte_level_types.gguf").string();
+  for (const float bad : {7.0f, -1.0f, 2.5f, std::numeric_limits<float>::quiet_NaN(), 1e30f}) {
+    const ByteLevelVocabulary v = test::make_byte_level_vocabulary(300);
+    test::GgufWriter w;
+    w.string("tokenizer.ggml.model", "gpt2");
+    w.string("tokenizer.ggml.pre", "llama-bpe");
+    w.strings("tokenizer.ggml.tokens", v.tokens);
+    std::vector<float> types(v.types.begin(), v.types.end());
+    types[5] = bad;
+    w.f32s("tokenizer.ggml.token_type", types);
+    w.strings("tokenizer.ggml.merges", v.merges);
+    w.write(path);
+    try {
+      const Tokenizer tokenizer(path, 300);
+      ADD_FAILURE() << "accepted the type " << bad;
+    } catch (const FormatError& e) {
+      EXPECT_NE(std::string(e.what()).find("token 5 has the type"), std::string::npos) << e.what();
+    }
+  }
+  std::filesystem::remove(path);
 }
 
 }  // namespace

@@ -264,6 +264,13 @@ TEST_F(GeneratedGguf, ForgedFieldsAreRefusedByName) {
   const std::vector<float> divisors = {1, 1, 2, 2, 4, 4, 8, 8, 8, 8};
   llama_gguf_from_llama2c(paths_.model, paths_.tokenizer, {.rope_freqs = divisors}).write(path("freqs.gguf"));
   EXPECT_EQ(read_model_file(path("freqs.gguf")).rope_freq_divisors, divisors);
+  // Written with a trailing 1 in ne ([10, 1]), as some writers keep it: the same tensor.
+  GgufWriter trailing = llama_gguf_from_llama2c(paths_.model, paths_.tokenizer);
+  std::vector<char> bytes(divisors.size() * sizeof(float));
+  std::memcpy(bytes.data(), divisors.data(), bytes.size());
+  trailing.tensor("rope_freqs.weight", {divisors.size(), 1}, 0, bytes);
+  trailing.write(path("freqs1.gguf"));
+  EXPECT_EQ(read_model_file(path("freqs1.gguf")).rope_freq_divisors, divisors);
   // An alignment that would leave F32 tensors misaligned.
   llama_gguf_from_llama2c(paths_.model, paths_.tokenizer, {.alignment = 2}).write(path("a2.gguf"), 2);
   EXPECT_NE(error_of(path("a2.gguf")).find("general.alignment 2 is not a power of two of at least 8"), std::string::npos);
@@ -352,10 +359,19 @@ TEST_F(GeneratedGguf, MissingOrMisshapenTensorsAndPartialRopeAreRefused) {
             std::string::npos);
   // RoPE divisors (Llama 3.1) are read; zeros, or a tensor of the wrong length or type, are not.
   EXPECT_NE(error_with([](GgufWriter& w) { w.tensor("rope_freqs.weight", {10}, 0, std::vector<char>(40)); })
-                .find("rope_freqs.weight[0] is 0; RoPE frequency factors must be positive numbers"),
+                .find("rope_freqs.weight[0] is 0; RoPE frequency factors must be numbers from 0.001 to 1e9"),
             std::string::npos);
   EXPECT_NE(error_with([](GgufWriter& w) { w.tensor("rope_freqs.weight", {9}, 0, std::vector<char>(36)); })
                 .find("tensor 'rope_freqs.weight' is F32 [9]; RoPE frequency factors are F32 [10]"),
+            std::string::npos);
+  // A divisor near 0 turned the angle infinite and every logit NaN.
+  EXPECT_NE(error_with([](GgufWriter& w) {
+              std::vector<float> tiny(10, 1.0f);
+              tiny[3] = 1e-30f;
+              std::vector<char> bytes(40);
+              std::memcpy(bytes.data(), tiny.data(), 40);
+              w.tensor("rope_freqs.weight", {10}, 0, bytes);
+            }).find("rope_freqs.weight[3] is 1e-30; RoPE frequency factors must be numbers from 0.001 to 1e9"),
             std::string::npos);
   EXPECT_NE(error_with([](GgufWriter& w) { w.tensor("blk.3.attn_q.weight", {120, 120}, 0, std::vector<char>(57600)); })
                 .find("'blk.3.attn_q.weight'"),
