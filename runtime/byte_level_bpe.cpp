@@ -59,46 +59,28 @@ const std::array<std::string, 256>& spellings() {
   return table;
 }
 
-// The length of the UTF-8 sequence starting at text[i] when it is well formed (no overlongs, surrogates or
-// code points past U+10FFFF), else 0.
+// The length of the UTF-8 character starting at text[i] (1 to 4 bytes), or 0 when the bytes there are not one.
 std::size_t utf8_length_at(std::string_view text, std::size_t i) {
-  const auto byte = [&](std::size_t k) { return static_cast<unsigned char>(text[k]); };
-  const unsigned char b = byte(i);
-  const std::size_t left = text.size() - i;
-  const auto continuation = [&](std::size_t k) { return k < text.size() && (byte(k) & 0xC0) == 0x80; };
-  if (b < 0x80) return 1;
-  if (b >= 0xC2 && b <= 0xDF) return left >= 2 && continuation(i + 1) ? 2 : 0;
-  if (b >= 0xE0 && b <= 0xEF) {
-    if (left < 3 || !continuation(i + 1) || !continuation(i + 2)) return 0;
-    if ((b == 0xE0 && byte(i + 1) < 0xA0) || (b == 0xED && byte(i + 1) >= 0xA0)) return 0;
-    return 3;
-  }
-  if (b >= 0xF0 && b <= 0xF4) {
-    if (left < 4 || !continuation(i + 1) || !continuation(i + 2) || !continuation(i + 3)) return 0;
-    if ((b == 0xF0 && byte(i + 1) < 0x90) || (b == 0xF4 && byte(i + 1) >= 0x90)) return 0;
-    return 4;
-  }
-  return 0;
+  return static_cast<unsigned char>(text[i]) < 0x80 ? 1 : utf8_sequence_bytes(text, i);
 }
 
-bool is_utf8(std::string_view text) {
+// The offset of the first byte that does not begin a UTF-8 character, or npos when all of text is UTF-8.
+std::size_t first_non_utf8(std::string_view text) {
   for (std::size_t i = 0; i < text.size();) {
     const std::size_t n = utf8_length_at(text, i);
-    if (n == 0) return false;
+    if (n == 0) return i;
     i += n;
   }
-  return true;
+  return std::string_view::npos;
 }
+
+bool is_utf8(std::string_view text) { return first_non_utf8(text) == std::string_view::npos; }
 
 void require_utf8(std::string_view text) {
-  for (std::size_t i = 0; i < text.size();) {
-    const std::size_t n = utf8_length_at(text, i);
-    if (n == 0) {
-      throw ConfigError(fmt::format("the prompt is not UTF-8 text (byte {} is 0x{:02X}); this model's vocabulary (byte-level "
-                                    "BPE) tokenizes UTF-8 only",
-                                    i, static_cast<unsigned char>(text[i])));
-    }
-    i += n;
+  if (const std::size_t i = first_non_utf8(text); i != std::string_view::npos) {
+    throw ConfigError(fmt::format("the prompt is not UTF-8 text (byte {} is 0x{:02X}); this model's vocabulary (byte-level "
+                                  "BPE) tokenizes UTF-8 only",
+                                  i, static_cast<unsigned char>(text[i])));
   }
 }
 
