@@ -16,7 +16,6 @@
 #include <optional>
 #include <string>
 #include <thread>
-#include <unordered_map>
 #include <vector>
 
 #include <fmt/format.h>
@@ -539,11 +538,10 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
     if (config->engine.tokenizer_path.empty()) config->engine.tokenizer_path = find_tokenizer_for(config->engine.model_path);
     const runtime::Tokenizer tokenizer(config->engine.tokenizer_path, shape->vocab_size);
     std::string all_ids;
-    std::unordered_map<std::string, std::vector<int>> encoded;  // --batch repeats one prompt: encoded once
-    for (auto& request : config->requests) {
-      auto [at, fresh] = encoded.try_emplace(request.prompt);
-      if (fresh) at->second = tokenizer.encode(request.prompt, true, false);
-      const std::vector<int>& ids = at->second;
+    const std::vector<std::vector<int>> encoded = runtime::encode_prompts(tokenizer, config->requests);
+    for (std::size_t i = 0; i < config->requests.size(); ++i) {
+      runtime::GenerationRequest& request = config->requests[i];
+      const std::vector<int>& ids = encoded[i];
       const int prompt_tokens = static_cast<int>(ids.size());
       if (!config->steps_given) request.steps = std::clamp(shape->seq_len - prompt_tokens + 1, 1, kDefaultSteps);
       longest_prompt = std::max(longest_prompt, prompt_tokens);

@@ -117,19 +117,22 @@ std::vector<int> encode_checked(const Tokenizer& tokenizer, int seq_len, const G
   return ids;
 }
 
-std::vector<std::vector<int>> encode_requests(const Tokenizer& tokenizer, int seq_len,
-                                              const std::vector<GenerationRequest>& requests) {
+std::vector<std::vector<int>> encode_prompts(const Tokenizer& tokenizer, const std::vector<GenerationRequest>& requests) {
   std::vector<std::vector<int>> ids(requests.size());
   std::unordered_map<std::string_view, std::size_t> encoded;  // a prompt -> the first request that has it
   for (std::size_t i = 0; i < requests.size(); ++i) {
+    const auto [first, fresh] = encoded.emplace(requests[i].prompt, i);
+    ids[i] = fresh ? tokenizer.encode(requests[i].prompt, /*bos=*/true, /*eos=*/false) : ids[first->second];
+  }
+  return ids;
+}
+
+std::vector<std::vector<int>> encode_requests(const Tokenizer& tokenizer, int seq_len,
+                                              const std::vector<GenerationRequest>& requests) {
+  std::vector<std::vector<int>> ids = encode_prompts(tokenizer, requests);
+  for (std::size_t i = 0; i < requests.size(); ++i) {
     try {
-      const auto [first, fresh] = encoded.emplace(requests[i].prompt, i);
-      if (fresh) {
-        ids[i] = encode_checked(tokenizer, seq_len, requests[i]);
-      } else {
-        ids[i] = ids[first->second];
-        check_fits(ids[i], seq_len, requests[i]);
-      }
+      check_fits(ids[i], seq_len, requests[i]);
     } catch (const ConfigError& e) {
       if (requests.size() == 1) throw;
       throw ConfigError(fmt::format("sequence {} of {} (prompt \"{}\"): {}", i + 1, requests.size(),

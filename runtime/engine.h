@@ -76,8 +76,11 @@ using LogitsCallback = std::function<void(int sequence, int step, const float* l
 // Encodes request's prompt and checks that it and its steps fit seq_len positions; ConfigError if not.
 // The CLI runs it on every request before any rank maps weights; the engine runs it again on what it gets.
 std::vector<int> encode_checked(const Tokenizer& tokenizer, int seq_len, const GenerationRequest& request);
-// The same for several requests, each distinct prompt encoded once (run --batch repeats one prompt for every
-// sequence); an error names the sequence (1-based) and the start of its prompt.
+// Each request's prompt encoded with BOS, each distinct prompt once (run --batch repeats one prompt for every
+// sequence); nothing checked.
+std::vector<std::vector<int>> encode_prompts(const Tokenizer& tokenizer, const std::vector<GenerationRequest>& requests);
+// encode_prompts() and encode_checked()'s checks for each request; an error names the sequence (1-based) and
+// the start of its prompt.
 std::vector<std::vector<int>> encode_requests(const Tokenizer& tokenizer, int seq_len,
                                               const std::vector<GenerationRequest>& requests);
 // encode_requests() for its errors alone.
