@@ -71,7 +71,7 @@ std::optional<BenchConfig> parse_bench_config(const std::vector<std::string>& ar
       ("repeats", po::value(&c.bench.repeats)->default_value(3), "runs per number (the batch sizes' decode runs take turns)")
       ("statistic", po::value(&statistic)->default_value("median"),
        "median|best: the median run, or the fastest run and highest roofline (for a shared, noisy machine)")
-      ("threads", po::value<int>(), "kernel threads of this rank (default: its cores / ranks on the host)")
+      ("threads", po::value<int>(), "kernel threads of this rank, 1 to 1024 (default: its cores / ranks on the host)")
       ("isa", po::value(&isa)->default_value("auto"), kIsaFlagHelp)
       ("tp", po::value(&c.tp), "tensor-parallel ranks per stage (default: every rank)")
       ("pp", po::value(&c.pp), "pipeline stages (tp x pp must equal the number of ranks)")

@@ -130,7 +130,8 @@ po::options_description run_options(RunFlags& f) {
       ("tokenizer,z", po::value(&c.engine.tokenizer_path), "tokenizer.bin (default: a GGUF model's own vocabulary, else found beside the model)")
       ("prompt,i", po::value(&f.prompt)->default_value("Once upon a time"), "prompt text")
       ("prompts-file", po::value(&f.prompts_file), "several sequences at once: one prompt per line (blank lines are skipped; not with --prompt)")
-      ("batch", po::value(&f.batch)->default_value(1), "run each prompt this many times (sequence i samples with seed+i)")
+      ("batch", po::value(&f.batch)->default_value(1), "run each prompt this many times (sequence i samples with seed+i); "
+       "refused up front when the sequences' prompts, ids and text would not fit in the host's available memory")
       ("steps,n", po::value(&f.steps)->default_value(kDefaultSteps, fmt::format("{}, or what the context holds", kDefaultSteps)),
        "tokens to generate after the prompt")
       ("temperature,t", po::value(&f.sampler.temperature)->default_value(0.0f, "0"), "sampling temperature; 0 = greedy")
@@ -147,7 +148,7 @@ po::options_description run_options(RunFlags& f) {
        "sequences are spread over this many micro-batches in flight (0: planned)")
       ("chunk-tokens", po::value(&c.engine.chunk_tokens)->default_value(0, "planned per prompt"),
        "prefill chunk size in tokens (split granularity; 0: planned per prompt)")
-      ("threads", po::value<int>(), "kernel threads of this rank (default: one per core of its placement)")
+      ("threads", po::value<int>(), "kernel threads of this rank, 1 to 1024 (default: one per core of its placement)")
       ("device", po::value(&f.device)->default_value("auto"),
        "cpu|cuda|auto: where each rank's stage runs (auto: its GPU when it has one and the CUDA stage can take the "
        "run, else the CPU, saying why)")
