@@ -310,8 +310,9 @@ void Pipeline::sample_item(const Item& item, std::vector<SeqState>& seqs, const 
   if (n_logits > 0 && tokens_only) {
     greedy_values_.resize(n_logits);
     stage_.greedy_tokens(logit_rows_.data(), n_logits, logits_for(n_logits), picked_tokens_.data(), greedy_values_.data());
-    // The winning logit is NaN when the row's were NaN from its first (argmax skips later NaNs), and Inf when
-    // the final norm's or classifier's Inf made them overflow; a finite model's is finite.
+    // The value is NaN when any of the row's logits is (argmax skips NaNs after the first, so the token does
+    // not show it), and Inf when the final norm's or classifier's Inf made them overflow; a finite model's is
+    // finite.
     for (int i = 0; i < n_logits && !warned_not_finite_ && mesh_.tp_rank() == 0; ++i) {
       if (!std::isfinite(greedy_values_[i])) warn_logits_not_finite(seqs[logit_seqs_[i]], logit_seqs_[i]);
     }

@@ -1,6 +1,7 @@
 #include "runtime/stage.h"
 
 #include <algorithm>
+#include <limits>
 #include <cstring>
 
 #include "common/error.h"
@@ -206,6 +207,7 @@ void Stage::prepare_classifier_input(const float* x, int n) {
   if (logits_x_.size() < rows * s.dim) {
     logits_x_.resize(rows * s.dim);
     best_values_.resize(rows);
+    best_nan_ = std::make_unique<bool[]>(rows);
     if (tp_comm_.size() > 1) {  // the greedy exchange's; one rank writes its indices into the caller's tokens
       best_indices_.resize(rows);
       best_.resize(rows);
@@ -256,11 +258,16 @@ void Stage::greedy_tokens(const float* x, int n, float*, int* tokens, float* val
   // later slice skips its NaNs as the scan over the whole row does (a slice of NaNs gets index -1).
   const bool alone = tp_comm_.size() == 1;
   cpu::matmul_argmax(act_, weights_.classifier(), alone ? values : best_values_.data(),
-                     alone ? tokens : best_indices_.data(), vocab_begin_ == 0);
-  if (alone) return;
+                     alone ? tokens : best_indices_.data(), vocab_begin_ == 0, best_nan_.get());
+  if (alone) {
+    for (int r = 0; r < n; ++r) {
+      if (best_nan_[r]) values[r] = std::numeric_limits<float>::quiet_NaN();  // (the token stays argmax's)
+    }
+    return;
+  }
   for (int r = 0; r < n; ++r) {
     const int index = best_indices_[r];
-    best_[r] = {best_values_[r], vocab_begin_ + (index < 0 ? 0 : index)};  // a NaN value never wins below
+    best_[r] = {best_values_[r], vocab_begin_ + (index < 0 ? 0 : index), best_nan_[r] ? 1 : 0};  // a NaN value never wins below
   }
   tp_comm_.all_gather_bytes(best_.data(), sizeof(Best) * n, all_best_.data());
   // The slices are consecutive in rank order, so taking a later rank's best only when strictly greater
@@ -268,12 +275,14 @@ void Stage::greedy_tokens(const float* x, int n, float*, int* tokens, float* val
   // or the row's first entry) is never replaced by nor replaces another, as there.
   for (int r = 0; r < n; ++r) {
     Best best = all_best_[r];
+    bool nan = best.has_nan != 0;
     for (int t = 1; t < tp_comm_.size(); ++t) {
       const Best& other = all_best_[static_cast<std::size_t>(t) * n + r];
+      nan = nan || other.has_nan != 0;
       if (other.value > best.value) best = other;
     }
     tokens[r] = best.index;
-    values[r] = best.value;
+    values[r] = nan ? std::numeric_limits<float>::quiet_NaN() : best.value;
   }
 }
 

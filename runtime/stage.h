@@ -129,8 +129,10 @@ class Stage : public StageBackend {
   struct Best {                       // a row's largest logit in a rank's slice, and its vocabulary index
     float value;
     int index;
+    int has_nan;                      // whether the slice's logits held a NaN (an int: no padding bytes to send)
   };
   std::vector<float> best_values_;    // (rows): matmul_argmax's answer for this rank's slice
+  std::unique_ptr<bool[]> best_nan_;  // (rows): matmul_argmax's NaN flags for this rank's slice
   std::vector<int> best_indices_;     // (rows), tp > 1 (one rank's go straight into the caller's tokens)
   std::vector<Best> best_;            // (rows): this rank's
   std::vector<Best> all_best_;        // (tp, rows): every rank's, in rank order

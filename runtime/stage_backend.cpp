@@ -1,5 +1,7 @@
 #include "runtime/stage_backend.h"
 
+#include <cmath>
+
 #include "common/error.h"
 #include "kernels/cpu/ops.h"
 
@@ -12,6 +14,13 @@ void StageBackend::greedy_tokens(const float* x, int n, float* logits_scratch, i
     const float* row = logits_scratch + static_cast<std::size_t>(r) * vocab;
     tokens[r] = kernels::cpu::argmax(row, vocab);
     values[r] = row[tokens[r]];
+    // argmax skips a NaN after the first: the value says there was one (StageBackend::greedy_tokens).
+    for (int v = 0; v < vocab; ++v) {
+      if (std::isnan(row[v])) {
+        values[r] = row[v];
+        break;
+      }
+    }
   });
 }
 

@@ -311,7 +311,8 @@ void matmul(const Activations& x, std::span<const MatmulOutput> outputs, Team te
   }
 }
 
-void matmul_argmax(const Activations& x, const PackedMatrix& w, float* values, int* indices, bool first_nan_wins) {
+void matmul_argmax(const Activations& x, const PackedMatrix& w, float* values, int* indices, bool first_nan_wins,
+                   bool* has_nan) {
   check_operands(x, w);
   const tile::TileKernel kernel = tile_kernel(x.dtype());
   const row::FoldMax fold_max = row::active_row_kernels().fold_max;
@@ -336,7 +337,10 @@ void matmul_argmax(const Activations& x, const PackedMatrix& w, float* values, i
         const float* values_of_row = tile_out + r * tile::kTileStride;
         // argmax()'s one exception to skipping NaNs: a NaN first value is its answer, and stays (no value
         // is greater than a NaN, and the index is taken).
-        if (first_nan_wins && f0 == 0 && std::isnan(values_of_row[0])) mine[r0 + r] = {values_of_row[0], 0};
+        if (first_nan_wins && f0 == 0 && std::isnan(values_of_row[0])) {
+          mine[r0 + r].value = values_of_row[0];
+          mine[r0 + r].index = 0;
+        }
         fold_max(values_of_row, valid, f0, mine[r0 + r]);
       }
     });
@@ -346,12 +350,15 @@ void matmul_argmax(const Activations& x, const PackedMatrix& w, float* values, i
   const int bands = parallel ? n_threads : 1;
   for (int r = 0; r < n; ++r) {
     row::RowMax best = all[r];
+    bool nan = best.nan;
     for (int t = 1; t < bands; ++t) {
       const row::RowMax& other = all[static_cast<std::size_t>(t) * n + r];
+      nan = nan || other.nan;
       if (other.index >= 0 && (best.index < 0 || other.value > best.value)) best = other;
     }
     values[r] = best.value;
     indices[r] = best.index;
+    if (has_nan != nullptr) has_nan[r] = nan;
   }
 }
 

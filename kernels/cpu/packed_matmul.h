@@ -125,7 +125,9 @@ void matmul(const Activations& x, std::span<const MatmulOutput> outputs, Team te
 // the first of equal maxima, NaNs skipped except a NaN first value, which wins (argmax() returns 0 then).
 // Without it a NaN first value is skipped like any other, and a row of NaNs gets index -1 (value NaN): how a
 // vocabulary slice after the first compares its best with the others'. The values are matmul()'s, bit for bit.
-void matmul_argmax(const Activations& x, const PackedMatrix& w, float* values, int* indices, bool first_nan_wins);
+// has_nan (n, or null) says which rows held a NaN anywhere (argmax skips them, so the winner does not show it).
+void matmul_argmax(const Activations& x, const PackedMatrix& w, float* values, int* indices, bool first_nan_wins,
+                   bool* has_nan = nullptr);
 
 // The SwiGLU gate fused into its two matmuls: h (n, d) = silu(x · W1ᵀ) * (x · W3ᵀ), elementwise, with the
 // same arithmetic as swiglu() in ops.h. Saves writing and re-reading x · W3ᵀ and runs the gate on every

@@ -77,13 +77,16 @@ using SiluMul = void (*)(float* h, const float* u, int n);
 using Argmax = int (*)(const float* x, int n);
 
 // The largest of a row's values seen so far and its index: the first of equal maxima, NaNs skipped (index -1
-// and a NaN value while nothing else came).
+// and a NaN value while nothing else came); and whether any value seen was a NaN (greedy decoding's only sign
+// of a NaN classifier row that argmax skipped).
 struct RowMax {
   float value;
   int index;
+  bool nan = false;
 };
 // Folds n values into max: x[i] has index first + i, after every index max saw. What argmax() returns
 // when the row's first value is no NaN; a fold over a row's pieces in order gives what one over the row does.
+// Sets max.nan when one of the values is a NaN.
 using FoldMax = void (*)(const float* x, int n, int first, RowMax& max);
 
 struct RowKernels {

@@ -381,6 +381,7 @@ void fold_max_avx512(const float* x, int n, int first, RowMax& max) {
     const __m512 v = _mm512_maskz_loadu_ps(lanes, x + i);
     const __mmask16 wins = max.index < 0 ? _mm512_mask_cmp_ps_mask(lanes, v, v, _CMP_ORD_Q)
                                          : _mm512_mask_cmp_ps_mask(lanes, v, _mm512_set1_ps(max.value), _CMP_GT_OQ);
+    if (_mm512_mask_cmp_ps_mask(lanes, v, v, _CMP_UNORD_Q) != 0) max.nan = true;
     if (wins != 0) fold_max(x + i, n - i >= 16 ? 16 : n - i, first + i, max);
   }
 }

@@ -425,8 +425,12 @@ int argmax_row(const float* x, int size) {
 
 void fold_max(const float* x, int n, int first, RowMax& max) {
   for (int i = 0; i < n; ++i) {
-    // Ordered compares: a NaN is never greater, nor equal to itself.
-    if (x[i] > max.value || (max.index < 0 && x[i] == x[i])) max = {x[i], first + i};
+    if (x[i] != x[i]) {  // a NaN: never greater, nor equal to itself
+      max.nan = true;
+    } else if (x[i] > max.value || max.index < 0) {
+      max.value = x[i];
+      max.index = first + i;
+    }
   }
 }
 

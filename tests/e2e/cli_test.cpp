@@ -933,6 +933,24 @@ TEST_F(Cli, NanWeightsAreWarnedAboutOnceByOneRank) {
       EXPECT_EQ(r.err.find(warning), std::string::npos) << command << "\n" << r.err;  // the hidden state is finite
     }
   }
+  // A NaN in one classifier row past the first (an unshared classifier is the file's last vocab x dim floats):
+  // every step's logit for that token is NaN, which argmax skips, so greedy decoding picked finite tokens and
+  // said nothing. It warns now, on one rank and over TP, where each rank picks from its own vocabulary slice.
+  const std::string nan_row = path("nan-row.bin");
+  ASSERT_EQ(run_process(shardline() + " gen-model --dim 32 --hidden 64 --layers 2 --heads 2 --vocab 300 --seq 16 "
+                        "--unshared-classifier --out " + nan_row).exit_code, 0);
+  {
+    std::fstream file(nan_row, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(static_cast<std::streamoff>(std::filesystem::file_size(nan_row)) - (300 - 250) * 32 * 4 + 4 * 3);
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    file.write(reinterpret_cast<const char*>(&nan), sizeof(nan));
+  }
+  const std::string row_args = " run --model " + nan_row + " --prompt hello --steps 4";
+  for (const std::string& command : {shardline() + row_args, kMpirun + "2 " + shardline() + row_args + " --tp 2"}) {
+    const ProcessResult r = run_process(command, 120);
+    EXPECT_EQ(r.exit_code, 0) << command << "\n" << r.err;
+    EXPECT_EQ(count_of(r.err, logits_warning), 1u) << command << "\n" << r.err;
+  }
 }
 
 TEST_F(Cli, ASequenceEndedByBosSaysSo) {

@@ -723,11 +723,14 @@ void expect_argmax_of_matmul(const Activations& a, const PackedMatrix& w, bool f
   matmul(y.data(), a, w);
   std::vector<float> values(n + 1, -7.0f);
   std::vector<int> indices(n + 1, -7);
-  matmul_argmax(a, w, values.data(), indices.data(), first_nan_wins);
+  std::unique_ptr<bool[]> has_nan = std::make_unique<bool[]>(n);
+  matmul_argmax(a, w, values.data(), indices.data(), first_nan_wins, has_nan.get());
   EXPECT_EQ(values[n], -7.0f) << "wrote past values[n]";
   EXPECT_EQ(indices[n], -7) << "wrote past indices[n]";
   for (int r = 0; r < n; ++r) {
     const float* row = y.data() + static_cast<std::size_t>(r) * d;
+    // Whether the row held a NaN anywhere, which the index alone hides (greedy decoding's NaN warning).
+    EXPECT_EQ(has_nan[r], std::any_of(row, row + d, [](float v) { return std::isnan(v); })) << "row " << r;
     int want = argmax(row, d);
     if (!first_nan_wins && std::isnan(row[want])) {  // skip a NaN first value too: the largest other, or none
       want = -1;
