@@ -414,9 +414,9 @@ void print_json(const runtime::GenerationResult& r) {
   std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << std::endl;
 }
 
-// A sequence stops where the model samples BOS, which llama2.c takes for the end of a text: a run that
-// printed its prompt and nothing after it (BOS first) looked broken without a word on why.
-void report_early_ends(const std::vector<runtime::GenerationRequest>& requests,
+// A sequence stops where the model samples an end of text (llama2.c's BOS; a Llama 3 file's EOS, EOT or EOM):
+// a run that printed its prompt and nothing after it looked broken without a word on why.
+void report_early_ends(const runtime::Tokenizer& tokenizer, const std::vector<runtime::GenerationRequest>& requests,
                        const std::vector<runtime::GenerationResult>& results) {
   int early = 0, first = -1;
   for (std::size_t i = 0; i < results.size(); ++i) {
@@ -425,13 +425,14 @@ void report_early_ends(const std::vector<runtime::GenerationRequest>& requests,
     ++early;
   }
   if (early == 0) return;
+  const std::string end = tokenizer.end_description();
   if (results.size() == 1) {
-    log::info("the model ended the text (sampled BOS, llama2.c's end of text) after {} of --steps {} tokens",
-              results[0].ids.size(), requests[0].steps);
+    log::info("the model ended the text (sampled {}) after {} of --steps {} tokens", end, results[0].ids.size(),
+              requests[0].steps);
   } else {
-    log::info("{} of {} sequences ended early: the model sampled BOS (llama2.c's end of text) before --steps (the first: "
-              "sequence {}, after {} of {} tokens)",
-              early, results.size(), first, results[first].ids.size(), requests[first].steps);
+    log::info("{} of {} sequences ended early: the model sampled {} before --steps (the first: sequence {}, after {} "
+              "of {} tokens)",
+              early, results.size(), end, first, results[first].ids.size(), requests[first].steps);
   }
 }
 
@@ -792,7 +793,7 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
     std::fflush(stdout);
     if (!config->dump_logits.empty()) write_logits(config->dump_logits, dumped);
     print_stats(*engine, results, config->engine.threads);
-    report_early_ends(config->requests, results);
+    report_early_ends(engine->tokenizer(), config->requests, results);
   }
   if (config->verbose) {
     char host[256] = {};

@@ -14,6 +14,7 @@
 #include <utility>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "common/error.h"
 #include "common/input_file.h"
@@ -175,6 +176,13 @@ int Tokenizer::vocab_size() const {
 int Tokenizer::bos_id() const {
   if (!byte_level_) return kBosId;
   return byte_level_->add_bos() ? byte_level_->bos_id() : -1;
+}
+
+std::string Tokenizer::end_description() const {
+  if (!byte_level_) return "BOS, llama2.c's end of text";
+  std::vector<std::string> names;
+  for (const int id : end_ids_) names.push_back(fmt::format("'{}'", printable(byte_level_->token_text(id), 40)));
+  return fmt::format("an end-of-text token: {}", fmt::join(names, " or "));
 }
 
 bool Tokenizer::prints(std::string_view piece) const { return byte_level_ != nullptr || is_printable_piece(piece); }

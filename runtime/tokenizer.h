@@ -50,6 +50,9 @@ class Tokenizer {
   // The ids after which generation stops (the token itself is not output): llama2.c's BOS (run.c stops when
   // the model starts a new sequence), or a byte-level vocabulary's EOS, EOT and EOM.
   const std::vector<int>& end_ids() const { return end_ids_; }
+  // What end_ids() are, for a message: "BOS, llama2.c's end of text", or a byte-level vocabulary's end tokens
+  // by their text ("an end-of-text token: '<|end_of_text|>' or '<|eot_id|>'").
+  std::string end_description() const;
   // Whether `piece` (a decode() result) is written out: is_printable_piece for llama2.c's vocabulary; every
   // byte-level piece (a token may end inside a UTF-8 character that the next one completes).
   bool prints(std::string_view piece) const;

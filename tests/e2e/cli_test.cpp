@@ -529,6 +529,12 @@ TEST_F(Cli, ALlama3StyleGgufRunsWithItsByteLevelVocabulary) {
   const ProcessResult stopped = run_process(shardline() + args);
   ASSERT_EQ(stopped.exit_code, 0) << stopped.err;
   EXPECT_EQ(parse_single_json(stopped.out)["ids"].get<std::vector<int>>(), first);
+  // Said as the file's end token, not as llama2.c's BOS.
+  EXPECT_NE(stopped.err.find(fmt::format("the model ended the text (sampled an end-of-text token: '{}') after {} of "
+                                         "--steps 24 tokens",
+                                         vocabulary.tokens[ids[3]], first.size())),
+            std::string::npos)
+      << stopped.err;
 }
 
 TEST_F(Cli, GgufModelsPlanAndLaunchCheckLikeCheckpoints) {
