@@ -12,6 +12,8 @@
 #include "launch/run_command.h"
 #include "partition/shard.h"
 #include "runtime/checkpoint.h"
+#include "runtime/gguf.h"
+#include "runtime/tokenizer.h"
 
 namespace shardline::launch {
 
@@ -22,8 +24,9 @@ constexpr const char* kUsage =
     "                              [--model M.bin] [any of run's other flags, ignored; a flag neither has is an error]\n\n"
     "Checks, before mpirun or srun starts any rank, that the launch fits the layout: the rank count, the\n"
     "hostfile's slots and syntax, the rankfile, and (inside a Slurm job) the allocation's task count; with\n"
-    "--model also that the model can be split tp x pp ways. Prints one line and exits 0 when it fits; else one\n"
-    "error line and exit 2 (flags, hostfile, rankfile) or 4 (too few slots or tasks, a missing hostfile, rankfile or model).\n"
+    "--model also that the model can be split tp x pp ways (and that a GGUF file's own vocabulary reads). Prints\n"
+    "one line and exits 0 when it fits; else one error line and exit 2 (flags, hostfile, rankfile), 3 (a corrupt\n"
+    "model file) or 4 (too few slots or tasks, a missing hostfile, rankfile or model).\n"
     "Under mpirun or srun it runs on the launch's first task only. Example:\n"
     "  shardline launch-check --hostfile hosts --np 4 --tp 2 --pp 2 && mpirun --hostfile hosts -np 4 shardline run --tp 2 --pp 2 ...";
 
@@ -84,6 +87,9 @@ int launch_check_command(const std::vector<std::string>& args) {
     }
     const std::vector<int> split = layer_split.empty() ? std::vector<int>{} : parse_int_list("--layers-per-stage", layer_split);
     partition::stage_layer_ranges(shape, request.pp_size, split);
+    // A GGUF file carries its vocabulary, which every rank of run reads: one run would refuse (a damaged
+    // tokenizer.ggml.* key, a BOS id past the vocabulary) is refused here, before the launch (exit 3).
+    if (runtime::is_gguf_file(model) && !vm.count("tokenizer")) runtime::Tokenizer(model, shape.vocab_size);
   }
   const LaunchCheckReport report = check_launch(request);
   for (const auto& warning : report.warnings) std::fprintf(stderr, "launch-check: warning: %s\n", warning.c_str());

@@ -521,6 +521,14 @@ TEST_F(Cli, ALlama3StyleGgufRunsWithItsByteLevelVocabulary) {
     ASSERT_EQ(two.exit_code, 0) << layout << ": " << two.err;
     EXPECT_EQ(parse_single_json(two.out)["ids"], out["ids"]) << layout;
   }
+  // launch-check reads the file's vocabulary as run will: a BOS id past it is refused before the launch.
+  EXPECT_EQ(run_process(shardline() + " launch-check --tp 2 --pp 1 --np 2 --model " + path("l3.gguf")).exit_code, 0);
+  runtime::ByteLevelVocabulary broken = vocabulary;
+  broken.bos_id = 400;
+  write(broken);
+  expect_clean_failure("launch-check --tp 2 --pp 1 --np 2 --model " + path("l3.gguf"), 3,
+                       "tokenizer.ggml.bos_token_id is 400 but the vocabulary has 400 tokens");
+  expect_clean_failure("run --model " + path("l3.gguf"), 3, "tokenizer.ggml.bos_token_id is 400 but the vocabulary has 400 tokens");
   // The same file with its EOS set to the fourth token it generated: the first three, then the end.
   runtime::ByteLevelVocabulary ending = vocabulary;
   ending.end_ids = {ids[3]};
