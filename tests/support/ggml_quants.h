@@ -74,6 +74,15 @@ inline float signed_max(const float* x, int n) {
   return max;
 }
 
+// Q3_K's and Q6_K's scales: each 16-value sub-block's signed max over the code at that extreme (-4, -32),
+// and the super-block's d, the largest |scale| over the largest stored scale (31, 127). Returns d.
+inline float signed_sub_block_scales(const float* x, float extreme_code, float largest_scale, float scales[16]) {
+  for (int s = 0; s < 16; ++s) scales[s] = signed_max(x + 16 * s, 16) / extreme_code;
+  float max_scale = 0.0f;
+  for (int s = 0; s < 16; ++s) max_scale = std::max(max_scale, std::fabs(scales[s]));
+  return max_scale / largest_scale;
+}
+
 // A block of 32's codes as Q4_0 .. Q5_1 lay them out: low nibbles of qs for values 0-15, high ones for
 // 16-31; for 5-bit codes the fifth bits in a 32-bit mask at qh (bit j for value j; qh < 0: 4-bit codes).
 inline void pack_32_codes(const int* codes, std::vector<char>& out, std::size_t qs, std::ptrdiff_t qh_at) {
@@ -189,10 +198,7 @@ inline void k_quant_4_or_5(const float* x, int bits, std::vector<char>& out, std
 // -32..31, packed as quantize_row_q6_K_ref packs them.
 inline void q6_k(const float* x, std::vector<char>& out, std::size_t at, float* values) {
   float scales[16];
-  for (int s = 0; s < 16; ++s) scales[s] = signed_max(x + 16 * s, 16) / -32.0f;
-  float max_scale = 0.0f;
-  for (float s : scales) max_scale = std::max(max_scale, std::fabs(s));
-  const float d = max_scale / 127.0f;
+  const float d = signed_sub_block_scales(x, -32.0f, 127.0f, scales);
   const std::uint16_t d16 = half_of(d);
   put_half(out, at + 208, d16);
   int codes[256];  // 0..63
@@ -265,10 +271,7 @@ inline void q2_k(const float* x, std::vector<char>& out, std::size_t at, float* 
 // (quantize_row_q3_K_ref's packing).
 inline void q3_k(const float* x, std::vector<char>& out, std::size_t at, float* values) {
   float scales[16];
-  for (int s = 0; s < 16; ++s) scales[s] = signed_max(x + 16 * s, 16) / -4.0f;
-  float max_scale = 0.0f;
-  for (float v : scales) max_scale = std::max(max_scale, std::fabs(v));
-  const float d = max_scale / 31.0f;
+  const float d = signed_sub_block_scales(x, -4.0f, 31.0f, scales);
   const std::uint16_t d16 = half_of(d);
   put_half(out, at + 108, d16);
   int codes[256];
