@@ -11,13 +11,16 @@
 
 namespace shardline::comm {
 
+// A timeout of a year or more (or inf) never passes: a clock's nanoseconds would overflow near 292 years,
+// and an overflowed deadline lies in the past, failing healthy jobs at once.
+inline constexpr double kNeverTimeoutS = 365.0 * 24 * 3600;
+
 class Poller {
  public:
   using Clock = std::chrono::steady_clock;
 
   // sleep_ns: the pause once spinning and yielding are over (50 us; longer for waits known to be long).
-  // A timeout of a year or more (or inf) never passes: a clock's nanoseconds would overflow near 292 years,
-  // and an overflowed deadline lies in the past, failing healthy jobs at once.
+  // A timeout of kNeverTimeoutS or more never passes.
   explicit Poller(double timeout_s, long sleep_ns = 50'000) : deadline_(deadline_after(timeout_s)), sleep_ns_(sleep_ns) {}
 
   // The pause after a poll that found the operation unfinished. Returns false once the deadline has passed
@@ -40,8 +43,7 @@ class Poller {
 
  private:
   static Clock::time_point deadline_after(double timeout_s) {
-    constexpr double kNeverS = 365.0 * 24 * 3600;
-    if (!(timeout_s < kNeverS)) return Clock::time_point::max();
+    if (!(timeout_s < kNeverTimeoutS)) return Clock::time_point::max();
     return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
   }
 

@@ -63,7 +63,7 @@ void wait_bounded(MPI_Request& request, double timeout_s, const char* what, int 
 class InitWatchdog {
  public:
   InitWatchdog(double timeout_s, int task) {
-    if (!(timeout_s < 365.0 * 24 * 3600)) return;  // inf: no bound, as every other wait
+    if (!(timeout_s < comm::kNeverTimeoutS)) return;  // inf: no bound, as every other wait (comm/poller.h)
     thread_ = std::thread([this, timeout_s, task] {
       std::unique_lock<std::mutex> lock(mutex_);
       if (done_.wait_for(lock, std::chrono::duration<double>(timeout_s), [this] { return disarmed_; })) return;
