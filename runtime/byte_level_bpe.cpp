@@ -153,6 +153,7 @@ ByteLevelBpe::ByteLevelBpe(ByteLevelVocabulary v, const std::string& source)
   for (const int id : end_ids_) check_id(id, "an end-of-text token id (eos, eot or eom)");
 
   decoded_.reserve(tokens_.size());
+  std::vector<std::pair<std::string, int>> specials;
   for (int id = 0; id < n; ++id) {
     const auto type = v.types.empty() ? TokenType::kNormal : static_cast<TokenType>(v.types[id]);
     const std::string& text = tokens_[id];
@@ -163,17 +164,14 @@ ByteLevelBpe::ByteLevelBpe(ByteLevelVocabulary v, const std::string& source)
       case TokenType::kUserDefined: decoded_.push_back(text); break;  // written as plain text
       default: decoded_.push_back(bytes_of_spelling(text)); break;
     }
-    if ((type == TokenType::kControl || type == TokenType::kUserDefined) && !text.empty()) {
+    if (is_special_token_type(type) && !text.empty()) {
       // Matched in UTF-8 text: one that is not UTF-8 would split a character, and leave PCRE2 a fragment.
       if (!is_utf8(text)) refuse(fmt::format("special token {} ('{}') is not UTF-8 text", id, printable(text, 40)));
-      specials_[static_cast<unsigned char>(text[0])].emplace_back(text, id);
+      specials.emplace_back(text, id);
     }
     ids_.emplace(text, id);  // (emplace keeps the first of equal spellings)
   }
-  // Longest first, so "<|eot_id|>" wins over a shorter special that starts it.
-  for (auto& bucket : specials_) {
-    std::stable_sort(bucket.begin(), bucket.end(), [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
-  }
+  specials_ = SpecialTokens(std::move(specials));
   for (int b = 0; b < 256; ++b) {
     if (!ids_.contains(spellings()[b])) {
       refuse(fmt::format("its vocabulary has no token for byte 0x{:02X} (spelled '{}'), which any text may hold", b,
@@ -201,22 +199,13 @@ ByteLevelBpe::ByteLevelBpe(ByteLevelVocabulary v, const std::string& source)
 std::vector<int> ByteLevelBpe::encode(std::string_view text) const {
   require_utf8(text);
   std::vector<int> out;
-  std::size_t plain_from = 0;
-  for (std::size_t i = 0; i < text.size();) {
-    const auto& candidates = specials_[static_cast<unsigned char>(text[i])];
-    const auto special = std::find_if(candidates.begin(), candidates.end(), [&](const auto& s) {
-      return text.compare(i, s.first.size(), s.first) == 0;
-    });
-    if (special == candidates.end()) {
-      ++i;
-      continue;
+  for (const SpecialTokens::Piece& piece : specials_.split(text)) {
+    if (piece.id >= 0) {
+      out.push_back(piece.id);
+    } else {
+      encode_plain(piece.text, out);
     }
-    encode_plain(text.substr(plain_from, i - plain_from), out);
-    out.push_back(special->second);
-    i += special->first.size();
-    plain_from = i;
   }
-  encode_plain(text.substr(plain_from), out);
   return out;
 }
 

@@ -3,8 +3,9 @@
 // model was trained on.
 //
 // How text becomes ids:
-//   1. Special tokens (token_type control or user-defined: "<|begin_of_text|>", "<|eot_id|>", ...) written in
-//      the text become their ids, longest first, as llama.cpp's prompts parse them.
+//   1. Special tokens (token_type control, user-defined or unknown: "<|begin_of_text|>", "<|eot_id|>", ...)
+//      written in the text become their ids, longest first, as llama.cpp's prompts parse them
+//      (special_tokens.h).
 //   2. The text between them is split by Llama 3's pre-tokenizer regex (words with their leading space or
 //      punctuation, numbers of up to 3 digits, runs of punctuation, of newlines, of spaces; PCRE2 with
 //      Unicode properties).
@@ -17,17 +18,22 @@
 // Example: with a vocabulary holding "Hello", "Ġworld" and "!", encode("Hello world!") = {Hello, Ġworld, !}.
 #pragma once
 
-#include <array>
 #include <memory>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
 
+#include "runtime/special_tokens.h"
+
 namespace shardline::runtime {
 
 // tokenizer.ggml.token_type's values (llama.cpp's llama_token_type).
 enum class TokenType : int { kUndefined = 0, kNormal = 1, kUnknown = 2, kControl = 3, kUserDefined = 4, kUnused = 5, kByte = 6 };
+// The types whose text in a prompt becomes the token (llama.cpp's cache_special_tokens).
+constexpr bool is_special_token_type(TokenType type) {
+  return type == TokenType::kControl || type == TokenType::kUserDefined || type == TokenType::kUnknown;
+}
 
 // A byte-level vocabulary as a GGUF file holds it.
 struct ByteLevelVocabulary {
@@ -76,10 +82,7 @@ class ByteLevelBpe {
   std::vector<std::string> decoded_;  // each token's bytes
   Index ids_;                         // token text -> lowest id spelled so
   Index merge_ranks_;                 // "left right" -> rank
-  // Special texts and ids by their first byte, longest first: a position is compared only with the specials
-  // that start with its byte (a vocabulary of thousands of user-defined tokens made every byte of a long
-  // prompt compare with all of them).
-  std::array<std::vector<std::pair<std::string, int>>, 256> specials_;
+  SpecialTokens specials_;
   int bos_id_ = -1;
   bool add_bos_ = true;
   std::vector<int> end_ids_;

@@ -125,42 +125,80 @@ std::vector<float> rope_freq_divisors(const GgufFile& file, int head_size) {
   return divisors;
 }
 
+// tokenizer.ggml.token_type: a TokenType per token, or empty when the file has none (every token normal).
+std::vector<int> read_token_types(const GgufFile& file, std::size_t n_tokens) {
+  std::vector<int> types;
+  const GgufValue* array = file.find("tokenizer.ggml.token_type");
+  if (array == nullptr) return types;
+  if (array->kind != GgufValue::Kind::kArray || array->array_count != n_tokens) {
+    refuse(file, "tokenizer.ggml.token_type is not an array of one type per token");
+  }
+  for (const double type : file.numbers("tokenizer.ggml.token_type")) {
+    // llama.cpp's llama_token_type: 0 undefined ... 6 byte (checked before the cast: a NaN has no int).
+    if (!(type >= 0.0 && type <= 6.0) || type != std::floor(type)) {
+      refuse(file, fmt::format("token {} has the type {}; tokenizer.ggml.token_type holds 0 to 6", types.size(), type));
+    }
+    types.push_back(static_cast<int>(type));
+  }
+  return types;
+}
+
+// The token id under `key`, or -1 when the file has none; FormatError when it is not a token.
+int read_token_id(const GgufFile& file, const std::string& key, std::size_t n_tokens) {
+  const std::optional<std::uint64_t> value = file.get_count(key);
+  if (!value) return -1;
+  if (*value >= n_tokens) refuse(file, fmt::format("{} is {} but the vocabulary has {} tokens", key, *value, n_tokens));
+  return static_cast<int>(*value);
+}
+
+// EOS, EOT and EOM, each once, in that order: llama.cpp's end-of-generation tokens.
+std::vector<int> read_end_ids(const GgufFile& file, std::size_t n_tokens) {
+  std::vector<int> ends;
+  for (const char* key : {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"}) {
+    const int end = read_token_id(file, key, n_tokens);
+    if (end >= 0 && std::find(ends.begin(), ends.end(), end) == ends.end()) ends.push_back(end);
+  }
+  return ends;
+}
+
+// A boolean key, `absent` when the file lacks it (or stores it as another kind).
+bool read_flag(const GgufFile& file, const std::string& key, bool absent) {
+  const GgufValue* value = file.find(key);
+  return value == nullptr || value->kind != GgufValue::Kind::kBool ? absent : value->u != 0;
+}
+
 // Llama 3's vocabulary: tokens spelled in GPT-2's byte alphabet, their types, the merges by rank, and the ids
 // that begin and end text (byte_level_bpe.h checks them against the vocabulary).
 ByteLevelVocabulary read_byte_level_vocabulary(const GgufFile& file) {
   ByteLevelVocabulary v;
   v.tokens = file.strings("tokenizer.ggml.tokens");
-  if (const GgufValue* types = file.find("tokenizer.ggml.token_type")) {
-    if (types->kind != GgufValue::Kind::kArray || types->array_count != v.tokens.size()) {
-      refuse(file, "tokenizer.ggml.token_type is not an array of one type per token");
-    }
-    for (const double type : file.numbers("tokenizer.ggml.token_type")) {
-      // llama.cpp's llama_token_type: 0 undefined ... 6 byte (checked before the cast: a NaN has no int).
-      if (!(type >= 0.0 && type <= 6.0) || type != std::floor(type)) {
-        refuse(file, fmt::format("token {} has the type {}; tokenizer.ggml.token_type holds 0 to 6", v.types.size(), type));
-      }
-      v.types.push_back(static_cast<int>(type));
-    }
-  }
+  v.types = read_token_types(file, v.tokens.size());
   const GgufValue* merges = file.find("tokenizer.ggml.merges");
   if (!merges || merges->kind != GgufValue::Kind::kArray) refuse(file, "has no tokenizer.ggml.merges array (byte-level BPE needs its merges)");
   v.merges = file.strings("tokenizer.ggml.merges");
   v.pre = file.get_string("tokenizer.ggml.pre").value_or("default");
-  auto id = [&](const std::string& key) -> int {
-    const std::optional<std::uint64_t> value = file.get_count(key);
-    if (!value) return -1;
-    if (*value >= v.tokens.size()) refuse(file, fmt::format("{} is {} but the vocabulary has {} tokens", key, *value, v.tokens.size()));
-    return static_cast<int>(*value);
-  };
-  v.bos_id = id("tokenizer.ggml.bos_token_id");
-  const GgufValue* add_bos = file.find("tokenizer.ggml.add_bos_token");
-  v.add_bos = add_bos == nullptr || add_bos->kind != GgufValue::Kind::kBool || add_bos->u != 0;
-  if (v.bos_id < 0) v.add_bos = false;
-  for (const char* key : {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"}) {
-    const int end = id(key);
-    if (end >= 0 && std::find(v.end_ids.begin(), v.end_ids.end(), end) == v.end_ids.end()) v.end_ids.push_back(end);
-  }
+  v.bos_id = read_token_id(file, "tokenizer.ggml.bos_token_id", v.tokens.size());
+  v.add_bos = v.bos_id >= 0 && read_flag(file, "tokenizer.ggml.add_bos_token", true);
+  v.end_ids = read_end_ids(file, v.tokens.size());
   return v;
+}
+
+// What llama.cpp reads beside a SentencePiece vocabulary's pieces: which tokens a prompt may write by name
+// and which print nothing (from the token types), BOS and the dummy prefix, the ends of generation.
+SentencePieceGguf read_sentencepiece_conventions(const GgufFile& file, const std::vector<std::string>& tokens) {
+  SentencePieceGguf c;
+  const std::vector<int> types = read_token_types(file, tokens.size());
+  if (!types.empty()) c.silent.assign(tokens.size(), false);
+  for (std::size_t id = 0; id < types.size(); ++id) {
+    const auto type = static_cast<TokenType>(types[id]);
+    if (is_special_token_type(type)) c.specials.emplace_back(tokens[id], static_cast<int>(id));
+    c.silent[id] = type == TokenType::kControl || type == TokenType::kUnknown || type == TokenType::kUnused;
+  }
+  c.add_bos = read_flag(file, "tokenizer.ggml.add_bos_token", true);
+  c.add_space_prefix = read_flag(file, "tokenizer.ggml.add_space_prefix", true);
+  c.end_ids = read_end_ids(file, tokens.size());
+  if (c.end_ids.empty()) c.end_ids.push_back(kEosId);
+  return c;
 }
 
 }  // namespace
@@ -277,8 +315,10 @@ GgufVocabulary read_gguf_vocabulary(const std::string& path, int vocab_size) {
     refuse(file, fmt::format("BOS and EOS must be tokens {} and {}, as in the Llama 2 vocabulary", kBosId, kEosId));
   }
   GgufVocabulary vocabulary;
+  const std::vector<std::string> spellings = file.strings("tokenizer.ggml.tokens");
+  vocabulary.sentencepiece = read_sentencepiece_conventions(file, spellings);
   const std::string sentencepiece_space = "\xE2\x96\x81";  // U+2581
-  for (const std::string& token : file.strings("tokenizer.ggml.tokens")) {
+  for (const std::string& token : spellings) {
     std::string piece;
     for (std::size_t i = 0; i < token.size();) {
       if (token.compare(i, sentencepiece_space.size(), sentencepiece_space) == 0) {

@@ -18,6 +18,7 @@
 
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "runtime/byte_level_bpe.h"
@@ -31,10 +32,22 @@ ModelFile read_gguf_model(const std::string& path);
 
 // The vocabulary of a GGUF file's tokenizer.ggml.* arrays: a SentencePiece one ("llama") in llama2.c's
 // conventions (tokenizer.h: spaces where SentencePiece writes U+2581, and BOS and EOS as llama2.c's
-// tokenizer.bin spells them), or Llama 3's byte-level BPE ("gpt2": tokens, token types, merges, special ids).
+// tokenizer.bin spells them), with what llama.cpp reads beside the pieces (token types, whether to add BOS
+// and the dummy prefix, the ids that end generation); or Llama 3's byte-level BPE ("gpt2": tokens, token
+// types, merges, special ids).
+struct SentencePieceGguf {
+  // The control, user-defined and unknown tokens as the file spells them ("<s>", "</s>", "<unk>"): a prompt
+  // that writes one gets its id, as llama.cpp parses prompts.
+  std::vector<std::pair<std::string, int>> specials;
+  std::vector<bool> silent;       // (vocab) control, unknown and unused tokens, which print nothing; or empty
+  bool add_bos = true;            // tokenizer.ggml.add_bos_token
+  bool add_space_prefix = true;   // tokenizer.ggml.add_space_prefix (SentencePiece's dummy prefix)
+  std::vector<int> end_ids;       // EOS, EOT and EOM: the ids that end generation
+};
 struct GgufVocabulary {
   std::vector<std::string> pieces;
   std::vector<float> scores;
+  std::optional<SentencePieceGguf> sentencepiece;   // set for "llama"
   std::optional<ByteLevelVocabulary> byte_level;  // set for "gpt2" (pieces and scores then stay empty)
 };
 // FormatError when the file has no vocabulary, one of another kind (SentencePiece "llama" and byte-level

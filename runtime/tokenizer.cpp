@@ -22,6 +22,7 @@
 #include "runtime/byte_level_bpe.h"
 #include "runtime/gguf.h"
 #include "runtime/gguf_model.h"
+#include "runtime/special_tokens.h"
 
 namespace shardline::runtime {
 namespace {
@@ -82,6 +83,14 @@ bool read_pod(const std::string& data, std::size_t& pos, T& out) {
 
 }  // namespace
 
+struct Tokenizer::GgufConventions {
+  SpecialTokens specials;
+  std::vector<bool> silent;  // (vocab_size) or empty
+  bool add_bos = true;
+  bool add_space_prefix = true;
+  std::vector<std::string> end_names;  // end_ids' tokens as the file spells them
+};
+
 Tokenizer::Tokenizer(const std::string& path, int vocab_size) {
   require_input_file(path, "tokenizer", InputKind::kRegularFile);
   if (is_gguf_file(path)) {  // a GGUF model carries its vocabulary
@@ -95,6 +104,18 @@ Tokenizer::Tokenizer(const std::string& path, int vocab_size) {
     pieces_ = std::move(vocabulary.pieces);
     scores_ = std::move(vocabulary.scores);
     build_index(fmt::format("the vocabulary of '{}'", path));
+    SentencePieceGguf& file = *vocabulary.sentencepiece;
+    auto conventions = std::make_shared<GgufConventions>();
+    for (const int id : file.end_ids) {
+      const auto special = std::find_if(file.specials.begin(), file.specials.end(), [&](const auto& s) { return s.second == id; });
+      conventions->end_names.push_back(special != file.specials.end() ? special->first : pieces_[id]);
+    }
+    conventions->specials = SpecialTokens(std::move(file.specials));
+    conventions->silent = std::move(file.silent);
+    conventions->add_bos = file.add_bos;
+    conventions->add_space_prefix = file.add_space_prefix;
+    end_ids_ = std::move(file.end_ids);
+    gguf_ = std::move(conventions);
     return;
   }
   const std::string data = read_whole_file(path);
@@ -174,14 +195,17 @@ int Tokenizer::vocab_size() const {
 }
 
 int Tokenizer::bos_id() const {
-  if (!byte_level_) return kBosId;
-  return byte_level_->add_bos() ? byte_level_->bos_id() : -1;
+  if (byte_level_) return byte_level_->add_bos() ? byte_level_->bos_id() : -1;
+  return !gguf_ || gguf_->add_bos ? kBosId : -1;
 }
 
 std::string Tokenizer::end_description() const {
-  if (!byte_level_) return "BOS, llama2.c's end of text";
+  if (!byte_level_ && !gguf_) return "BOS, llama2.c's end of text";
   std::vector<std::string> names;
-  for (const int id : end_ids_) names.push_back(fmt::format("'{}'", printable(byte_level_->token_text(id), 40)));
+  for (std::size_t i = 0; i < end_ids_.size(); ++i) {
+    const std::string& name = byte_level_ ? byte_level_->token_text(end_ids_[i]) : gguf_->end_names[i];
+    names.push_back(fmt::format("'{}'", printable(name, 40)));
+  }
   return fmt::format("an end-of-text token: {}", fmt::join(names, " or "));
 }
 
@@ -216,8 +240,32 @@ std::vector<int> Tokenizer::encode(std::string_view text, bool bos, bool eos) co
   }
   std::vector<int> tokens;
   tokens.reserve(text.size() + 3);
-  if (bos) tokens.push_back(kBosId);
-  if (!text.empty()) {
+  if (gguf_) {
+    // llama.cpp: the special tokens first, then each stretch of text between them on its own, with the dummy
+    // prefix at the start and after each special token (llama_tokenize's is_prev_special).
+    const std::vector<SpecialTokens::Piece> pieces = gguf_->specials.split(text);
+    // A prompt written with its own "<s>" gets one BOS, not two.
+    if (bos && gguf_->add_bos && (pieces.empty() || pieces.front().id != kBosId)) tokens.push_back(kBosId);
+    bool after_special = true;
+    for (const SpecialTokens::Piece& piece : pieces) {
+      if (piece.id >= 0) {
+        tokens.push_back(piece.id);
+      } else {
+        encode_run_c(piece.text, gguf_->add_space_prefix && after_special, tokens.size(), tokens);
+      }
+      after_special = piece.id >= 0;
+    }
+  } else {
+    if (bos) tokens.push_back(kBosId);
+    encode_run_c(text, true, 0, tokens);
+  }
+  if (eos) tokens.push_back(gguf_ ? end_ids_.front() : kEosId);
+  return tokens;
+}
+
+void Tokenizer::encode_run_c(std::string_view text, bool dummy_prefix, std::size_t merge_from,
+                             std::vector<int>& tokens) const {
+  if (dummy_prefix && !text.empty()) {
     // sentencepiece's add_dummy_prefix. run.c pushes lookup(" ") unchecked (-1 if absent); the byte token
     // keeps a vocabulary without " " usable.
     const int space = lookup(" ");
@@ -239,11 +287,12 @@ std::vector<int> Tokenizer::encode(std::string_view text, bool bos, bool eos) co
     i += len;
   }
 
-  // Merges. run.c rescans every adjacent pair per merge (O(n^2) lookups); this keeps the pairs in a
-  // max-heap instead. Order is preserved by merging a node into its left neighbour, so "leftmost in the
+  // Merges, among tokens[merge_from..]. run.c rescans every adjacent pair per merge (O(n^2) lookups); this
+  // keeps the pairs in a max-heap instead. Order is preserved by merging a node into its left neighbour, so "leftmost in the
   // current sequence" is "smallest node index", and the heap order (score desc, left asc) picks the same
   // pair as run.c's strict '>' scan. Entries go stale when either node changes; versions detect that.
-  const int n = static_cast<int>(tokens.size());
+  std::vector<int> nodes(tokens.begin() + static_cast<std::ptrdiff_t>(merge_from), tokens.end());
+  const int n = static_cast<int>(nodes.size());
   if (n > 1) {
     struct Candidate {
       float score;
@@ -263,7 +312,7 @@ std::vector<int> Tokenizer::encode(std::string_view text, bool bos, bool eos) co
     std::priority_queue<Candidate> heap;
     std::string pair;
     auto push_pair = [&](int left, int right) {
-      pair.assign(pieces_[tokens[left]]).append(pieces_[tokens[right]]);
+      pair.assign(pieces_[nodes[left]]).append(pieces_[nodes[right]]);
       const int id = lookup(pair);
       if (id >= 0 && scores_[id] > kNoMergeScore)
         heap.push({scores_[id], left, right, id, version[left], version[right]});
@@ -276,7 +325,7 @@ std::vector<int> Tokenizer::encode(std::string_view text, bool bos, bool eos) co
       if (!alive[c.left] || !alive[c.right] || next[c.left] != c.right || version[c.left] != c.left_version ||
           version[c.right] != c.right_version)
         continue;
-      tokens[c.left] = c.id;
+      nodes[c.left] = c.id;
       ++version[c.left];
       alive[c.right] = false;
       next[c.left] = next[c.right];
@@ -287,16 +336,15 @@ std::vector<int> Tokenizer::encode(std::string_view text, bool bos, bool eos) co
     // Node 0 is never a right-hand node, so the list starts there.
     std::vector<int> merged;
     merged.reserve(n);
-    for (int i = 0; i >= 0; i = next[i]) merged.push_back(tokens[i]);
-    tokens = std::move(merged);
+    for (int i = 0; i >= 0; i = next[i]) merged.push_back(nodes[i]);
+    tokens.resize(merge_from);
+    tokens.insert(tokens.end(), merged.begin(), merged.end());
   }
-
-  if (eos) tokens.push_back(kEosId);
-  return tokens;
 }
 
 std::string_view Tokenizer::decode(int prev_token, int token) const {
   if (byte_level_) return byte_level_->decode(token);
+  if (gguf_ && !gguf_->silent.empty() && gguf_->silent.at(static_cast<std::size_t>(token))) return {};
   std::string_view p = piece(token);
   // sentencepiece's decoder drops the dummy prefix's space after BOS (llama2.c PR #89).
   if (prev_token == kBosId && !p.empty() && p.front() == ' ') p.remove_prefix(1);

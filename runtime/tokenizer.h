@@ -10,6 +10,13 @@
 // Example with the Llama 2 vocabulary: encode("Once upon a time", bos=true, eos=false) = {1, 9038, 2501, 263,
 // 931}: BOS, " Once", " upon", " a", " time" (the dummy prefix " " became the leading space of " Once").
 //
+// A GGUF file's SentencePiece vocabulary has the same pieces and ids, and is used as llama.cpp uses it
+// (llama.cpp, not llama2.c, wrote the file): special tokens written in the prompt ("<s>", "</s>") become their
+// ids (special_tokens.h), each stretch of text between them merged as above, with the dummy prefix where
+// llama.cpp adds it (first, and after a special token); BOS is added when the file asks for it
+// (tokenizer.ggml.add_bos_token) and the text does not start with one; generation ends at EOS (or EOT, EOM),
+// not at BOS; control and unknown tokens print nothing. A file without token types has no special tokens.
+//
 // A GGUF file may instead carry Llama 3's byte-level BPE vocabulary (byte_level_bpe.h): then encode, decode
 // and the special ids are that vocabulary's, and the llama2.c ids above do not apply. Its BOS is added when
 // the file asks for it (tokenizer.ggml.add_bos_token) and the text does not start with BOS's own text.
@@ -48,10 +55,10 @@ class Tokenizer {
   int bos_id() const;
 
   // The ids after which generation stops (the token itself is not output): llama2.c's BOS (run.c stops when
-  // the model starts a new sequence), or a byte-level vocabulary's EOS, EOT and EOM.
+  // the model starts a new sequence), or a GGUF vocabulary's EOS, EOT and EOM.
   const std::vector<int>& end_ids() const { return end_ids_; }
-  // What end_ids() are, for a message: "BOS, llama2.c's end of text", or a byte-level vocabulary's end tokens
-  // by their text ("an end-of-text token: '<|end_of_text|>' or '<|eot_id|>'").
+  // What end_ids() are, for a message: "BOS, llama2.c's end of text", or a GGUF vocabulary's end tokens by
+  // their text ("an end-of-text token: '<|end_of_text|>' or '<|eot_id|>'").
   std::string end_description() const;
   // Whether `piece` (a decode() result) is written out: is_printable_piece for llama2.c's vocabulary; every
   // byte-level piece (a token may end inside a UTF-8 character that the next one completes).
@@ -61,10 +68,12 @@ class Tokenizer {
   // bytes as byte-fallback tokens when the codepoint is not a piece), then repeatedly merge the adjacent pair
   // whose concatenation is a piece with the highest score, leftmost on ties; + [EOS].
   // Same result as run.c's O(n^2) rescans, in O(n log n) (a heap of candidate pairs).
+  // A GGUF vocabulary: llama.cpp's conventions (above) around the same merges.
   std::vector<int> encode(std::string_view text, bool bos, bool eos) const;
 
   // run.c decode(): the piece of `token`, minus its leading space right after BOS; "<0xBB>" becomes the raw
-  // byte BB. The view stays valid as long as this Tokenizer (byte views point into static storage).
+  // byte BB; "" for a GGUF vocabulary's control and unknown tokens. The view stays valid as long as this
+  // Tokenizer (byte views point into static storage).
   std::string_view decode(int prev_token, int token) const;
 
   // run.c safe_printf(): false for a single-byte piece that is neither printable ASCII nor whitespace (a
@@ -90,10 +99,17 @@ class Tokenizer {
 
   // Checks the fixed ids (byte tokens) and fills index_; `source` names the file in error messages.
   void build_index(const std::string& source);
+  // Appends text's tokens: the dummy prefix when asked (and text is not empty), one token per codepoint,
+  // then the merges among the tokens from `merge_from` on (run.c merges BOS too: it is in its token list).
+  void encode_run_c(std::string_view text, bool dummy_prefix, std::size_t merge_from, std::vector<int>& tokens) const;
 
   std::vector<std::string> pieces_;  // (vocab_size); empty with a byte-level vocabulary
   std::vector<float> scores_;        // (vocab_size)
   std::shared_ptr<const ByteLevelBpe> byte_level_;  // a GGUF file's Llama 3 vocabulary, else null
+  // A GGUF file's SentencePiece conventions (llama.cpp's), with its special tokens ready to split a prompt at;
+  // null for tokenizer.bin and in-memory vocabularies (llama2.c's).
+  struct GgufConventions;
+  std::shared_ptr<const GgufConventions> gguf_;
   std::vector<int> end_ids_ = {kBosId};
   // Owns copies of the pieces (not views into pieces_) so the default copy and move stay correct.
   std::unordered_map<std::string, int, PieceHash, std::equal_to<>> index_;

@@ -21,6 +21,7 @@
 #include "runtime/checkpoint.h"
 #include "runtime/gguf.h"
 #include "runtime/model_generator.h"
+#include "runtime/tokenizer.h"
 #include "tests/support/byte_level_vocab.h"
 #include "tests/support/cli_fixture.h"
 #include "tests/support/gguf_writer.h"
@@ -541,6 +542,47 @@ TEST_F(Cli, ALlama3StyleGgufRunsWithItsByteLevelVocabulary) {
   EXPECT_NE(stopped.err.find(fmt::format("the model ended the text (sampled an end-of-text token: '{}') after {} of "
                                          "--steps 24 tokens",
                                          vocabulary.tokens[ids[3]], first.size())),
+            std::string::npos)
+      << stopped.err;
+}
+
+TEST_F(Cli, ASentencePieceGgufParsesSpecialTokensInThePromptAndEndsAtItsEos) {
+  // A GGUF file with a SentencePiece vocabulary is used as llama.cpp uses it: "</s>" and "<s>" written in the
+  // prompt are EOS and BOS, every layout gives the same tokens, and generation ends at the file's EOS or EOT
+  // (not at llama2.c's BOS), without writing it.
+  const std::string model = path("spm.bin");
+  ASSERT_EQ(run_process(shardline() + " gen-model --dim 64 --hidden 160 --layers 2 --heads 4 --kv-heads 2 --vocab 400 "
+                                      "--seq 64 --seed 9 --out " + model).exit_code, 0);
+  const std::string tokenizer = runtime::default_tokenizer_path_for(model);
+  llama_gguf_from_llama2c(model, tokenizer).write(path("spm.gguf"));
+  const std::string prompt = "the rain</s>and <s>so";
+  const std::string args = " run --json --threads 1 --steps 24 --model " + path("spm.gguf") + " --prompt \"" + prompt + "\"";
+  const ProcessResult one = run_process(shardline() + args);
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  const nlohmann::json out = parse_single_json(one.out);
+  const runtime::Tokenizer vocabulary(path("spm.gguf"), 400), llama2c(tokenizer, 400);
+  const std::vector<int> prompt_ids = out["prompt_ids"].get<std::vector<int>>();
+  EXPECT_EQ(prompt_ids, vocabulary.encode(prompt, true, false));
+  EXPECT_EQ(std::count(prompt_ids.begin(), prompt_ids.end(), runtime::kEosId), 1);
+  EXPECT_EQ(std::count(prompt_ids.begin(), prompt_ids.end(), runtime::kBosId), 2);
+  EXPECT_NE(prompt_ids, llama2c.encode(prompt, true, false));
+  EXPECT_EQ(out["text"].get<std::string>().find("</s>"), std::string::npos);  // control tokens print nothing
+  const std::vector<int> ids = out["ids"].get<std::vector<int>>();
+  ASSERT_GE(ids.size(), 4u);
+  for (const char* layout : {"--tp 2", "--pp 2"}) {
+    const ProcessResult two = run_process(kMpirun + "2 " + shardline() + args + " " + layout);
+    ASSERT_EQ(two.exit_code, 0) << layout << ": " << two.err;
+    EXPECT_EQ(parse_single_json(two.out)["ids"], out["ids"]) << layout;
+  }
+  // The same file with an EOT id at the fourth token it generated: the tokens before it, then the end.
+  llama_gguf_from_llama2c(model, tokenizer, {.eot_token_id = ids[3]}).write(path("spm.gguf"));
+  const std::vector<int> first = {ids.begin(), std::find(ids.begin(), ids.end(), ids[3])};
+  const ProcessResult stopped = run_process(shardline() + args);
+  ASSERT_EQ(stopped.exit_code, 0) << stopped.err;
+  EXPECT_EQ(parse_single_json(stopped.out)["ids"].get<std::vector<int>>(), first);
+  EXPECT_NE(stopped.err.find(fmt::format("the model ended the text (sampled an end-of-text token: '</s>' or '{}') after "
+                                         "{} of --steps 24 tokens",
+                                         llama2c.piece(ids[3]), first.size())),
             std::string::npos)
       << stopped.err;
 }

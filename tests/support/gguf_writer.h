@@ -130,6 +130,13 @@ struct LlamaGgufOptions {
   std::vector<float> rope_freqs = {};      // empty: no rope_freqs.weight tensor (Llama 3.1's RoPE divisors)
   // Set: this byte-level (Llama 3) vocabulary instead of the checkpoint's tokenizer (the same token count).
   std::optional<runtime::ByteLevelVocabulary> byte_level = {};
+  // The SentencePiece vocabulary's extras: tokenizer.ggml.token_type as llama.cpp's converters write it
+  // (<unk> unknown, BOS and EOS control, the byte tokens byte, the rest normal), an EOT id (-1: none) and the
+  // two flags (unset: not written, llama.cpp's default true).
+  bool token_types = true;
+  int eot_token_id = -1;
+  std::optional<bool> add_bos_token = {};
+  std::optional<bool> add_space_prefix = {};
 };
 
 // A byte-level vocabulary's tokenizer.ggml.* keys, as llama.cpp's converter writes Llama 3's.
@@ -206,8 +213,18 @@ inline GgufWriter llama_gguf_from_llama2c(const std::string& checkpoint, const s
     w.string("tokenizer.ggml.model", "llama");
     w.strings("tokenizer.ggml.tokens", tokens);
     w.f32s("tokenizer.ggml.scores", scores);
+    if (options.token_types) {
+      std::vector<int> types(tokens.size(), static_cast<int>(runtime::TokenType::kNormal));
+      types[runtime::kUnkId] = static_cast<int>(runtime::TokenType::kUnknown);
+      types[runtime::kBosId] = types[runtime::kEosId] = static_cast<int>(runtime::TokenType::kControl);
+      for (int b = 0; b < 256; ++b) types[runtime::kByteFallbackId + b] = static_cast<int>(runtime::TokenType::kByte);
+      w.i32s("tokenizer.ggml.token_type", types);
+    }
     w.u32("tokenizer.ggml.bos_token_id", runtime::kBosId);
     w.u32("tokenizer.ggml.eos_token_id", runtime::kEosId);
+    if (options.eot_token_id >= 0) w.u32("tokenizer.ggml.eot_token_id", static_cast<std::uint32_t>(options.eot_token_id));
+    if (options.add_bos_token) w.boolean("tokenizer.ggml.add_bos_token", *options.add_bos_token);
+    if (options.add_space_prefix) w.boolean("tokenizer.ggml.add_space_prefix", *options.add_space_prefix);
   }
   const std::uint64_t d = s.dim, h = s.hidden_dim, kv = s.kv_dim(), v = s.vocab_size;
   struct Entry {

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "common/error.h"
@@ -152,6 +153,55 @@ TEST_F(GeneratedGguf, AnyTensorOrderAndAlignmentReadsBackAsTheCheckpoint) {
     const Tokenizer from_gguf(file, shape_.vocab_size), from_bin(paths_.tokenizer, shape_.vocab_size);
     for (int id = 0; id < shape_.vocab_size; ++id) ASSERT_EQ(from_gguf.piece(id), from_bin.piece(id)) << id;
   }
+}
+
+TEST_F(GeneratedGguf, ASentencePieceVocabularyIsUsedAsLlamaCppUsesIt) {
+  // llama.cpp wrote the file, so its prompts parse special tokens written in them, each stretch of text
+  // between them merges on its own with the dummy prefix at the start and after a special, and generation
+  // ends at EOS; tokenizer.bin (llama2.c) keeps run.c's conventions for the same pieces.
+  const Tokenizer bin(paths_.tokenizer, 301), gguf(write("v.gguf"), 301);
+  auto text = [&](const std::string& t) { return bin.encode(t, false, false); };  // with run.c's dummy prefix
+  auto join = [](std::initializer_list<std::vector<int>> parts) {
+    std::vector<int> all;
+    for (const auto& part : parts) all.insert(all.end(), part.begin(), part.end());
+    return all;
+  };
+  for (const char* plain : {"hat the rain", "", " ", "a  b\n"}) {
+    EXPECT_EQ(gguf.encode(plain, true, false), bin.encode(plain, true, false)) << plain;
+  }
+  EXPECT_EQ(gguf.encode("hi</s>the <unk>a", true, false),
+            join({{kBosId}, text("hi"), {kEosId}, text("the "), {kUnkId}, text("a")}));
+  EXPECT_EQ(bin.encode("hi</s>", true, false), join({{kBosId}, text("hi</s>")}));  // llama2.c: text
+  EXPECT_EQ(gguf.encode("<s>hi", true, false), join({{kBosId}, text("hi")}));      // one BOS, not two
+  EXPECT_EQ(gguf.encode("</s>", true, false), (std::vector<int>{kBosId, kEosId}));
+  EXPECT_EQ(gguf.encode("hi", true, true), join({{kBosId}, text("hi"), {kEosId}}));
+  // Control and unknown tokens print nothing; the rest decode as llama2.c's.
+  for (const int id : {kUnkId, kBosId, kEosId}) EXPECT_EQ(gguf.decode(kBosId, id), "") << id;
+  for (const int id : {kByteFallbackId + 'x', bin.lookup(" "), 300}) {
+    EXPECT_EQ(gguf.decode(kBosId, id), bin.decode(kBosId, id)) << id;
+    EXPECT_EQ(gguf.decode(7, id), bin.decode(7, id)) << id;
+  }
+  EXPECT_EQ(bin.end_ids(), (std::vector<int>{kBosId}));
+  EXPECT_EQ(gguf.end_ids(), (std::vector<int>{kEosId}));
+  EXPECT_EQ(gguf.end_description(), "an end-of-text token: '</s>'");
+  EXPECT_EQ(gguf.bos_id(), kBosId);
+
+  // The file's own keys: an EOT id ends generation too; no BOS, no dummy prefix when the file says so.
+  const Tokenizer eot(write("eot.gguf", {.eot_token_id = 300}), 301);
+  EXPECT_EQ(eot.end_ids(), (std::vector<int>{kEosId, 300}));
+  EXPECT_EQ(eot.end_description(), fmt::format("an end-of-text token: '</s>' or '{}'", bin.piece(300)));
+  const Tokenizer no_bos(write("nobos.gguf", {.add_bos_token = false}), 301);
+  EXPECT_EQ(no_bos.encode("hi", true, false), text("hi"));
+  EXPECT_EQ(no_bos.bos_id(), -1);
+  const Tokenizer no_prefix(write("noprefix.gguf", {.add_space_prefix = false}), 301);
+  // (This small vocabulary has no "h", "i" or "hi": byte tokens, where the prefix would add " ".)
+  ASSERT_EQ(text("hi"), (std::vector<int>{bin.lookup(" "), kByteFallbackId + 'h', kByteFallbackId + 'i'}));
+  EXPECT_EQ(no_prefix.encode("hi", true, false), (std::vector<int>{kBosId, kByteFallbackId + 'h', kByteFallbackId + 'i'}));
+  EXPECT_EQ(no_prefix.encode("</s>i", true, false), (std::vector<int>{kBosId, kEosId, kByteFallbackId + 'i'}));
+  // Without token types nothing is special (as llama.cpp reads such a file): the text stays text.
+  const Tokenizer untyped(write("untyped.gguf", {.token_types = false}), 301);
+  EXPECT_EQ(untyped.encode("hi</s>", true, false), bin.encode("hi</s>", true, false));
+  EXPECT_EQ(untyped.end_ids(), (std::vector<int>{kEosId}));
 }
 
 TEST_F(GeneratedGguf, F16AndBf16MatricesAreReadAsTheirTypeNormsStayF32) {
