@@ -79,8 +79,9 @@ int topo_command(const std::vector<std::string>& args) {
   const std::string usage =
       "Usage: shardline topo [--np N] [--bind auto|numa|core|none] [--synthetic DESC | --xml FILE]\n\n"
       "Prints the host's topology (packages, NUMA nodes and their cores, caches, GPUs, memory, hugepages) and\n"
-      "the placement each of N local ranks would get from `shardline run --bind MODE`. Needs no MPI job;\n"
-      "under mpirun or srun it runs on each host's first task.";
+      "the placement each of N local CPU ranks would get from `shardline run --bind MODE` (a rank that drives\n"
+      "a GPU goes to its GPU's node instead: `run --device cuda -v` prints where). Needs no MPI job; under\n"
+      "mpirun or srun it runs on each host's first task.";
   if (!parse_command_line("topo", usage, options, args, vm)) return 0;
   if (np < 1) throw ConfigError("--np must be >= 1");
   if (vm.count("synthetic") && synthetic.empty()) {  // else an empty description showed this host instead
@@ -89,7 +90,7 @@ int topo_command(const std::vector<std::string>& args) {
   if (!synthetic.empty() && !xml.empty()) throw ConfigError("--synthetic and --xml are alternatives; pass one");
   const memory::BindMode mode = memory::parse_bind_mode(bind);
   const memory::HostTopology host = !synthetic.empty() ? memory::load_synthetic_topology(synthetic)
-                                    : !xml.empty()     ? memory::load_xml_topology(xml)
+                                    : !xml.empty()     ? memory::load_xml_topology(xml, /*with_devices=*/true)
                                                        : memory::discover_host_topology();
   // Plan every rank before printing, so an impossible request prints one error line and nothing else.
   std::vector<memory::RankPlacement> placements;

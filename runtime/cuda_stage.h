@@ -19,8 +19,9 @@
 // CUDA graphs: the layers of a call of n rows, n <= graph_max_rows (the decode steps of a micro-batch), are
 // captured into a graph the second time n is seen (the first call runs eagerly, so libraries finish their
 // lazy set-up outside the capture) and replayed from then on: positions, block tables and context lengths
-// are read on the device, so one graph serves every step. If a capture fails (an old NCCL, a driver
-// without the feature), the stage says so once and launches eagerly from then on.
+// are read on the device, so one graph serves every step. If the driver refuses a capture (ResourceError),
+// the stage says so once and launches eagerly from then on; an NCCL that refuses to be captured fails the
+// job with a CommError that names --cuda-graphs off (docs/cuda.md).
 #pragma once
 
 #include <memory>

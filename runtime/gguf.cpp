@@ -285,7 +285,7 @@ GgufFile::GgufFile(const std::string& path) : path_(path), file_(path) {
   // - no two may share bytes (a forged offset would otherwise read another tensor's data);
   // - nor leave bytes between them: a gap means a tensor's type or shape no longer matches its bytes (a type
   //   changed from F32 to Q8_0 made the tensor a quarter of its bytes, and the model ran on, printing garbage).
-  // A tensor of a type whose layout this reader does not know (IQ4_XS, ...) has an unknown end: the tensor
+  // A tensor of a type whose layout this reader does not know (IQ1_S, TQ1_0, ...) has an unknown end: the tensor
   // after it may start anywhere past it (the model's loader refuses such a type by name if it needs it).
   std::vector<const GgufTensor*> stored;
   for (const GgufTensor& tensor : table) {

@@ -1,7 +1,6 @@
-// Rank-local memory for the weights a rank converts at load (packed for the kernels, maybe to bf16 or
-// int8). Every such buffer comes from allocate_weight_memory(), so where the weights live is decided in one
-// place: today plain 64-byte-aligned heap memory; the hugepage arena (memory/, issue #4) is meant to take
-// over this function.
+// Rank-local heap memory for converted weights (packed for the kernels, maybe to bf16 or int8) when there is
+// no arena: ShardWeights takes the rank's hugepage arena (memory/arena.h) whenever it has one, and this
+// 64-byte-aligned heap memory otherwise (tests and tools that build weights without an engine).
 #pragma once
 
 #include <cstddef>

@@ -76,6 +76,19 @@ TEST_F(Placement, TopoOnASavedTopologyWithMemoryOnlyNodes) {
       << r.out;
 }
 
+TEST_F(Placement, TopoOnASavedTopologyListsItsGpus) {
+  // The file's GPUs, as on a real host (they were left out with the file's other I/O devices).
+  const std::string xml = std::string(SHARDLINE_SOURCE_DIR) + "/hostfiles/topo-2socket-4gpu.xml";
+  const ProcessResult r = run_process(shardline_binary() + " topo --xml " + xml + " --np 4");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::size_t line = r.out.find("gpus: ");
+  ASSERT_NE(line, std::string::npos) << r.out;
+  const std::string gpus = r.out.substr(line, r.out.find('\n', line) - line);
+  for (const char* gpu : {"cuda0", "cuda1", "cuda2", "cuda3", "cuda4"}) {
+    EXPECT_NE(gpus.find(gpu), std::string::npos) << gpus;
+  }
+}
+
 TEST_F(Placement, TopoBadInputIsOneLine) {
   struct Case {
     std::string args, expect;
