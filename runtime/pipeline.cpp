@@ -254,15 +254,15 @@ bool all_finite(const float* x, std::size_t n) {
 // turns the final hidden state into NaNs, and from there every logit: greedy decoding then picks token 0,
 // as llama2.c's argmax does, and the text is silently meaningless. The check costs one pass over the rows
 // about to meet the classifier (dim floats each, against the classifier's vocabulary x dim weights).
-void Pipeline::warn_if_not_finite(const std::vector<SeqState>& seqs, int n_logits) {
+void Pipeline::warn_if_not_finite(const std::vector<SequenceOutput>& outputs, int n_logits) {
   const int dim = stage_.shape().dim;
   for (int i = 0; i < n_logits; ++i) {
     if (all_finite(logit_rows_.data() + static_cast<std::size_t>(i) * dim, dim)) continue;
-    const SeqState& s = seqs[logit_seqs_[i]];
-    log::warn("sequence {}'s hidden state holds NaN or Inf after {} tokens: its text from here on is meaningless "
-              "(NaN logits give token 0). The model's weights hold NaN or Inf values, or its activations overflow; "
-              "warned once per run",
-              logit_seqs_[i], s.fed);
+    const int seq = logit_seqs_[i];
+    log::warn("sequence {}'s hidden state holds NaN or Inf at its generated token {}: its text from here on is "
+              "meaningless (NaN logits give token 0). The model's weights hold NaN or Inf values, or its activations "
+              "overflow; warned once per run",
+              seq, outputs[seq].ids.size() + 1);
     warned_not_finite_ = true;
     return;
   }
@@ -277,10 +277,19 @@ float* Pipeline::logits_for(int rows) {
   return logits_.get();
 }
 
-void Pipeline::warn_logits_not_finite(const SeqState& s, int seq) {
-  log::warn("sequence {}'s logits hold NaN or Inf after {} tokens: its text from here on is meaningless (NaN logits "
-            "give token 0). The model's final norm or classifier weights hold NaN or Inf values; warned once per run",
-            seq, s.fed);
+void Pipeline::warn_logits_not_finite(const std::vector<SequenceOutput>& outputs, int seq, bool pick_sound) {
+  const std::size_t token = outputs[seq].ids.size() + 1;
+  if (pick_sound) {
+    log::warn("sequence {}'s logits hold NaN at its generated token {}: greedy decoding skips them (as llama2.c's "
+              "argmax does), so the tokens whose classifier rows give NaN are never picked. The model's classifier "
+              "weights hold NaN or Inf values; warned once per run",
+              seq, token);
+  } else {
+    log::warn("sequence {}'s logits hold NaN or Inf at its generated token {}: its text from here on is meaningless "
+              "(NaN logits give token 0). The model's final norm or classifier weights hold NaN or Inf values; warned "
+              "once per run",
+              seq, token);
+  }
   warned_not_finite_ = true;
 }
 
@@ -301,7 +310,7 @@ void Pipeline::sample_item(const Item& item, std::vector<SeqState>& seqs, const 
     logit_seqs_.push_back(item.seq[r]);
   }
   const int n_logits = static_cast<int>(logit_seqs_.size());
-  if (!warned_not_finite_ && mesh_.tp_rank() == 0) warn_if_not_finite(seqs, n_logits);
+  if (!warned_not_finite_ && mesh_.tp_rank() == 0) warn_if_not_finite(outputs, n_logits);
   picked_tokens_.assign(n_logits, -1);
   // All rows greedy and no callback reading logits (the same on every TP rank: the specs and the flag
   // are): only the tokens are needed, which the backend may find without gathering the logits.
@@ -309,12 +318,18 @@ void Pipeline::sample_item(const Item& item, std::vector<SeqState>& seqs, const 
   for (int i = 0; i < n_logits && tokens_only; ++i) tokens_only = seqs[logit_seqs_[i]].sampler->leaves_logits_unchanged();
   if (n_logits > 0 && tokens_only) {
     greedy_values_.resize(n_logits);
-    stage_.greedy_tokens(logit_rows_.data(), n_logits, logits_for(n_logits), picked_tokens_.data(), greedy_values_.data());
-    // The value is NaN when any of the row's logits is (argmax skips NaNs after the first, so the token does
-    // not show it), and Inf when the final norm's or classifier's Inf made them overflow; a finite model's is
-    // finite.
+    if (n_logits > greedy_nan_rows_) {
+      greedy_nan_.reset(new bool[n_logits]);
+      greedy_nan_rows_ = n_logits;
+    }
+    stage_.greedy_tokens(logit_rows_.data(), n_logits, logits_for(n_logits), picked_tokens_.data(), greedy_values_.data(),
+                         greedy_nan_.get());
+    // The winner is NaN when the row's first logit is (argmax keeps it) or Inf when the final norm's or the
+    // classifier's Inf made the logits overflow: the pick means nothing. A NaN elsewhere is skipped by argmax,
+    // so the pick stands but that token can never win.
     for (int i = 0; i < n_logits && !warned_not_finite_ && mesh_.tp_rank() == 0; ++i) {
-      if (!std::isfinite(greedy_values_[i])) warn_logits_not_finite(seqs[logit_seqs_[i]], logit_seqs_[i]);
+      const bool pick_sound = std::isfinite(greedy_values_[i]);
+      if (!pick_sound || greedy_nan_[i]) warn_logits_not_finite(outputs, logit_seqs_[i], pick_sound);
     }
   } else if (n_logits > 0) {
     stage_.logits(logit_rows_.data(), n_logits, logits_for(n_logits));
@@ -342,7 +357,12 @@ void Pipeline::sample_item(const Item& item, std::vector<SeqState>& seqs, const 
     SeqState& s = seqs[seq];
     float* logits = logits_.get() + static_cast<std::size_t>(i) * vocab;
     if (!tokens_only && !warned_not_finite_ && mesh_.tp_rank() == 0 && !all_finite(logits, vocab)) {
-      warn_logits_not_finite(s, seq);  // (the tokens-only path left logits_ unwritten: its values were checked)
+      // (the tokens-only path left logits_ unwritten: its values were checked.) A sampled row's softmax takes
+      // every logit, so any NaN or Inf spoils it.
+      // A -Inf (a token that can never win) spoils neither.
+      const bool pick_sound = s.sampler->leaves_logits_unchanged() && std::isfinite(logits[picked_tokens_[i]]);
+      const bool has_nan = std::any_of(logits, logits + vocab, [](float v) { return std::isnan(v); });
+      if (!pick_sound || has_nan) warn_logits_not_finite(outputs, seq, pick_sound);
     }
     const int token = picked_tokens_[i];
     tokens.push_back(token);

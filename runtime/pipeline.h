@@ -113,11 +113,14 @@ class Pipeline {
   // x: (rows, dim) host activations in and out; with a backend that moves activations, x is only the first
   // stage's embedded input (null on later stages) and the output stays with the backend.
   void forward_item(const Item& item, std::vector<SeqState>& seqs, float* x);
-  // Warns (once per run) when a row about to meet the classifier holds NaN or Inf.
-  void warn_if_not_finite(const std::vector<SeqState>& seqs, int n_logits);
+  // Warns (once per run) when a row about to meet the classifier holds NaN or Inf. outputs count each
+  // sequence's tokens so far, which every layout's output rank knows alike.
+  void warn_if_not_finite(const std::vector<SequenceOutput>& outputs, int n_logits);
   // The same warning when a row's logits hold NaN or Inf: the final norm's or the classifier's weights do
-  // (the layers' would have shown in the hidden state). seq is the row's sequence.
-  void warn_logits_not_finite(const SeqState& s, int seq);
+  // (the layers' would have shown in the hidden state). seq is the row's sequence; pick_sound says its token
+  // is still the right one (a greedy pick whose winner is finite: argmax skips the NaNs of a few classifier
+  // rows, whose tokens are then never picked), else the text from here on is meaningless.
+  void warn_logits_not_finite(const std::vector<SequenceOutput>& outputs, int seq, bool pick_sound);
   float* logits_for(int rows);
   // The KV blocks every rank's pool can give (a collective: the least free on any rank). The first stage
   // admits sequences by it and every rank sizes its buffers and the items' headers from it, so all agree
@@ -158,6 +161,8 @@ class Pipeline {
   std::vector<int> logit_seqs_;       // the sequence of each row that wants logits, in order
   std::vector<int> picked_tokens_;    // their tokens, greedy or sampled
   std::vector<float> greedy_values_;  // the winning logit of each greedy row picked without the logits
+  std::unique_ptr<bool[]> greedy_nan_;  // whether each such row's logits held a NaN
+  int greedy_nan_rows_ = 0;
   bool callback_reads_logits_ = true; // run()'s
   bool warned_not_finite_ = false;    // run() warns once about a hidden state or logits of NaN or Inf
 };

@@ -252,19 +252,14 @@ void Stage::logits(const float* x, int n, float* logits) {
   }
 }
 
-void Stage::greedy_tokens(const float* x, int n, float*, int* tokens, float* values) {
+void Stage::greedy_tokens(const float* x, int n, float*, int* tokens, float* values, bool* saw_nan) {
   prepare_classifier_input(x, n);
   // argmax keeps a NaN in the row's first place (nothing is greater), which only the first slice holds: a
   // later slice skips its NaNs as the scan over the whole row does (a slice of NaNs gets index -1).
   const bool alone = tp_comm_.size() == 1;
   cpu::matmul_argmax(act_, weights_.classifier(), alone ? values : best_values_.data(),
-                     alone ? tokens : best_indices_.data(), vocab_begin_ == 0, best_nan_.get());
-  if (alone) {
-    for (int r = 0; r < n; ++r) {
-      if (best_nan_[r]) values[r] = std::numeric_limits<float>::quiet_NaN();  // (the token stays argmax's)
-    }
-    return;
-  }
+                     alone ? tokens : best_indices_.data(), vocab_begin_ == 0, alone ? saw_nan : best_nan_.get());
+  if (alone) return;
   for (int r = 0; r < n; ++r) {
     const int index = best_indices_[r];
     best_[r] = {best_values_[r], vocab_begin_ + (index < 0 ? 0 : index), best_nan_[r] ? 1 : 0};  // a NaN value never wins below
@@ -282,7 +277,8 @@ void Stage::greedy_tokens(const float* x, int n, float*, int* tokens, float* val
       if (other.value > best.value) best = other;
     }
     tokens[r] = best.index;
-    values[r] = nan ? std::numeric_limits<float>::quiet_NaN() : best.value;
+    values[r] = best.value;
+    saw_nan[r] = nan;
   }
 }
 

@@ -69,7 +69,7 @@ class Stage : public StageBackend {
   // best of its vocabulary slice per row, exchanged as (value, index) pairs instead of the logits
   // themselves (a batch-16 step of the 110M shape at tp=2 gathered 2 MiB of logits for 16 tokens, about
   // 0.45 ms of a 6.5 ms step). logits_scratch is not used.
-  void greedy_tokens(const float* x, int n, float* logits_scratch, int* tokens, float* values) override;
+  void greedy_tokens(const float* x, int n, float* logits_scratch, int* tokens, float* values, bool* saw_nan) override;
 
   std::string describe() const override { return "cpu"; }
   const partition::ModelShape& shape() const override { return weights_.shape(); }

@@ -1,5 +1,6 @@
 #include "runtime/stage_backend.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "common/error.h"
@@ -7,20 +8,15 @@
 
 namespace shardline::runtime {
 
-void StageBackend::greedy_tokens(const float* x, int n, float* logits_scratch, int* tokens, float* values) {
+void StageBackend::greedy_tokens(const float* x, int n, float* logits_scratch, int* tokens, float* values,
+                                 bool* saw_nan) {
   logits(x, n, logits_scratch);
   const int vocab = shape().vocab_size;
   kernels::cpu::parallel_for(n, [&](int r, int) {
     const float* row = logits_scratch + static_cast<std::size_t>(r) * vocab;
     tokens[r] = kernels::cpu::argmax(row, vocab);
     values[r] = row[tokens[r]];
-    // argmax skips a NaN after the first: the value says there was one (StageBackend::greedy_tokens).
-    for (int v = 0; v < vocab; ++v) {
-      if (std::isnan(row[v])) {
-        values[r] = row[v];
-        break;
-      }
-    }
+    saw_nan[r] = std::any_of(row, row + vocab, [](float v) { return std::isnan(v); });
   });
 }
 

@@ -54,9 +54,9 @@ class StageBackend {
   // on every rank of the TP group. logits_scratch (n, vocab) is the caller's, for backends that gather the
   // logits to pick them (the default: logits(), then the argmax of each row); a backend whose TP ranks each
   // hold a slice of the vocabulary may instead reduce each rank's best (value, index) and leave it unused.
-  // values (n) receives each row's winning logit, or NaN when any of the row's logits is NaN (argmax skips a
-  // NaN after the first, so the token alone would not show a NaN classifier row).
-  virtual void greedy_tokens(const float* x, int n, float* logits_scratch, int* tokens, float* values);
+  // values (n) receives each row's winning logit, and saw_nan (n) whether any of the row's logits is NaN
+  // (argmax skips a NaN after the first, so neither the token nor its value would show a NaN classifier row).
+  virtual void greedy_tokens(const float* x, int n, float* logits_scratch, int* tokens, float* values, bool* saw_nan);
 
   virtual int max_rows() const = 0;
   // Grows the scratch buffers to take max_rows rows per forward call.

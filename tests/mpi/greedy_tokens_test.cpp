@@ -12,6 +12,7 @@
 #include <fstream>
 #include <iterator>
 #include <limits>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -122,14 +123,16 @@ Picked pick(TpShard& t, const std::vector<float>& x, int n) {
   std::vector<float> scratch(p.logits.size());
   t.stage.logits(x.data(), n, p.logits.data());
   std::vector<float> values(n);
-  t.stage.greedy_tokens(x.data(), n, scratch.data(), p.tokens.data(), values.data());
+  std::unique_ptr<bool[]> saw_nan(new bool[n]);
+  t.stage.greedy_tokens(x.data(), n, scratch.data(), p.tokens.data(), values.data(), saw_nan.get());
   for (int r = 0; r < n; ++r) {
     EXPECT_EQ(p.tokens[r], kernels::cpu::argmax(p.row(r, t.shape.vocab_size), t.shape.vocab_size)) << "row " << r;
-    // The winner's value, or NaN when the row holds one anywhere (which the token alone does not show).
+    // The winner's value, and whether the row holds a NaN anywhere (which neither the token nor its value shows).
     const float* row = p.row(r, t.shape.vocab_size);
     const bool any_nan = std::any_of(row, row + t.shape.vocab_size, [](float v) { return std::isnan(v); });
     const float logit = row[p.tokens[r]];
-    EXPECT_TRUE(any_nan ? std::isnan(values[r]) : values[r] == logit) << "row " << r;
+    EXPECT_TRUE(values[r] == logit || (std::isnan(values[r]) && std::isnan(logit))) << "row " << r;
+    EXPECT_EQ(saw_nan[r], any_nan) << "row " << r;
   }
   return p;
 }
