@@ -1,6 +1,8 @@
 #include "launch/gen_model_command.h"
 
 #include <cstdio>
+#include <filesystem>
+#include <system_error>
 
 #include <fmt/format.h>
 
@@ -13,6 +15,32 @@
 #include "runtime/model_generator.h"
 
 namespace shardline::launch {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Where gen-model writes the file --flag names: the file a symbolic link points to (renaming into place would
+// replace the link itself). ConfigError for an empty name, or a path that holds something other than a
+// regular file: the file is renamed onto it, which replaced /dev/null itself with a model.
+std::string output_target(const std::string& path, const char* flag) {
+  if (path.empty()) throw ConfigError(fmt::format("shardline gen-model: --{} needs a file name", flag));
+  std::error_code ec;
+  fs::path target = path;
+  if (fs::is_symlink(fs::symlink_status(target, ec))) target = fs::weakly_canonical(target, ec);
+  const fs::file_status status = fs::status(target, ec);
+  if (fs::exists(status) && !fs::is_regular_file(status)) {
+    const char* kind = fs::is_directory(status) ? "a folder"
+                       : fs::is_character_file(status) || fs::is_block_file(status) ? "a device"
+                       : fs::is_fifo(status) ? "a FIFO"
+                                              : "not a regular file";
+    throw ConfigError(fmt::format("shardline gen-model: --{} '{}' is {}; gen-model writes a new file and renames "
+                                  "it into place, which would replace it: name a file",
+                                  flag, path, kind));
+  }
+  return target.string();
+}
+
+}  // namespace
 
 int gen_model_command(const std::vector<std::string>& args) {
   partition::ModelShape shape;
@@ -74,7 +102,17 @@ int gen_model_command(const std::vector<std::string>& args) {
                                   "*.bin",
                                   out));
   }
-  if (tokenizer_out.empty()) tokenizer_out = runtime::default_tokenizer_path_for(out);
+  // The tokenizer goes beside the name given (where run --model looks for it), a link's target or not.
+  const std::string default_tokenizer = runtime::default_tokenizer_path_for(out);
+  out = output_target(out, "out");
+  tokenizer_out = vm.count("tokenizer-out") ? output_target(tokenizer_out, "tokenizer-out")
+                                            : output_target(default_tokenizer, "out's tokenizer");
+  std::error_code ec;
+  if (fs::weakly_canonical(out, ec) == fs::weakly_canonical(tokenizer_out, ec)) {
+    throw ConfigError(fmt::format("shardline gen-model: --out and --tokenizer-out are both '{}': the tokenizer would "
+                                  "replace the model; name two files",
+                                  out));
+  }
 
   const std::uint64_t total = runtime::checkpoint_layout(shape).total_bytes;
   log::info("writing {} ({}, {} params, {})", out, shape.describe(), shape.n_params(), format_bytes(total));

@@ -857,6 +857,35 @@ TEST_F(Cli, GenModelRefusesWhatTheDiskCannotHoldAndLeavesNoPartFile) {
   EXPECT_TRUE(left.empty()) << "left behind: " << (left.empty() ? "" : left.front());
 }
 
+TEST_F(Cli, GenModelWritesOnlyRegularFilesAndNeverTheSamePathTwice) {
+  // Its files are renamed into place, which replaced a device or FIFO at --out with the model (as root,
+  // --out /dev/null replaced the system's /dev/null), and --tokenizer-out equal to --out lost the model.
+  namespace fs = std::filesystem;
+  const fs::path dir = path("gen-targets");
+  fs::create_directories(dir);
+  const std::string gen = "gen-model --dim 64 --hidden 128 --layers 2 --heads 4 --vocab 300 --seq 32 --out ";
+  ASSERT_EQ(::mkfifo((dir / "fifo").c_str(), 0644), 0);
+  fs::create_directories(dir / "folder.bin");
+  expect_clean_failure(gen + (dir / "fifo").string(), 2, "is a FIFO");
+  EXPECT_TRUE(fs::is_fifo(dir / "fifo"));
+  expect_clean_failure(gen + (dir / "folder.bin").string(), 2, "is a folder");
+  expect_clean_failure(gen + (dir / "m.bin").string() + " --tokenizer-out " + (dir / "fifo").string(), 2, "is a FIFO");
+  expect_clean_failure(gen + (dir / "m.bin").string() + " --tokenizer-out " + (dir / "m.bin").string(), 2,
+                       "--out and --tokenizer-out are both");
+  expect_clean_failure(gen + "''", 2, "--out needs a file name");
+  expect_clean_failure(gen + (dir / "m.bin").string() + " --tokenizer-out ''", 2, "--tokenizer-out needs a file name");
+  EXPECT_FALSE(fs::exists(dir / "m.bin"));
+  // A link is written through: the file it names gets the model, the link stays, and the tokenizer goes
+  // beside the link, where run --model finds it.
+  { std::ofstream(dir / "target.bin") << "old"; }
+  fs::create_symlink("target.bin", dir / "link.bin");
+  ASSERT_EQ(run_process(shardline() + " " + gen + (dir / "link.bin").string()).exit_code, 0);
+  EXPECT_TRUE(fs::is_symlink(fs::symlink_status(dir / "link.bin")));
+  EXPECT_GT(fs::file_size(dir / "target.bin"), 3u);
+  EXPECT_TRUE(fs::is_regular_file(dir / "link.tokenizer.bin"));
+  EXPECT_EQ(run_process(shardline() + " run --steps 2 --model " + (dir / "link.bin").string()).exit_code, 0);
+}
+
 // A signal during the write (SIGTERM here; SIGINT from a terminal's Ctrl-C is handled alike) removes the
 // part files and still ends the process by that signal (exit 128 + 15 from the shell). The writer is
 // stopped (SIGSTOP) as soon as its part file shows, and signalled only if that file is still there, so a
