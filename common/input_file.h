@@ -5,10 +5,15 @@
 // `--hostfile <(scontrol show hostnames)`.
 #pragma once
 
+#include <fcntl.h>
+#include <poll.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <climits>
+#include <cmath>
 #include <cstring>
 #include <string>
 
@@ -34,6 +39,43 @@ inline void require_input_file(const std::string& path, const char* what, InputK
     problem = std::strerror(errno);
   }
   if (problem != nullptr) throw ResourceError(fmt::format("cannot open {} '{}': {}", what, path, problem));
+}
+
+// All of a text input that may be a pipe (kFileOrPipe), or ResourceError naming `what` and why: a pipe or
+// terminal must give its next bytes within timeout_s (a pipe nobody writes held every rank of a job in this
+// read, before any of them could time out), and the whole at most max_bytes (/dev/zero grew without end).
+// Opened without blocking, so a FIFO without a writer waits in poll(), where the timeout holds.
+inline std::string read_text_input(const std::string& path, const char* what, double timeout_s, std::size_t max_bytes) {
+  require_input_file(path, what, InputKind::kFileOrPipe);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) throw ResourceError(fmt::format("cannot open {} '{}': {}", what, path, std::strerror(errno)));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  const int timeout_ms = std::isinf(timeout_s) ? -1 : static_cast<int>(std::min(timeout_s * 1000.0, double{INT_MAX}));
+  std::string text;
+  char chunk[1 << 16];
+  for (;;) {
+    pollfd ready{fd, POLLIN, 0};
+    const int n_ready = ::poll(&ready, 1, timeout_ms);
+    if (n_ready < 0 && errno == EINTR) continue;
+    if (n_ready < 0) throw ResourceError(fmt::format("cannot read {} '{}': {}", what, path, std::strerror(errno)));
+    if (n_ready == 0) {
+      throw ResourceError(fmt::format("{} '{}' gave nothing for {} s (--comm-timeout): a pipe nobody writes to? Write "
+                                      "its text to a file, or raise --comm-timeout",
+                                      what, path, timeout_s));
+    }
+    const ssize_t n = ::read(fd, chunk, sizeof chunk);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (n < 0) throw ResourceError(fmt::format("cannot read {} '{}': {}", what, path, std::strerror(errno)));
+    if (n == 0) return text;
+    if (text.size() + static_cast<std::size_t>(n) > max_bytes) {
+      throw ResourceError(fmt::format("{} '{}' holds more than {} MiB; is it the right file?", what, path,
+                                      max_bytes >> 20));
+    }
+    text.append(chunk, static_cast<std::size_t>(n));
+  }
 }
 
 }  // namespace shardline

@@ -14,8 +14,10 @@
 #include <iostream>
 #include <limits>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -64,6 +66,7 @@ struct RunConfig {
   double comm_timeout_s = kDefaultCommTimeoutS;
   std::string plan = "auto";
   std::string dump_logits;
+  std::string prompts_file;  // or ""
   bool json = false;
   bool verbose = false;
   bool print_config = false;
@@ -93,10 +96,11 @@ std::string find_tokenizer_for(const std::string& model_path) {
                                 model_path, generated, beside.string()));
 }
 
-std::vector<std::string> read_prompts_file(const std::string& path) {
-  require_input_file(path, "--prompts-file", InputKind::kFileOrPipe);
-  std::ifstream in(path);
-  if (!in) throw ResourceError(fmt::format("cannot open --prompts-file '{}'", path));
+// A prompts file's text at most: far more than any context holds, far less than /dev/zero gives.
+constexpr std::size_t kMaxPromptsFileBytes = std::size_t{1} << 30;
+
+std::vector<std::string> read_prompts_file(const std::string& path, double timeout_s) {
+  std::istringstream in(read_text_input(path, "--prompts-file", timeout_s, kMaxPromptsFileBytes));
   std::vector<std::string> prompts;
   std::string line;
   for (bool first = true; std::getline(in, line); first = false) {
@@ -268,7 +272,8 @@ std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, 
     throw ConfigError("--prompt and --prompts-file both give the prompts: use one (put the --prompt text in the file)");
   }
   const std::vector<std::string> prompts =
-      f.prompts_file.empty() ? std::vector<std::string>{f.prompt} : read_prompts_file(f.prompts_file);
+      f.prompts_file.empty() ? std::vector<std::string>{f.prompt} : read_prompts_file(f.prompts_file, c.comm_timeout_s);
+  c.prompts_file = f.prompts_file;
   c.steps_given = !vm["steps"].defaulted();
   check_sequences_fit_in_memory(prompts, f.batch, f.steps);
   for (const auto& text : prompts) {
@@ -683,11 +688,13 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
     if (!config->dump_logits.empty() && mesh->rank() == output_rank) {
       // Not one of the run's own inputs: the logits would overwrite the model it is reading (a slip of the
       // shell's history, and the next run finds no model).
-      for (const std::string& input : {config->engine.model_path, config->engine.tokenizer_path}) {
+      const std::pair<const std::string&, const char*> inputs[] = {
+          {config->engine.model_path, "model"}, {config->engine.tokenizer_path, "tokenizer"}, {config->prompts_file, "prompts"}};
+      for (const auto& [input, kind] : inputs) {
         std::error_code ec;
         if (!input.empty() && std::filesystem::equivalent(config->dump_logits, input, ec)) {
           throw ConfigError(fmt::format("--dump-logits '{}' is the run's own {} file; write the logits elsewhere",
-                                        config->dump_logits, input == config->engine.model_path ? "model" : "tokenizer"));
+                                        config->dump_logits, kind));
         }
       }
       require_writable_output(config->dump_logits, "--dump-logits file");

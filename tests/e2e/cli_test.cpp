@@ -1135,18 +1135,37 @@ TEST_F(Cli, RanksGivenDifferentModelsOrRequestsStopAtStartUp) {
 }
 
 TEST_F(Cli, ARankStuckAtStartUpFailsTheJobAfterTheCommTimeout) {
-  // Rank 1 reads its prompts from a pipe nobody writes (a stand-in for a hung file system): rank 0 used to
-  // wait for it in the start-up agreement forever.
+  // Rank 1 reads its prompts from a pipe nobody writes, with no time limit of its own (a stand-in for a hung
+  // file system): rank 0 used to wait for it in the start-up agreement forever.
   SHARDLINE_REQUIRE_MODEL_FILE(model_file("tiny-32k.bin"));
   const std::string fifo = path("stuck");
   ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
-  const std::string common = " run --model " + model_file("tiny-32k.bin") + " --tokenizer " + model_file("tokenizer.bin") +
-                             " --comm-timeout 2";
-  const ProcessResult r =
-      run_process(kMpirun + "1 " + shardline() + common + " : -np 1 " + shardline() + common + " --prompts-file " + fifo, 60);
+  const std::string common = " run --model " + model_file("tiny-32k.bin") + " --tokenizer " + model_file("tokenizer.bin");
+  const ProcessResult r = run_process(kMpirun + "1 " + shardline() + common + " --comm-timeout 2 : -np 1 " + shardline() +
+                                          common + " --comm-timeout inf --prompts-file " + fifo,
+                                      60);
   EXPECT_EQ(r.exit_code, 5) << r.err;  // a communication failure, not the test's time limit (124)
   EXPECT_NE(r.err.find("[r0] error: a rank did not arrive within 2 s (--comm-timeout)"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("rank 1 does not answer within 2 s"), std::string::npos) << r.err;  // comm/liveness.h
+}
+
+TEST_F(Cli, APromptsPipeNobodyWritesOrWithoutEndFailsInsteadOfHolding) {
+  // Every rank read its prompts from the FIFO and waited for a writer, so no rank reached a wait that could
+  // time out; /dev/zero grew in memory without end; --dump-logits onto the prompts file overwrote them.
+  SHARDLINE_REQUIRE_MODEL_FILE(model_file("tiny-32k.bin"));
+  const std::string fifo = path("nobody-writes");
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  const std::string args = "run --model " + model_file("tiny-32k.bin") + " --steps 2 --comm-timeout 2 --prompts-file ";
+  expect_clean_failure(args + fifo, 4, "--prompts-file '" + fifo + "' gave nothing for 2 s (--comm-timeout)");
+  const ProcessResult both = run_process(kMpirun + "2 " + shardline() + " " + args + fifo, 60);
+  EXPECT_EQ(both.exit_code, 4) << both.err;  // not the test's time limit (124)
+  EXPECT_EQ(count_of(both.err, "gave nothing for 2 s"), 1u) << both.err;
+  expect_clean_failure(args + "/dev/zero", 4, "holds more than 1024 MiB");
+  const std::string prompts = path("prompts.txt");
+  { std::ofstream(prompts) << "A\n"; }
+  expect_clean_failure(args + prompts + " --dump-logits " + prompts, 2, "is the run's own prompts file");
+  std::ifstream kept(prompts);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(kept), {}), "A\n");
 }
 
 TEST_F(Cli, ATaskThatNeverReachesMpiStartUpFailsTheJobAfterTheCommTimeout) {
