@@ -1,5 +1,6 @@
 #include "runtime/sampler.h"
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -37,6 +38,14 @@ int Sampler::greedy_token(const float* logits) const { return kernels::cpu::argm
 
 int Sampler::sample(float* logits) {
   if (leaves_logits_unchanged()) return greedy_token(logits);
+  // A temperature so small that the largest logit over it leaves float's range (1e-38 made every logit +-Inf,
+  // softmax NaN, and every token 0): its limit, the greedy pick. The coin is drawn all the same, so the
+  // sequence's later draws stay where a seed puts them.
+  const float largest = *std::max_element(logits, logits + vocab_size_);
+  if (std::isfinite(largest) && !std::isfinite(largest / options_.temperature)) {
+    random_f32();
+    return greedy_token(logits);
+  }
   for (int i = 0; i < vocab_size_; ++i) logits[i] /= options_.temperature;
   kernels::cpu::softmax(logits, vocab_size_);
   const float coin = random_f32();

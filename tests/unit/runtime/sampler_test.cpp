@@ -140,6 +140,28 @@ TEST(Sampler, RejectsATemperatureOrTopPThatIsNotANumber) {
   EXPECT_NO_THROW(Sampler(4, {.temperature = 1.0f, .top_p = inf}));  // outside (0, 1): no nucleus
 }
 
+TEST(Sampler, ATemperatureTooSmallForFloatsRangeIsItsLimitTheGreedyPick) {
+  // 5 / 1e-38 is past float's range: every logit became +-Inf, softmax NaN, and every pick token 0.
+  for (float top_p : {0.9f, 0.0f}) {
+    for (float temperature : {1e-38f, 1e-45f}) {
+      Sampler tiny(5, {.temperature = temperature, .top_p = top_p, .seed = 11});
+      Sampler usual(5, {.temperature = 1.0f, .top_p = top_p, .seed = 11});
+      std::vector<float> logits = {0.1f, 3.0f, -1.0f, 5.0f, 2.0f}, negative = {-7.0f, -9.0f, -3.0f, -8.0f, -4.0f};
+      EXPECT_EQ(tiny.sample(logits.data()), 3) << temperature;
+      EXPECT_EQ(tiny.sample(negative.data()), 2) << temperature;
+      // The coins were drawn all the same: the later draws (flat logits, where the temperature changes
+      // nothing) are those of a sampler that sampled twice before.
+      logits = {0.1f, 3.0f, -1.0f, 5.0f, 2.0f};
+      usual.sample(logits.data());
+      usual.sample(logits.data());
+      for (int i = 0; i < 12; ++i) {
+        std::vector<float> a(5, 0.0f), b(5, 0.0f);
+        EXPECT_EQ(tiny.sample(a.data()), usual.sample(b.data())) << temperature << ", draw " << i;
+      }
+    }
+  }
+}
+
 TEST(Sampler, NanLogitsStillGiveATokenOfTheVocabulary) {
   // NaN weights make NaN logits; with and without a nucleus the pick must stay an id in [0, vocab).
   for (float top_p : {0.9f, 0.0f}) {
