@@ -214,19 +214,19 @@ TimeBreakdown stage_pass(const LayoutGeometry& g, int s, double rows, double log
   return total;
 }
 
-double send_s(const LayoutGeometry& g, int s, double rows, int max_rows) {
+double send_s(const LayoutGeometry& g, int s, double rows, double max_rows) {
   const double bytes = rows * g.w.shape.dim * kFloat + (2 + kHeaderInts * max_rows) * 4.0;
   return g.cluster.link(g.pp_link(s)).time_s(bytes);
 }
 
-double reply_s(const LayoutGeometry& g, int max_rows) {
+double reply_s(const LayoutGeometry& g, double max_rows) {
   if (g.layout.pp == 1) return 0.0;
   return g.cluster.link(g.cluster.link_between(g.first_rank(g.layout.pp - 1), 0)).time_s(4.0 * (1 + max_rows));
 }
 
 // `items` passes of `rows` rows each through all stages in order (pipelined): the last item leaves after
 // the first item's trip plus (items - 1) passes of the slowest stage.
-double pipelined_s(const LayoutGeometry& g, double items, double rows, double context, int max_rows,
+double pipelined_s(const LayoutGeometry& g, double items, double rows, double context, double max_rows,
                    const std::vector<RankRates>& rates) {
   double trip = 0, slowest = 0;
   for (int s = 0; s < g.layout.pp; ++s) {
@@ -292,7 +292,8 @@ PlanEstimate estimate_plan(const ClusterSpec& cluster, const Workload& w, const 
   const int pp = layout.pp, m = layout.micro_batches;
   const double rows = std::ceil(static_cast<double>(w.batch) / m);  // decode rows per micro-batch
   const double decode_context = w.prompt() + w.generated() / 2.0;
-  const int max_rows = static_cast<int>(rows) * std::max(1, layout.chunk_tokens > 0 ? layout.chunk_tokens : w.max_chunk_tokens);
+  // (a double: a batch of millions times a chunk of 512 overflowed an int, and a plan read "mem/rank 0 B")
+  const double max_rows = rows * std::max(1, layout.chunk_tokens > 0 ? layout.chunk_tokens : w.max_chunk_tokens);
 
   // Decode cycle. Bandwidth depends on how many ranks of a domain are busy at once, which depends on the
   // cycle: start from "all busy", then refine once with the utilisations the first pass predicts.

@@ -1,4 +1,5 @@
 #include <cmath>
+#include <limits>
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -237,6 +238,18 @@ TEST(CostModel, KvCacheGrowsWithBatchAndContext) {
   // (n_layers=12) x 2 (k, v) x kv_dim 768 x 4 bytes x positions x sequences
   EXPECT_DOUBLE_EQ(small.stages[0].kv_bytes, 12.0 * 2 * 768 * 4 * 256);
   EXPECT_DOUBLE_EQ(big.stages[0].kv_bytes, 12.0 * 2 * 768 * 4 * 1024 * 8);
+}
+
+TEST(CostModel, AHugeBatchNeedsMoreMemoryNotNone) {
+  // A batch of 2^23 rows times a chunk of 512 overflowed an int: the plan read "mem/rank 0 B" and fit.
+  const auto c = uniform_cluster(1, 1, 10e-6, 100);
+  for (const int batch : {1 << 23, 1 << 30, std::numeric_limits<int>::max()}) {
+    const auto plan = estimate_plan(c, workload("15m", Objective::kThroughput, batch, 16), Layout{1, 1, {}, 1, 0});
+    const StageEstimate& stage = plan.stages[0];
+    EXPECT_GT(stage.rank_memory_bytes - stage.weight_bytes - stage.kv_bytes, 0.0) << batch;
+    EXPECT_GT(stage.rank_memory_bytes, stage.kv_bytes) << batch;
+    EXPECT_FALSE(plan.feasible) << batch;
+  }
 }
 
 TEST(CostModel, BalancedSplitGivesTheClassifierStageFewerLayers) {
