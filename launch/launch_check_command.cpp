@@ -75,7 +75,16 @@ int launch_check_command(const std::vector<std::string>& args) {
   }
   check_rank_flag("--tp", request.tp_size);
   check_rank_flag("--pp", request.pp_size);
-  if (vm.count("np")) request.n_ranks = np;
+  // (each alone may be a rank count; their product said "ok ... 1073741824 ranks")
+  const long long world = static_cast<long long>(request.tp_size) * request.pp_size;
+  if (world > kMaxRanksPerFlag) {
+    throw ConfigError(fmt::format("--tp {} x --pp {} is {} ranks; a job has at most {}", request.tp_size,
+                                  request.pp_size, world, kMaxRanksPerFlag));
+  }
+  if (vm.count("np")) {
+    check_rank_flag("--np", np);
+    request.n_ranks = np;
+  }
   if (!hostfile.empty()) request.hostfile = read_hostfile(hostfile);
   if (!rankfile.empty()) request.rankfile = read_rankfile(rankfile);
   request.slurm = detect_launch_env().slurm;

@@ -83,7 +83,7 @@ int topo_command(const std::vector<std::string>& args) {
       "a GPU goes to its GPU's node instead: `run --device cuda -v` prints where). Needs no MPI job; under\n"
       "mpirun or srun it runs on each host's first task.";
   if (!parse_command_line("topo", usage, options, args, vm)) return 0;
-  if (np < 1) throw ConfigError("--np must be >= 1");
+  check_rank_flag("--np", np);  // (2^31 ranks planned their placements in memory without end)
   if (vm.count("synthetic") && synthetic.empty()) {  // else an empty description showed this host instead
     throw ConfigError("--synthetic needs a description, e.g. 'pack:2 numa:2 core:8 pu:2'");
   }

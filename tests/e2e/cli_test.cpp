@@ -796,6 +796,9 @@ TEST_F(Cli, UnknownFlagsAndCommands) {
   expect_clean_failure("launch-check --tp 4 --pp 1 --modle x.bin", 2,
                        "unknown flag '--modle' (did you mean '--model'?): neither launch-check nor run has it");
   expect_clean_failure("launch-check --tp 1 --pp 1 -q", 2, "unknown flag '-q'");
+  // Each a rank count, their product not: it said "ok ... 1073741824 ranks".
+  expect_clean_failure("launch-check --tp 32768 --pp 32768", 2, "--tp 32768 x --pp 32768 is 1073741824 ranks; a job has at most 32768");
+  expect_clean_failure("launch-check --tp 2 --pp 1 --np 99999", 2, "--np 99999 is not a rank count from 1 to 32768");
   expect_clean_failure("run --stpes=3", 2, "unknown flag '--stpes' (did you mean '--steps'?)");
   expect_clean_failure("run --x=5", 2, "unknown flag '--x' (see");  // too short to guess from
   // run's flags parse as run parses them: a value that starts with a dash is still the flag's value.

@@ -102,7 +102,10 @@ TEST_F(Placement, TopoBadInputIsOneLine) {
                         Case{"--synthetic 'pack:1000 core:1000 pu:10'", "has more than 16384 hardware threads"},
                         Case{"--synthetic '1000 1000 10'", "has more than 16384 hardware threads"},
                         Case{"--xml /nonexistent/t.xml", "cannot open topology XML", 4},
-                        Case{"--xml " + path("bad.xml"), "topology XML", 3}, Case{"--np 0", "--np must be >= 1"}}) {
+                        Case{"--xml " + path("bad.xml"), "topology XML", 3},
+                        Case{"--np 0", "--np 0 is not a rank count from 1 to 32768"},
+                        // 2^31 ranks' placements grew in memory without end
+                        Case{"--np 2147483647", "--np 2147483647 is not a rank count"}}) {
     const ProcessResult r = run_process(shardline_binary() + " topo " + c.args);
     expect_one_error_line(r, c.code, c.expect);
     EXPECT_TRUE(r.out.empty()) << c.args << ":\n" << r.out;
