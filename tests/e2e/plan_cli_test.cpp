@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -254,6 +255,22 @@ TEST_F(PlanCli, ProbeRefusesAnUnwritableOutBeforeMeasuring) {
     const ProcessResult r = run_process(shardline_binary() + " probe --quick --out " + out, 60);
     EXPECT_EQ(r.exit_code, 4) << r.err;
     EXPECT_NE(r.err.find("cannot write --out file '" + out + "': " + reason), std::string::npos) << r.err;
+    EXPECT_TRUE(r.out.empty()) << r.out;
+  }
+}
+
+TEST_F(PlanCli, ProbeUnderMpirunSaysABadFlagOnceWithItsExitCode) {
+  // Every rank printed its own "[r0] error: ... unknown flag" line and aborted the job its own way.
+  for (const auto& [flags, code, expect] : std::vector<std::tuple<std::string, int, std::string>>{
+           {"--quick --bogus", 2, "unknown flag '--bogus'"},
+           {"--quick --out " + (dir_ / "no-such-folder" / "p.json").string(), 4, "cannot write --out file"}}) {
+    const ProcessResult r =
+        run_process("mpirun --oversubscribe --bind-to none -np 3 " + shardline_binary() + " probe " + flags, 60);
+    EXPECT_EQ(r.exit_code, code) << r.err;
+    std::size_t lines = 0;
+    for (std::size_t at = r.err.find(expect); at != std::string::npos; at = r.err.find(expect, at + 1)) ++lines;
+    EXPECT_EQ(lines, 1u) << r.err;
+    EXPECT_EQ(r.err.find("MPI_ABORT"), std::string::npos) << r.err;
     EXPECT_TRUE(r.out.empty()) << r.out;
   }
 }
