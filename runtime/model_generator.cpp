@@ -339,16 +339,20 @@ GeneratedModelPaths ensure_generated_model(const partition::ModelShape& shape, s
   // A cached file that is not this shape's (cut short or changed since, another shape under the name) is
   // made again rather than failing every later run. Writes are renamed into place whole, so a file whose
   // header is this shape and whose size the header's (read_checkpoint_shape checks both) is one this
-  // generator wrote (same seed per name: bench's and the default's).
+  // generator wrote (same seed per name: bench's and the default's). The tokenizer too: one cut short failed
+  // every run after it, naming a cache file the user never gave.
   const bool present = fs::exists(paths.model, ec) && fs::exists(paths.tokenizer, ec);
   bool stale = false;
   if (present) {
     try {
       stale = read_checkpoint_shape(paths.model) != shape;
+      if (!stale) Tokenizer(paths.tokenizer, shape.vocab_size);
     } catch (const Error&) {
       stale = true;  // cut short, or an unreadable header
     }
-    if (stale) log::warn("{} at '{}' is not this shape's file any more: generating it again", what, paths.model);
+    if (stale) {
+      log::warn("{} at '{}' (or its tokenizer) is not this shape's any more: generating it again", what, paths.model);
+    }
   }
   if (!present || stale) {
     log::info("generating {} ({}, random weights) into {}", what, shape.describe(), paths.model);

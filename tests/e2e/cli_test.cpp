@@ -144,6 +144,17 @@ TEST_F(Cli, DefaultModelSaysItIsRandomAndIsCached) {
   ASSERT_EQ(second.exit_code, 0) << second.err;
   EXPECT_EQ(second.err.find("generating"), std::string::npos) << "the cached model was not reused";
   EXPECT_EQ(first.out, second.out);
+  // A cached tokenizer cut short since is made again (it failed every later run, naming a cache file).
+  const fs::path tokenizer = dir_ / "cache" / "default-15m-unshared-seed42.tokenizer.bin";
+  ASSERT_TRUE(fs::exists(tokenizer));
+  const auto size = fs::file_size(tokenizer);
+  fs::resize_file(tokenizer, 10);
+  const ProcessResult third = run_process(shardline() + " run --steps 8 --threads 1");
+  ASSERT_EQ(third.exit_code, 0) << third.err;
+  EXPECT_NE(third.err.find("(or its tokenizer) is not this shape's any more: generating it again"), std::string::npos)
+      << third.err;
+  EXPECT_EQ(fs::file_size(tokenizer), size);
+  EXPECT_EQ(first.out, third.out);
 }
 
 TEST_F(Cli, GeneratedModelOfAnyShapeRuns) {
