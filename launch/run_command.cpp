@@ -196,20 +196,33 @@ namespace {
 // (run --batch 50000 and 200000); counted here with room to spare.
 double sequence_host_bytes(double prompt_bytes, int steps) { return 1024.0 + 4.0 * prompt_bytes + 32.0 * steps; }
 
-// ResourceError before the requests are built when the sequences cannot fit in this host's available memory
-// (--batch 2147483647 once grew to all of it over a minute, then failed; 50000000 ran silent for minutes).
-void check_sequences_fit_in_memory(const std::vector<std::string>& prompts, int batch, int steps) {
-  const double sequences = static_cast<double>(prompts.size()) * batch;
-  double bytes = 0;
-  for (const std::string& prompt : prompts) bytes += sequence_host_bytes(static_cast<double>(prompt.size()), steps) * batch;
+// ResourceError when `sequences` sequences needing `bytes` of host memory for their prompts, ids and text
+// cannot fit in this host's available memory; `what` names them.
+void check_sequences_fit_in_memory(double sequences, double bytes, const std::string& what) {
   const double available = static_cast<double>(memory::read_meminfo().available_bytes);
   if (available > 0 && bytes > available) {
-    throw ResourceError(fmt::format("{:.0f} sequences (--batch {} x {} prompt{}) need about {} of host memory for their "
-                                    "prompts, ids and text ({} each at --steps {}), and this host has {} available: "
-                                    "run fewer sequences per job",
-                                    sequences, batch, prompts.size(), prompts.size() == 1 ? "" : "s",
-                                    format_bytes(bytes), format_bytes(bytes / sequences), steps, format_bytes(available)));
+    throw ResourceError(fmt::format("{} need about {} of host memory for their prompts, ids and text ({} each), and "
+                                    "this host has {} available: run fewer sequences per job",
+                                    what, format_bytes(bytes), format_bytes(bytes / sequences), format_bytes(available)));
   }
+}
+
+// Before the requests are built (--batch 2147483647 once grew to all of memory over a minute, then failed;
+// 50000000 ran silent for minutes): the prompts alone. Their steps count once the model's context has
+// bounded them (check_requests_fit_in_memory), so a --steps no model can take is that error, exit 2.
+void check_prompts_fit_in_memory(const std::vector<std::string>& prompts, int batch) {
+  const double sequences = static_cast<double>(prompts.size()) * batch;
+  double bytes = 0;
+  for (const std::string& prompt : prompts) bytes += sequence_host_bytes(static_cast<double>(prompt.size()), 1) * batch;
+  check_sequences_fit_in_memory(sequences, bytes, fmt::format("{:.0f} sequences (--batch {} x {} prompt{})", sequences,
+                                                              batch, prompts.size(), prompts.size() == 1 ? "" : "s"));
+}
+
+void check_requests_fit_in_memory(const std::vector<runtime::GenerationRequest>& requests) {
+  double bytes = 0;
+  for (const auto& request : requests) bytes += sequence_host_bytes(static_cast<double>(request.prompt.size()), request.steps);
+  check_sequences_fit_in_memory(static_cast<double>(requests.size()), bytes,
+                                fmt::format("{} sequences at their --steps", requests.size()));
 }
 
 // Returns nullopt when --help was printed.
@@ -224,6 +237,10 @@ std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, 
       "Generates text. The output rank (last stage, tp 0) prints the prompt and the generation to stdout,\n"
       "statistics to stderr.";
   if (!parse_command_line("run", usage, options, args, vm, mpi.world_rank() == 0)) return std::nullopt;
+  // An empty name is a slip (an unset shell variable), not "not given": --model '' ran the built-in model.
+  for (const char* flag : {"model", "tokenizer", "prompts-file", "dump-logits"}) {
+    if (vm.count(flag) && vm[flag].as<std::string>().empty()) throw ConfigError(fmt::format("--{} needs a file name", flag));
+  }
   f.sampler.seed = parse_seed_flag(f.seed_text);
   log::set_level(log::parse_level(f.log_level));
   if (c.verbose && f.log_level == "info") log::set_level(log::Level::kDebug);
@@ -275,7 +292,7 @@ std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, 
       f.prompts_file.empty() ? std::vector<std::string>{f.prompt} : read_prompts_file(f.prompts_file, c.comm_timeout_s);
   c.prompts_file = f.prompts_file;
   c.steps_given = !vm["steps"].defaulted();
-  check_sequences_fit_in_memory(prompts, f.batch, f.steps);
+  check_prompts_fit_in_memory(prompts, f.batch);
   for (const auto& text : prompts) {
     for (int b = 0; b < f.batch; ++b) {
       runtime::SamplerOptions s = f.sampler;
@@ -557,6 +574,7 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
     }
     config->prompt_ids_hash = std::hash<std::string>{}(all_ids);
     runtime::check_requests(tokenizer, shape->seq_len, config->requests);  // before any rank maps weights
+    check_requests_fit_in_memory(config->requests);
     // Flags that fix the layout are checked here, before anyone measures anything.
     const bool planned = config->plan == "auto" && mpi.world_size() > 1;
     if (!planned || config->tp > 0 || config->pp > 0) mesh = choose_mesh(*config, *shape, mpi);

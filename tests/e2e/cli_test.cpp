@@ -838,6 +838,16 @@ TEST_F(Cli, UnknownFlagsAndCommands) {
   // More sequences than host memory holds: refused before one is built (this grew to all of the machine's
   // memory over a minute before failing).
   expect_clean_failure("run --batch 2147483647 --steps 3", 4, "2147483647 sequences (--batch 2147483647 x 1 prompt) need about");
+  // Steps no context holds are that error (exit 2), not a memory shortage (exit 4) met first.
+  const std::string small = path("steps.bin");
+  ASSERT_EQ(run_process(shardline() + " gen-model --dim 32 --hidden 64 --layers 1 --heads 2 --vocab 300 --seq 16 --out " +
+                        small).exit_code, 0);
+  expect_clean_failure("run --prompt A --steps 2147483647 --model " + small, 2,
+                       "--steps 2147483647 after a 3-token prompt needs 2147483649 positions but seq_len is 16");
+  // An empty file name (an unset shell variable) is a slip, not "not given": --model '' ran the built-in model.
+  for (const char* flag : {"--model", "--tokenizer", "--prompts-file", "--dump-logits"}) {
+    expect_clean_failure(fmt::format("run {} ''", flag), 2, fmt::format("{} needs a file name", flag));
+  }
   expect_clean_failure("plan --preset 15m --tp 1,40000", 2, "--tp 40000 is not a rank count");
   // A model named without --model used to be dropped, and the built-in model ran instead.
   expect_clean_failure("run " + path("model.bin") + " --steps 4", 2, "unexpected argument '" + path("model.bin") + "'");
