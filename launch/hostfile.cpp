@@ -68,8 +68,8 @@ bool short_number(const std::string& text) {
 int positive_count(const std::string& path, int line, const std::string& key, const std::string& value) {
   const int n = short_number(value) ? std::stoi(value) : 0;
   if (n < 1) {
-    throw ConfigError(fmt::format("{}: {}='{}' must be a positive whole number of ranks ({})", where(path, line), key,
-                                  printable(value), kHostfileLine));
+    throw ConfigError(fmt::format("{}: {}='{}' must be a whole number of ranks from 1 to 999999 ({})", where(path, line),
+                                  key, printable(value), kHostfileLine));
   }
   return n;
 }

@@ -13,6 +13,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "common/printable.h"
 #include "launch/bench_command.h"
 #include "launch/gen_model_command.h"
 #include "launch/launch_check_command.h"
@@ -145,14 +146,23 @@ int main(int argc, char** argv) {
     std::fputs(kUsage, stderr);
     return static_cast<int>(shardline::ExitCode::kConfig);
   }
-  if (args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
-    if (printed_by_another_task()) return 0;
-    std::fputs(kUsage, stdout);
-    return checked_output(0);
+  // `shardline help run` is `shardline run --help` (it printed the command list).
+  if (args[0] == "help" && args.size() > 1) {
+    args.erase(args.begin());
+    args.insert(args.begin() + 1, "--help");
   }
-  if (args[0] == "--version") {
+  if (args[0] == "--help" || args[0] == "-h" || args[0] == "help" || args[0] == "--version") {
+    if (args.size() > 1) {  // ("--version extra" printed the version)
+      shardline::print_error_line(fmt::format("unexpected argument '{}' after {} (see 'shardline --help')",
+                                              shardline::printable(args[1], 60), args[0]));
+      return static_cast<int>(shardline::ExitCode::kConfig);
+    }
     if (printed_by_another_task()) return 0;
-    std::puts("shardline 0.1.0");
+    if (args[0] == "--version") {
+      std::puts("shardline 0.1.0");
+    } else {
+      std::fputs(kUsage, stdout);
+    }
     return checked_output(0);
   }
   const std::string command = args[0];

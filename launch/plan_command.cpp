@@ -213,7 +213,8 @@ int plan_command(const std::vector<std::string>& args) {
   if (batch < 1) throw ConfigError("shardline plan: --batch must be >= 1");
   if (top < 1) throw ConfigError("shardline plan: --top must be >= 1");
   if (ranks < 0) throw ConfigError("shardline plan: --np must be >= 1 (or 0: any)");
-  if (context < 0) throw ConfigError("shardline plan: --context must be >= 1 (or 0: min(seq_len, 2048))");
+  // A context of 1 holds the prompt's one token and nothing to decode (the plan priced "prompt 1 tokens").
+  if (context < 0 || context == 1) throw ConfigError("shardline plan: --context must be >= 2 (or 0: min(seq_len, 2048))");
   w.batch = batch;
   w.context = context > 0 ? context : std::min(w.shape.seq_len, 2048);
   if (w.context > w.shape.seq_len) {

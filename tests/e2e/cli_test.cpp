@@ -793,6 +793,12 @@ TEST_F(Cli, UnknownFlagsAndCommands) {
   expect_clean_failure("run --frobnicate 3", 2, "unknown flag '--frobnicate' (see");  // nothing near to suggest
   expect_clean_failure("gen-model --out x.bin --sizzle", 2, "unknown flag '--sizzle'");
   expect_clean_failure("fly", 2, "unknown command 'fly'");
+  expect_clean_failure("help fly", 2, "unknown command 'fly'");
+  // `help run` is `run --help` (it printed the command list); --version takes nothing after it.
+  const ProcessResult help = run_process(shardline() + " help run");
+  EXPECT_EQ(help.exit_code, 0) << help.err;
+  EXPECT_TRUE(help.out.starts_with("Usage: shardline run")) << help.out;
+  expect_clean_failure("--version extra", 2, "unexpected argument 'extra' after --version");
   expect_clean_failure("run --steps many", 2, "steps");
   std::ofstream(path("two.txt")) << "a\nb\n";
   expect_clean_failure("run --prompt hi --prompts-file " + path("two.txt"), 2, "--prompt and --prompts-file both give");

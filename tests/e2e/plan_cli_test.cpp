@@ -182,7 +182,7 @@ TEST_F(PlanCli, BadInputsAreClearErrors) {
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_NE(r.err.find("no layout with --tp 2 uses exactly 3 ranks: tp x pp must equal the rank count"), std::string::npos)
       << r.err;
-  for (const char* flag : {"--np -1", "--top 0", "--context -5", "--prompt-tokens -1", "--ranks-per-domain -2"}) {
+  for (const char* flag : {"--np -1", "--top 0", "--context -5", "--context 1", "--prompt-tokens -1", "--ranks-per-domain -2"}) {
     r = run_process(shardline_binary() + " plan --preset 110m " + flag + " --cluster " + cluster_file("cluster-this-vm.json"));
     EXPECT_EQ(r.exit_code, 2) << flag << ": " << r.err;
     EXPECT_NE(r.err.find(std::string(flag).substr(0, std::string(flag).find(' '))), std::string::npos) << r.err;

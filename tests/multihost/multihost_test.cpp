@@ -122,8 +122,8 @@ TEST_F(MultiHost, MalformedHostfilesGetOneLineNamingFileAndLine) {
   };
   const std::string a = host(0, "address"), b = host(1, "address");
   for (const Case& c : {Case{a + " slot=1\n" + b + " slots=1\n", ":1: unknown keyword 'slot'"},
-                        Case{a + " slots=1\n" + b + " slots=two\n", ":2: slots='two' must be a positive whole number"},
-                        Case{a + " slots=0\n", ":1: slots='0' must be a positive"},
+                        Case{a + " slots=1\n" + b + " slots=two\n", ":2: slots='two' must be a whole number of ranks from 1 to 999999"},
+                        Case{a + " slots=0\n", ":1: slots='0' must be a whole number of ranks from 1"},
                         Case{"# two hosts\n" + a + " " + b + "\n", ":2: unexpected '" + b + "'"},
                         Case{a + "," + b + " slots=2\n", ":1: '" + a + "," + b + "' names several hosts"},
                         Case{a + " slots=1\n" + a + " slots=1\n", ":2: '" + a + "' is already listed on line 1"},

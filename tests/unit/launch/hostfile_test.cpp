@@ -63,8 +63,12 @@ TEST(Hostfile, MistakesNameFileLineAndTheFix) {
   EXPECT_EQ(error_of("a slots=1\nb slot=2\n"),
             "h:2: unknown keyword 'slot'; hostfile lines are 'HOST [slots=N] [max_slots=N]'");
   EXPECT_EQ(error_of("a slots=two\n"),
-            "h:1: slots='two' must be a positive whole number of ranks (hostfile lines are 'HOST [slots=N] [max_slots=N]')");
-  EXPECT_NE(error_of("a slots=0\n").find("h:1: slots='0' must be a positive"), std::string::npos);
+            "h:1: slots='two' must be a whole number of ranks from 1 to 999999 (hostfile lines are 'HOST [slots=N] "
+            "[max_slots=N]')");
+  EXPECT_NE(error_of("a slots=0\n").find("h:1: slots='0' must be a whole number of ranks from 1"), std::string::npos);
+  // The limit is said: "positive" was no help for a count too large.
+  EXPECT_NE(error_of("a slots=2147483647\n").find("slots='2147483647' must be a whole number of ranks from 1 to 999999"),
+            std::string::npos);
   EXPECT_NE(error_of("a slots=-1\n").find("h:1: slots='-1'"), std::string::npos);
   EXPECT_NE(error_of("a slots=\n").find("h:1: slots=''"), std::string::npos);
   EXPECT_NE(error_of("a slots=2 max_slots=1\n").find("h:1: max_slots=1 is below slots=2"), std::string::npos);
