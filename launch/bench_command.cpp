@@ -76,7 +76,7 @@ std::optional<BenchConfig> parse_bench_config(const std::vector<std::string>& ar
       ("tp", po::value(&c.tp), "tensor-parallel ranks per stage (default: every rank)")
       ("pp", po::value(&c.pp), "pipeline stages (tp x pp must equal the number of ranks)")
       ("models-dir", po::value(&c.models_dir), "where the generated models are kept (default: <cache>/bench)")
-      ("comm-timeout", po::value(&c.comm_timeout_s)->default_value(kDefaultCommTimeoutS, "120"), "seconds a rank waits for a peer before failing the job (inf: no limit)")
+      ("comm-timeout", po::value(&c.comm_timeout_s)->default_value(kDefaultCommTimeoutS, "120"), "seconds a rank waits for a peer before failing the job, at least 1 (inf: no limit)")
       ("json", po::bool_switch(&c.json), "one JSON object per model and dtype instead of the table")
       ("log-level", po::value(&log_level)->default_value("info"), "debug|info|warn|error|off");
   po::variables_map vm;
@@ -114,7 +114,7 @@ std::optional<BenchConfig> parse_bench_config(const std::vector<std::string>& ar
   check_threads_flag(c.threads);
   if (vm.count("tp")) check_rank_flag("--tp", c.tp);
   if (vm.count("pp")) check_rank_flag("--pp", c.pp);
-  if (!(c.comm_timeout_s > 0)) throw ConfigError("--comm-timeout must be a positive number of seconds (inf: no limit)");
+  if (!(c.comm_timeout_s >= 1)) throw ConfigError("--comm-timeout must be at least 1 second (inf: no limit)");
   if (c.models_dir.empty()) c.models_dir = (std::filesystem::path(runtime::cache_dir()) / "bench").string();
   return c;
 }

@@ -82,7 +82,7 @@ bool left_to_another_task(const std::string& command) {
 bool printed_by_another_task() { return this_task_rank(/*on_host=*/false) > 0; }
 
 // run's --comm-timeout, read ahead of its flags (MPI starts before they are parsed) to bound MPI's own
-// start-up; the default when it is absent or unreadable (the flag parser then reports a bad value).
+// start-up; the default when it is absent, unreadable or below run's 1 s (the flag parser then reports it).
 double comm_timeout_flag(const std::vector<std::string>& args) {
   for (std::size_t i = 0; i < args.size(); ++i) {
     std::string value;
@@ -95,7 +95,7 @@ double comm_timeout_flag(const std::vector<std::string>& args) {
     }
     char* end = nullptr;
     const double timeout_s = std::strtod(value.c_str(), &end);
-    if (end != value.c_str() && *end == '\0' && timeout_s > 0) return timeout_s;
+    if (end != value.c_str() && *end == '\0' && timeout_s >= 1) return timeout_s;
     break;
   }
   return shardline::launch::kDefaultCommTimeoutS;

@@ -173,7 +173,7 @@ po::options_description run_options(RunFlags& f) {
       ("kv-dtype", po::value(&f.kv_dtype)->default_value("auto"), kKvDtypeFlagHelp)
       ("isa", po::value(&f.isa)->default_value("auto"), kIsaFlagHelp)
       ("comm-timeout", po::value(&c.comm_timeout_s)->default_value(kDefaultCommTimeoutS, "120"),
-       "seconds a rank waits for a peer before failing the job (inf: no limit)")
+       "seconds a rank waits for a peer before failing the job, at least 1 (inf: no limit)")
       ("json", po::bool_switch(&c.json), "print one JSON object per sequence instead of text")
       ("dump-logits", po::value(&c.dump_logits), "write every step's float32 logits (sequences in order) to FILE")
       ("verbose,v", po::bool_switch(&c.verbose), "per-rank placement, memory and stage statistics")
@@ -276,7 +276,8 @@ std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, 
   if (f.steps < 1) throw ConfigError(fmt::format("--steps must be >= 1, got {}", f.steps));
   if (vm.count("tp")) check_rank_flag("--tp", c.tp);
   if (vm.count("pp")) check_rank_flag("--pp", c.pp);
-  if (!(c.comm_timeout_s > 0)) throw ConfigError("--comm-timeout must be a positive number of seconds (inf: no limit)");
+  // Below a second MPI's own start-up outlasts it: every task timed out alone, each with its own line.
+  if (!(c.comm_timeout_s >= 1)) throw ConfigError("--comm-timeout must be at least 1 second (inf: no limit)");
   if (c.engine.micro_batches < 0) throw ConfigError("--micro-batches must be >= 1 (or 0: planned)");
   if (c.engine.chunk_tokens < 0) throw ConfigError("--chunk-tokens must be >= 1 (or 0: planned per prompt)");
   // A NaN would reach the sampler as probabilities that sum to nothing.
@@ -302,6 +303,10 @@ std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, 
   }
   // More micro-batches than sequences would be empty ones (the pipeline takes the smaller count anyway):
   // kept to the sequences, so the planner prices and reports what runs, and no buffer is sized for them.
+  if (static_cast<std::size_t>(c.engine.micro_batches) > c.requests.size() && mpi.world_rank() == 0) {
+    log::info("--micro-batches {} is more than the {} sequence{}: run as {}", c.engine.micro_batches, c.requests.size(),
+              c.requests.size() == 1 ? "" : "s", c.requests.size());
+  }
   c.engine.micro_batches = static_cast<int>(std::min<std::size_t>(c.engine.micro_batches, c.requests.size()));
   if (c.engine.model_path.empty()) {
     if (!c.engine.tokenizer_path.empty()) {

@@ -1288,7 +1288,18 @@ TEST_F(Cli, AnInfiniteCommTimeoutNeverExpires) {
     EXPECT_EQ(r.exit_code, 0) << timeout << "\n" << r.err;
     EXPECT_EQ(r.out, one.out) << timeout;
   }
-  expect_clean_failure(args.substr(1) + "nan", 2, "--comm-timeout must be a positive number of seconds");
+  expect_clean_failure(args.substr(1) + "nan", 2, "--comm-timeout must be at least 1 second");
+  // Below a second MPI's own start-up outlasted it, and every task printed its own start-up timeout: refused
+  // by one rank, under mpirun too.
+  expect_clean_failure(args.substr(1) + "0.001", 2, "--comm-timeout must be at least 1 second");
+  const ProcessResult tiny = run_process(kMpirun + "2 " + shardline() + args + "0.001", 60);
+  EXPECT_EQ(tiny.exit_code, 2) << tiny.err;
+  EXPECT_EQ(count_of(tiny.err, "error:"), 1u) << tiny.err;
+  // More micro-batches than sequences run as that many, and say so.
+  const ProcessResult fewer = run_process(shardline() + " run --model " + model_file("tiny-32k.bin") + " --tokenizer " +
+                                          model_file("tokenizer.bin") + " --steps 2 --micro-batches 5", 60);
+  EXPECT_EQ(fewer.exit_code, 0) << fewer.err;
+  EXPECT_NE(fewer.err.find("--micro-batches 5 is more than the 1 sequence: run as 1"), std::string::npos) << fewer.err;
 }
 
 TEST_F(Cli, HelpDescribesEveryCommand) {
