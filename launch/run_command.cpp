@@ -111,7 +111,14 @@ std::vector<std::string> read_prompts_file(const std::string& path, double timeo
     // Blank lines (empty, or only blanks) are skipped; a prompt keeps its own leading and trailing blanks.
     if (line.find_first_not_of(" \t\v\f") != std::string::npos) prompts.push_back(line);
   }
-  if (prompts.empty()) throw ConfigError(fmt::format("--prompts-file '{}' holds no prompt (one per line)", path));
+  if (prompts.empty()) {
+    // Every rank reads the file: under mpirun only rank 0 has the launcher's stdin, the others an empty one.
+    std::error_code ec;
+    const bool regular = std::filesystem::is_regular_file(path, ec);
+    throw ConfigError(fmt::format("--prompts-file '{}' holds no prompt (one per line){}", path,
+                                  regular ? "" : "; every rank reads it, and under mpirun or srun only the first task "
+                                                 "gets the launcher's stdin: write the prompts to a file"));
+  }
   return prompts;
 }
 

@@ -220,6 +220,15 @@ TEST_F(Cli, FoldersAndPipesGivenAsInputFiles) {
                                " --steps 2 --prompts-file /dev/stdin"));
   EXPECT_EQ(piped.exit_code, 0) << piped.err;
   EXPECT_NE(piped.err.find("2 sequences"), std::string::npos) << piped.err;
+  // Under mpirun only the first task gets stdin: the empty one the others read says why.
+  const ProcessResult piped_mpi = run_process(
+      "bash -c " + shell_quote("printf 'A\\n' | " + kMpirun + "2 " + shardline() + " run --model " + gguf +
+                               " --steps 2 --prompts-file /dev/stdin"), 60);
+  EXPECT_EQ(piped_mpi.exit_code, 2) << piped_mpi.err;
+  EXPECT_NE(piped_mpi.err.find("holds no prompt (one per line); every rank reads it, and under mpirun or srun only the "
+                               "first task gets the launcher's stdin"),
+            std::string::npos)
+      << piped_mpi.err;
   const ProcessResult substituted = run_process(
       "bash -c " + shell_quote(shardline() + " launch-check --tp 2 --pp 1 --hostfile <(echo 'localhost slots=2')"));
   EXPECT_EQ(substituted.exit_code, 0) << substituted.err;
