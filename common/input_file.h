@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <climits>
+#include <cstdint>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -47,6 +48,10 @@ inline void require_input_file(const std::string& path, const char* what, InputK
 // Opened without blocking, so a FIFO without a writer waits in poll(), where the timeout holds.
 inline std::string read_text_input(const std::string& path, const char* what, double timeout_s, std::size_t max_bytes) {
   require_input_file(path, what, InputKind::kFileOrPipe);
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && static_cast<std::uint64_t>(st.st_size) > max_bytes) {
+    throw ResourceError(fmt::format("{} '{}' holds more than {} MiB; is it the right file?", what, path, max_bytes >> 20));
+  }
   const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) throw ResourceError(fmt::format("cannot open {} '{}': {}", what, path, std::strerror(errno)));
   struct Closer {

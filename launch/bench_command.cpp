@@ -228,11 +228,11 @@ int bench_command(const std::vector<std::string>& args, const MpiSession& mpi) {
   std::optional<BenchConfig> config;
   std::optional<partition::Mesh> mesh;
   bool help = false;
-  int local = 0;
-  std::string message;
-  try {
+  double timeout_s = kDefaultCommTimeoutS;  // until the flags are read
+  const int code = agreed_phase(mpi, timeout_s, [&] {
     config = parse_bench_config(args, mpi);
     if (config) {
+      timeout_s = config->comm_timeout_s;
       mesh = bench_mesh(*config, mpi);
       // A bench that would skip every preset measures nothing: that is bad flags, not a result.
       std::string reasons;
@@ -248,13 +248,8 @@ int bench_command(const std::vector<std::string>& args, const MpiSession& mpi) {
     } else {
       help = true;
     }
-  } catch (const Error& e) {
-    local = static_cast<int>(e.code());
-    message = e.what();
-  }
-  const double timeout_s = config ? config->comm_timeout_s : kDefaultCommTimeoutS;
-  const MpiSession::Agreement agreement = mpi.agree(local, timeout_s);
-  if (agreement.exit_code != 0) return mpi.report_failure(agreement, message, timeout_s);
+  });
+  if (code != 0) return code;
   if (help) return 0;
   const BenchConfig& c = *config;
   const int output_rank = mesh->rank_of(mesh->pp_size() - 1, 0);

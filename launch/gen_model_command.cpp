@@ -19,14 +19,22 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Where gen-model writes the file --flag names: the file a symbolic link points to (renaming into place would
-// replace the link itself). ConfigError for an empty name, or a path that holds something other than a
-// regular file: the file is renamed onto it, which replaced /dev/null itself with a model.
+// Where gen-model writes the file --flag names: the file a symbolic link points to, followed link by link so
+// that a link to a file not made yet names that file (renaming into place would replace the link itself).
+// ConfigError for an empty name, a loop of links, or a path that holds something other than a regular file:
+// the file is renamed onto it, which replaced /dev/null itself with a model.
 std::string output_target(const std::string& path, const char* flag) {
   if (path.empty()) throw ConfigError(fmt::format("shardline gen-model: --{} needs a file name", flag));
   std::error_code ec;
   fs::path target = path;
-  if (fs::is_symlink(fs::symlink_status(target, ec))) target = fs::weakly_canonical(target, ec);
+  for (int links = 0; fs::is_symlink(fs::symlink_status(target, ec)); ++links) {
+    const fs::path next = fs::read_symlink(target, ec);
+    if (ec || links == 40) {  // (40: the kernel's own limit on links in a path)
+      throw ConfigError(fmt::format("shardline gen-model: --{} '{}' is a link that does not lead to a file ({})", flag,
+                                    path, ec ? ec.message() : "a loop of links"));
+    }
+    target = next.is_absolute() ? next : target.parent_path() / next;
+  }
   const fs::file_status status = fs::status(target, ec);
   if (fs::exists(status) && !fs::is_regular_file(status)) {
     const char* kind = fs::is_directory(status) ? "a folder"
@@ -107,8 +115,8 @@ int gen_model_command(const std::vector<std::string>& args) {
   out = output_target(out, "out");
   tokenizer_out = vm.count("tokenizer-out") ? output_target(tokenizer_out, "tokenizer-out")
                                             : output_target(default_tokenizer, "out's tokenizer");
-  std::error_code ec;
-  if (fs::weakly_canonical(out, ec) == fs::weakly_canonical(tokenizer_out, ec)) {
+  // (both resolved already: compared as absolute paths, "a/../m.bin" as "m.bin")
+  if (fs::absolute(out).lexically_normal() == fs::absolute(tokenizer_out).lexically_normal()) {
     throw ConfigError(fmt::format("shardline gen-model: --out and --tokenizer-out are both '{}': the tokenizer would "
                                   "replace the model; name two files",
                                   out));

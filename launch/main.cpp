@@ -147,7 +147,7 @@ int main(int argc, char** argv) {
     return static_cast<int>(shardline::ExitCode::kConfig);
   }
   // `shardline help run` is `shardline run --help` (it printed the command list).
-  if (args[0] == "help" && args.size() > 1) {
+  if (args[0] == "help" && args.size() > 1 && !args[1].starts_with("-") && args[1] != "help") {
     args.erase(args.begin());
     args.insert(args.begin() + 1, "--help");
   }

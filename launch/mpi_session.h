@@ -3,9 +3,10 @@
 #pragma once
 
 #include <cstdint>
-
+#include <exception>
 #include <string>
 
+#include "common/error.h"
 #include "launch/launch_env.h"
 
 namespace shardline::launch {
@@ -69,5 +70,29 @@ class MpiSession {
   int local_rank_ = 0;
   int local_size_ = 1;
 };
+
+// Runs a start-up phase on every rank and makes the ranks agree on its outcome: exactly one rank (the
+// lowest that failed) prints the reason, and every rank returns the same exit code, so nobody is left
+// waiting in a collective. Returns 0 when every rank succeeded.
+// timeout_s: --comm-timeout once the flags are read (a reference, so a phase that reads them sets it).
+template <typename Phase>
+int agreed_phase(const MpiSession& mpi, const double& timeout_s, Phase&& phase) {
+  int local = 0;
+  std::string message;
+  try {
+    phase();
+  } catch (const CommError& e) {
+    // A peer that failed or hung in this phase's own collectives (the planner's probe, the host split)
+    // would not reach the agreement either, which would only wait a second --comm-timeout: end the job.
+    print_error_line(e.what());
+    mpi.abort_job(static_cast<int>(e.code()));
+  } catch (const std::exception& e) {
+    const Failure failure = failure_of(e);
+    local = static_cast<int>(failure.code);
+    message = failure.message;
+  }
+  const MpiSession::Agreement agreement = mpi.agree(local, timeout_s);
+  return agreement.exit_code != 0 ? mpi.report_failure(agreement, message, timeout_s) : 0;
+}
 
 }  // namespace shardline::launch

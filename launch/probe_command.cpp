@@ -51,18 +51,12 @@ int probe_command(const std::vector<std::string>& args, const MpiSession& mpi) {
   // Start-up checks run on every rank; the ranks agree on the outcome and one of them says why (each rank
   // printed its own copy of a bad flag, and mpirun its abort banner).
   bool help = false;
-  int local = 0;
-  std::string message;
-  try {
+  const int code = agreed_phase(mpi, kDefaultCommTimeoutS, [&] {
     help = !parse_command_line("probe", usage, options, args, vm, mpi.world_rank() == 0);
     // The profile's file is checked before the measurement (seconds of it), by the rank that writes it.
     if (!help && mpi.world_rank() == 0) require_writable_output(out, "--out file");
-  } catch (const Error& e) {
-    local = static_cast<int>(e.code());
-    message = e.what();
-  }
-  const MpiSession::Agreement agreement = mpi.agree(local, kDefaultCommTimeoutS);
-  if (agreement.exit_code != 0) return mpi.report_failure(agreement, message, kDefaultCommTimeoutS);
+  });
+  if (code != 0) return code;
   if (help) return 0;
   std::unique_ptr<comm::Communicator> world =
       mpi.active() ? comm::make_mpi_world({.timeout_s = kDefaultCommTimeoutS, .host_collectives = true})  // as a run's groups

@@ -14,8 +14,8 @@
 #include <iostream>
 #include <limits>
 #include <optional>
-#include <sstream>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -96,28 +96,33 @@ std::string find_tokenizer_for(const std::string& model_path) {
                                 model_path, generated, beside.string()));
 }
 
-// A prompts file's text at most: far more than any context holds, far less than /dev/zero gives.
-constexpr std::size_t kMaxPromptsFileBytes = std::size_t{1} << 30;
+// A prompts file's text at most: far more than any context holds (every rank holds a copy while it reads),
+// far less than /dev/zero gives.
+constexpr std::size_t kMaxPromptsFileBytes = std::size_t{256} << 20;
 
-std::vector<std::string> read_prompts_file(const std::string& path, double timeout_s) {
-  std::istringstream in(read_text_input(path, "--prompts-file", timeout_s, kMaxPromptsFileBytes));
+// several_tasks: the job has more than one task, each of which reads the file.
+std::vector<std::string> read_prompts_file(const std::string& path, double timeout_s, bool several_tasks) {
+  const std::string text = read_text_input(path, "--prompts-file", timeout_s, kMaxPromptsFileBytes);
   std::vector<std::string> prompts;
-  std::string line;
-  for (bool first = true; std::getline(in, line); first = false) {
-    if (!line.empty() && line.back() == '\r') line.pop_back();
+  for (std::size_t at = 0; at < text.size();) {
+    const std::size_t end = std::min(text.find('\n', at), text.size());
+    std::string_view line(text.data() + at, end - at);
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
     // A UTF-8 byte-order mark (Windows editors write one) is no part of the first prompt: kept, it gave that
     // prompt other token ids than the same text typed on the command line.
-    if (first && line.rfind("\xEF\xBB\xBF", 0) == 0) line.erase(0, 3);
+    if (at == 0 && line.starts_with("\xEF\xBB\xBF")) line.remove_prefix(3);
     // Blank lines (empty, or only blanks) are skipped; a prompt keeps its own leading and trailing blanks.
-    if (line.find_first_not_of(" \t\v\f") != std::string::npos) prompts.push_back(line);
+    if (line.find_first_not_of(" \t\v\f") != std::string_view::npos) prompts.emplace_back(line);
+    at = end + 1;
   }
   if (prompts.empty()) {
-    // Every rank reads the file: under mpirun only rank 0 has the launcher's stdin, the others an empty one.
+    // Under mpirun only the first task has the launcher's stdin, the others an empty one.
     std::error_code ec;
-    const bool regular = std::filesystem::is_regular_file(path, ec);
+    const bool pipe = several_tasks && !std::filesystem::is_regular_file(path, ec);
     throw ConfigError(fmt::format("--prompts-file '{}' holds no prompt (one per line){}", path,
-                                  regular ? "" : "; every rank reads it, and under mpirun or srun only the first task "
-                                                 "gets the launcher's stdin: write the prompts to a file"));
+                                  pipe ? "; every rank reads it, and under mpirun or srun only the first task gets the "
+                                         "launcher's stdin: write the prompts to a file"
+                                       : ""));
   }
   return prompts;
 }
@@ -297,7 +302,7 @@ std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, 
     throw ConfigError("--prompt and --prompts-file both give the prompts: use one (put the --prompt text in the file)");
   }
   const std::vector<std::string> prompts =
-      f.prompts_file.empty() ? std::vector<std::string>{f.prompt} : read_prompts_file(f.prompts_file, c.comm_timeout_s);
+      f.prompts_file.empty() ? std::vector<std::string>{f.prompt} : read_prompts_file(f.prompts_file, c.comm_timeout_s, mpi.world_size() > 1);
   c.prompts_file = f.prompts_file;
   c.steps_given = !vm["steps"].defaulted();
   check_prompts_fit_in_memory(prompts, f.batch);
@@ -411,30 +416,6 @@ void report_model_bus_errors(const std::string& model_path) {
                   "copies the weights into memory at load)\n",
                   detail::rank_tag(), model_path),
       static_cast<int>(ExitCode::kFormat));
-}
-
-// Runs a start-up phase on every rank and makes the ranks agree on its outcome: exactly one rank (the
-// lowest that failed) prints the reason, and every rank returns the same exit code, so nobody is left
-// waiting in a collective. Returns 0 when every rank succeeded.
-// timeout_s: --comm-timeout once the flags are read (a reference, so a phase that reads them sets it).
-template <typename Phase>
-int agreed_phase(const MpiSession& mpi, const double& timeout_s, Phase&& phase) {
-  int local = 0;
-  std::string message;
-  try {
-    phase();
-  } catch (const CommError& e) {
-    // A peer that failed or hung in this phase's own collectives (the planner's probe, the host split)
-    // would not reach the agreement either, which would only wait a second --comm-timeout: end the job.
-    print_error_line(e.what());
-    mpi.abort_job(static_cast<int>(e.code()));
-  } catch (const std::exception& e) {
-    const Failure failure = failure_of(e);
-    local = static_cast<int>(failure.code);
-    message = failure.message;
-  }
-  const MpiSession::Agreement agreement = mpi.agree(local, timeout_s);
-  return agreement.exit_code != 0 ? mpi.report_failure(agreement, message, timeout_s) : 0;
 }
 
 void print_json(const runtime::GenerationResult& r) {

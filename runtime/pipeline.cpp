@@ -357,11 +357,13 @@ void Pipeline::sample_item(const Item& item, std::vector<SeqState>& seqs, const 
     SeqState& s = seqs[seq];
     float* logits = logits_.get() + static_cast<std::size_t>(i) * vocab;
     if (!tokens_only && !warned_not_finite_ && mesh_.tp_rank() == 0 && !all_finite(logits, vocab)) {
-      // (the tokens-only path left logits_ unwritten: its values were checked.) A sampled row's softmax takes
-      // every logit, so any NaN or Inf spoils it.
-      // A -Inf (a token that can never win) spoils neither.
-      const bool pick_sound = s.sampler->leaves_logits_unchanged() && std::isfinite(logits[picked_tokens_[i]]);
+      // (the tokens-only path left logits_ unwritten: its values were checked.) A greedy pick stands when its
+      // winner is finite; a sampled row's softmax takes every logit, so a NaN or a +Inf spoils it. A -Inf (a
+      // token that can never win, probability 0) spoils neither, and is not warned of.
       const bool has_nan = std::any_of(logits, logits + vocab, [](float v) { return std::isnan(v); });
+      const bool has_plus_inf = std::any_of(logits, logits + vocab, [](float v) { return v == std::numeric_limits<float>::infinity(); });
+      const bool pick_sound = s.sampler->leaves_logits_unchanged() ? std::isfinite(logits[picked_tokens_[i]])
+                                                                   : !has_nan && !has_plus_inf;
       if (!pick_sound || has_nan) warn_logits_not_finite(outputs, seq, pick_sound);
     }
     const int token = picked_tokens_[i];

@@ -244,7 +244,7 @@ std::vector<int> Tokenizer::encode(std::string_view text, bool bos, bool eos) co
     // llama.cpp: the special tokens first, then each stretch of text between them on its own, with the dummy
     // prefix at the start and after each special token (llama_tokenize's is_prev_special).
     const std::vector<SpecialTokens::Piece> pieces = gguf_->specials.split(text);
-    // A prompt written with its own "<s>" gets one BOS, not two.
+    // A prompt written with its own "<s>" gets one BOS, not two (llama.cpp adds a second, and warns of it).
     if (bos && gguf_->add_bos && (pieces.empty() || pieces.front().id != kBosId)) tokens.push_back(kBosId);
     bool after_special = true;
     for (const SpecialTokens::Piece& piece : pieces) {

@@ -14,8 +14,10 @@
 // (llama.cpp, not llama2.c, wrote the file): special tokens written in the prompt ("<s>", "</s>") become their
 // ids (special_tokens.h), each stretch of text between them merged as above, with the dummy prefix where
 // llama.cpp adds it (first, and after a special token); BOS is added when the file asks for it
-// (tokenizer.ggml.add_bos_token) and the text does not start with one; generation ends at EOS (or EOT, EOM),
-// not at BOS; control and unknown tokens print nothing. A file without token types has no special tokens.
+// (tokenizer.ggml.add_bos_token) and the text does not start with one (the one place this parts from
+// llama.cpp, which adds a second and warns of it; the byte-level path does the same); generation ends at EOS
+// (or EOT, EOM), not at BOS; control and unknown tokens print nothing. A file without token types has no
+// special tokens.
 //
 // A GGUF file may instead carry Llama 3's byte-level BPE vocabulary (byte_level_bpe.h): then encode, decode
 // and the special ids are that vocabulary's, and the llama2.c ids above do not apply. Its BOS is added when

@@ -808,6 +808,7 @@ TEST_F(Cli, UnknownFlagsAndCommands) {
   EXPECT_EQ(help.exit_code, 0) << help.err;
   EXPECT_TRUE(help.out.starts_with("Usage: shardline run")) << help.out;
   expect_clean_failure("--version extra", 2, "unexpected argument 'extra' after --version");
+  expect_clean_failure("help --version", 2, "unexpected argument '--version' after help");
   expect_clean_failure("run --steps many", 2, "steps");
   std::ofstream(path("two.txt")) << "a\nb\n";
   expect_clean_failure("run --prompt hi --prompts-file " + path("two.txt"), 2, "--prompt and --prompts-file both give");
@@ -923,6 +924,13 @@ TEST_F(Cli, GenModelWritesOnlyRegularFilesAndNeverTheSamePathTwice) {
   EXPECT_GT(fs::file_size(dir / "target.bin"), 3u);
   EXPECT_TRUE(fs::is_regular_file(dir / "link.tokenizer.bin"));
   EXPECT_EQ(run_process(shardline() + " run --steps 2 --model " + (dir / "link.bin").string()).exit_code, 0);
+  // A link to a file not made yet makes that file (the link was replaced); a loop of links is refused.
+  fs::create_symlink("later.bin", dir / "dangling.bin");
+  ASSERT_EQ(run_process(shardline() + " " + gen + (dir / "dangling.bin").string()).exit_code, 0);
+  EXPECT_TRUE(fs::is_symlink(fs::symlink_status(dir / "dangling.bin")));
+  EXPECT_TRUE(fs::is_regular_file(dir / "later.bin"));
+  fs::create_symlink("loop.bin", dir / "loop.bin");
+  expect_clean_failure(gen + (dir / "loop.bin").string(), 2, "is a link that does not lead to a file (a loop of links)");
 }
 
 // A signal during the write (SIGTERM here; SIGINT from a terminal's Ctrl-C is handled alike) removes the
@@ -1194,12 +1202,21 @@ TEST_F(Cli, APromptsPipeNobodyWritesOrWithoutEndFailsInsteadOfHolding) {
   SHARDLINE_REQUIRE_MODEL_FILE(model_file("tiny-32k.bin"));
   const std::string fifo = path("nobody-writes");
   ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
-  const std::string args = "run --model " + model_file("tiny-32k.bin") + " --steps 2 --comm-timeout 2 --prompts-file ";
-  expect_clean_failure(args + fifo, 4, "--prompts-file '" + fifo + "' gave nothing for 2 s (--comm-timeout)");
+  // (5 s: the ranks' reads end at about the same time, well within the start-up agreement's own 5 s)
+  const std::string args = "run --model " + model_file("tiny-32k.bin") + " --steps 2 --comm-timeout 5 --prompts-file ";
+  expect_clean_failure(args + fifo, 4, "--prompts-file '" + fifo + "' gave nothing for 5 s (--comm-timeout)");
   const ProcessResult both = run_process(kMpirun + "2 " + shardline() + " " + args + fifo, 60);
   EXPECT_EQ(both.exit_code, 4) << both.err;  // not the test's time limit (124)
-  EXPECT_EQ(count_of(both.err, "gave nothing for 2 s"), 1u) << both.err;
-  expect_clean_failure(args + "/dev/zero", 4, "holds more than 1024 MiB");
+  EXPECT_EQ(count_of(both.err, "gave nothing for 5 s"), 1u) << both.err;
+  expect_clean_failure(args + "/dev/zero", 4, "holds more than 256 MiB");
+  // A regular file past the limit is refused by its size, unread.
+  const std::string huge = path("huge-prompts.txt");
+  { std::ofstream(huge, std::ios::binary).seekp((std::streamoff{256} << 20) + 1) << 'x'; }
+  expect_clean_failure(args + huge, 4, "holds more than 256 MiB");
+  // Alone, an empty input is just that (the mpirun hint is for a job's later tasks).
+  const ProcessResult empty = run_process(shardline() + " " + args + "/dev/null", 60);
+  EXPECT_EQ(empty.exit_code, 2) << empty.err;
+  EXPECT_NE(empty.err.find("holds no prompt (one per line)\n"), std::string::npos) << empty.err;
   const std::string prompts = path("prompts.txt");
   { std::ofstream(prompts) << "A\n"; }
   expect_clean_failure(args + prompts + " --dump-logits " + prompts, 2, "is the run's own prompts file");
