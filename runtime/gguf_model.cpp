@@ -317,19 +317,7 @@ GgufVocabulary read_gguf_vocabulary(const std::string& path, int vocab_size) {
   GgufVocabulary vocabulary;
   const std::vector<std::string> spellings = file.strings("tokenizer.ggml.tokens");
   vocabulary.sentencepiece = read_sentencepiece_conventions(file, spellings);
-  const std::string sentencepiece_space = "\xE2\x96\x81";  // U+2581
-  for (const std::string& token : spellings) {
-    std::string piece;
-    for (std::size_t i = 0; i < token.size();) {
-      if (token.compare(i, sentencepiece_space.size(), sentencepiece_space) == 0) {
-        piece += ' ';
-        i += sentencepiece_space.size();
-      } else {
-        piece += token[i++];
-      }
-    }
-    vocabulary.pieces.push_back(std::move(piece));
-  }
+  for (const std::string& token : spellings) vocabulary.pieces.push_back(sentencepiece_spaces_as_spaces(token));
   for (const double score : file.numbers("tokenizer.ggml.scores")) {
     if (!(std::fabs(score) <= std::numeric_limits<float>::max())) {  // also NaN: no float holds it
       refuse(file, fmt::format("token {} has the score {}", vocabulary.scores.size(), score));

@@ -251,7 +251,10 @@ std::vector<int> Tokenizer::encode(std::string_view text, bool bos, bool eos) co
       if (piece.id >= 0) {
         tokens.push_back(piece.id);
       } else {
-        encode_run_c(piece.text, gguf_->add_space_prefix && after_special, tokens.size(), tokens);
+        // llama.cpp writes the text's spaces as U+2581 before it merges, so one typed as U+2581 is a space
+        // too (this vocabulary's pieces hold spaces where the file has U+2581).
+        encode_run_c(sentencepiece_spaces_as_spaces(piece.text), gguf_->add_space_prefix && after_special,
+                     tokens.size(), tokens, /*by_lead_byte=*/true);
       }
       after_special = piece.id >= 0;
     }
@@ -264,7 +267,7 @@ std::vector<int> Tokenizer::encode(std::string_view text, bool bos, bool eos) co
 }
 
 void Tokenizer::encode_run_c(std::string_view text, bool dummy_prefix, std::size_t merge_from,
-                             std::vector<int>& tokens) const {
+                             std::vector<int>& tokens, bool by_lead_byte) const {
   if (dummy_prefix && !text.empty()) {
     // sentencepiece's add_dummy_prefix. run.c pushes lookup(" ") unchecked (-1 if absent); the byte token
     // keeps a vocabulary without " " usable.
@@ -273,11 +276,16 @@ void Tokenizer::encode_run_c(std::string_view text, bool dummy_prefix, std::size
   }
 
   // One token per codepoint: a byte plus up to 3 following continuation bytes, grouped exactly as run.c does
-  // (stray continuation bytes group the same way). run.c stops at a NUL; a string_view may hold one, which
-  // becomes the byte token 3.
+  // (stray continuation bytes group the same way), or by its lead byte as llama.cpp's unicode_len_utf8 does.
+  // run.c stops at a NUL; a string_view may hold one, which becomes the byte token 3.
+  static constexpr std::size_t kLengthByHighBits[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4};
   for (std::size_t i = 0; i < text.size();) {
     std::size_t len = 1;
-    while (len < 4 && i + len < text.size() && is_continuation_byte(text[i + len])) ++len;
+    if (by_lead_byte) {
+      len = std::min(kLengthByHighBits[static_cast<unsigned char>(text[i]) >> 4], text.size() - i);
+    } else {
+      while (len < 4 && i + len < text.size() && is_continuation_byte(text[i + len])) ++len;
+    }
     const std::string_view cp = text.substr(i, len);
     if (const int id = lookup(cp); id >= 0) {
       tokens.push_back(id);
@@ -288,9 +296,10 @@ void Tokenizer::encode_run_c(std::string_view text, bool dummy_prefix, std::size
   }
 
   // Merges, among tokens[merge_from..]. run.c rescans every adjacent pair per merge (O(n^2) lookups); this
-  // keeps the pairs in a max-heap instead. Order is preserved by merging a node into its left neighbour, so "leftmost in the
-  // current sequence" is "smallest node index", and the heap order (score desc, left asc) picks the same
-  // pair as run.c's strict '>' scan. Entries go stale when either node changes; versions detect that.
+  // keeps the pairs in a max-heap instead. Order is preserved by merging a node into its left neighbour, so
+  // "leftmost in the current sequence" is "smallest node index", and the heap order (score desc, left asc)
+  // picks the same pair as run.c's strict '>' scan. Entries go stale when either node changes; versions
+  // detect that.
   std::vector<int> nodes(tokens.begin() + static_cast<std::ptrdiff_t>(merge_from), tokens.end());
   const int n = static_cast<int>(nodes.size());
   if (n > 1) {
@@ -374,6 +383,20 @@ void Tokenizer::save(const std::string& path) const {
   }
   out.close();
   if (!out) throw ResourceError(fmt::format("cannot write tokenizer '{}'", path));
+}
+
+std::string sentencepiece_spaces_as_spaces(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (std::size_t at = 0; at < text.size();) {
+    if (text.substr(at).starts_with(kSentencePieceSpace)) {
+      out += ' ';
+      at += kSentencePieceSpace.size();
+    } else {
+      out += text[at++];
+    }
+  }
+  return out;
 }
 
 Tokenizer make_synthetic_tokenizer(int vocab_size) {

@@ -12,12 +12,13 @@
 //
 // A GGUF file's SentencePiece vocabulary has the same pieces and ids, and is used as llama.cpp uses it
 // (llama.cpp, not llama2.c, wrote the file): special tokens written in the prompt ("<s>", "</s>") become their
-// ids (special_tokens.h), each stretch of text between them merged as above, with the dummy prefix where
-// llama.cpp adds it (first, and after a special token); BOS is added when the file asks for it
-// (tokenizer.ggml.add_bos_token) and the text does not start with one (the one place this parts from
-// llama.cpp, which adds a second and warns of it; the byte-level path does the same); generation ends at EOS
-// (or EOT, EOM), not at BOS; control and unknown tokens print nothing. A file without token types has no
-// special tokens.
+// ids (special_tokens.h), each stretch of text between them merged as above (a typed U+2581 taken for the
+// space it is to llama.cpp, and a byte that is not UTF-8 grouped with as many bytes as it announces, as
+// llama.cpp groups it), with the dummy prefix where llama.cpp adds it (first, and after a special token);
+// BOS is added when the file asks for it (tokenizer.ggml.add_bos_token) and the text does not start with one
+// (the one place this parts from llama.cpp, which adds a second and warns of it; the byte-level path does the
+// same); generation ends at EOS (or EOT, EOM), not at BOS; control and unknown tokens print nothing. A file
+// without token types has no special tokens.
 //
 // A GGUF file may instead carry Llama 3's byte-level BPE vocabulary (byte_level_bpe.h): then encode, decode
 // and the special ids are that vocabulary's, and the llama2.c ids above do not apply. Its BOS is added when
@@ -41,6 +42,10 @@ inline constexpr int kBosId = 1;
 inline constexpr int kEosId = 2;
 inline constexpr int kByteFallbackId = 3;  // byte b is token kByteFallbackId + b
 inline constexpr int kMinVocabSize = kByteFallbackId + 256;
+// U+2581, how SentencePiece (and a GGUF file's tokens) spell a space.
+inline constexpr std::string_view kSentencePieceSpace = "\xE2\x96\x81";
+// text with each kSentencePieceSpace as " ": a GGUF file's token as llama2.c's tokenizer.bin spells it.
+std::string sentencepiece_spaces_as_spaces(std::string_view text);
 
 class Tokenizer {
  public:
@@ -103,7 +108,10 @@ class Tokenizer {
   void build_index(const std::string& source);
   // Appends text's tokens: the dummy prefix when asked (and text is not empty), one token per codepoint,
   // then the merges among the tokens from `merge_from` on (run.c merges BOS too: it is in its token list).
-  void encode_run_c(std::string_view text, bool dummy_prefix, std::size_t merge_from, std::vector<int>& tokens) const;
+  // A codepoint is a byte and the continuation bytes after it (run.c), or with by_lead_byte as many bytes as
+  // its first byte announces, whatever they are (llama.cpp: the two differ only on text that is not UTF-8).
+  void encode_run_c(std::string_view text, bool dummy_prefix, std::size_t merge_from, std::vector<int>& tokens,
+                    bool by_lead_byte = false) const;
 
   std::vector<std::string> pieces_;  // (vocab_size); empty with a byte-level vocabulary
   std::vector<float> scores_;        // (vocab_size)

@@ -98,6 +98,14 @@ TEST(Gguf, VocabularyIsTheTokenizerBinOne) {
   for (const char* text : {"Once upon a time", "The cluster has eight nodes", "naïve café 東京 🚀", ""}) {
     EXPECT_EQ(from_gguf.encode(text, true, false), from_bin.encode(text, true, false)) << text;
   }
+  // Where llama.cpp's prompts part from run.c's (ids from an independent model of llama.cpp's tokenizer): a
+  // typed U+2581 is a space to it, and a byte that is not UTF-8 takes as many bytes as it announces.
+  using Ids = std::vector<int>;
+  EXPECT_EQ(from_gguf.encode("a\u2581b \u2581x", true, false), (Ids{1, 263, 289, 29871, 921}));
+  EXPECT_EQ(from_gguf.encode("a\x80" "b", true, false), (Ids{1, 263, 131, 29890}));
+  EXPECT_EQ(from_bin.encode("a\x80" "b", true, false), (Ids{1, 29871, 100, 131, 29890}));  // run.c's
+  EXPECT_EQ(from_gguf.encode("\xe4" "ab", true, false), (Ids{1, 29871, 231, 100, 101}));
+  EXPECT_EQ(from_gguf.encode("Hello world <s>x", true, false), (Ids{1, 15043, 3186, 29871, 1, 921}));
   EXPECT_THROW(Tokenizer(model_file("mini-gqa.gguf"), 31999), FormatError);
 }
 
