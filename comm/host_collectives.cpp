@@ -128,9 +128,8 @@ void HostCollectives::publish_and_wait(std::uint64_t call, const char* what) {
         answer_pings();
       }
       if (!poller.pause()) {
-        const std::string silent = silent_ranks_note();
         throw CommError(fmt::format("{} timed out after {:g} s (--comm-timeout) waiting for {}{}", what, timeout_s_,
-                                    peer_name(comm_, r), silent.empty() ? ": a peer is stuck or dead" : silent));
+                                    peer_name(comm_, r), timeout_cause_note()));
       }
     }
   }

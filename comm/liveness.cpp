@@ -148,4 +148,9 @@ std::string silent_ranks_note(double grace_s) {
                      grace_s, others);
 }
 
+std::string timeout_cause_note() {
+  const std::string silent = silent_ranks_note();
+  return silent.empty() ? ": a peer is stuck or dead" : silent;
+}
+
 }  // namespace shardline::comm

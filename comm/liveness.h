@@ -33,6 +33,9 @@ std::vector<int> silent_ranks(double grace_s);
 // or a rank far behind)", or "" when liveness is not started.
 inline constexpr double kLivenessGraceS = 2.0;
 std::string silent_ranks_note(double grace_s = kLivenessGraceS);
+// A communicator's timeout message's end: silent_ranks_note(), or ": a peer is stuck or dead" when liveness
+// is not started (one job-wide wording for the MPI, shared-memory and NCCL waits).
+std::string timeout_cause_note();
 
 // After this rank asked (silent_ranks), answers pings for seconds before the caller ends the job: the job's
 // end sends SIGCONT to every rank, so a rank stopped by SIGSTOP woke up and answered the probes of the ranks

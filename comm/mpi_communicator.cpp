@@ -141,12 +141,11 @@ class MpiCommunicator final : public Communicator {
       if (done) return;
       if (poller.spun_out()) answer_pings();
       if (!poller.pause()) {
-        const std::string silent = silent_ranks_note();  // who is stuck: often not the peer waited for
+        const std::string cause = timeout_cause_note();  // who is stuck: often not the peer waited for
         MPI_Cancel(&request);
-        throw CommError(fmt::format(
-            "{} {}timed out after {:g} s (--comm-timeout){}", what,
-            peer >= 0 ? fmt::format("with {} ", peer_name(comm_, peer)) : std::string(), options_.timeout_s,
-            silent.empty() ? ": a peer is stuck or dead" : silent));
+        throw CommError(fmt::format("{} {}timed out after {:g} s (--comm-timeout){}", what,
+                                    peer >= 0 ? fmt::format("with {} ", peer_name(comm_, peer)) : std::string(),
+                                    options_.timeout_s, cause));
       }
     }
   }

@@ -176,10 +176,8 @@ class NcclComm final : public NcclCommunicator {
                                 why));
   }
   [[noreturn]] void time_out(const std::string& what, int peer) {
-    const std::string silent = silent_ranks_note();  // before the abort: the others may be asking this rank
-    fail(what, peer,
-         fmt::format("timed out after {:g} s (--comm-timeout){}", options_.timeout_s,
-                     silent.empty() ? ": a peer is stuck or dead" : silent));
+    const std::string cause = timeout_cause_note();  // before the abort: the others may be asking this rank
+    fail(what, peer, fmt::format("timed out after {:g} s (--comm-timeout){}", options_.timeout_s, cause));
   }
 
   // Queues one operation on `stream` after the compute stream's queued work, then waits for it to finish.
