@@ -84,11 +84,8 @@ bool read_pod(const std::string& data, std::size_t& pos, T& out) {
 }  // namespace
 
 struct Tokenizer::GgufConventions {
-  SpecialTokens specials;
-  std::vector<bool> silent;  // (vocab_size) or empty
-  bool add_bos = true;
-  bool add_space_prefix = true;
-  std::vector<std::string> end_names;  // end_ids' tokens as the file spells them
+  SentencePieceGguf file;  // as read (its specials spelled as the file spells them)
+  SpecialTokens specials;  // file.specials, ready to split a prompt at
 };
 
 Tokenizer::Tokenizer(const std::string& path, int vocab_size) {
@@ -104,18 +101,10 @@ Tokenizer::Tokenizer(const std::string& path, int vocab_size) {
     pieces_ = std::move(vocabulary.pieces);
     scores_ = std::move(vocabulary.scores);
     build_index(fmt::format("the vocabulary of '{}'", path));
-    SentencePieceGguf& file = *vocabulary.sentencepiece;
-    auto conventions = std::make_shared<GgufConventions>();
-    for (const int id : file.end_ids) {
-      const auto special = std::find_if(file.specials.begin(), file.specials.end(), [&](const auto& s) { return s.second == id; });
-      conventions->end_names.push_back(special != file.specials.end() ? special->first : pieces_[id]);
-    }
-    conventions->specials = SpecialTokens(std::move(file.specials));
-    conventions->silent = std::move(file.silent);
-    conventions->add_bos = file.add_bos;
-    conventions->add_space_prefix = file.add_space_prefix;
-    end_ids_ = std::move(file.end_ids);
-    gguf_ = std::move(conventions);
+    end_ids_ = vocabulary.sentencepiece->end_ids;
+    SpecialTokens specials(vocabulary.sentencepiece->specials);
+    gguf_ = std::make_shared<const GgufConventions>(
+        GgufConventions{std::move(*vocabulary.sentencepiece), std::move(specials)});
     return;
   }
   const std::string data = read_whole_file(path);
@@ -196,14 +185,21 @@ int Tokenizer::vocab_size() const {
 
 int Tokenizer::bos_id() const {
   if (byte_level_) return byte_level_->add_bos() ? byte_level_->bos_id() : -1;
-  return !gguf_ || gguf_->add_bos ? kBosId : -1;
+  return !gguf_ || gguf_->file.add_bos ? kBosId : -1;
+}
+
+const std::string& Tokenizer::gguf_spelling(int id) const {
+  for (const auto& [text, special] : gguf_->file.specials) {
+    if (special == id) return text;  // "</s>", where pieces_ holds llama2.c's "\n</s>\n"
+  }
+  return piece(id);
 }
 
 std::string Tokenizer::end_description() const {
   if (!byte_level_ && !gguf_) return "BOS, llama2.c's end of text";
   std::vector<std::string> names;
-  for (std::size_t i = 0; i < end_ids_.size(); ++i) {
-    const std::string& name = byte_level_ ? byte_level_->token_text(end_ids_[i]) : gguf_->end_names[i];
+  for (const int id : end_ids_) {
+    const std::string& name = byte_level_ ? byte_level_->token_text(id) : gguf_spelling(id);
     names.push_back(fmt::format("'{}'", printable(name, 40)));
   }
   return fmt::format("an end-of-text token: {}", fmt::join(names, " or "));
@@ -245,7 +241,7 @@ std::vector<int> Tokenizer::encode(std::string_view text, bool bos, bool eos) co
     // prefix at the start and after each special token (llama_tokenize's is_prev_special).
     const std::vector<SpecialTokens::Piece> pieces = gguf_->specials.split(text);
     // A prompt written with its own "<s>" gets one BOS, not two (llama.cpp adds a second, and warns of it).
-    if (bos && gguf_->add_bos && (pieces.empty() || pieces.front().id != kBosId)) tokens.push_back(kBosId);
+    if (bos && gguf_->file.add_bos && (pieces.empty() || pieces.front().id != kBosId)) tokens.push_back(kBosId);
     bool after_special = true;
     for (const SpecialTokens::Piece& piece : pieces) {
       if (piece.id >= 0) {
@@ -253,7 +249,7 @@ std::vector<int> Tokenizer::encode(std::string_view text, bool bos, bool eos) co
       } else {
         // llama.cpp writes the text's spaces as U+2581 before it merges, so one typed as U+2581 is a space
         // too (this vocabulary's pieces hold spaces where the file has U+2581).
-        encode_run_c(sentencepiece_spaces_as_spaces(piece.text), gguf_->add_space_prefix && after_special,
+        encode_run_c(sentencepiece_spaces_as_spaces(piece.text), gguf_->file.add_space_prefix && after_special,
                      tokens.size(), tokens, /*by_lead_byte=*/true);
       }
       after_special = piece.id >= 0;
@@ -353,7 +349,7 @@ void Tokenizer::encode_run_c(std::string_view text, bool dummy_prefix, std::size
 
 std::string_view Tokenizer::decode(int prev_token, int token) const {
   if (byte_level_) return byte_level_->decode(token);
-  if (gguf_ && !gguf_->silent.empty() && gguf_->silent.at(static_cast<std::size_t>(token))) return {};
+  if (gguf_ && !gguf_->file.silent.empty() && gguf_->file.silent.at(static_cast<std::size_t>(token))) return {};
   std::string_view p = piece(token);
   // sentencepiece's decoder drops the dummy prefix's space after BOS (llama2.c PR #89).
   if (prev_token == kBosId && !p.empty() && p.front() == ' ') p.remove_prefix(1);

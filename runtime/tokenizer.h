@@ -112,6 +112,8 @@ class Tokenizer {
   // its first byte announces, whatever they are (llama.cpp: the two differ only on text that is not UTF-8).
   void encode_run_c(std::string_view text, bool dummy_prefix, std::size_t merge_from, std::vector<int>& tokens,
                     bool by_lead_byte = false) const;
+  // A GGUF vocabulary's token as the file spells it (a special token's own text; else its piece).
+  const std::string& gguf_spelling(int id) const;
 
   std::vector<std::string> pieces_;  // (vocab_size); empty with a byte-level vocabulary
   std::vector<float> scores_;        // (vocab_size)
