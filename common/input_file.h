@@ -13,8 +13,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <climits>
-#include <cstdint>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <string>
 
@@ -48,9 +48,12 @@ inline void require_input_file(const std::string& path, const char* what, InputK
 // Opened without blocking, so a FIFO without a writer waits in poll(), where the timeout holds.
 inline std::string read_text_input(const std::string& path, const char* what, double timeout_s, std::size_t max_bytes) {
   require_input_file(path, what, InputKind::kFileOrPipe);
+  const auto too_large = [&] {
+    return ResourceError(fmt::format("{} '{}' holds more than {} MiB; is it the right file?", what, path, max_bytes >> 20));
+  };
   struct stat st {};
   if (::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && static_cast<std::uint64_t>(st.st_size) > max_bytes) {
-    throw ResourceError(fmt::format("{} '{}' holds more than {} MiB; is it the right file?", what, path, max_bytes >> 20));
+    throw too_large();  // (unread)
   }
   const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) throw ResourceError(fmt::format("cannot open {} '{}': {}", what, path, std::strerror(errno)));
@@ -75,10 +78,7 @@ inline std::string read_text_input(const std::string& path, const char* what, do
     if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
     if (n < 0) throw ResourceError(fmt::format("cannot read {} '{}': {}", what, path, std::strerror(errno)));
     if (n == 0) return text;
-    if (text.size() + static_cast<std::size_t>(n) > max_bytes) {
-      throw ResourceError(fmt::format("{} '{}' holds more than {} MiB; is it the right file?", what, path,
-                                      max_bytes >> 20));
-    }
+    if (text.size() + static_cast<std::size_t>(n) > max_bytes) throw too_large();
     text.append(chunk, static_cast<std::size_t>(n));
   }
 }

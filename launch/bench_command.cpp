@@ -114,7 +114,7 @@ std::optional<BenchConfig> parse_bench_config(const std::vector<std::string>& ar
   check_threads_flag(c.threads);
   if (vm.count("tp")) check_rank_flag("--tp", c.tp);
   if (vm.count("pp")) check_rank_flag("--pp", c.pp);
-  if (!(c.comm_timeout_s >= 1)) throw ConfigError("--comm-timeout must be at least 1 second (inf: no limit)");
+  check_comm_timeout_flag(c.comm_timeout_s);
   if (c.models_dir.empty()) c.models_dir = (std::filesystem::path(runtime::cache_dir()) / "bench").string();
   return c;
 }

@@ -15,6 +15,7 @@
 #include "common/error.h"
 #include "common/printable.h"
 #include "kernels/cpu/isa.h"
+#include "launch/mpi_session.h"
 
 namespace shardline::launch {
 
@@ -123,6 +124,12 @@ void check_threads_flag(int value) {
     throw ConfigError(fmt::format("--threads {} is not a thread count from 1 to {} (kernel threads per rank: about one "
                                   "per core it runs on)",
                                   value, kMaxThreadsFlag));
+  }
+}
+
+void check_comm_timeout_flag(double timeout_s) {
+  if (!(timeout_s >= kMinCommTimeoutS)) {
+    throw ConfigError(fmt::format("--comm-timeout must be at least {:g} second (inf: no limit)", kMinCommTimeoutS));
   }
 }
 

@@ -44,6 +44,8 @@ void check_rank_flag(const char* flag, int value);
 inline constexpr int kMaxThreadsFlag = 1024;
 // ConfigError unless 1 <= --threads <= kMaxThreadsFlag.
 void check_threads_flag(int value);
+// ConfigError unless --comm-timeout is at least kMinCommTimeoutS (inf: no limit; NaN is refused).
+void check_comm_timeout_flag(double timeout_s);
 
 // Why --tp/--pp (0 = not given) cannot lay out a job of `world` ranks, and what to launch instead.
 std::string rank_count_mismatch(int tp_flag, int pp_flag, int world);

@@ -95,7 +95,7 @@ double comm_timeout_flag(const std::vector<std::string>& args) {
     }
     char* end = nullptr;
     const double timeout_s = std::strtod(value.c_str(), &end);
-    if (end != value.c_str() && *end == '\0' && timeout_s >= 1) return timeout_s;
+    if (end != value.c_str() && *end == '\0' && timeout_s >= shardline::launch::kMinCommTimeoutS) return timeout_s;
     break;
   }
   return shardline::launch::kDefaultCommTimeoutS;

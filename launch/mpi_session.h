@@ -13,6 +13,9 @@ namespace shardline::launch {
 
 // --comm-timeout's default: seconds a rank waits for a peer before failing the job.
 inline constexpr double kDefaultCommTimeoutS = 120.0;
+// Its least value: below a second MPI's own start-up outlasted it, and every task timed out alone, each
+// with its own line.
+inline constexpr double kMinCommTimeoutS = 1.0;
 
 class MpiSession {
  public:

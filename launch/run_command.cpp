@@ -288,8 +288,7 @@ std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, 
   if (f.steps < 1) throw ConfigError(fmt::format("--steps must be >= 1, got {}", f.steps));
   if (vm.count("tp")) check_rank_flag("--tp", c.tp);
   if (vm.count("pp")) check_rank_flag("--pp", c.pp);
-  // Below a second MPI's own start-up outlasts it: every task timed out alone, each with its own line.
-  if (!(c.comm_timeout_s >= 1)) throw ConfigError("--comm-timeout must be at least 1 second (inf: no limit)");
+  check_comm_timeout_flag(c.comm_timeout_s);
   if (c.engine.micro_batches < 0) throw ConfigError("--micro-batches must be >= 1 (or 0: planned)");
   if (c.engine.chunk_tokens < 0) throw ConfigError("--chunk-tokens must be >= 1 (or 0: planned per prompt)");
   // A NaN would reach the sampler as probabilities that sum to nothing.
@@ -302,7 +301,8 @@ std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, 
     throw ConfigError("--prompt and --prompts-file both give the prompts: use one (put the --prompt text in the file)");
   }
   const std::vector<std::string> prompts =
-      f.prompts_file.empty() ? std::vector<std::string>{f.prompt} : read_prompts_file(f.prompts_file, c.comm_timeout_s, mpi.world_size() > 1);
+      f.prompts_file.empty() ? std::vector<std::string>{f.prompt}
+                             : read_prompts_file(f.prompts_file, c.comm_timeout_s, mpi.world_size() > 1);
   c.prompts_file = f.prompts_file;
   c.steps_given = !vm["steps"].defaulted();
   check_prompts_fit_in_memory(prompts, f.batch);
@@ -429,7 +429,7 @@ void print_json(const runtime::GenerationResult& r) {
   std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << std::endl;
 }
 
-// A sequence stops where the model samples an end of text (llama2.c's BOS; a Llama 3 file's EOS, EOT or EOM):
+// A sequence stops where the model samples an end of text (llama2.c's BOS; a GGUF file's EOS, EOT or EOM):
 // a run that printed its prompt and nothing after it looked broken without a word on why.
 void report_early_ends(const runtime::Tokenizer& tokenizer, const std::vector<runtime::GenerationRequest>& requests,
                        const std::vector<runtime::GenerationResult>& results) {

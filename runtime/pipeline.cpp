@@ -361,7 +361,8 @@ void Pipeline::sample_item(const Item& item, std::vector<SeqState>& seqs, const 
       // winner is finite; a sampled row's softmax takes every logit, so a NaN or a +Inf spoils it. A -Inf (a
       // token that can never win, probability 0) spoils neither, and is not warned of.
       const bool has_nan = std::any_of(logits, logits + vocab, [](float v) { return std::isnan(v); });
-      const bool has_plus_inf = std::any_of(logits, logits + vocab, [](float v) { return v == std::numeric_limits<float>::infinity(); });
+      const bool has_plus_inf =
+          std::any_of(logits, logits + vocab, [](float v) { return v == std::numeric_limits<float>::infinity(); });
       const bool pick_sound = s.sampler->leaves_logits_unchanged() ? std::isfinite(logits[picked_tokens_[i]])
                                                                    : !has_nan && !has_plus_inf;
       if (!pick_sound || has_nan) warn_logits_not_finite(outputs, seq, pick_sound);
