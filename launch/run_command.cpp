@@ -142,7 +142,7 @@ po::options_description run_options(RunFlags& f) {
   RunConfig& c = f.c;
   po::options_description options("run options");
   options.add_options()
-      ("model,m", po::value(&c.engine.model_path), "llama2.c checkpoint or GGUF file (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K-Q6_K, IQ4_NL, IQ4_XS) of a llama model (default: a built-in random-weight model)")
+      ("model,m", po::value(&c.engine.model_path), "llama2.c checkpoint (legacy, or export.py --version 1 or 2) or GGUF file (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K-Q6_K, IQ4_NL, IQ4_XS) of a llama model (default: a built-in random-weight model)")
       ("tokenizer,z", po::value(&c.engine.tokenizer_path), "tokenizer.bin (default: a GGUF model's own vocabulary, else found beside the model)")
       ("prompt,i", po::value(&f.prompt)->default_value("Once upon a time"), "prompt text")
       ("prompts-file", po::value(&f.prompts_file), "several sequences at once: one prompt per line (blank lines are skipped; not with --prompt)")
@@ -345,14 +345,13 @@ std::string cpu_only_reason(const RunConfig& c, const runtime::ModelFile& model)
 // llama-quantize preset mixes types, all of them blocks of a few bits a weight.)
 std::string quantised_file_note(const RunConfig& c, const runtime::CheckpointLayout& layout) {
   if (layout.layers.empty() || c.engine.weights_dtype == kernels::cpu::WeightDtype::kInt8) return "";
-  const runtime::TensorElement element = layout.layers.front().w1.element;
-  const runtime::ElementBlock block = runtime::element_block(element);
-  if (block.elements == 1) return "";
-  const double bits = 8.0 * static_cast<double>(block.bytes) / static_cast<double>(block.elements);
+  const runtime::TensorRef& w1 = layout.layers.front().w1;
+  const double bits = runtime::bits_per_weight(w1);
+  if (bits >= 16.0) return "";  // F32, F16, BF16
   const double held = c.engine.weights_dtype == kernels::cpu::WeightDtype::kF32 ? 32.0 : 16.0;
   return fmt::format("'{}' holds {} weights ({:.1f} bits each); --weights-dtype {} holds them in {:.0f} bits, {:.1f}x "
                      "their bytes in the file: --weights-dtype int8 (8.5 bits) is the compact choice",
-                     c.engine.model_path, runtime::element_name(element), bits,
+                     c.engine.model_path, runtime::element_name(w1.element), bits,
                      kernels::cpu::weight_dtype_name(c.engine.weights_dtype), held, held / bits);
 }
 

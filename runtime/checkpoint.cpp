@@ -10,15 +10,26 @@
 #include "memory/mapped_file.h"
 #include "runtime/gguf.h"
 #include "runtime/gguf_model.h"
+#include "runtime/llama2c_export.h"
 
 namespace shardline::runtime {
 
 ElementBlock element_block(TensorElement element) {
+  if (element == TensorElement::kLlama2cQ8) return {1, 1};
   const GgufBlockSize block = gguf_block_size(static_cast<std::uint32_t>(element));
   return {block.elements, block.bytes};
 }
 
-std::string element_name(TensorElement element) { return gguf_type_name(static_cast<std::uint32_t>(element)); }
+std::string element_name(TensorElement element) {
+  if (element == TensorElement::kLlama2cQ8) return "Q8_0 (llama2.c)";
+  return gguf_type_name(static_cast<std::uint32_t>(element));
+}
+
+double bits_per_weight(const TensorRef& tensor) {
+  const ElementBlock block = element_block(tensor.element);
+  const double bits = 8.0 * static_cast<double>(block.bytes) / static_cast<double>(block.elements);
+  return tensor.element == TensorElement::kLlama2cQ8 ? bits + 32.0 / tensor.group : bits;
+}
 
 std::uint64_t tensor_bytes(TensorElement element, std::uint64_t n) {
   const ElementBlock block = element_block(element);
@@ -67,6 +78,7 @@ namespace {
 
 ModelFile read_llama2c_file(const std::string& path) {
   memory::MappedFile file(path);
+  if (is_llama2c_export(file)) return read_llama2c_export(path, file);
   if (file.size_bytes() < kCheckpointHeaderBytes) {
     throw FormatError(fmt::format("'{}' is not a llama2.c checkpoint: {} bytes, shorter than the 28-byte header",
                                   path, file.size_bytes()));

@@ -1,6 +1,6 @@
 // Model files: llama2.c "legacy" checkpoints (a 7 x int32 header, then float32 tensors in a fixed order; see
-// ../shared/models/README.md) and GGUF files of llama models (gguf_model.h). This file knows where each
-// tensor is; shard_weights.h maps one rank's slices of it.
+// ../shared/models/README.md), llama2.c's versioned exports (llama2c_export.h) and GGUF files of llama models
+// (gguf_model.h). This file knows where each tensor is; shard_weights.h maps one rank's slices of it.
 #pragma once
 
 #include <cstdint>
@@ -13,20 +13,23 @@ namespace shardline::runtime {
 
 inline constexpr std::uint64_t kCheckpointHeaderBytes = 7 * sizeof(std::int32_t);
 
-// The element types a model file's tensors may have: llama2.c's are all F32; a GGUF file's matrices may be
-// F16, BF16, or one of ggml's quantised block formats (runtime/ggml_blocks.h), converted to fp32 as a rank
-// reads its slice; its norms usually stay F32. The values are ggml's type ids, so GGUF's tables (block
-// sizes, names: runtime/gguf.h) describe them.
+// The element types a model file's tensors may have: llama2.c's legacy and version-1 files are all F32; a
+// GGUF file's matrices may be F16, BF16, or one of ggml's quantised block formats (runtime/ggml_blocks.h),
+// converted to fp32 as a rank reads its slice; its norms usually stay F32. The values are ggml's type ids, so
+// GGUF's tables (block sizes, names: runtime/gguf.h) describe them; but for kLlama2cQ8, which is no ggml type:
+// llama2.c's version-2 matrices (runq.c's Q8_0), int8 values whose fp32 scales, one per `group` consecutive
+// values of the tensor, follow the tensor's values (TensorRef::scales).
 enum class TensorElement : std::uint32_t {
   kF32 = 0, kF16 = 1, kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ2_K = 10, kQ3_K = 11, kQ4_K = 12,
-  kQ5_K = 13, kQ6_K = 14, kIQ4_NL = 20, kIQ4_XS = 23, kBF16 = 30
+  kQ5_K = 13, kQ6_K = 14, kIQ4_NL = 20, kIQ4_XS = 23, kBF16 = 30, kLlama2cQ8 = 0x10000
 };
-// Elements per block and a block's bytes: {1, 4} for F32, {1, 2} for F16 and BF16, {32, 34} for Q8_0 ...
+// Elements per block and a block's bytes: {1, 4} for F32, {1, 2} for F16 and BF16, {32, 34} for Q8_0 ...,
+// {1, 1} for kLlama2cQ8 (its values; the scales lie apart).
 struct ElementBlock {
   std::uint64_t elements, bytes;
 };
 ElementBlock element_block(TensorElement element);
-// "F32", "F16", "BF16", "Q8_0", "Q4_K" ...: ggml's names.
+// "F32", "F16", "BF16", "Q8_0", "Q4_K" ...: ggml's names; "Q8_0 (llama2.c)" for kLlama2cQ8.
 std::string element_name(TensorElement element);
 // Bytes of n consecutive elements (for a block format, n a multiple of its block's elements).
 std::uint64_t tensor_bytes(TensorElement element, std::uint64_t n);
@@ -36,9 +39,22 @@ std::uint64_t tensor_bytes(TensorElement element, std::uint64_t n);
 struct TensorRef {
   std::uint64_t offset = 0;
   TensorElement element = TensorElement::kF32;
-  TensorRef at(std::uint64_t index) const { return {offset + tensor_bytes(element, index), element}; }
+  // kLlama2cQ8 only: the file offset of the whole tensor's fp32 scales, its values per scale, and which value
+  // of the tensor `offset` is (a slice may start inside a group: the groups run over the flattened tensor).
+  std::uint64_t scales = 0;
+  std::uint32_t group = 0;
+  std::uint64_t first = 0;
+  TensorRef at(std::uint64_t index) const {
+    TensorRef t = *this;
+    t.offset += tensor_bytes(element, index);
+    if (element == TensorElement::kLlama2cQ8) t.first += index;
+    return t;
+  }
   bool operator==(const TensorRef&) const = default;
 };
+// Bits a weight of the tensor takes in its file: 32 for F32, 16 for F16, 8.5 for Q8_0, 4.5 for Q4_0, 8 + 32 /
+// group for kLlama2cQ8 ...
+double bits_per_weight(const TensorRef& tensor);
 
 // One layer's tensors, each row-major with rows = output features.
 struct LayerTensors {
@@ -74,6 +90,7 @@ enum class ModelFormat { kLlama2c, kGguf };
 // that a file may set (GGUF's layer_norm_rms_epsilon, rope.freq_base and rope_freqs; llama2.c's are fixed).
 struct ModelFile {
   ModelFormat format = ModelFormat::kLlama2c;
+  int llama2c_version = 0;  // llama2.c: 0 (legacy), or export.py's version 1 or 2
   partition::ModelShape shape;
   CheckpointLayout layout;
   float rms_eps = 1e-5f;
@@ -83,8 +100,8 @@ struct ModelFile {
   std::vector<float> rope_freq_divisors;
 };
 
-// Reads and validates a llama2.c checkpoint or a GGUF file (told apart by GGUF's magic): the header or
-// metadata, and that every tensor lies inside the file. Throws ResourceError (missing/unreadable) or
+// Reads and validates a llama2.c checkpoint (legacy, or export.py's version 1 or 2) or a GGUF file (told apart
+// by their magics): the header or metadata, and that every tensor lies inside the file. Throws ResourceError (missing/unreadable) or
 // FormatError (nonsense header, size not matching it, a GGUF tensor of a type or shape shardline cannot
 // use) with the path and what to do.
 ModelFile read_model_file(const std::string& path);

@@ -52,6 +52,7 @@ std::optional<TensorElement> element_of(std::uint32_t type) {
     case TensorElement::kQ3_K:
     case TensorElement::kIQ4_NL:
     case TensorElement::kIQ4_XS: return element;
+    case TensorElement::kLlama2cQ8: return std::nullopt;  // llama2.c's, no ggml type id
   }
   return std::nullopt;
 }

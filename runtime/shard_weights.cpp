@@ -4,6 +4,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -136,25 +137,58 @@ void widen_chunk(const std::byte* src, TensorElement element, std::uint64_t n, f
   for (std::uint64_t i = 0; i < n; ++i) dst[i] = kernels::cpu::bf16_to_float(bits[i]);
 }
 
+// llama2.c's Q8_0 (version 2): value i is q[i] times its group's scale, as runq.c's dequantize() computes it.
+// `first` is value 0's index in its tensor (groups run over the flattened tensor, across rows), `scales` the
+// scale of value 0's group and those after it.
+void widen_llama2c_q8(const std::int8_t* q, const std::byte* scales, std::uint64_t first, std::uint32_t group,
+                      std::uint64_t n, float* dst) {
+  for (std::uint64_t i = 0, g = 0; i < n; ++g) {
+    const std::uint64_t end = std::min(n, (first / group + g + 1) * group - first);
+    float scale = 0.0f;
+    std::memcpy(&scale, scales + g * kF, kF);  // unaligned where a tensor's value count is odd
+    for (; i < end; ++i) dst[i] = static_cast<float>(q[i]) * scale;
+  }
+}
+
 // The same on the rank's kernel threads, in chunks of whole blocks (2^14 values, a whole number of blocks of
 // every type; each thread takes a band of chunks, so their count costs nothing). Each value is decoded alone,
 // so the split does not change a bit. On one thread a 4-bit file's blocks decode at 1-2.6 ns a value, F16 at
 // about 1: a 7B model's seconds (BENCHMARKS.md, "GGUF files: load time by element type").
-void widen(const std::byte* src, TensorElement element, std::uint64_t n, float* dst) {
+template <typename DecodeChunk>
+void in_chunks(std::uint64_t n, DecodeChunk&& decode) {
   constexpr std::uint64_t kChunkValues = std::uint64_t{1} << 14;
   const std::uint64_t chunks = (n + kChunkValues - 1) / kChunkValues;
   SL_CHECK_MSG(chunks <= static_cast<std::uint64_t>(std::numeric_limits<int>::max()), "{} values to widen", n);
   kernels::cpu::parallel_for(static_cast<int>(chunks), [&](int chunk, int) {
     const std::uint64_t first = static_cast<std::uint64_t>(chunk) * kChunkValues;
-    widen_chunk(src + tensor_bytes(element, first), element, std::min(kChunkValues, n - first), dst + first);
+    decode(first, std::min(kChunkValues, n - first));
   });
 }
 
 }  // namespace
 
+void ShardWeights::widen(TensorRef tensor, std::uint64_t n, float* dst) const {
+  const memory::MappedRegion source = file_.map(tensor.offset, tensor_bytes(tensor.element, n), {.populate = true});
+  if (tensor.element != TensorElement::kLlama2cQ8) {
+    in_chunks(n, [&](std::uint64_t first, std::uint64_t count) {
+      widen_chunk(source.data() + tensor_bytes(tensor.element, first), tensor.element, count, dst + first);
+    });
+    return;
+  }
+  const std::uint64_t group = tensor.group, first_group = tensor.first / group;
+  const memory::MappedRegion scales =
+      file_.map(tensor.scales + first_group * kF, ((tensor.first + n - 1) / group - first_group + 1) * kF,
+                {.populate = true});
+  const auto* q = reinterpret_cast<const std::int8_t*>(source.data());
+  in_chunks(n, [&](std::uint64_t first, std::uint64_t count) {
+    const std::uint64_t value = tensor.first + first;  // in the tensor
+    widen_llama2c_q8(q + first, scales.data() + (value / group - first_group) * kF, value, tensor.group, count,
+                     dst + first);
+  });
+}
+
 const float* ShardWeights::map_floats(TensorRef tensor, std::uint64_t n_floats, bool populate) {
   if (tensor.element != TensorElement::kF32) {
-    const memory::MappedRegion source = file_.map(tensor.offset, tensor_bytes(tensor.element, n_floats), {.populate = true});
     float* dst = nullptr;
     if (options_.copy_to_arena && options_.arena) {
       dst = options_.arena->allocate<float>(n_floats);
@@ -162,7 +196,7 @@ const float* ShardWeights::map_floats(TensorRef tensor, std::uint64_t n_floats, 
       widened_.emplace_back(n_floats);
       dst = widened_.back().data();
     }
-    widen(source.data(), tensor.element, n_floats, dst);
+    widen(tensor, n_floats, dst);
     copied_bytes_ += n_floats * kF;
     return dst;
   }
@@ -190,16 +224,18 @@ PackedMatrix ShardWeights::convert(TensorRef matrix, int rows, int cols, partiti
   // The mapping is dropped on return: its pages were only read to convert this rank's part, so they do not
   // stay in the rank's resident set. A column slice maps every row whole (its columns are strided).
   const std::uint64_t n = static_cast<std::uint64_t>(rows) * cols;
-  const memory::MappedRegion source = file_.map(matrix.offset, tensor_bytes(matrix.element, n), {.populate = true});
   // Other elements than F32 go through fp32 first (a temporary of the slice's rows), which the packers take.
   // Not value-initialised: the widening's threads are the first to touch its pages (a zeroing pass would
   // be a serial write of every byte before them).
+  std::optional<memory::MappedRegion> source;
   std::unique_ptr<float[]> widened;
-  if (matrix.element != TensorElement::kF32) {
+  if (matrix.element == TensorElement::kF32) {
+    source.emplace(file_.map(matrix.offset, n * kF, {.populate = true}));
+  } else {
     widened.reset(new float[n]);
-    widen(source.data(), matrix.element, n, widened.get());
+    widen(matrix, n, widened.get());
   }
-  const float* floats = widened ? widened.get() : source.as<float>();
+  const float* floats = widened ? widened.get() : source->as<float>();
   PackedMatrix m{options_.dtype, rows, columns.size(), nullptr,
                  options_.dtype == kernels::cpu::WeightDtype::kInt8 ? int8_group : 0};
   std::byte* dst = into != nullptr ? into : allocate_packed(m.size_bytes());

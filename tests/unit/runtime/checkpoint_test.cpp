@@ -12,6 +12,7 @@
 #include "partition/model_presets.h"
 #include "runtime/checkpoint.h"
 #include "runtime/model_generator.h"
+#include "tests/support/llama2c_export.h"
 
 namespace shardline::runtime {
 namespace {
@@ -111,6 +112,45 @@ TEST_F(CheckpointTest, NonsenseHeadersAreFormatErrors) {
   const std::int32_t min_vocab[7] = {32, 70, 2, 4, 2, std::numeric_limits<std::int32_t>::min(), 16};
   EXPECT_NE(error_of(write_variant("e.bin", 0, min_vocab)).find("vocab -2147483648"), std::string::npos)
       << error_of(write_variant("e.bin", 0, min_vocab));
+}
+
+TEST_F(CheckpointTest, VersionedExportsPlaceTheirTensorsAsExportPyWritesThem) {
+  const std::string v1 = (dir_ / "v1.bin").string(), v2 = (dir_ / "v2.bin").string();
+  test::write_llama2c_export(model_, v1, {.version = 1});
+  ASSERT_EQ(test::write_llama2c_export(model_, v2, {.version = 2}), 32);  // 64 halved to divide dim 32
+  const std::uint64_t d = 32, L = 2, h = 70, kv = 16, v = 300, f = 4;
+  const ModelFile one = read_model_file(v1);
+  EXPECT_EQ(one.llama2c_version, 1);
+  EXPECT_EQ(one.shape, shape_);
+  EXPECT_TRUE(one.layout.all_f32());
+  // The norms first, then the embedding and each kind of matrix for every layer.
+  EXPECT_EQ(one.layout.layers[1].rms_att.offset, 256 + d * f);
+  EXPECT_EQ(one.layout.layers[0].rms_ffn.offset, 256 + L * d * f);
+  EXPECT_EQ(one.layout.token_embedding.offset, 256 + (2 * L + 1) * d * f);
+  EXPECT_EQ(one.layout.layers[1].wq.offset, one.layout.token_embedding.offset + (v * d + d * d) * f);
+  EXPECT_EQ(one.layout.classifier.offset, one.layout.total_bytes - v * d * f);
+
+  const ModelFile two = read_model_file(v2);
+  EXPECT_EQ(two.llama2c_version, 2);
+  EXPECT_EQ(two.shape, shape_);
+  EXPECT_FALSE(two.layout.all_f32());
+  EXPECT_EQ(two.layout.layers[1].rms_ffn, (TensorRef{256 + (L + 1) * d * f}));
+  // Each layer's matrix: its int8 values, then one fp32 scale per 32 of them.
+  const TensorRef w2 = two.layout.layers[1].w2;
+  EXPECT_EQ(w2.element, TensorElement::kLlama2cQ8);
+  EXPECT_EQ(w2.group, 32u);
+  EXPECT_EQ(w2.scales, w2.offset + d * h);
+  EXPECT_EQ(two.layout.layers[0].w2.scales + d * h / 32 * f, w2.offset);
+  EXPECT_EQ(two.layout.layers[1].w1.offset, two.layout.layers[0].w1.scales + h * d / 32 * f);
+  EXPECT_EQ(two.layout.layers[0].wk.offset, two.layout.layers[1].wq.scales + d * d / 32 * f);
+  EXPECT_EQ(two.layout.layers[0].wv.offset, two.layout.layers[1].wk.scales + kv * d / 32 * f);
+  // A slice starts inside the tensor (and here inside a group: rows of 70 values, groups of 32).
+  const TensorRef row1 = w2.at(h);
+  EXPECT_EQ(row1.offset, w2.offset + h);
+  EXPECT_EQ(row1.first, h);
+  EXPECT_EQ(row1.scales, w2.scales);
+  EXPECT_DOUBLE_EQ(bits_per_weight(w2), 9.0);
+  EXPECT_EQ(two.layout.classifier.scales + v * d / 32 * f, two.layout.total_bytes);
 }
 
 TEST_F(CheckpointTest, MissingFileIsAResourceError) {
