@@ -329,14 +329,11 @@ std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, 
   return std::move(c);  // a tokenizer left open is looked for once the model's header has been read
 }
 
-// Why this run cannot go to a GPU, or "": the CUDA stage converts weights to fp32 or bf16 only, and uploads
-// F32 tensors only. --device auto then keeps the CPU (and says why); --device cuda is refused (exit 2).
+// Why this run cannot go to a GPU, or "": the CUDA stage converts weights to fp32 or bf16 only, and has no
+// RoPE frequency factors. --device auto then keeps the CPU (and says why); --device cuda is refused (exit 2).
 std::string cpu_only_reason(const RunConfig& c, const runtime::ModelFile& model) {
   if (c.engine.weights_dtype == kernels::cpu::WeightDtype::kInt8) return "--weights-dtype int8 runs on the CPU only";
   if (!model.rope_freq_divisors.empty()) return "the CUDA stage does not apply RoPE frequency factors (rope_freqs)";
-  if (!model.layout.all_f32()) {
-    return "the CUDA stage reads F32 model files only and this one has F16, BF16 or quantised tensors";
-  }
   return "";
 }
 

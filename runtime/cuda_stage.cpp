@@ -15,6 +15,7 @@
 #include "kernels/cuda/ops.h"
 #include "memory/mapped_file.h"
 #include "runtime/checkpoint.h"
+#include "runtime/tensor_decode.h"
 
 namespace shardline::runtime {
 
@@ -146,7 +147,8 @@ class CudaStage final : public StageBackend {
   // The whole checkpoint, mapped without populating: matrices are read once while uploading; the embedding
   // rows are read per token on the first stage.
   memory::MappedRegion whole_file_;
-  const float* embedding_ = nullptr;  // (vocab, dim), host mapping
+  const float* embedding_ = nullptr;  // (vocab, dim): the host mapping, or decoded_embedding_
+  std::vector<float> decoded_embedding_;  // a file's F16, BF16 or quantised embedding as fp32
   std::string device_name_;
   cuda::Stream stream_;
   std::unique_ptr<comm::NcclCommunicator> tp_comm_;  // null for tp = 1
@@ -192,12 +194,9 @@ void CudaStage::upload_weights() {
     throw FormatError(fmt::format("'{}' scales RoPE by frequency factors (rope_freqs), which --device cuda does not "
                                   "apply yet: run it on the CPU (--device cpu)", file_.path()));
   }
-  // The device stage uploads straight from the mapped file as fp32 (a GGUF file's F16, BF16 and quantised
-  // tensors are widened only by the CPU stage's loader).
-  if (!layout.all_f32()) {
-    throw FormatError(fmt::format("'{}' has F16, BF16 or quantised tensors, which --device cuda does not read yet: run it on "
-                                  "the CPU (--device cpu) or convert it with --outtype f32", file_.path()));
-  }
+  // F32 tensors are uploaded straight from the mapped file; others (a GGUF file's F16, BF16 and block formats,
+  // llama2.c's Q8_0) are decoded to fp32 on the host first, as the CPU stage's loader decodes them
+  // (runtime/tensor_decode.h), one layer's at a time.
   whole_file_ = file_.map(0, file_.size_bytes(), memory::MapOptions{false, -1});
   const auto dtype = device_dtype(options_.weights_dtype);
   const std::size_t dim = shape_.dim, hidden_full = shape_.hidden_dim;
@@ -205,27 +204,47 @@ void CudaStage::upload_weights() {
   const std::size_t q0 = static_cast<std::size_t>(shard_.heads.begin) * hs;
   const std::size_t kv0 = static_cast<std::size_t>(shard_.kv_heads.begin) * hs;
   const std::size_t h0 = shard_.hidden.begin;
-  constexpr std::size_t f = sizeof(float);
+  std::vector<std::vector<float>> decoded;  // the current layer's decoded tensors, until they are uploaded
+  auto host_floats = [&](TensorRef tensor, std::uint64_t n) -> const float* {
+    if (tensor.element == TensorElement::kF32) return file_floats(tensor.offset);
+    decoded.emplace_back(n);
+    decode_tensor(file_, tensor, n, decoded.back().data());
+    return decoded.back().data();
+  };
   for (int g = shard_.layers.begin; g < shard_.layers.end; ++g) {
     DeviceLayer layer;
     const LayerTensors& t = layout.layers[g];
-    layer.rms_att = upload_floats(file_floats(t.rms_att.offset), dim);
-    layer.rms_ffn = upload_floats(file_floats(t.rms_ffn.offset), dim);
-    // Row slices (output features) of q, k, v, w1, w3; column slices (input features) of wo and w2.
-    layer.wq = cuda::DeviceMatrix::upload(file_floats(t.wq.offset + q0 * dim * f), dim, q_dim_, dim, dtype);
-    layer.wk = cuda::DeviceMatrix::upload(file_floats(t.wk.offset + kv0 * dim * f), dim, kv_dim_, dim, dtype);
-    layer.wv = cuda::DeviceMatrix::upload(file_floats(t.wv.offset + kv0 * dim * f), dim, kv_dim_, dim, dtype);
-    layer.wo = cuda::DeviceMatrix::upload(file_floats(t.wo.offset + q0 * f), dim, dim, q_dim_, dtype);
-    layer.w1 = cuda::DeviceMatrix::upload(file_floats(t.w1.offset + h0 * dim * f), dim, hidden_, dim, dtype);
-    layer.w3 = cuda::DeviceMatrix::upload(file_floats(t.w3.offset + h0 * dim * f), dim, hidden_, dim, dtype);
-    layer.w2 = cuda::DeviceMatrix::upload(file_floats(t.w2.offset + h0 * f), hidden_full, dim, hidden_, dtype);
+    layer.rms_att = upload_floats(host_floats(t.rms_att, dim), dim);
+    layer.rms_ffn = upload_floats(host_floats(t.rms_ffn, dim), dim);
+    // Row slices (output features) of q, k, v, w1, w3; column slices (input features) of wo and w2, whose
+    // rows are read whole.
+    const std::size_t qd = q_dim_, kvd = kv_dim_, hd = hidden_;
+    layer.wq = cuda::DeviceMatrix::upload(host_floats(t.wq.at(q0 * dim), qd * dim), dim, q_dim_, dim, dtype);
+    layer.wk = cuda::DeviceMatrix::upload(host_floats(t.wk.at(kv0 * dim), kvd * dim), dim, kv_dim_, dim, dtype);
+    layer.wv = cuda::DeviceMatrix::upload(host_floats(t.wv.at(kv0 * dim), kvd * dim), dim, kv_dim_, dim, dtype);
+    layer.wo = cuda::DeviceMatrix::upload(host_floats(t.wo, dim * dim) + q0, dim, dim, q_dim_, dtype);
+    layer.w1 = cuda::DeviceMatrix::upload(host_floats(t.w1.at(h0 * dim), hd * dim), dim, hidden_, dim, dtype);
+    layer.w3 = cuda::DeviceMatrix::upload(host_floats(t.w3.at(h0 * dim), hd * dim), dim, hidden_, dim, dtype);
+    layer.w2 = cuda::DeviceMatrix::upload(host_floats(t.w2, dim * hidden_full) + h0, hidden_full, dim, hidden_, dtype);
     layers_.push_back(std::move(layer));
+    decoded.clear();
   }
-  if (shard_.has_embedding) embedding_ = file_floats(layout.token_embedding.offset);
+  const std::size_t vocab = shape_.vocab_size;
+  if (shard_.has_embedding) {
+    // Looked up per token on the host: mapped in place, or decoded whole once.
+    if (layout.token_embedding.element == TensorElement::kF32) {
+      embedding_ = file_floats(layout.token_embedding.offset);
+    } else {
+      decoded_embedding_.resize(vocab * dim);
+      decode_tensor(file_, layout.token_embedding, vocab * dim, decoded_embedding_.data());
+      embedding_ = decoded_embedding_.data();
+    }
+  }
   if (shard_.has_classifier) {
-    rms_final_ = upload_floats(file_floats(layout.rms_final.offset), dim);
-    classifier_ = cuda::DeviceMatrix::upload(file_floats(layout.classifier.offset + shard_.vocab.begin * dim * f), dim,
-                                             shard_.vocab.size(), dim, dtype);
+    rms_final_ = upload_floats(host_floats(layout.rms_final, dim), dim);
+    const std::size_t rows = shard_.vocab.size();
+    classifier_ = cuda::DeviceMatrix::upload(host_floats(layout.classifier.at(shard_.vocab.begin * dim), rows * dim),
+                                             dim, shard_.vocab.size(), dim, dtype);
   }
   max_k_ = std::max({static_cast<int>(dim), q_dim_, hidden_});
 }

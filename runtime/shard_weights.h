@@ -78,8 +78,6 @@ class ShardWeights {
   std::vector<kernels::cpu::ReadRegion> streamed_regions() const;
 
  private:
-  // n values of the tensor (not F32) as fp32 into dst, decoded on the rank's kernel threads.
-  void widen(TensorRef tensor, std::uint64_t n, float* dst) const;
   // n_floats of the tensor as fp32: mapped in place (F32), or converted into the arena or an owned buffer.
   const float* map_floats(TensorRef tensor, std::uint64_t n_floats, bool populate);
   // Converts rows [0, rows) x columns [columns.begin, columns.end) of the (rows, cols) matrix at `matrix`;

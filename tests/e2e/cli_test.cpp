@@ -423,10 +423,6 @@ void expect_gguf_gives_its_decoded_checkpoint(const std::string& model, const st
       ASSERT_EQ(gguf.exit_code, 0) << gguf.err;
       EXPECT_EQ(parse_single_json(gguf.out)["ids"], parse_single_json(rounded.out)["ids"])
           << main_type << " np " << np;
-      // --device auto keeps such a file on the CPU, GPU or not: the CUDA stage uploads F32 files only, so
-      // --device cuda is a bad flag for it, said before anything starts.
-      EXPECT_NE(gguf.err.find("running on the CPU: the CUDA stage reads F32 model files only"), std::string::npos)
-          << gguf.err;
       // A quantised file held in fp32 (the default) takes several times its bytes: one line says so.
       EXPECT_EQ(count_of(gguf.err, "holds " + runtime::gguf_type_name(main_type) + " weights"),
                 ggml_block_values(main_type) > 1 ? 1u : 0u) << gguf.err;
@@ -449,9 +445,6 @@ TEST_F(Cli, F16Bf16AndBlockFormatGgufGiveTheTokensOfTheirDecodedCheckpoint) {
   // no multiple of 256).
   expect_gguf_gives_its_decoded_checkpoint(
       model, dir_.string(), one_type_each({1u, 30u, kGgmlQ8_0, kGgmlQ4_0, kGgmlQ4_1, kGgmlQ5_0, kGgmlQ5_1, kGgmlIQ4_NL}));
-  llama_gguf_from_llama2c(model, runtime::default_tokenizer_path_for(model), {.matrix_type = 8}).write(path("h.gguf"));
-  expect_clean_failure(" run --device cuda --model " + path("h.gguf"), 2,
-                       "--device cuda: the CUDA stage reads F32 model files only");
 }
 
 TEST_F(Cli, KQuantGgufGivesTheTokensOfItsDecodedCheckpoint) {

@@ -3,6 +3,8 @@
 // cuda fails with one error line and exit 4 on every rank. The GPU tests (label cuda) check the goldens
 // through the CUDA stage and skip themselves, with the reason, where no device exists: with and without
 // CUDA graphs, the GPU's NUMA node in the placement, and (two GPUs or more) TP and PP over NCCL.
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -11,6 +13,7 @@
 
 #include "kernels/cuda/device.h"
 #include "tests/support/golden_run.h"
+#include "tests/support/llama2c_export.h"
 #include "tests/support/models.h"
 #include "tests/support/process.h"
 
@@ -89,6 +92,27 @@ TEST_F(DeviceGpu, CudaReproducesTheGoldens) {
   const GoldenRun golden = prepare_golden_run(kModel, path("prompts"));
   const ProcessResult r = run_process(shardline_binary() + " run " + golden.flags + " --device cuda");
   expect_goldens(r, golden.goldens, "--device cuda");
+}
+
+TEST_F(DeviceGpu, CudaRunsAQuantisedFileAsTheCheckpointOfItsDecodedValues) {
+  // The CUDA stage's loader decodes a file's non-F32 tensors on the host, as the CPU's does: a llama2.c Q8_0
+  // file (runq.c's) gives the logits of a legacy checkpoint of the values its codes decode to, bit for bit.
+  const auto devices = kernels::cuda::device_count();
+  if (devices.count == 0) GTEST_SKIP() << "no usable GPU: " << devices.reason;
+  const std::string model = path("m.bin");
+  ASSERT_EQ(run_process(shardline_binary() + " gen-model --dim 64 --hidden 168 --layers 2 --heads 4 --kv-heads 2 "
+                        "--vocab 300 --seq 40 --unshared-classifier --out " + model).exit_code, 0);
+  write_llama2c_export(model, path("q80.bin"), {.version = 2}, path("decoded.bin"));
+  auto logits_of = [&](const std::string& file) {
+    const ProcessResult r = run_process(shardline_binary() + " run --device cuda --steps 16 --prompt hello --tokenizer " +
+                                        path("m.tokenizer.bin") + " --model " + file + " --dump-logits " + path("l.f32"));
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    std::ifstream in(path("l.f32"), std::ios::binary);
+    return std::vector<char>((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  const std::vector<char> decoded = logits_of(path("decoded.bin"));
+  EXPECT_EQ(decoded.size(), 16u * 300u * sizeof(float));
+  EXPECT_EQ(logits_of(path("q80.bin")), decoded);
 }
 
 // GPU only (label cuda): the issue #8 features through the real binary. Each skips with the reason where the

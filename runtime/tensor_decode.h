@@ -1,0 +1,18 @@
+// A model file's tensor values as fp32, whatever their element type: F16 and BF16 widened exactly, ggml's
+// block formats decoded as ggml decodes them (runtime/ggml_blocks.h), llama2.c's Q8_0 as runq.c's
+// dequantize() computes it. Shared by the CPU stage's loader (shard_weights.h), which converts them to
+// --weights-dtype, and the CUDA stage's, which uploads them.
+#pragma once
+
+#include <cstdint>
+
+#include "memory/mapped_file.h"
+#include "runtime/checkpoint.h"
+
+namespace shardline::runtime {
+
+// n values of the tensor from `tensor` on (TensorRef::at picks a slice) into dst, decoded on the calling
+// rank's kernel threads, each value alone (so the split over threads changes no bit). F32 is copied.
+void decode_tensor(const memory::MappedFile& file, TensorRef tensor, std::uint64_t n, float* dst);
+
+}  // namespace shardline::runtime
