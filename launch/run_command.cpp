@@ -329,11 +329,10 @@ std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, 
   return std::move(c);  // a tokenizer left open is looked for once the model's header has been read
 }
 
-// Why this run cannot go to a GPU, or "": the CUDA stage converts weights to fp32 or bf16 only, and has no
-// RoPE frequency factors. --device auto then keeps the CPU (and says why); --device cuda is refused (exit 2).
-std::string cpu_only_reason(const RunConfig& c, const runtime::ModelFile& model) {
+// Why this run cannot go to a GPU, or "": the CUDA stage converts weights to fp32 or bf16 only. --device auto
+// then keeps the CPU (and says why); --device cuda is refused (exit 2).
+std::string cpu_only_reason(const RunConfig& c) {
   if (c.engine.weights_dtype == kernels::cpu::WeightDtype::kInt8) return "--weights-dtype int8 runs on the CPU only";
-  if (!model.rope_freq_divisors.empty()) return "the CUDA stage does not apply RoPE frequency factors (rope_freqs)";
   return "";
 }
 
@@ -546,7 +545,7 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
     const runtime::ModelFile model = runtime::read_model_file(config->engine.model_path);  // a missing one first
     report_model_bus_errors(config->engine.model_path);
     shape = model.shape;
-    config->cpu_only_reason = cpu_only_reason(*config, model);  // the phases below only look it up
+    config->cpu_only_reason = cpu_only_reason(*config);  // the phases below only look it up
     config->quantised_note = quantised_file_note(*config, model.layout);
     if (config->engine.tokenizer_path.empty()) config->engine.tokenizer_path = find_tokenizer_for(config->engine.model_path);
     const runtime::Tokenizer tokenizer(config->engine.tokenizer_path, shape->vocab_size);

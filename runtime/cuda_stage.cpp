@@ -149,6 +149,7 @@ class CudaStage final : public StageBackend {
   memory::MappedRegion whole_file_;
   const float* embedding_ = nullptr;  // (vocab, dim): the host mapping, or decoded_embedding_
   std::vector<float> decoded_embedding_;  // a file's F16, BF16 or quantised embedding as fp32
+  cuda::DeviceBuffer rope_divisors_;      // empty, or (head_size / 2): the file's RoPE frequency factors
   std::string device_name_;
   cuda::Stream stream_;
   std::unique_ptr<comm::NcclCommunicator> tp_comm_;  // null for tp = 1
@@ -190,9 +191,8 @@ class CudaStage final : public StageBackend {
 void CudaStage::upload_weights() {
   const ModelFile model = read_model_file(file_.path());
   const CheckpointLayout& layout = model.layout;
-  if (!model.rope_freq_divisors.empty()) {
-    throw FormatError(fmt::format("'{}' scales RoPE by frequency factors (rope_freqs), which --device cuda does not "
-                                  "apply yet: run it on the CPU (--device cpu)", file_.path()));
+  if (!model.rope_freq_divisors.empty()) {  // Llama 3.1's RoPE factors
+    rope_divisors_ = upload_floats(model.rope_freq_divisors.data(), model.rope_freq_divisors.size());
   }
   // F32 tensors are uploaded straight from the mapped file; others (a GGUF file's F16, BF16 and block formats,
   // llama2.c's Q8_0) are decoded to fp32 on the host first, as the CPU stage's loader decodes them
@@ -337,8 +337,9 @@ void CudaStage::queue_attention(int l, int r0, int r1) {
   blas_->matmul(q, xb, w.wq.view(), n, s);
   blas_->matmul(k, xb, w.wk.view(), n, s);
   blas_->matmul(v, xb, w.wv.view(), n, s);
-  cuda::rope(q, d_positions, n, n_heads, hs, options_.stage.rope_theta, s);
-  cuda::rope(k, d_positions, n, n_kv_heads, hs, options_.stage.rope_theta, s);
+  const float* divisors = rope_divisors_.bytes() > 0 ? rope_divisors_.as<float>() : nullptr;
+  cuda::rope(q, d_positions, n, n_heads, hs, options_.stage.rope_theta, divisors, s);
+  cuda::rope(k, d_positions, n, n_kv_heads, hs, options_.stage.rope_theta, divisors, s);
   // Each row's key and value into its block, addressed on the device (a replayed graph's rows move on).
   cuda::PagedKvWrite kw;
   kw.kv_pool = kv_pool_.as<float>();

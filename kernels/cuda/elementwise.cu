@@ -27,7 +27,7 @@ __global__ void rmsnorm_kernel(float* out, const float* x, const float* weight, 
 
 // One thread per adjacent pair (i, i+1) of one head of one token.
 __global__ void rope_kernel(float* vec, const int* positions, int n_tokens, int n_heads, int head_size,
-                            float theta_base) {
+                            float theta_base, const float* freq_divisors) {
   const int half = head_size / 2;
   const std::size_t pair = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (pair >= static_cast<std::size_t>(n_tokens) * n_heads * half) return;
@@ -39,7 +39,8 @@ __global__ void rope_kernel(float* vec, const int* positions, int n_tokens, int 
   // long context). Computing in double and rounding once reproduces the CPU's floats in nearly all cases.
   const float exponent = static_cast<float>(i) / static_cast<float>(head_size);
   const float freq = 1.0f / static_cast<float>(pow(static_cast<double>(theta_base), static_cast<double>(exponent)));
-  const float angle = static_cast<float>(positions[token]) * freq;
+  float angle = static_cast<float>(positions[token]) * freq;
+  if (freq_divisors != nullptr) angle = __fdiv_rn(angle, freq_divisors[i / 2]);  // IEEE division, as the CPU's
   const float fcr = static_cast<float>(cos(static_cast<double>(angle)));
   const float fci = static_cast<float>(sin(static_cast<double>(angle)));
   const float v0 = v[0];
@@ -82,11 +83,11 @@ void rmsnorm(float* out, const float* x, const float* weight, int n, int dim, fl
 }
 
 void rope(float* vec, const int* positions, int n_tokens, int n_heads, int head_size, float theta_base,
-          StreamRef stream) {
+          const float* freq_divisors, StreamRef stream) {
   const std::size_t pairs = static_cast<std::size_t>(n_tokens) * n_heads * (head_size / 2);
   if (pairs == 0) return;
   rope_kernel<<<blocks_for(pairs), kThreads, 0, native(stream)>>>(vec, positions, n_tokens, n_heads, head_size,
-                                                                  theta_base);
+                                                                  theta_base, freq_divisors);
 }
 
 void swiglu(float* h1, const float* h3, std::size_t size, StreamRef stream) {

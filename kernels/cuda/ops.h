@@ -22,10 +22,12 @@ void rmsnorm(float* out, const float* x, const float* weight, int n, int dim, fl
 
 // Rotary embedding on adjacent pairs within each head (llama2.c's and the CPU kernel's arithmetic:
 // freq = 1 / theta_base^(i / head_size) for pair (i, i+1), angle = pos * freq), token t at positions[t].
-// Positions live on the device so a captured decode graph replays at any position.
+// Positions live on the device so a captured decode graph replays at any position. freq_divisors: null, or
+// (head_size / 2) on the device: pair i's angle is divided by freq_divisors[i] (Llama 3.1's RoPE scaling, as
+// kernels::cpu::rope_angles applies it).
 //   vec: (n_tokens, n_heads, head_size)   positions: (n_tokens)
 void rope(float* vec, const int* positions, int n_tokens, int n_heads, int head_size, float theta_base,
-          StreamRef stream);
+          const float* freq_divisors, StreamRef stream);
 
 // h1 = silu(h1) * h3, elementwise.   h1, h3: (size)
 void swiglu(float* h1, const float* h3, std::size_t size, StreamRef stream);

@@ -53,7 +53,7 @@ void copy_device_to_device_async(void*, const void*, std::size_t, StreamRef) { u
 void fill_zero_async(void*, std::size_t, StreamRef) { unavailable("CUDA memset"); }
 
 void rmsnorm(float*, const float*, const float*, int, int, float, StreamRef) { unavailable("CUDA rmsnorm"); }
-void rope(float*, const int*, int, int, int, float, StreamRef) { unavailable("CUDA rope"); }
+void rope(float*, const int*, int, int, int, float, const float*, StreamRef) { unavailable("CUDA rope"); }
 void swiglu(float*, const float*, std::size_t, StreamRef) { unavailable("CUDA swiglu"); }
 void add_inplace(float*, const float*, std::size_t, StreamRef) { unavailable("CUDA add"); }
 void kv_write_paged(const PagedKvWrite&, StreamRef) { unavailable("CUDA KV write"); }

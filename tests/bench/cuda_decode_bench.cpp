@@ -160,8 +160,8 @@ GpuSpeeds gpu_tok_s(const Shape& s, const HostWeights& host, cuda::DeviceDtype d
       blas.matmul(q.as<float>(), xb.as<float>(), w.wq.view(), 1, st);
       blas.matmul(k.as<float>(), xb.as<float>(), w.wk.view(), 1, st);
       blas.matmul(v.as<float>(), xb.as<float>(), w.wv.view(), 1, st);
-      cuda::rope(q.as<float>(), d_pos.as<int>(), 1, s.heads, s.head_size(), 10000.0f, st);
-      cuda::rope(k.as<float>(), d_pos.as<int>(), 1, s.kv_heads, s.head_size(), 10000.0f, st);
+      cuda::rope(q.as<float>(), d_pos.as<int>(), 1, s.heads, s.head_size(), 10000.0f, nullptr, st);
+      cuda::rope(k.as<float>(), d_pos.as<int>(), 1, s.kv_heads, s.head_size(), 10000.0f, nullptr, st);
       cuda::PagedAttention a;
       a.out = att.as<float>();
       a.q = q.as<float>();

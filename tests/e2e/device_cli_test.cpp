@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kernels/cuda/device.h"
+#include "tests/support/gguf_writer.h"
 #include "tests/support/golden_run.h"
 #include "tests/support/llama2c_export.h"
 #include "tests/support/models.h"
@@ -113,6 +114,28 @@ TEST_F(DeviceGpu, CudaRunsAQuantisedFileAsTheCheckpointOfItsDecodedValues) {
   const std::vector<char> decoded = logits_of(path("decoded.bin"));
   EXPECT_EQ(decoded.size(), 16u * 300u * sizeof(float));
   EXPECT_EQ(logits_of(path("q80.bin")), decoded);
+}
+
+TEST_F(DeviceGpu, CudaAppliesAGgufFilesRopeFrequencyFactorsAsTheCpuDoes) {
+  // Llama 3.1's RoPE divisors (rope_freqs.weight): the CUDA stage's tokens are the CPU's, and not those of
+  // the same file without them.
+  const auto devices = kernels::cuda::device_count();
+  if (devices.count == 0) GTEST_SKIP() << "no usable GPU: " << devices.reason;
+  const std::string model = path("m.bin");
+  ASSERT_EQ(run_process(shardline_binary() + " gen-model --dim 64 --hidden 160 --layers 2 --heads 4 --vocab 300 "
+                        "--seq 64 --seed 6 --out " + model).exit_code, 0);
+  const std::string tokenizer = path("m.tokenizer.bin");
+  auto ids_of = [&](const std::string& file, const std::string& device) {
+    const ProcessResult r = run_process(shardline_binary() + " run --json --steps 40 --prompt hi --device " + device +
+                                        " --model " + file);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return r.exit_code == 0 ? nlohmann::json::parse(r.out)["ids"] : nlohmann::json();
+  };
+  llama_gguf_from_llama2c(model, tokenizer, {.rope_freqs = {8, 8, 4, 4, 2, 2, 1, 1}}).write(path("scaled.gguf"));
+  llama_gguf_from_llama2c(model, tokenizer, {}).write(path("plain.gguf"));
+  const nlohmann::json cpu = ids_of(path("scaled.gguf"), "cpu");
+  EXPECT_EQ(ids_of(path("scaled.gguf"), "cuda"), cpu);
+  EXPECT_NE(ids_of(path("plain.gguf"), "cuda"), cpu);
 }
 
 // GPU only (label cuda): the issue #8 features through the real binary. Each skips with the reason where the

@@ -105,6 +105,28 @@ TEST_F(CudaOps, RmsnormMatchesCpu) {
   }
 }
 
+TEST_F(CudaOps, RopeWithFrequencyDivisorsMatchesCpu) {
+  // Llama 3.1's scaling: each pair's angle divided by its factor (1 for the fast pairs, up to 8 for the slow).
+  const std::vector<int> positions = {0, 5, 300, 4095};
+  const int n_heads = 4, head_size = 64, n_tokens = static_cast<int>(positions.size());
+  std::vector<float> divisors(head_size / 2);
+  for (int i = 0; i < head_size / 2; ++i) divisors[i] = 1.0f + 7.0f * static_cast<float>(i) / (head_size / 2 - 1);
+  const std::size_t row = static_cast<std::size_t>(n_heads) * head_size;
+  auto x = random_floats(n_tokens * row, 5);
+  std::vector<float> want = x, cos_sin(head_size), plain = x;
+  for (int t = 0; t < n_tokens; ++t) {
+    cpu::rope_angles(cos_sin.data(), head_size, positions[t], 500000.0f, divisors.data());
+    cpu::rope_rotate(want.data() + t * row, n_heads, head_size, cos_sin.data());
+  }
+  DeviceBuffer dx = to_device(x), dpos = to_device(positions), ddiv = to_device(divisors);
+  rope(dx.as<float>(), dpos.as<int>(), n_tokens, n_heads, head_size, 500000.0f, ddiv.as<float>(), stream());
+  const auto got = to_host<float>(dx, x.size());
+  EXPECT_LT(nmse(got, want), kElementwiseNmse);
+  DeviceBuffer dplain = to_device(plain);
+  rope(dplain.as<float>(), dpos.as<int>(), n_tokens, n_heads, head_size, 500000.0f, nullptr, stream());
+  EXPECT_GT(nmse(to_host<float>(dplain, x.size()), want), 1e-6) << "the divisors must change the rotation";
+}
+
 TEST_F(CudaOps, RopeMatchesCpuAtEveryPosition) {
   // Far positions matter most: an error in a frequency grows with the position.
   const std::vector<int> positions = {0, 1, 37, 255, 1023, 4095};
@@ -116,7 +138,7 @@ TEST_F(CudaOps, RopeMatchesCpuAtEveryPosition) {
     std::vector<float> want = x;
     for (int t = 0; t < n_tokens; ++t) cpu::rope(want.data() + t * row, n_heads, head_size, positions[t], 10000.0f);
     DeviceBuffer dx = to_device(x), dpos = to_device(positions);
-    rope(dx.as<float>(), dpos.as<int>(), n_tokens, n_heads, head_size, 10000.0f, stream());
+    rope(dx.as<float>(), dpos.as<int>(), n_tokens, n_heads, head_size, 10000.0f, nullptr, stream());
     const auto got = to_host<float>(dx, x.size());
     EXPECT_LT(nmse(got, want), kElementwiseNmse) << "head size " << head_size;
     std::size_t identical = 0;
@@ -382,7 +404,7 @@ TEST_F(CudaOps, GraphReplaysADecodeLikeChain) {
   DeviceBuffer dh(dim * 4), dlogits(vocab * 4), dtoken(4);
   auto step = [&] {
     rmsnorm(dh.as<float>(), dx.as<float>(), dnorm.as<float>(), 1, dim, 1e-5f, stream());
-    rope(dh.as<float>(), dpos.as<int>(), 1, dim / head_size, head_size, 10000.0f, stream());
+    rope(dh.as<float>(), dpos.as<int>(), 1, dim / head_size, head_size, 10000.0f, nullptr, stream());
     add_inplace(dh.as<float>(), dx.as<float>(), dim, stream());
     blas.matmul(dlogits.as<float>(), dh.as<float>(), dw.view(), 1, stream());
     argmax(dtoken.as<int>(), dlogits.as<float>(), 1, vocab, stream());
