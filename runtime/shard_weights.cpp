@@ -1,16 +1,11 @@
 #include "runtime/shard_weights.h"
 
-#include <algorithm>
-#include <cstring>
-#include <limits>
 #include <memory>
 #include <optional>
 
 #include <fmt/format.h>
 
 #include "common/error.h"
-#include "kernels/cpu/ops.h"
-#include "kernels/cpu/row_kernels.h"
 #include "kernels/cpu/weight_format.h"
 #include "runtime/checkpoint.h"
 #include "runtime/tensor_decode.h"
