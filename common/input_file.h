@@ -46,7 +46,9 @@ inline void require_input_file(const std::string& path, const char* what, InputK
 // terminal must give its next bytes within timeout_s (a pipe nobody writes held every rank of a job in this
 // read, before any of them could time out), and the whole at most max_bytes (/dev/zero grew without end).
 // Opened without blocking, so a FIFO without a writer waits in poll(), where the timeout holds.
-inline std::string read_text_input(const std::string& path, const char* what, double timeout_s, std::size_t max_bytes) {
+// timeout_flag: the flag that sets timeout_s, named in the timeout's message (null: a fixed bound).
+inline std::string read_text_input(const std::string& path, const char* what, double timeout_s, std::size_t max_bytes,
+                                   const char* timeout_flag = nullptr) {
   require_input_file(path, what, InputKind::kFileOrPipe);
   const auto too_large = [&] {
     return ResourceError(fmt::format("{} '{}' holds more than {} MiB; is it the right file?", what, path, max_bytes >> 20));
@@ -70,9 +72,10 @@ inline std::string read_text_input(const std::string& path, const char* what, do
     if (n_ready < 0 && errno == EINTR) continue;
     if (n_ready < 0) throw ResourceError(fmt::format("cannot read {} '{}': {}", what, path, std::strerror(errno)));
     if (n_ready == 0) {
-      throw ResourceError(fmt::format("{} '{}' gave nothing for {} s (--comm-timeout): a pipe nobody writes to? Write "
-                                      "its text to a file, or raise --comm-timeout",
-                                      what, path, timeout_s));
+      throw ResourceError(fmt::format("{} '{}' gave nothing for {} s{}: a pipe nobody writes to? Write its text to a "
+                                      "file{}",
+                                      what, path, timeout_s, timeout_flag ? fmt::format(" ({})", timeout_flag) : "",
+                                      timeout_flag ? fmt::format(", or raise {}", timeout_flag) : ""));
     }
     const ssize_t n = ::read(fd, chunk, sizeof chunk);
     if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
@@ -82,5 +85,11 @@ inline std::string read_text_input(const std::string& path, const char* what, do
     text.append(chunk, static_cast<std::size_t>(n));
   }
 }
+
+// How long a hostfile, rankfile or cluster file given as a pipe (`--hostfile <(scontrol show hostnames)`) may
+// take to give its next bytes, and the most it may hold: a FIFO nobody wrote to held `launch-check` and
+// `plan` forever.
+inline constexpr double kPipedTextTimeoutS = 30.0;
+inline constexpr std::size_t kMaxTextInputBytes = std::size_t{64} << 20;
 
 }  // namespace shardline

@@ -74,19 +74,14 @@ int positive_count(const std::string& path, int line, const std::string& key, co
   return n;
 }
 
-std::string read_text(const std::string& path, const char* what) {
-  require_input_file(path, what, InputKind::kFileOrPipe);
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw ResourceError(fmt::format("cannot read {} '{}': check the path", what, path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+std::string read_text(const std::string& path, const char* what, double pipe_timeout_s) {
+  return read_text_input(path, what, pipe_timeout_s, kMaxTextInputBytes);
 }
 
 }  // namespace
 
-std::optional<int> Hostfile::total_slots() const {
-  int total = 0;
+std::optional<std::int64_t> Hostfile::total_slots() const {
+  std::int64_t total = 0;  // (up to 999999 a host, and any number of hosts)
   for (const auto& h : hosts) {
     if (!h.slots) return std::nullopt;
     total += *h.slots;
@@ -227,8 +222,7 @@ std::vector<RankfileEntry> parse_rankfile(const std::string& text, const std::st
     if (!short_number(rank_text)) {
       throw ConfigError(fmt::format("{}: '{}' is not a rank number; {}", where(path, number), printable(rank_text), kRankfileLine));
     }
-    const bool relative = host.size() > 2 && host.rfind("+n", 0) == 0 &&
-                          host.find_first_not_of("0123456789", 2) == std::string::npos;
+    const bool relative = host.rfind("+n", 0) == 0 && short_number(host.substr(2));
     if (!relative && !valid_host(host)) {
       throw ConfigError(fmt::format("{}: '{}' is not a host name, address or +nI; {}", where(path, number), printable(host),
                                     kRankfileLine));
@@ -248,10 +242,12 @@ std::vector<RankfileEntry> parse_rankfile(const std::string& text, const std::st
   return entries;
 }
 
-Hostfile read_hostfile(const std::string& path) { return parse_hostfile(read_text(path, "hostfile"), path); }
+Hostfile read_hostfile(const std::string& path, double pipe_timeout_s) {
+  return parse_hostfile(read_text(path, "hostfile", pipe_timeout_s), path);
+}
 
-std::vector<RankfileEntry> read_rankfile(const std::string& path) {
-  return parse_rankfile(read_text(path, "rankfile"), path);
+std::vector<RankfileEntry> read_rankfile(const std::string& path, double pipe_timeout_s) {
+  return parse_rankfile(read_text(path, "rankfile", pipe_timeout_s), path);
 }
 
 }  // namespace shardline::launch

@@ -12,9 +12,12 @@
 //   rank 1=node01 slot=1:0-7
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
+
+#include "common/input_file.h"
 
 namespace shardline::launch {
 
@@ -30,7 +33,7 @@ struct Hostfile {
   std::vector<HostEntry> hosts;  // in file order, each host once
 
   // Sum of slots, or nullopt when a host leaves its count to mpirun.
-  std::optional<int> total_slots() const;
+  std::optional<std::int64_t> total_slots() const;
   const HostEntry* find(const std::string& host) const;
 };
 
@@ -47,8 +50,9 @@ struct RankfileEntry {
 Hostfile parse_hostfile(const std::string& text, const std::string& path);
 std::vector<RankfileEntry> parse_rankfile(const std::string& text, const std::string& path);
 
-// Read and parse a file; ResourceError when it cannot be read.
-Hostfile read_hostfile(const std::string& path);
-std::vector<RankfileEntry> read_rankfile(const std::string& path);
+// Read and parse a file; ResourceError when it cannot be read, or is a pipe that gives nothing for
+// pipe_timeout_s (common/input_file.h).
+Hostfile read_hostfile(const std::string& path, double pipe_timeout_s = kPipedTextTimeoutS);
+std::vector<RankfileEntry> read_rankfile(const std::string& path, double pipe_timeout_s = kPipedTextTimeoutS);
 
 }  // namespace shardline::launch

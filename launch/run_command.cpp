@@ -102,7 +102,7 @@ constexpr std::size_t kMaxPromptsFileBytes = std::size_t{256} << 20;
 
 // several_tasks: the job has more than one task, each of which reads the file.
 std::vector<std::string> read_prompts_file(const std::string& path, double timeout_s, bool several_tasks) {
-  const std::string text = read_text_input(path, "--prompts-file", timeout_s, kMaxPromptsFileBytes);
+  const std::string text = read_text_input(path, "--prompts-file", timeout_s, kMaxPromptsFileBytes, "--comm-timeout");
   std::vector<std::string> prompts;
   for (std::size_t at = 0; at < text.size();) {
     const std::size_t end = std::min(text.find('\n', at), text.size());

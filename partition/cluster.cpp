@@ -257,12 +257,10 @@ nlohmann::json cluster_to_json(const ClusterSpec& c) {
 }
 
 ClusterSpec load_cluster_file(const std::string& path) {
-  require_input_file(path, "cluster file", InputKind::kFileOrPipe);
-  std::ifstream in(path);
-  if (!in) throw ResourceError(fmt::format("cannot open cluster file '{}'", path));
+  const std::string text = read_text_input(path, "cluster file", kPipedTextTimeoutS, kMaxTextInputBytes);
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(in);
+    j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {  // syntax, and numbers beyond a double (1e999)
     throw FormatError(fmt::format("cluster file '{}' is not valid JSON: {}", path, e.what()));
   }

@@ -2,6 +2,15 @@
 // is a ConfigError naming file:line.
 #include "launch/hostfile.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <fstream>
+#include <string>
+#include <thread>
+
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "common/error.h"
@@ -92,6 +101,32 @@ TEST(Hostfile, UnreadableFileIsAResourceError) {
   EXPECT_THROW(read_hostfile("/nonexistent/hostfile"), ResourceError);
 }
 
+// A named pipe nobody writes to held launch-check (and plan's --cluster) forever; a pipe that does give its
+// text is read as a file (`--hostfile <(scontrol show hostnames)`).
+TEST(Hostfile, APipeMustGiveItsTextWithinItsTimeout) {
+  const std::string fifo = ::testing::TempDir() + "hostfile_fifo_" + std::to_string(::getpid());
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  try {
+    read_hostfile(fifo, 0.2);
+    ADD_FAILURE() << "a pipe nobody writes was read";
+  } catch (const ResourceError& e) {
+    EXPECT_NE(std::string(e.what()).find("hostfile '" + fifo + "' gave nothing for 0.2 s: a pipe nobody writes to?"),
+              std::string::npos) << e.what();
+  }
+  std::thread writer([&] { std::ofstream(fifo) << "node01 slots=2\n"; });
+  const Hostfile f = read_hostfile(fifo, 30.0);
+  writer.join();
+  EXPECT_EQ(f.total_slots(), 2);
+  ::unlink(fifo.c_str());
+}
+
+// Counts add up in 64 bits: 2200 hosts of 999999 slots each overflowed an int (a fuzzing pass).
+TEST(Hostfile, ManyLargeHostsAddUpWithoutOverflow) {
+  std::string text;
+  for (int i = 0; i < 2200; ++i) text += fmt::format("h{} slots=999999\n", i);  // (GCC 12 warns of "h" + ...)
+  EXPECT_EQ(parse_hostfile(text, "h").total_slots(), std::int64_t{2200} * 999999);
+}
+
 TEST(Rankfile, Ranks) {
   const auto r = parse_rankfile("# tp=2\nrank 0=node01 slot=0:0-7\nrank 1 = node01 slot = 1:0-7\nrank 2=+n1 slot=0,1\n", "r");
   ASSERT_EQ(r.size(), 3u);
@@ -111,6 +146,10 @@ TEST(Rankfile, MistakesNameFileAndLine) {
   EXPECT_NE(rankfile_error_of("rnak 0=a slot=1\n").find("r:1:"), std::string::npos);
   EXPECT_NE(rankfile_error_of("rank 0=a slot=core1\n").find("r:1: slot 'core1'"), std::string::npos);
   EXPECT_NE(rankfile_error_of("rank 0=a/b slot=1\n").find("r:1: 'a/b' is not a host"), std::string::npos);
+  // A +nI index too long to be one (std::stoul threw out of range: "unexpected: stoul", exit 1).
+  EXPECT_NE(rankfile_error_of("rank 0=+n12345678901234567890123 slot=1\n").find("r:1: '+n12345678901234567890123' is "
+                                                                               "not a host name, address or +nI"),
+            std::string::npos);
   EXPECT_NE(rankfile_error_of("\n").find("places no rank"), std::string::npos);
 }
 

@@ -2,6 +2,7 @@
 // rank -> host map it reports.
 #include "launch/launch_check.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "common/error.h"
@@ -166,6 +167,40 @@ TEST(LaunchCheck, RankfileIsNotHeldToTheHostfileSlotsButSharedCoresWarn) {
   EXPECT_NE(report.warnings[1].find("ranks 2 and 3"), std::string::npos) << report.warnings[1];
   r.rankfile = parse_rankfile("rank 0=a slot=0\nrank 1=a slot=1:0\nrank 2=b slot=0\nrank 3=b slot=0:1\n", "ranks");
   EXPECT_TRUE(check_launch(r).warnings.empty());
+}
+
+// A fuzzing pass: 300 rank lines all bound to cores 0-4095 of one host compared every pair of lines' core
+// sets (minutes, then the OOM killer); each pair is now found once through the cores, and the warnings stop
+// after eight pairs with the count of the rest.
+TEST(LaunchCheck, ManyRankLinesOnTheSameCoresWarnBriefly) {
+  std::string text;
+  for (int i = 0; i < 300; ++i) text += fmt::format("rank {}=a slot=0:0-4095\n", i);
+  LaunchRequest r = layout(300, 1);
+  r.rankfile = parse_rankfile(text, "ranks");
+  const LaunchCheckReport report = check_launch(r);
+  ASSERT_EQ(report.warnings.size(), 9u);
+  EXPECT_NE(report.warnings[0].find("rankfile lines 1 and 2 bind ranks 0 and 1 to the same cores of a"),
+            std::string::npos) << report.warnings[0];
+  EXPECT_EQ(report.warnings[8], "... and 291 more pairs of rankfile lines that share cores");
+}
+
+// Slot totals add up in 64 bits: 2200 hosts of max_slots=999999 said "allows at most -2094969496 ranks".
+TEST(LaunchCheck, LargeHostfilesCountTheirSlotsWithoutOverflow) {
+  std::string text;
+  for (int i = 0; i < 2200; ++i) text += fmt::format("h{} slots=1 max_slots=999999\n", i);
+  LaunchRequest r = layout(4096, 8);
+  r.hostfile = parse_hostfile(text, "hosts");
+  r.oversubscribe = true;
+  EXPECT_NO_THROW(check_launch(r));
+  r.oversubscribe = false;
+  try {
+    check_launch(r);
+    ADD_FAILURE() << "2200 slots taken for 32768 ranks";
+  } catch (const ResourceError& e) {
+    EXPECT_NE(std::string(e.what()).find("offers 2200 slots (h0:1, h1:1, h2:1, h3:1, h4:1, h5:1, h6:1, h7:1 and 2192 "
+                                         "more hosts) but tp=4096 x pp=8 needs 32768 ranks"),
+              std::string::npos) << e.what();
+  }
 }
 
 TEST(LaunchCheck, ExampleFilesPassTheirOwnCheck) {
