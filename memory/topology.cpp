@@ -1,5 +1,8 @@
 #include "memory/topology.h"
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
@@ -15,6 +18,34 @@
 namespace shardline::memory {
 
 namespace detail {
+
+namespace {
+
+// hwloc 2.9 dereferences a null bitmap on some damaged XML files (an object with a cpuset but no
+// complete_cpuset: a fuzzing pass, SIGSEGV in hwloc_topology_load). A file is therefore loaded first in a
+// child process: if hwloc dies there, the file is refused by name. (Only `topo --xml` reads XML, before
+// any MPI or kernel thread exists, so forking is safe.)
+void refuse_xml_that_crashes_hwloc(const std::string& path, bool with_io) {
+  const pid_t child = ::fork();
+  if (child < 0) return;  // no trial then; the load below still reports what hwloc reports
+  if (child == 0) {
+    hwloc_topology_t t = nullptr;
+    bool loaded = hwloc_topology_init(&t) == 0 && hwloc_topology_set_xml(t, path.c_str()) == 0 &&
+                  (!with_io || hwloc_topology_set_io_types_filter(t, HWLOC_TYPE_FILTER_KEEP_IMPORTANT) == 0) &&
+                  hwloc_topology_load(t) == 0;
+    ::_exit(loaded ? 0 : 1);  // (no destructors, no atexit handlers of the parent's)
+  }
+  int status = 0;
+  while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (WIFSIGNALED(status)) {
+    throw FormatError(fmt::format("'{}' is not a valid hwloc topology XML: hwloc crashed reading it (signal {}), as "
+                                  "it does on some damaged or hand-edited files; write one with `lstopo FILE.xml`",
+                                  path, WTERMSIG(status)));
+  }
+}
+
+}  // namespace
 
 void check_hwloc(int code, const char* what) {
   if (code >= 0) return;
@@ -43,6 +74,7 @@ HwlocHandle::HwlocHandle(Source source, const std::string& argument, bool with_i
                                     argument));
     }
     if (with_io) check_hwloc(hwloc_topology_set_io_types_filter(topology_, HWLOC_TYPE_FILTER_KEEP_IMPORTANT), "io filter");
+    if (source == Source::kXml) refuse_xml_that_crashes_hwloc(argument, with_io);
     if (hwloc_topology_load(topology_) < 0) {
       if (source == Source::kXml) throw FormatError(fmt::format("'{}' is not a valid hwloc topology XML", argument));
       check_hwloc(-1, "topology load");
