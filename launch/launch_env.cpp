@@ -1,11 +1,13 @@
 #include "launch/launch_env.h"
 
+#include <cstdint>
 #include <cstring>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include "common/error.h"
+#include "common/printable.h"
 
 extern char** environ;
 
@@ -32,7 +34,7 @@ int parse_count(const char* variable, const std::string& text) {
   }
   throw ConfigError(fmt::format("{}='{}' is not a count; the launcher's environment looks corrupt (unset it or "
                                 "launch through mpirun/srun)",
-                                variable, text));
+                                variable, printable(text)));
 }
 
 // An integer variable, or `fallback` when it is not set.
@@ -50,10 +52,15 @@ SlurmAllocation read_slurm(const Environment& env) {
   if (const std::string* tasks = find(env, "SLURM_TASKS_PER_NODE")) {
     s.tasks_per_node = expand_slurm_counts("SLURM_TASKS_PER_NODE", *tasks);
   }
-  int tasks_sum = 0;
+  std::int64_t tasks_sum = 0;  // (up to 2^20 nodes of up to 10^9 tasks each)
   for (int t : s.tasks_per_node) tasks_sum += t;
+  if (tasks_sum >= (std::int64_t{1} << 30)) {
+    throw ConfigError(fmt::format("SLURM_TASKS_PER_NODE='{}' adds up to {} tasks; the launcher's environment looks "
+                                  "corrupt (unset it or launch through mpirun/srun)",
+                                  printable(text_of(env, "SLURM_TASKS_PER_NODE")), tasks_sum));
+  }
   // Inside an srun step SLURM_NTASKS is the step's task count; in the batch script, the allocation's.
-  s.n_tasks = int_of(env, "SLURM_NTASKS", int_of(env, "SLURM_NPROCS", tasks_sum));
+  s.n_tasks = int_of(env, "SLURM_NTASKS", int_of(env, "SLURM_NPROCS", static_cast<int>(tasks_sum)));
   s.cpus_per_task = int_of(env, "SLURM_CPUS_PER_TASK", 0);
   s.overcommit = find(env, "SLURM_OVERCOMMIT") != nullptr;
   if (s.in_step()) {
@@ -79,11 +86,13 @@ const char* launcher_name(Launcher launcher) {
 }
 
 std::vector<int> expand_slurm_counts(const std::string& variable, const std::string& text) {
-  // Grammar: item (',' item)*, item = count | count '(x' repeat ')'.
+  // Grammar: item (',' item)*, item = count | count '(x' repeat ')'. At most 2^20 nodes in all (Slurm's own
+  // limit is lower): '1(x999999999)' took 4 GB before anything was checked.
+  constexpr std::size_t kMaxNodes = std::size_t{1} << 20;
   std::vector<int> counts;
   std::size_t at = 0;
   const auto bad = [&] {
-    return ConfigError(fmt::format("{}='{}' is not in Slurm's count format (like 2(x3),1)", variable, text));
+    return ConfigError(fmt::format("{}='{}' is not in Slurm's count format (like 2(x3),1)", variable, printable(text)));
   };
   if (text.empty()) throw bad();
   while (at < text.size()) {
@@ -101,6 +110,11 @@ std::vector<int> expand_slurm_counts(const std::string& variable, const std::str
     }
     if (count.empty() || count.size() > 9 || count.find_first_not_of("0123456789") != std::string::npos || repeat < 1) {
       throw bad();
+    }
+    if (static_cast<std::size_t>(repeat) > kMaxNodes - counts.size()) {
+      throw ConfigError(fmt::format("{}='{}' names more than {} nodes; the launcher's environment looks corrupt (unset "
+                                    "it or launch through mpirun/srun)",
+                                    variable, printable(text), kMaxNodes));
     }
     counts.insert(counts.end(), repeat, std::stoi(count));
     at = end + 1;

@@ -265,7 +265,7 @@ int plan_command(const std::vector<std::string>& args) {
   if (ranks > cluster.total_slots()) {
     throw ConfigError(fmt::format("shardline plan: --np {} but the cluster '{}' has {} rank slots ({} per domain; "
                                   "--ranks-per-domain N plans more, e.g. an oversubscribed run)",
-                                  ranks, cluster.name, cluster.total_slots(), cluster.ranks_per_domain));
+                                  ranks, printable(cluster.name), cluster.total_slots(), cluster.ranks_per_domain));
   }
   const auto plans = partition::search_plans(cluster, w, search);
   if (plans.empty()) {
@@ -304,7 +304,7 @@ int plan_command(const std::vector<std::string>& args) {
                              "slot\nobjective {}: batch {}, context {}, prompt {} tokens, {}\n\n",
                              preset.empty() ? model : preset, format_count(static_cast<double>(w.shape.n_params())),
                              format_bytes(weights), dtype,
-                             cluster.name, cluster.nodes, cluster.domains_per_node, cluster.ranks_per_domain,
+                             printable(cluster.name), cluster.nodes, cluster.domains_per_node, cluster.ranks_per_domain,
                              format_bytes(cluster.domain.memory_bytes / cluster.ranks_per_domain),
                              partition::objective_name(w.objective), w.batch, w.context, w.prompt(),
                              w.greedy ? "greedy" : "sampled (the logits gathered)");

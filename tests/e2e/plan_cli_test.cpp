@@ -226,6 +226,18 @@ TEST_F(PlanCli, EmittedSbatchHoldsTheGeometryAndNoInjectedLines) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out.find("\nrm -rf"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("evil rm -rf /tmp/never"), std::string::npos) << r.out;
+  // The table's header and the --np error quote the name escaped (a fuzzing pass: a terminal escape, a
+  // newline and a NUL reached stdout as they were).
+  cluster["name"] = std::string("\x1b[31mRED\nline2\0nul", 18);
+  std::ofstream(path) << cluster.dump();
+  const ProcessResult table = run_process(shardline_binary() + " plan --preset 15m --np 2 --cluster " + path);
+  ASSERT_EQ(table.exit_code, 0) << table.err;
+  EXPECT_EQ(table.out.find('\x1b'), std::string::npos) << table.out;
+  EXPECT_EQ(table.out.find(std::string(1, '\0')), std::string::npos) << table.out;
+  EXPECT_NE(table.out.find("on '\\x1b[31mRED\\x0aline2\\x00nul'"), std::string::npos) << table.out;
+  const ProcessResult too_many = run_process(shardline_binary() + " plan --preset 15m --np 99999 --cluster " + path);
+  EXPECT_EQ(too_many.exit_code, 2) << too_many.err;
+  EXPECT_EQ(too_many.err.find('\x1b'), std::string::npos) << too_many.err;
   // The plan's ranks per node, and srun told the cores per task (Slurm 22.05's srun does not inherit them).
   EXPECT_NE(r.out.find("#SBATCH --ntasks-per-node=2"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("srun --mpi=pmix --cpus-per-task=\"${SLURM_CPUS_PER_TASK:-1}\""), std::string::npos) << r.out;

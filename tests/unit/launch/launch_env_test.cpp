@@ -209,5 +209,24 @@ TEST(SlurmCounts, Expand) {
   }
 }
 
+// A fuzzing pass: '999999999(x3)' summed to a negative int, so launch-check let a 2-rank layout pass; and
+// '1(x999999999)' expanded to 4 GB before anything was checked.
+TEST(SlurmCounts, CountsBeyondAnyClusterAreRefused) {
+  try {
+    detect_launch_env({{"SLURM_JOB_ID", "77"}, {"SLURM_TASKS_PER_NODE", "999999999(x3)"}});
+    ADD_FAILURE() << "accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("SLURM_TASKS_PER_NODE='999999999(x3)' adds up to 2999999997 tasks"),
+              std::string::npos) << e.what();
+  }
+  try {
+    expand_slurm_counts("V", "1(x999999999)");
+    ADD_FAILURE() << "accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("names more than 1048576 nodes"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(expand_slurm_counts("V", "1(x1048576)").size(), 1048576u);
+}
+
 }  // namespace
 }  // namespace shardline::launch
