@@ -76,7 +76,11 @@ HwlocHandle::HwlocHandle(Source source, const std::string& argument, bool with_i
     if (with_io) check_hwloc(hwloc_topology_set_io_types_filter(topology_, HWLOC_TYPE_FILTER_KEEP_IMPORTANT), "io filter");
     if (source == Source::kXml) refuse_xml_that_crashes_hwloc(argument, with_io);
     if (hwloc_topology_load(topology_) < 0) {
-      if (source == Source::kXml) throw FormatError(fmt::format("'{}' is not a valid hwloc topology XML", argument));
+      if (source == Source::kXml) {
+        throw FormatError(fmt::format("'{}' is not a valid hwloc topology XML (hwloc could not build a topology from "
+                                      "it; write one with `lstopo FILE.xml`)",
+                                      argument));
+      }
       check_hwloc(-1, "topology load");
     }
   } catch (...) {

@@ -1,6 +1,6 @@
 #include "partition/cluster.h"
 
-#include <fstream>
+#include <cmath>
 #include <string_view>
 
 #include <fmt/format.h>
@@ -118,12 +118,24 @@ void read_optional(const nlohmann::json& j, const char* key, const std::string& 
 // (a cluster's rank slots) stay far inside an int.
 constexpr double kMaxCount = 1 << 20;
 int count(const nlohmann::json& j, const char* key, const std::string& where) {
-  const double value = positive(j, key, where);
-  if (value > kMaxCount || value != static_cast<double>(static_cast<long long>(value))) {
-    throw ConfigError(fmt::format("cluster file: {}.{} must be a whole number from 1 to {}, got {}", where, key,
+  if (!j.contains(key)) throw ConfigError(fmt::format("cluster file: {} lacks \"{}\"", where, key));
+  if (!j[key].is_number()) throw ConfigError(fmt::format("cluster file: {}.{} must be a number", where, key));
+  // Its own range first (positive()'s generic one named 1e+21 for a count); no cast before it (1e308 to an
+  // integer is undefined).
+  const double value = j[key].get<double>();
+  if (!(value >= 1 && value <= kMaxCount) || value != std::floor(value)) {
+    throw ConfigError(fmt::format("cluster file: {}.{} must be a whole number from 1 to {}, got {:g}", where, key,
                                   static_cast<long long>(kMaxCount), value));
   }
   return static_cast<int>(value);
+}
+
+// nlohmann's message without its "[json.exception.parse_error.101] " tag, which says nothing to a user.
+std::string json_reason(const nlohmann::json::exception& e) {
+  const std::string_view text = e.what();
+  const std::size_t tag_end = text.find("] ");
+  return std::string(text.starts_with("[json.exception.") && tag_end != std::string_view::npos ? text.substr(tag_end + 2)
+                                                                                                : text);
 }
 
 LinkCost link_from_json(const nlohmann::json& links, const char* name) {
@@ -262,14 +274,14 @@ ClusterSpec load_cluster_file(const std::string& path) {
   try {
     j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {  // syntax, and numbers beyond a double (1e999)
-    throw FormatError(fmt::format("cluster file '{}' is not valid JSON: {}", path, e.what()));
+    throw FormatError(fmt::format("cluster file '{}' is not valid JSON: {}", path, json_reason(e)));
   }
   try {
     return cluster_from_json(j);
   } catch (const ConfigError& e) {
     throw ConfigError(fmt::format("{} ({})", e.what(), path));
   } catch (const nlohmann::json::exception& e) {  // a field of the wrong JSON type
-    throw FormatError(fmt::format("cluster file '{}': {}", path, e.what()));
+    throw FormatError(fmt::format("cluster file '{}': {}", path, json_reason(e)));
   }
 }
 

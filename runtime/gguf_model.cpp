@@ -297,7 +297,8 @@ GgufVocabulary read_gguf_vocabulary(const std::string& path, int vocab_size) {
   }
   // The counts first: nothing is decoded unless it is the model's vocabulary.
   const GgufValue* tokens = file.find("tokenizer.ggml.tokens");
-  if (!tokens || tokens->kind != GgufValue::Kind::kArray) refuse(file, "has no tokenizer.ggml.tokens array");
+  if (!tokens) refuse(file, "has no tokenizer.ggml.tokens array");
+  if (tokens->kind != GgufValue::Kind::kArray) refuse(file, "holds tokenizer.ggml.tokens as a single value, not an array");
   if (tokens->array_count != static_cast<std::uint64_t>(vocab_size)) {
     refuse(file, fmt::format("its vocabulary has {} tokens but the model expects {}", tokens->array_count, vocab_size));
   }

@@ -125,6 +125,10 @@ TEST(Cluster, JsonRoundTripAndFieldErrors) {
     j["nodes"] = nodes;
     EXPECT_NE(message_of(j).find("whole number from 1 to"), std::string::npos) << message_of(j);
   }
+  // A count's own range is the one named (a fuzzing pass: 1e308 cores said "from 0 to 1e+21").
+  j = cluster_to_json(c);
+  j["domain"]["cores"] = 1e308;
+  EXPECT_EQ(message_of(j), "cluster file: domain.cores must be a whole number from 1 to 1048576, got 1e+308");
   // Values outside their unit's range (from a fuzzing pass: a denormal rate printed -nan and inf, 1e-300
   // printed 300-digit times), each field named; a name of another type is named too.
   j = cluster_to_json(c);
