@@ -179,8 +179,9 @@ std::set<std::string> slot_cores(const std::string& slot) {
 
 // mpirun accepts ranks bound to the same cores; they then take turns on them, which a user rarely means.
 // Each core key of each host remembers the first rank line bound to it, so a file of n lines costs the
-// cores its slots name, not n^2 comparisons of them (300 lines of slot=0:0-4095 ran for minutes). Each pair
-// of lines is said once; a file with more such pairs says how many more.
+// cores its slots name, not n^2 comparisons of them (300 lines of slot=0:0-4095 ran for minutes). Each line
+// is paired with the first line bound to a core it shares (lines A, B and C on one core: A-B and A-C), and
+// after eight pairs a count of the rest is said.
 void warn_shared_cores(const LaunchRequest& r, LaunchCheckReport& report) {
   constexpr std::size_t kMaxPairsSaid = 8;
   std::map<std::pair<std::string, std::string>, std::size_t> first_on;  // (host, core) -> rankfile entry

@@ -74,7 +74,8 @@ struct RunConfig {
   bool threads_given = false;  // else: one thread per core of the rank's placement
   bool steps_given = false;    // else: kDefaultSteps, cut to what each prompt leaves of the context
   std::string cpu_only_reason;  // why the CUDA stage cannot take this run (phase 1), or ""
-  std::string quantised_note;   // a quantised file's weights held in fp32 or bf16 (phase 1), or ""
+  runtime::TensorRef file_w1;   // the first layer's w1 as the file holds it, for the quantised-file note (phase 1)
+  std::uint64_t gpu_weight_bytes = 0;  // about what a rank's weights take on a GPU (phase 1; --device auto)
   std::uint64_t prompt_ids_hash = 0;  // of every request's token ids (phase 1): ranks must encode alike
   memory::BindMode bind = memory::BindMode::kAuto;
   runtime::DeviceRequest device = runtime::DeviceRequest::kAuto;
@@ -337,18 +338,20 @@ std::string cpu_only_reason(const RunConfig& c) {
 }
 
 // A file of quantised weights converted to fp32 or bf16 takes several times its bytes in memory, and streams
-// them every token: one line names the compact choice. (The first layer's w1 stands for the file: a
-// llama-quantize preset mixes types, all of them blocks of a few bits a weight.)
-std::string quantised_file_note(const RunConfig& c, const runtime::CheckpointLayout& layout) {
-  if (layout.layers.empty() || c.engine.weights_dtype == kernels::cpu::WeightDtype::kInt8) return "";
-  const runtime::TensorRef& w1 = layout.layers.front().w1;
-  const double bits = runtime::bits_per_weight(w1);
+// them every token: one line names the compact choice, int8 on the CPU, bf16 on a GPU (whose stage takes no
+// int8). (The first layer's w1 stands for the file: a llama-quantize preset mixes types, all of them blocks
+// of a few bits a weight.)
+std::string quantised_file_note(const RunConfig& c, bool on_gpu) {
+  if (c.engine.weights_dtype == kernels::cpu::WeightDtype::kInt8) return "";
+  const double bits = runtime::bits_per_weight(c.file_w1);
   if (bits >= 16.0) return "";  // F32, F16, BF16
   const double held = c.engine.weights_dtype == kernels::cpu::WeightDtype::kF32 ? 32.0 : 16.0;
+  if (on_gpu && held == 16.0) return "";  // bf16 already: the GPU's compact choice
   return fmt::format("'{}' holds {} weights ({:.1f} bits each); --weights-dtype {} holds them in {:.0f} bits, {:.1f}x "
-                     "their bytes in the file: --weights-dtype int8 (8.5 bits) is the compact choice",
-                     c.engine.model_path, runtime::element_name(w1.element), bits,
-                     kernels::cpu::weight_dtype_name(c.engine.weights_dtype), held, held / bits);
+                     "their bytes in the file: --weights-dtype {} is the compact choice",
+                     c.engine.model_path, runtime::element_name(c.file_w1.element), bits,
+                     kernels::cpu::weight_dtype_name(c.engine.weights_dtype), held, held / bits,
+                     on_gpu ? "bf16 (16 bits) on the GPU" : "int8 (8.5 bits)");
 }
 
 // What every rank must agree on, hashed: the model's shape and file size (not its path: hosts may keep
@@ -546,7 +549,11 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
     report_model_bus_errors(config->engine.model_path);
     shape = model.shape;
     config->cpu_only_reason = cpu_only_reason(*config);  // the phases below only look it up
-    config->quantised_note = quantised_file_note(*config, model.layout);
+    if (!model.layout.layers.empty()) config->file_w1 = model.layout.layers.front().w1;
+    // A rank's share of the weights on a GPU (fp32 or bf16 there), for --device auto's choice.
+    const double device_bytes_per_weight = config->engine.weights_dtype == kernels::cpu::WeightDtype::kBf16 ? 2.0 : 4.0;
+    config->gpu_weight_bytes = static_cast<std::uint64_t>(static_cast<double>(shape->n_params()) *
+                                                          device_bytes_per_weight / std::max(1, mpi.world_size()));
     if (config->engine.tokenizer_path.empty()) config->engine.tokenizer_path = find_tokenizer_for(config->engine.model_path);
     const runtime::Tokenizer tokenizer(config->engine.tokenizer_path, shape->vocab_size);
     std::string all_ids;
@@ -614,7 +621,9 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
       // leave the others in plan_job's collectives (the refusal comes after the backends are agreed).
       const bool refused_on_gpu = config->engine.kv_dtype && *config->engine.kv_dtype != kernels::cpu::KvDtype::kF32;
       const bool cuda = !refused_on_gpu &&
-                        runtime::choose_backend(config->device, mpi.local_rank(), config->cpu_only_reason).cuda;
+                        runtime::choose_backend(config->device, mpi.local_rank(), config->cpu_only_reason,
+                                                config->gpu_weight_bytes)
+                            .cuda;
       request.kv_bytes_per_value = kernels::cpu::kv_bytes_per_value(
           runtime::resolve_kv_dtype(config->engine.kv_dtype, config->engine.weights_dtype, cuda), shape->head_size());
       // What the flags fixed is priced as given, so the plan line reports the layout the run uses.
@@ -709,7 +718,8 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
     if (config->device == runtime::DeviceRequest::kCuda && !config->cpu_only_reason.empty()) {
       throw ConfigError(fmt::format("--device cuda: {}; run with --device cpu or auto", config->cpu_only_reason));
     }
-    backend = runtime::choose_backend(config->device, mpi.local_rank(), config->cpu_only_reason);
+    backend = runtime::choose_backend(config->device, mpi.local_rank(), config->cpu_only_reason,
+                                      config->gpu_weight_bytes);
   });
   if (code != 0) return code;
   // Every rank runs the same backend (the TP all-reduces of one group are all NCCL or all MPI): auto uses
@@ -744,7 +754,7 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
   if (config->device == runtime::DeviceRequest::kAuto && !backend.cuda) {
     log::info("--device auto: running on the CPU: {}", backend.cpu_reason);
   }
-  if (!config->quantised_note.empty()) log::info("{}", config->quantised_note);
+  if (const std::string note = quantised_file_note(*config, backend.cuda); !note.empty()) log::info("{}", note);
   log::debug("stage backend: {}", engine->backend());
   int rank_cpus = 0;  // hardware threads: two kernel threads on one core's two still both run
   for (const auto& core : placed->binding.cpu_cores) rank_cpus += static_cast<int>(core.pus.size());

@@ -1,9 +1,11 @@
 #include "memory/topology.h"
 
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cctype>
 #include <cerrno>
 #include <cstring>
@@ -29,6 +31,8 @@ void refuse_xml_that_crashes_hwloc(const std::string& path, bool with_io) {
   const pid_t child = ::fork();
   if (child < 0) return;  // no trial then; the load below still reports what hwloc reports
   if (child == 0) {
+    const rlimit no_core{0, 0};  // a crash here is expected of a bad file: no core dump or crash report for it
+    ::setrlimit(RLIMIT_CORE, &no_core);
     hwloc_topology_t t = nullptr;
     bool loaded = hwloc_topology_init(&t) == 0 && hwloc_topology_set_xml(t, path.c_str()) == 0 &&
                   (!with_io || hwloc_topology_set_io_types_filter(t, HWLOC_TYPE_FILTER_KEEP_IMPORTANT) == 0) &&
@@ -38,11 +42,14 @@ void refuse_xml_that_crashes_hwloc(const std::string& path, bool with_io) {
   int status = 0;
   while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
   }
-  if (WIFSIGNALED(status)) {
+  if (!WIFSIGNALED(status)) return;
+  const int signal = WTERMSIG(status);
+  if (signal == SIGSEGV || signal == SIGBUS || signal == SIGABRT || signal == SIGFPE || signal == SIGILL) {
     throw FormatError(fmt::format("'{}' is not a valid hwloc topology XML: hwloc crashed reading it (signal {}), as "
                                   "it does on some damaged or hand-edited files; write one with `lstopo FILE.xml`",
-                                  path, WTERMSIG(status)));
+                                  path, signal));
   }
+  throw ResourceError(fmt::format("reading topology XML '{}' was stopped by signal {} (out of memory?)", path, signal));
 }
 
 }  // namespace

@@ -92,10 +92,15 @@ UnitRange unit_range(std::string_view key) {
   return {0, 1e21, ""};  // counts and fractions have their own, narrower checks
 }
 
-double positive(const nlohmann::json& j, const char* key, const std::string& where, bool allow_zero = false) {
+// The number at key, or ConfigError when it is missing or not a number.
+double number(const nlohmann::json& j, const char* key, const std::string& where) {
   if (!j.contains(key)) throw ConfigError(fmt::format("cluster file: {} lacks \"{}\"", where, key));
   if (!j[key].is_number()) throw ConfigError(fmt::format("cluster file: {}.{} must be a number", where, key));
-  const double value = j[key].get<double>();
+  return j[key].get<double>();
+}
+
+double positive(const nlohmann::json& j, const char* key, const std::string& where, bool allow_zero = false) {
+  const double value = number(j, key, where);
   if (value < 0 || (!allow_zero && value == 0)) {
     throw ConfigError(fmt::format("cluster file: {}.{} must be {}, got {}", where, key,
                                   allow_zero ? ">= 0" : "> 0", value));
@@ -118,13 +123,11 @@ void read_optional(const nlohmann::json& j, const char* key, const std::string& 
 // (a cluster's rank slots) stay far inside an int.
 constexpr double kMaxCount = 1 << 20;
 int count(const nlohmann::json& j, const char* key, const std::string& where) {
-  if (!j.contains(key)) throw ConfigError(fmt::format("cluster file: {} lacks \"{}\"", where, key));
-  if (!j[key].is_number()) throw ConfigError(fmt::format("cluster file: {}.{} must be a number", where, key));
   // Its own range first (positive()'s generic one named 1e+21 for a count); no cast before it (1e308 to an
   // integer is undefined).
-  const double value = j[key].get<double>();
+  const double value = number(j, key, where);
   if (!(value >= 1 && value <= kMaxCount) || value != std::floor(value)) {
-    throw ConfigError(fmt::format("cluster file: {}.{} must be a whole number from 1 to {}, got {:g}", where, key,
+    throw ConfigError(fmt::format("cluster file: {}.{} must be a whole number from 1 to {}, got {}", where, key,
                                   static_cast<long long>(kMaxCount), value));
   }
   return static_cast<int>(value);

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "common/error.h"
+#include "common/units.h"
 #include "kernels/cuda/device.h"
 
 namespace shardline::runtime {
@@ -23,7 +24,8 @@ const char* device_request_name(DeviceRequest request) {
   return "?";
 }
 
-BackendChoice choose_backend(DeviceRequest request, int local_rank, const std::string& cpu_only_reason) {
+BackendChoice choose_backend(DeviceRequest request, int local_rank, const std::string& cpu_only_reason,
+                             std::uint64_t weight_bytes) {
   BackendChoice choice;
   if (request == DeviceRequest::kCpu) return choice;
   if (request == DeviceRequest::kAuto && !cpu_only_reason.empty()) {
@@ -35,6 +37,16 @@ BackendChoice choose_backend(DeviceRequest request, int local_rank, const std::s
     choice.cuda = true;
     choice.cuda_device = kernels::cuda::device_for_local_rank(local_rank, devices.count);
     const kernels::cuda::DeviceProperties properties = kernels::cuda::device_properties(choice.cuda_device);
+    // A quantised file held in fp32 on the device takes several times its bytes: auto keeps a model that
+    // would not fit (with the KV cache beside it) on the CPU rather than fail in the upload.
+    if (request == DeviceRequest::kAuto && static_cast<double>(weight_bytes) > 0.9 * properties.memory_bytes) {
+      choice = {};
+      choice.cpu_reason = fmt::format("the rank's weights take about {} on the GPU, more than 90% of its {} (fewer "
+                                      "bytes: --weights-dtype bf16, or more ranks)",
+                                      format_bytes(static_cast<double>(weight_bytes)),
+                                      format_bytes(static_cast<double>(properties.memory_bytes)));
+      return choice;
+    }
     choice.pci_bus_id = properties.pci_bus_id;
     choice.driver_numa_node = properties.host_numa_node;
     return choice;

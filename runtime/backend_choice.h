@@ -3,6 +3,7 @@
 // the reason), so the same binary decides at run time on machines with and without GPUs.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace shardline::runtime {
@@ -22,9 +23,11 @@ struct BackendChoice {
 };
 
 // The backend for a rank that is local_rank on its host. cpu: always the CPU. auto: the GPU of this local
-// rank when the process sees one and the run can go there (cpu_only_reason empty), else the CPU with the
-// reason. cuda: the GPU, or ResourceError (exit 4) with the reason and what to do instead (a cpu_only_reason
-// is then the CUDA stage's own error to give, when it loads).
-BackendChoice choose_backend(DeviceRequest request, int local_rank, const std::string& cpu_only_reason = "");
+// rank when the process sees one and the run can go there (cpu_only_reason empty, and the rank's weights,
+// about weight_bytes on the device, take at most 90% of its memory), else the CPU with the reason. cuda: the
+// GPU, or ResourceError (exit 4) with the reason and what to do instead (a cpu_only_reason is then the CUDA
+// stage's own error to give, when it loads; weights that do not fit fail its allocation, exit 4).
+BackendChoice choose_backend(DeviceRequest request, int local_rank, const std::string& cpu_only_reason = "",
+                             std::uint64_t weight_bytes = 0);
 
 }  // namespace shardline::runtime

@@ -102,17 +102,19 @@ ModelFile read_llama2c_file(const std::string& path) {
                                   path, *problem));
   }
   model.layout = checkpoint_layout(shape);
-  if (file.size_bytes() != model.layout.total_bytes) {
-    const bool short_file = file.size_bytes() < model.layout.total_bytes;
-    throw FormatError(fmt::format(
-        "'{}' is {}: the header ({}) implies {} bytes but the file has {} bytes; re-copy or re-export it", path,
-        short_file ? "truncated" : "longer than its header says", shape.describe(), model.layout.total_bytes,
-        file.size_bytes()));
-  }
+  require_size_the_header_implies(path, "the header", model, file.size_bytes());
   return model;
 }
 
 }  // namespace
+
+void require_size_the_header_implies(const std::string& path, const std::string& header, const ModelFile& model,
+                                     std::uint64_t file_bytes) {
+  if (file_bytes == model.layout.total_bytes) return;
+  throw FormatError(fmt::format("'{}' is {}: {} ({}) implies {} bytes but the file has {} bytes; re-copy or re-export it",
+                                path, file_bytes < model.layout.total_bytes ? "truncated" : "longer than its header says",
+                                header, model.shape.describe(), model.layout.total_bytes, file_bytes));
+}
 
 ModelFile read_model_file(const std::string& path) {
   memory::MappedFile probe(path);  // a missing file is a ResourceError naming it, whatever its format

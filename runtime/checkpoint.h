@@ -77,7 +77,7 @@ struct CheckpointLayout {
   TensorRef classifier;             // (vocab, dim): == token_embedding when shared
   std::vector<LayerTensors> layers;  // (n_layers)
   std::uint64_t total_bytes = 0;     // llama2.c: the exact file size the header implies; GGUF: the file's size
-  // Whether every tensor is F32 (all of a llama2.c file's are).
+  // Whether every tensor is F32 (a legacy or version-1 llama2.c file's are).
   bool all_f32() const;
 };
 
@@ -105,6 +105,10 @@ struct ModelFile {
 // FormatError (nonsense header, size not matching it, a GGUF tensor of a type or shape shardline cannot
 // use) with the path and what to do.
 ModelFile read_model_file(const std::string& path);
+// FormatError unless a llama2.c file of file_bytes is the size its header (named `header` in the message)
+// implies for the model: "'m.bin' is truncated: the header (dim 288 ...) implies N bytes but the file has M".
+void require_size_the_header_implies(const std::string& path, const std::string& header, const ModelFile& model,
+                                     std::uint64_t file_bytes);
 // read_model_file(path).shape.
 partition::ModelShape read_checkpoint_shape(const std::string& path);
 

@@ -148,7 +148,7 @@ class CudaStage final : public StageBackend {
   // rows are read per token on the first stage.
   memory::MappedRegion whole_file_;
   const float* embedding_ = nullptr;  // (vocab, dim): the host mapping, or decoded_embedding_
-  std::vector<float> decoded_embedding_;  // a file's F16, BF16 or quantised embedding as fp32
+  std::unique_ptr<float[]> decoded_embedding_;  // a file's F16, BF16 or quantised embedding as fp32
   cuda::DeviceBuffer rope_divisors_;      // empty, or (head_size / 2): the file's RoPE frequency factors
   std::string device_name_;
   cuda::Stream stream_;
@@ -204,48 +204,48 @@ void CudaStage::upload_weights() {
   const std::size_t q0 = static_cast<std::size_t>(shard_.heads.begin) * hs;
   const std::size_t kv0 = static_cast<std::size_t>(shard_.kv_heads.begin) * hs;
   const std::size_t h0 = shard_.hidden.begin;
-  std::vector<std::vector<float>> decoded;  // the current layer's decoded tensors, until they are uploaded
-  auto host_floats = [&](TensorRef tensor, std::uint64_t n) -> const float* {
+  // n values of a tensor as fp32 host memory: the mapping itself for F32, else decoded into `buffer`, which
+  // the caller frees once the (synchronous) upload has read it. Not value-initialised: the decode writes
+  // every value (a zeroing pass would be a serial write of every byte first).
+  auto host_floats = [&](TensorRef tensor, std::uint64_t n, std::unique_ptr<float[]>& buffer) -> const float* {
     if (tensor.element == TensorElement::kF32) return file_floats(tensor.offset);
-    decoded.emplace_back(n);
-    decode_tensor(file_, tensor, n, decoded.back().data());
-    return decoded.back().data();
+    buffer.reset(new float[n]);
+    decode_tensor(file_, tensor, n, buffer.get());
+    return buffer.get();
+  };
+  std::unique_ptr<float[]> buffer;
+  auto upload_vector = [&](TensorRef tensor, std::size_t n) { return upload_floats(host_floats(tensor, n, buffer), n); };
+  // Rows [0, rows) x columns [column0, column0 + cols) of a matrix of row_stride columns, whose first row is at
+  // `tensor` (decoded whole rows: a column slice's rows are read in full).
+  auto upload_matrix = [&](TensorRef tensor, std::size_t row_stride, int rows, std::size_t column0, int cols) {
+    return cuda::DeviceMatrix::upload(host_floats(tensor, rows * row_stride, buffer) + column0, row_stride, rows, cols,
+                                      dtype);
   };
   for (int g = shard_.layers.begin; g < shard_.layers.end; ++g) {
     DeviceLayer layer;
     const LayerTensors& t = layout.layers[g];
-    layer.rms_att = upload_floats(host_floats(t.rms_att, dim), dim);
-    layer.rms_ffn = upload_floats(host_floats(t.rms_ffn, dim), dim);
-    // Row slices (output features) of q, k, v, w1, w3; column slices (input features) of wo and w2, whose
-    // rows are read whole.
-    const std::size_t qd = q_dim_, kvd = kv_dim_, hd = hidden_;
-    layer.wq = cuda::DeviceMatrix::upload(host_floats(t.wq.at(q0 * dim), qd * dim), dim, q_dim_, dim, dtype);
-    layer.wk = cuda::DeviceMatrix::upload(host_floats(t.wk.at(kv0 * dim), kvd * dim), dim, kv_dim_, dim, dtype);
-    layer.wv = cuda::DeviceMatrix::upload(host_floats(t.wv.at(kv0 * dim), kvd * dim), dim, kv_dim_, dim, dtype);
-    layer.wo = cuda::DeviceMatrix::upload(host_floats(t.wo, dim * dim) + q0, dim, dim, q_dim_, dtype);
-    layer.w1 = cuda::DeviceMatrix::upload(host_floats(t.w1.at(h0 * dim), hd * dim), dim, hidden_, dim, dtype);
-    layer.w3 = cuda::DeviceMatrix::upload(host_floats(t.w3.at(h0 * dim), hd * dim), dim, hidden_, dim, dtype);
-    layer.w2 = cuda::DeviceMatrix::upload(host_floats(t.w2, dim * hidden_full) + h0, hidden_full, dim, hidden_, dtype);
+    layer.rms_att = upload_vector(t.rms_att, dim);
+    layer.rms_ffn = upload_vector(t.rms_ffn, dim);
+    // Row slices (output features) of q, k, v, w1, w3; column slices (input features) of wo and w2.
+    layer.wq = upload_matrix(t.wq.at(q0 * dim), dim, q_dim_, 0, dim);
+    layer.wk = upload_matrix(t.wk.at(kv0 * dim), dim, kv_dim_, 0, dim);
+    layer.wv = upload_matrix(t.wv.at(kv0 * dim), dim, kv_dim_, 0, dim);
+    layer.wo = upload_matrix(t.wo, dim, dim, q0, q_dim_);
+    layer.w1 = upload_matrix(t.w1.at(h0 * dim), dim, hidden_, 0, dim);
+    layer.w3 = upload_matrix(t.w3.at(h0 * dim), dim, hidden_, 0, dim);
+    layer.w2 = upload_matrix(t.w2, hidden_full, dim, h0, hidden_);
     layers_.push_back(std::move(layer));
-    decoded.clear();
   }
-  const std::size_t vocab = shape_.vocab_size;
   if (shard_.has_embedding) {
     // Looked up per token on the host: mapped in place, or decoded whole once.
-    if (layout.token_embedding.element == TensorElement::kF32) {
-      embedding_ = file_floats(layout.token_embedding.offset);
-    } else {
-      decoded_embedding_.resize(vocab * dim);
-      decode_tensor(file_, layout.token_embedding, vocab * dim, decoded_embedding_.data());
-      embedding_ = decoded_embedding_.data();
-    }
+    const std::size_t values = static_cast<std::size_t>(shape_.vocab_size) * dim;
+    embedding_ = host_floats(layout.token_embedding, values, decoded_embedding_);
   }
   if (shard_.has_classifier) {
-    rms_final_ = upload_floats(host_floats(layout.rms_final, dim), dim);
-    const std::size_t rows = shard_.vocab.size();
-    classifier_ = cuda::DeviceMatrix::upload(host_floats(layout.classifier.at(shard_.vocab.begin * dim), rows * dim),
-                                             dim, shard_.vocab.size(), dim, dtype);
+    rms_final_ = upload_vector(layout.rms_final, dim);
+    classifier_ = upload_matrix(layout.classifier.at(shard_.vocab.begin * dim), dim, shard_.vocab.size(), 0, dim);
   }
+  buffer.reset();
   max_k_ = std::max({static_cast<int>(dim), q_dim_, hidden_});
 }
 

@@ -1,6 +1,9 @@
 #include "runtime/llama2c_export.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <iterator>
 
 #include <fmt/format.h>
 
@@ -61,6 +64,24 @@ CheckpointLayout export_layout(const partition::ModelShape& s, PlaceMatrix&& mat
   return c;
 }
 
+// The first scales of a version-2 matrix are scales: finite and not negative (max |w| / 127). A file whose
+// matrices lie otherwise (another fork's export, all codes before all scales) has the same header and size;
+// read as scales, its int8 codes give negative or NaN floats at once, and the model would run on garbage.
+void refuse_scales_that_are_not(const std::string& path, const memory::MappedFile& file, const TensorRef& matrix) {
+  float scales[256];
+  const std::uint64_t n = std::min<std::uint64_t>(std::size(scales), (matrix.scales - matrix.offset) / matrix.group);
+  file.read(matrix.scales, scales, n * kF);
+  for (std::uint64_t i = 0; i < n; ++i) {
+    if (!(scales[i] >= 0.0f) || std::isinf(scales[i])) {
+      throw FormatError(fmt::format("'{}' has a llama2.c version-2 header but its scale {} at byte {} is {}, not a "
+                                    "scale (a finite number >= 0): its matrices are not laid out as export.py writes "
+                                    "them (each one's int8 values, then its fp32 scales); re-export it with llama2.c's "
+                                    "export.py --version 2",
+                                    path, i, matrix.scales + i * kF, scales[i]));
+    }
+  }
+}
+
 }  // namespace
 
 bool is_llama2c_export(const memory::MappedFile& file) {
@@ -109,9 +130,9 @@ ModelFile read_llama2c_export(const std::string& path, const memory::MappedFile&
       return t;
     }, at);
   } else {
-    const std::uint64_t d = s.dim, hd = s.hidden_dim, kv = s.kv_dim(), v = s.vocab_size;
-    // export.py halves the group until it divides dim, and asserts it divides every matrix's size.
-    if (h.group < 1 || d % h.group != 0 || kv * d % h.group != 0 || hd * d % h.group != 0 || v * d % h.group != 0) {
+    // export.py halves the group until it divides dim (so it divides every matrix's size: each is rows of dim
+    // or columns of dim).
+    if (h.group < 1 || s.dim % h.group != 0) {
       throw FormatError(fmt::format("'{}' is a llama2.c version-2 export whose group size {} does not divide every "
                                     "matrix of its shape ({}), as export.py makes it: the file is damaged; re-copy or "
                                     "re-export it", path, h.group, s.describe()));
@@ -123,12 +144,11 @@ ModelFile read_llama2c_export(const std::string& path, const memory::MappedFile&
       return t;
     }, at);
   }
-  if (file.size_bytes() != model.layout.total_bytes) {
-    const bool short_file = file.size_bytes() < model.layout.total_bytes;
-    throw FormatError(fmt::format(
-        "'{}' is {}: its llama2.c version-{} header ({}) implies {} bytes but the file has {} bytes; re-copy or "
-        "re-export it", path, short_file ? "truncated" : "longer than its header says", h.version, s.describe(),
-        model.layout.total_bytes, file.size_bytes()));
+  require_size_the_header_implies(path, fmt::format("its llama2.c version-{} header", h.version), model,
+                                  file.size_bytes());
+  if (h.version == 2) {
+    refuse_scales_that_are_not(path, file, model.layout.token_embedding);
+    refuse_scales_that_are_not(path, file, model.layout.layers.back().w3);
   }
   return model;
 }

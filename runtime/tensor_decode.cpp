@@ -67,6 +67,7 @@ void in_chunks(std::uint64_t n, DecodeChunk&& decode) {
 }  // namespace
 
 void decode_tensor(const memory::MappedFile& file, TensorRef tensor, std::uint64_t n, float* dst) {
+  if (n == 0) return;
   const memory::MappedRegion source = file.map(tensor.offset, tensor_bytes(tensor.element, n), {.populate = true});
   if (tensor.element != TensorElement::kLlama2cQ8) {
     in_chunks(n, [&](std::uint64_t first, std::uint64_t count) {

@@ -112,12 +112,13 @@ struct DeviceMatrixView {
   const void* data = nullptr;  // (d, k) floats or bf16 bit patterns
 };
 
-// An uploaded weight matrix. Uploaded once, at load time, from the rank's own mapped slice.
+// An uploaded weight matrix. Uploaded once, at load time, from the rank's own slice in host memory: the
+// mapped file (F32), or the fp32 its F16, BF16 or quantised tensor decodes to.
 class DeviceMatrix {
  public:
   DeviceMatrix() = default;
   // Reads W (d, k) from host memory with a row stride: host_w[i * row_stride + j] = W(i, j), so the column
-  // slices of wo and w2 under tensor parallelism upload straight from the mapped checkpoint. bf16 is
+  // slices of wo and w2 under tensor parallelism upload straight from whole rows. bf16 is
   // rounded on the device (to nearest even), through a bounded staging buffer.
   static DeviceMatrix upload(const float* host_w, std::size_t row_stride, int d, int k, DeviceDtype dtype);
 

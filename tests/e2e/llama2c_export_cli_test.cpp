@@ -50,8 +50,8 @@ TEST_F(Llama2cExport, AVersion1FileOfAReferenceModelGivesItsGoldens) {
 }
 
 TEST_F(Llama2cExport, AVersion2FileGivesTheTokensOfItsDecodedValuesOnEveryLayout) {
-  // hidden 168 is no multiple of the group of 64, so w2's groups run across its rows, and a TP rank's
-  // columns of it start inside a group; the classifier is unshared, so it is a matrix of its own.
+  // hidden 168 is no multiple of the group of 64, so w2's groups run across its rows (a TP rank decodes w2's
+  // rows whole and takes its columns from them); the classifier is unshared, so it is a matrix of its own.
   const std::string model = path("m.bin");
   ASSERT_EQ(run_process(shardline() + " gen-model --dim 64 --hidden 168 --layers 2 --heads 4 --kv-heads 2 --vocab 300 "
                                       "--seq 40 --seed 9 --unshared-classifier --out " + model).exit_code, 0);
@@ -116,6 +116,14 @@ TEST_F(Llama2cExport, ADamagedExportIsRefusedBeforeAnythingRuns) {
       {variant("header.bin", [&](auto& b) { b.resize(100); }), "shorter than its 256-byte header"},
       {variant("flag.bin", [&](auto& b) { b[36] = 2; }), "shared-classifier flag is 2"},
       {variant("heads.bin", [&](auto& b) { put_int(b, 20, 5); }), "n_heads=5 does not divide dim=64"},
+      // Another layout of the same size (all codes first, say): what sits where the embedding's first scale
+      // belongs (after 256 header bytes, five norms of 64 floats and 300 x 64 codes) is no scale.
+      {variant("layout.bin",
+               [&](auto& b) {
+                 const float minus_one = -1.0f;
+                 std::memcpy(b.data() + 256 + 5 * 64 * 4 + 300 * 64, &minus_one, 4);
+               }),
+       "its scale 0 at byte 20736 is -1, not a scale"},
   };
   for (const Case& c : cases) {
     for (const std::string command : {" run --prompt hi --steps 2 --model ", " plan --model "}) {

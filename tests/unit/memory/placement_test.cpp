@@ -9,6 +9,7 @@
 #include <string>
 
 #include <gtest/gtest.h>
+#include <hwloc.h>
 
 #include "common/error.h"
 #include "memory/placement.h"
@@ -202,8 +203,10 @@ TEST(Topology, SyntheticDescriptionsAreCountedRight) {
   const std::string not_xml = ::testing::TempDir() + "/not-a-topology.xml";
   std::ofstream(not_xml) << "<topology><object type=\"Banana\">";
   EXPECT_THROW(load_xml_topology(not_xml), FormatError);
-  // hwloc 2.9 crashes (SIGSEGV) on a PU that has a cpuset but no complete_cpuset (a fuzzing pass): the file
-  // is tried in a child process first and refused by name.
+  // hwloc 2.9 (Debian 12's) crashes (SIGSEGV) on a PU that has a cpuset but no complete_cpuset (a fuzzing
+  // pass): the file is tried in a child process first and refused by name. (A later hwloc that refuses it
+  // itself gives the ordinary message; one that takes it passes the point of this test, which is that the
+  // process survives.)
   std::ifstream in(hostfile("topo-2socket-4numa-smt.xml"));
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   const std::string attribute = " complete_cpuset=\"0x00000008\"";
@@ -213,10 +216,12 @@ TEST(Topology, SyntheticDescriptionsAreCountedRight) {
   std::ofstream(damaged) << text;
   try {
     load_xml_topology(damaged);
-    ADD_FAILURE() << "the damaged file loaded";
   } catch (const FormatError& e) {
-    EXPECT_NE(std::string(e.what()).find("is not a valid hwloc topology XML: hwloc crashed reading it"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("'" + damaged + "' is not a valid hwloc topology XML"), std::string::npos)
         << e.what();
+    if (HWLOC_API_VERSION == 0x00020800) {  // Debian 12's hwloc 2.9 (API 2.8), seen to crash: the child's wording
+      EXPECT_NE(std::string(e.what()).find("hwloc crashed reading it (signal 11)"), std::string::npos) << e.what();
+    }
   }
 }
 
