@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Load time of one rank for the same generated model as a llama2.c checkpoint (F32, mapped) and as GGUF files
-# of other element types (F16, Q8_0, Q4_K, Q6_K: decoded to fp32 at load, on the rank's kernel threads),
-# each converted to --weights-dtype DTYPE. Median of REPEATS runs per row, the files interleaved run by run
+# Load time of one rank for the same generated model as a llama2.c checkpoint (F32, mapped), as GGUF files
+# of other element types (F16, Q8_0, Q4_K, Q6_K: decoded to fp32 at load, on the rank's kernel threads) and
+# as llama2.c's export.py version-2 file (L2C_Q8: runq.c's Q8_0, decoded alike), each converted to
+# --weights-dtype DTYPE. Median of REPEATS runs per row, the files interleaved run by run
 # so drift hits them alike, every row's ratio to the F32 checkpoint measured in the same invocation.
 # The GGUF files come from tests/bench/gguf_from_llama2c (simple scales, llama.cpp's block layouts).
 # Usage: scripts/bench-gguf-load.sh [preset] [threads] [dtype]      e.g. scripts/bench-gguf-load.sh 110m 2 fp32
@@ -17,11 +18,11 @@ DIR=${MODEL_DIR:-/tmp}/shardline-bench-gguf-$PRESET
 mkdir -p "$DIR"
 MODEL=$DIR/model.bin
 [ -f "$MODEL" ] || "$BIN" gen-model --preset "$PRESET" --out "$MODEL" >/dev/null 2>&1
-declare -A TYPE=([F16]=1 [Q8_0]=8 [Q4_K]=12 [Q6_K]=14)
-ROWS=(F32 F16 Q8_0 Q4_K Q6_K)
+declare -A TYPE=([F16]=1 [Q8_0]=8 [Q4_K]=12 [Q6_K]=14 [L2C_Q8]=llama2c-v2)
+ROWS=(F32 F16 Q8_0 Q4_K Q6_K L2C_Q8)
 declare -A FILE=([F32]=$MODEL)
-for row in F16 Q8_0 Q4_K Q6_K; do
-  FILE[$row]=$DIR/model-$row.gguf
+for row in F16 Q8_0 Q4_K Q6_K L2C_Q8; do
+  FILE[$row]=$DIR/model-$row.$([ "$row" = L2C_Q8 ] && echo bin || echo gguf)
   [ -f "${FILE[$row]}" ] || "$CONVERT" "$MODEL" "$DIR/model.tokenizer.bin" "${TYPE[$row]}" "${FILE[$row]}"
 done
 declare -A LOADS
