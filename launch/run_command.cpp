@@ -186,7 +186,8 @@ po::options_description run_options(RunFlags& f) {
       ("kv-dtype", po::value(&f.kv_dtype)->default_value("auto"), kKvDtypeFlagHelp)
       ("isa", po::value(&f.isa)->default_value("auto"), kIsaFlagHelp)
       ("comm-timeout", po::value(&c.comm_timeout_s)->default_value(kDefaultCommTimeoutS, "120"),
-       "seconds a rank waits for a peer before failing the job, at least 1 (inf: no limit)")
+       "seconds a rank waits for a peer before failing the job, at least 1 (inf: no limit); also how long reading "
+       "its weights may go without progress (at least 300)")
       ("json", po::bool_switch(&c.json), "print one JSON object per sequence instead of text")
       ("dump-logits", po::value(&c.dump_logits), "write every step's float32 logits (sequences in order) to FILE")
       ("verbose,v", po::bool_switch(&c.verbose), "per-rank placement, memory and stage statistics")
@@ -329,6 +330,9 @@ std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, 
   }
   return std::move(c);  // a tokenizer left open is looked for once the model's header has been read
 }
+
+// The least time loading may go without progress before a rank gives up (--comm-timeout when longer).
+constexpr double kMinLoadStallS = 300.0;
 
 // Why this run cannot go to a GPU, or "": the CUDA stage converts weights to fp32 or bf16 only. --device auto
 // then keeps the CPU (and says why); --device cuda is refused (exit 2).
@@ -742,6 +746,17 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
   if (code != 0) return code;
   config->engine.cuda_device = backend.cuda ? backend.cuda_device : -1;
   config->engine.comm_timeout_s = config->comm_timeout_s;
+  // Loading waits for the slowest rank without a bound (below), so each rank bounds its own: reading and
+  // converting its weights may go --comm-timeout, and at least 5 minutes (one tensor of a large model from a
+  // slow file system), without progress; then it says so and leaves, and the launcher ends the job.
+  config->engine.load_stall_s = std::max(config->comm_timeout_s, kMinLoadStallS);
+  config->engine.on_load_stall = [model = config->engine.model_path](double stalled_s) {
+    print_error_line(fmt::format("reading this rank's weights from '{}' made no progress for {:.0f} s (--comm-timeout, "
+                                 "at least {:.0f} s): is its file system hung? The job ends",
+                                 model, stalled_s, kMinLoadStallS));
+    std::fflush(stderr);
+    std::_Exit(static_cast<int>(ExitCode::kComm));
+  };
   // Loading a shard takes what its file system needs (minutes for a large model on a busy one, and not the
   // same on every rank), so the agreement after it waits without the --comm-timeout bound.
   const double loading_s = std::numeric_limits<double>::infinity();

@@ -189,6 +189,7 @@ class CudaStage final : public StageBackend {
 };
 
 void CudaStage::upload_weights() {
+  const LoadWatch::Armed armed(options_.load_watch);
   const ModelFile model = read_model_file(file_.path());
   const CheckpointLayout& layout = model.layout;
   if (!model.rope_freq_divisors.empty()) {  // Llama 3.1's RoPE factors
@@ -208,9 +209,10 @@ void CudaStage::upload_weights() {
   // the caller frees once the (synchronous) upload has read it. Not value-initialised: the decode writes
   // every value (a zeroing pass would be a serial write of every byte first).
   auto host_floats = [&](TensorRef tensor, std::uint64_t n, std::unique_ptr<float[]>& buffer) -> const float* {
+    load_progress(options_.load_watch);  // (per tensor: the previous one is uploaded)
     if (tensor.element == TensorElement::kF32) return file_floats(tensor.offset);
     buffer.reset(new float[n]);
-    decode_tensor(file_, tensor, n, buffer.get());
+    decode_tensor(file_, tensor, n, buffer.get(), options_.load_watch);
     return buffer.get();
   };
   std::unique_ptr<float[]> buffer;

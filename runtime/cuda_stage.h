@@ -31,6 +31,7 @@
 #include "partition/mesh.h"
 #include "partition/model_shape.h"
 #include "partition/shard.h"
+#include "runtime/load_watch.h"
 #include "runtime/stage.h"
 #include "runtime/stage_backend.h"
 
@@ -44,6 +45,7 @@ struct CudaStageOptions {
   bool graphs = true;             // capture decode steps in CUDA graphs (--cuda-graphs)
   int graph_max_rows = 64;        // calls of more rows always launch eagerly (prefill chunks)
   int overlap_min_rows = 64;      // tp > 1: calls of at least this many rows overlap all-reduces with compute
+  LoadWatch* load_watch = nullptr;  // armed while the weights upload, told of each tensor (construction only)
 };
 
 // Collective over the MPI world when tp > 1 (the NCCL TP groups are made here): every rank of the job

@@ -58,6 +58,9 @@ Engine::Engine(const EngineOptions& options, const partition::Mesh& mesh, comm::
   stage_options.numa_node = options.numa_node;
   kv_dtype_ = resolve_kv_dtype(options.kv_dtype, options.weights_dtype, options.cuda_device >= 0);
   stage_options.kv_dtype = kv_dtype_;
+  // Bounds the time this rank's reading of its weights may go without progress (runtime/load_watch.h);
+  // armed only inside the loading itself, not in the collectives around it.
+  LoadWatch load_watch(options.load_stall_s, options.on_load_stall);
   memory::ArenaOptions arena_options;
   arena_options.numa_node = options.numa_node;
   arena_options.pages = options.arena_pages;
@@ -71,6 +74,7 @@ Engine::Engine(const EngineOptions& options, const partition::Mesh& mesh, comm::
     cuda_options.weights_dtype = options.weights_dtype;
     cuda_options.comm_timeout_s = options.comm_timeout_s;
     cuda_options.graphs = options.cuda_graphs;
+    cuda_options.load_watch = &load_watch;
     stage_ = make_cuda_stage(options.model_path, model_.shape, shard, mesh, cuda_options);
   } else {
     // One arena for the weights' copies and the stage's scratch, sized for both up front.
@@ -80,7 +84,8 @@ Engine::Engine(const EngineOptions& options, const partition::Mesh& mesh, comm::
     arena_ = std::make_unique<memory::Arena>(arena_options);
     weights_ = std::make_unique<ShardWeights>(
         options.model_path, model_.shape, shard,
-        ShardWeightsOptions{options.weights_dtype, arena_.get(), options.numa_node, options.weights_in_arena});
+        ShardWeightsOptions{options.weights_dtype, arena_.get(), options.numa_node, options.weights_in_arena,
+                            &load_watch});
     stage_options.arena = arena_.get();
     stage_ = std::make_unique<Stage>(*weights_, tp_comm, stage_options);
   }

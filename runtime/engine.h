@@ -3,6 +3,7 @@
 #pragma once
 
 #include <functional>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -13,6 +14,7 @@
 #include "partition/chunk_policy.h"
 #include "partition/mesh.h"
 #include "runtime/checkpoint.h"
+#include "runtime/load_watch.h"
 #include "runtime/pipeline.h"
 #include "runtime/sampler.h"
 #include "runtime/shard_weights.h"
@@ -43,6 +45,10 @@ struct EngineOptions {
   int cuda_device = -1;               // >= 0: run the stage on this CUDA device
   double comm_timeout_s = 120.0;      // the CUDA stage's NCCL TP group waits this long for a peer
   bool cuda_graphs = true;            // the CUDA stage captures decode steps in CUDA graphs (cuda_stage.h)
+  // Reading and converting this rank's weights may go this long without progress before on_load_stall is
+  // called (runtime/load_watch.h); infinite: no bound.
+  double load_stall_s = std::numeric_limits<double>::infinity();
+  LoadWatch::OnStall on_load_stall;
 };
 
 struct GenerationRequest {

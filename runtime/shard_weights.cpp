@@ -40,6 +40,7 @@ int w2_int8_group(const partition::ModelShape& s) {
 ShardWeights::ShardWeights(const std::string& path, const partition::ModelShape& shape,
                            const partition::RankShard& shard, const ShardWeightsOptions& options)
     : shape_(shape), shard_(shard), options_(options), file_(path) {
+  const LoadWatch::Armed armed(options.load_watch);
   const ModelFile model = read_model_file(path);
   if (!(model.shape == shape)) {
     throw FormatError(fmt::format("'{}' holds a model of shape ({}) but ({}) was expected", path,
@@ -123,8 +124,9 @@ const float* ShardWeights::map_floats(TensorRef tensor, std::uint64_t n_floats, 
       widened_.emplace_back(n_floats);
       dst = widened_.back().data();
     }
-    decode_tensor(file_, tensor, n_floats, dst);
+    decode_tensor(file_, tensor, n_floats, dst, options_.load_watch);
     copied_bytes_ += n_floats * kF;
+    load_progress(options_.load_watch);
     return dst;
   }
   if (options_.copy_to_arena && options_.arena) {
@@ -160,7 +162,7 @@ PackedMatrix ShardWeights::convert(TensorRef matrix, int rows, int cols, partiti
     source.emplace(file_.map(matrix.offset, n * kF, {.populate = true}));
   } else {
     widened.reset(new float[n]);
-    decode_tensor(file_, matrix, n, widened.get());
+    decode_tensor(file_, matrix, n, widened.get(), options_.load_watch);
   }
   const float* floats = widened ? widened.get() : source->as<float>();
   PackedMatrix m{options_.dtype, rows, columns.size(), nullptr,
@@ -169,6 +171,7 @@ PackedMatrix ShardWeights::convert(TensorRef matrix, int rows, int cols, partiti
   kernels::cpu::pack_weights(m.dtype, floats + columns.begin, cols, m.d, m.k, dst, m.int8_group);
   m.data = dst;
   repacked_bytes_ += m.size_bytes();
+  load_progress(options_.load_watch);
   return m;
 }
 

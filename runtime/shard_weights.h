@@ -19,6 +19,7 @@
 #include "partition/model_shape.h"
 #include "partition/shard.h"
 #include "runtime/checkpoint.h"
+#include "runtime/load_watch.h"
 #include "runtime/weight_memory.h"
 
 namespace shardline::runtime {
@@ -45,6 +46,7 @@ struct ShardWeightsOptions {
   memory::Arena* arena = nullptr;  // converted matrices live here (it must outlive the weights); nullptr: heap
   int numa_node = -1;              // bind the mapped ranges to this node; -1: unbound
   bool copy_to_arena = false;      // read the norms and the embedding into the arena instead of mapping them
+  LoadWatch* load_watch = nullptr;  // told of each tensor read (and armed for the construction); may be null
 };
 
 class ShardWeights {

@@ -66,12 +66,13 @@ void in_chunks(std::uint64_t n, DecodeChunk&& decode) {
 
 }  // namespace
 
-void decode_tensor(const memory::MappedFile& file, TensorRef tensor, std::uint64_t n, float* dst) {
+void decode_tensor(const memory::MappedFile& file, TensorRef tensor, std::uint64_t n, float* dst, LoadWatch* watch) {
   if (n == 0) return;
   const memory::MappedRegion source = file.map(tensor.offset, tensor_bytes(tensor.element, n), {.populate = true});
   if (tensor.element != TensorElement::kLlama2cQ8) {
     in_chunks(n, [&](std::uint64_t first, std::uint64_t count) {
       widen_chunk(source.data() + tensor_bytes(tensor.element, first), tensor.element, count, dst + first);
+      load_progress(watch);
     });
     return;
   }
@@ -84,6 +85,7 @@ void decode_tensor(const memory::MappedFile& file, TensorRef tensor, std::uint64
     const std::uint64_t value = tensor.first + first;  // in the tensor
     widen_llama2c_q8(q + first, scales.data() + (value / group - first_group) * kF, value, tensor.group, count,
                      dst + first);
+    load_progress(watch);
   });
 }
 

@@ -8,11 +8,14 @@
 
 #include "memory/mapped_file.h"
 #include "runtime/checkpoint.h"
+#include "runtime/load_watch.h"
 
 namespace shardline::runtime {
 
 // n values of the tensor from `tensor` on (TensorRef::at picks a slice) into dst, decoded on the calling
-// rank's kernel threads, each value alone (so the split over threads changes no bit). F32 is copied.
-void decode_tensor(const memory::MappedFile& file, TensorRef tensor, std::uint64_t n, float* dst);
+// rank's kernel threads, each value alone (so the split over threads changes no bit). F32 is copied. Each
+// 2^14 values decoded are progress for `watch` (where there is one).
+void decode_tensor(const memory::MappedFile& file, TensorRef tensor, std::uint64_t n, float* dst,
+                   LoadWatch* watch = nullptr);
 
 }  // namespace shardline::runtime
