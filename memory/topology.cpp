@@ -24,23 +24,60 @@ namespace detail {
 namespace {
 
 // hwloc 2.9 dereferences a null bitmap on some damaged XML files (an object with a cpuset but no
-// complete_cpuset: a fuzzing pass, SIGSEGV in hwloc_topology_load). A file is therefore loaded first in a
-// child process: if hwloc dies there, the file is refused by name. (Only `topo --xml` reads XML, before
-// any MPI or kernel thread exists, so forking is safe.)
-void refuse_xml_that_crashes_hwloc(const std::string& path, bool with_io) {
+// complete_cpuset: a fuzzing pass, SIGSEGV in hwloc_topology_load), and on others prints a banner ("hwloc has
+// encountered an out-of-order XML topology load ... check that your input topology XML file is valid") and
+// goes on with a topology it calls wrong. A file is therefore loaded first in a child process, its stderr
+// kept: if hwloc dies there or prints that banner, the file is refused by name, with the banner's gist.
+// (Only `topo --xml` reads XML, before any MPI or kernel thread exists, so forking is safe.)
+void refuse_xml_that_hwloc_cannot_take(const std::string& path, bool with_io) {
+  int err[2];
+  if (::pipe(err) != 0) return;  // no trial then; the load below still reports what hwloc reports
   const pid_t child = ::fork();
-  if (child < 0) return;  // no trial then; the load below still reports what hwloc reports
+  if (child < 0) {
+    ::close(err[0]);
+    ::close(err[1]);
+    return;
+  }
   if (child == 0) {
     const rlimit no_core{0, 0};  // a crash here is expected of a bad file: no core dump or crash report for it
     ::setrlimit(RLIMIT_CORE, &no_core);
+    ::dup2(err[1], STDERR_FILENO);
+    ::close(err[0]);
     hwloc_topology_t t = nullptr;
     bool loaded = hwloc_topology_init(&t) == 0 && hwloc_topology_set_xml(t, path.c_str()) == 0 &&
                   (!with_io || hwloc_topology_set_io_types_filter(t, HWLOC_TYPE_FILTER_KEEP_IMPORTANT) == 0) &&
                   hwloc_topology_load(t) == 0;
     ::_exit(loaded ? 0 : 1);  // (no destructors, no atexit handlers of the parent's)
   }
+  ::close(err[1]);
+  std::string said;  // what hwloc wrote, up to the child's end
+  char chunk[4096];
+  for (ssize_t n; (n = ::read(err[0], chunk, sizeof chunk)) != 0;) {
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) break;
+    if (said.size() < (1 << 16)) said.append(chunk, static_cast<std::size_t>(n));
+  }
+  ::close(err[0]);
   int status = 0;
   while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (const std::size_t banner = said.find("hwloc has encountered"); banner != std::string::npos) {
+    // "* hwloc has encountered an out-of-order XML topology load.\n* Object PU cpuset ... complete ...\n* was
+    // inserted after ...": the two lines after the first name the objects.
+    std::string gist;
+    std::size_t at = said.find('\n', banner);
+    for (int line = 0; line < 2 && at != std::string::npos; ++line) {
+      const std::size_t end = said.find('\n', at + 1);
+      std::string text = said.substr(at + 1, end == std::string::npos ? std::string::npos : end - at - 1);
+      if (text.rfind("* ", 0) == 0) text.erase(0, 2);
+      gist += (gist.empty() ? "" : " ") + text;
+      at = end;
+    }
+    std::string what = said.substr(banner, said.find('\n', banner) - banner);
+    if (!what.empty() && what.back() == '.') what.pop_back();
+    if (!gist.empty() && gist.back() == '.') gist.pop_back();
+    throw FormatError(fmt::format("'{}' is not a valid hwloc topology XML: {} ({}); write one with `lstopo FILE.xml`",
+                                  path, what, gist));
   }
   if (!WIFSIGNALED(status)) return;
   const int signal = WTERMSIG(status);
@@ -81,7 +118,7 @@ HwlocHandle::HwlocHandle(Source source, const std::string& argument, bool with_i
                                     argument));
     }
     if (with_io) check_hwloc(hwloc_topology_set_io_types_filter(topology_, HWLOC_TYPE_FILTER_KEEP_IMPORTANT), "io filter");
-    if (source == Source::kXml) refuse_xml_that_crashes_hwloc(argument, with_io);
+    if (source == Source::kXml) refuse_xml_that_hwloc_cannot_take(argument, with_io);
     if (hwloc_topology_load(topology_) < 0) {
       if (source == Source::kXml) {
         throw FormatError(fmt::format("'{}' is not a valid hwloc topology XML (hwloc could not build a topology from "

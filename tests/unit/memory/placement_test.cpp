@@ -223,6 +223,23 @@ TEST(Topology, SyntheticDescriptionsAreCountedRight) {
       EXPECT_NE(std::string(e.what()).find("hwloc crashed reading it (signal 11)"), std::string::npos) << e.what();
     }
   }
+  // A PU whose complete_cpuset says another set: hwloc prints a banner calling the file invalid and went on
+  // with it (exit 0); the child's stderr shows it, and the file is refused with the banner's gist instead.
+  text = std::string((std::istreambuf_iterator<char>(std::ifstream(hostfile("topo-2socket-4numa-smt.xml")).rdbuf())),
+                     std::istreambuf_iterator<char>());
+  const std::string set = "complete_cpuset=\"0x80000000,0x0\"";
+  ASSERT_NE(text.find(set), std::string::npos);
+  text.replace(text.find(set), set.size(), "complete_cpuset=\"4294967295\"");
+  const std::string inconsistent = ::testing::TempDir() + "/inconsistent-topology.xml";
+  std::ofstream(inconsistent) << text;
+  try {
+    load_xml_topology(inconsistent);
+    if (HWLOC_API_VERSION == 0x00020800) ADD_FAILURE() << "hwloc 2.9 calls this file invalid";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("'" + inconsistent + "' is not a valid hwloc topology XML: hwloc has "
+                                         "encountered an out-of-order XML topology load (Object PU cpuset"),
+              std::string::npos) << e.what();
+  }
 }
 
 TEST(Topology, ThisHostEveryCoreOnExactlyOneNode) {
