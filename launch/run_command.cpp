@@ -697,6 +697,7 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
   // Phase 2: communicators (collective), then each rank takes its place on its host (collective: the host
   // split), binds, maps its own shard into memory on its node, and checks the requests.
   runtime::CommGroups groups = runtime::make_comm_groups(*mesh, {mpi.active(), config->comm_timeout_s});
+  std::optional<runtime::LoadWatch> load_watch;  // before the engine: it is armed while the engine loads
   std::unique_ptr<runtime::Engine> engine;
   std::optional<PlacedRank> placed;
   runtime::BackendChoice backend;
@@ -746,17 +747,13 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
   if (code != 0) return code;
   config->engine.cuda_device = backend.cuda ? backend.cuda_device : -1;
   config->engine.comm_timeout_s = config->comm_timeout_s;
-  // Loading waits for the slowest rank without a bound (below), so each rank bounds its own: reading and
-  // converting its weights may go --comm-timeout, and at least 5 minutes (one tensor of a large model from a
-  // slow file system), without progress; then it says so and leaves, and the launcher ends the job.
-  config->engine.load_stall_s = std::max(config->comm_timeout_s, kMinLoadStallS);
-  config->engine.on_load_stall = [model = config->engine.model_path](double stalled_s) {
-    print_error_line(fmt::format("reading this rank's weights from '{}' made no progress for {:.0f} s (--comm-timeout, "
-                                 "at least {:.0f} s): is its file system hung? The job ends",
-                                 model, stalled_s, kMinLoadStallS));
-    std::fflush(stderr);
-    std::_Exit(static_cast<int>(ExitCode::kComm));
-  };
+  // Loading waits for the slowest rank without a bound (below), so each rank bounds its own: reading its
+  // weights may go --comm-timeout, and at least 5 minutes, without progress (64 MiB read in, a tensor
+  // converted); then it says so and leaves, and the launcher ends the job. It lives as long as the engine.
+  load_watch.emplace(std::max(config->comm_timeout_s, kMinLoadStallS), [model = config->engine.model_path](double s) {
+    runtime::end_stalled_load(model, s, kMinLoadStallS);
+  });
+  config->engine.load_watch = &*load_watch;
   // Loading a shard takes what its file system needs (minutes for a large model on a busy one, and not the
   // same on every rank), so the agreement after it waits without the --comm-timeout bound.
   const double loading_s = std::numeric_limits<double>::infinity();

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 namespace shardline::memory {
@@ -24,6 +25,10 @@ class MappedRegion {
   std::size_t size_bytes() const { return bytes_; }
   template <typename T>
   const T* as() const { return reinterpret_cast<const T*>(data_); }
+
+  // Reads the region's pages in (as MAP_POPULATE would) slice_bytes at a time, calling after_each after each
+  // slice: a reader can see its progress through a large mapping (runtime/load_watch.h).
+  void populate_in_slices(std::size_t slice_bytes, const std::function<void()>& after_each) const;
 
  private:
   void* base_ = nullptr;      // page-aligned start of the mapping

@@ -1,5 +1,6 @@
 #include "memory/topology.h"
 
+#include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -31,7 +32,7 @@ namespace {
 // (Only `topo --xml` reads XML, before any MPI or kernel thread exists, so forking is safe.)
 void refuse_xml_that_hwloc_cannot_take(const std::string& path, bool with_io) {
   int err[2];
-  if (::pipe(err) != 0) return;  // no trial then; the load below still reports what hwloc reports
+  if (::pipe2(err, O_CLOEXEC) != 0) return;  // no trial then; the load below still reports what hwloc reports
   const pid_t child = ::fork();
   if (child < 0) {
     ::close(err[0]);
@@ -43,6 +44,9 @@ void refuse_xml_that_hwloc_cannot_take(const std::string& path, bool with_io) {
     ::setrlimit(RLIMIT_CORE, &no_core);
     ::dup2(err[1], STDERR_FILENO);
     ::close(err[0]);
+    // hwloc's banner is on unless these hide it (hwloc 2.x's and 3's names): say it, whatever the user set.
+    ::setenv("HWLOC_HIDE_ERRORS", "0", 1);
+    ::setenv("HWLOC_SHOW_CRITICAL_ERRORS", "1", 1);
     hwloc_topology_t t = nullptr;
     bool loaded = hwloc_topology_init(&t) == 0 && hwloc_topology_set_xml(t, path.c_str()) == 0 &&
                   (!with_io || hwloc_topology_set_io_types_filter(t, HWLOC_TYPE_FILTER_KEEP_IMPORTANT) == 0) &&
@@ -81,6 +85,7 @@ void refuse_xml_that_hwloc_cannot_take(const std::string& path, bool with_io) {
   }
   if (!WIFSIGNALED(status)) return;
   const int signal = WTERMSIG(status);
+  if (signal == SIGPIPE) return;  // it wrote after a failed read here: no verdict, the load below has its own
   if (signal == SIGSEGV || signal == SIGBUS || signal == SIGABRT || signal == SIGFPE || signal == SIGILL) {
     throw FormatError(fmt::format("'{}' is not a valid hwloc topology XML: hwloc crashed reading it (signal {}), as "
                                   "it does on some damaged or hand-edited files; write one with `lstopo FILE.xml`",

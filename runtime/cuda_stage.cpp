@@ -15,6 +15,7 @@
 #include "kernels/cuda/ops.h"
 #include "memory/mapped_file.h"
 #include "runtime/checkpoint.h"
+#include "runtime/load_watch.h"
 #include "runtime/tensor_decode.h"
 
 namespace shardline::runtime {

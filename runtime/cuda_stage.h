@@ -31,11 +31,12 @@
 #include "partition/mesh.h"
 #include "partition/model_shape.h"
 #include "partition/shard.h"
-#include "runtime/load_watch.h"
 #include "runtime/stage.h"
 #include "runtime/stage_backend.h"
 
 namespace shardline::runtime {
+
+class LoadWatch;  // runtime/load_watch.h
 
 struct CudaStageOptions {
   StageOptions stage;  // rows, eps, theta, KV block size and count (arena and numa_node unused)

@@ -36,6 +36,7 @@ Engine::Engine(const EngineOptions& options, const partition::Mesh& mesh, comm::
       options_(options),
       mesh_(mesh),
       world_(world),
+      loading_(options.load_watch),
       model_(checked_model(options, mesh)),
       tokenizer_(options.tokenizer_path, model_.shape.vocab_size) {
   if (options.chunk_tokens < 0) throw ConfigError("--chunk-tokens must be >= 1");
@@ -58,9 +59,6 @@ Engine::Engine(const EngineOptions& options, const partition::Mesh& mesh, comm::
   stage_options.numa_node = options.numa_node;
   kv_dtype_ = resolve_kv_dtype(options.kv_dtype, options.weights_dtype, options.cuda_device >= 0);
   stage_options.kv_dtype = kv_dtype_;
-  // Bounds the time this rank's reading of its weights may go without progress (runtime/load_watch.h);
-  // armed only inside the loading itself, not in the collectives around it.
-  LoadWatch load_watch(options.load_stall_s, options.on_load_stall);
   memory::ArenaOptions arena_options;
   arena_options.numa_node = options.numa_node;
   arena_options.pages = options.arena_pages;
@@ -74,7 +72,8 @@ Engine::Engine(const EngineOptions& options, const partition::Mesh& mesh, comm::
     cuda_options.weights_dtype = options.weights_dtype;
     cuda_options.comm_timeout_s = options.comm_timeout_s;
     cuda_options.graphs = options.cuda_graphs;
-    cuda_options.load_watch = &load_watch;
+    cuda_options.load_watch = options.load_watch;  // armed again for the upload, after the NCCL groups
+    loading_.release();
     stage_ = make_cuda_stage(options.model_path, model_.shape, shard, mesh, cuda_options);
   } else {
     // One arena for the weights' copies and the stage's scratch, sized for both up front.
@@ -85,7 +84,8 @@ Engine::Engine(const EngineOptions& options, const partition::Mesh& mesh, comm::
     weights_ = std::make_unique<ShardWeights>(
         options.model_path, model_.shape, shard,
         ShardWeightsOptions{options.weights_dtype, arena_.get(), options.numa_node, options.weights_in_arena,
-                            &load_watch});
+                            options.load_watch});
+    loading_.release();  // the Stage's TP buffers and the Pipeline meet the other ranks
     stage_options.arena = arena_.get();
     stage_ = std::make_unique<Stage>(*weights_, tp_comm, stage_options);
   }

@@ -3,7 +3,6 @@
 #pragma once
 
 #include <functional>
-#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -45,10 +44,9 @@ struct EngineOptions {
   int cuda_device = -1;               // >= 0: run the stage on this CUDA device
   double comm_timeout_s = 120.0;      // the CUDA stage's NCCL TP group waits this long for a peer
   bool cuda_graphs = true;            // the CUDA stage captures decode steps in CUDA graphs (cuda_stage.h)
-  // Reading and converting this rank's weights may go this long without progress before on_load_stall is
-  // called (runtime/load_watch.h); infinite: no bound.
-  double load_stall_s = std::numeric_limits<double>::infinity();
-  LoadWatch::OnStall on_load_stall;
+  // Armed while the engine reads this rank's header, tokenizer and weights (runtime/load_watch.h), not in
+  // the collectives between; the caller's, outliving the construction. Null: no watch.
+  LoadWatch* load_watch = nullptr;
 };
 
 struct GenerationRequest {
@@ -147,6 +145,7 @@ class Engine {
   EngineOptions options_;
   partition::Mesh mesh_;
   comm::Communicator& world_;
+  LoadWatch::Armed loading_;  // from here to the first collective: the header, tokenizer and weights
   ModelFile model_;  // read once: its shape, and the RMSNorm epsilon and RoPE base a GGUF file may set
   partition::RankShard shard_;
   kernels::cpu::KvDtype kv_dtype_ = kernels::cpu::KvDtype::kF32;

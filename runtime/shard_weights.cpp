@@ -1,5 +1,6 @@
 #include "runtime/shard_weights.h"
 
+#include <algorithm>
 #include <memory>
 #include <optional>
 
@@ -8,6 +9,7 @@
 #include "common/error.h"
 #include "kernels/cpu/weight_format.h"
 #include "runtime/checkpoint.h"
+#include "runtime/load_watch.h"
 #include "runtime/tensor_decode.h"
 
 namespace shardline::runtime {
@@ -131,12 +133,18 @@ const float* ShardWeights::map_floats(TensorRef tensor, std::uint64_t n_floats, 
   }
   if (options_.copy_to_arena && options_.arena) {
     float* copy = options_.arena->allocate<float>(n_floats);
-    file_.read(tensor.offset, copy, n_floats * kF);
+    constexpr std::uint64_t kSliceFloats = std::uint64_t{16} << 20;  // 64 MiB a read, each progress
+    for (std::uint64_t first = 0; first < n_floats; first += kSliceFloats) {
+      const std::uint64_t count = std::min(kSliceFloats, n_floats - first);
+      file_.read(tensor.offset + first * kF, copy + first, count * kF);
+      load_progress(options_.load_watch);
+    }
     copied_bytes_ += n_floats * kF;
     return copy;
   }
   regions_.push_back(file_.map(tensor.offset, n_floats * kF, {.populate = populate, .numa_node = options_.numa_node}));
   mapped_bytes_ += n_floats * kF;
+  load_progress(options_.load_watch);
   return regions_.back().as<float>();
 }
 
@@ -159,7 +167,8 @@ PackedMatrix ShardWeights::convert(TensorRef matrix, int rows, int cols, partiti
   std::optional<memory::MappedRegion> source;
   std::unique_ptr<float[]> widened;
   if (matrix.element == TensorElement::kF32) {
-    source.emplace(file_.map(matrix.offset, n * kF, {.populate = true}));
+    source.emplace(file_.map(matrix.offset, n * kF, {.populate = false}));
+    populate(*source, options_.load_watch);
   } else {
     widened.reset(new float[n]);
     decode_tensor(file_, matrix, n, widened.get(), options_.load_watch);

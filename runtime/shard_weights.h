@@ -19,10 +19,11 @@
 #include "partition/model_shape.h"
 #include "partition/shard.h"
 #include "runtime/checkpoint.h"
-#include "runtime/load_watch.h"
 #include "runtime/weight_memory.h"
 
 namespace shardline::runtime {
+
+class LoadWatch;  // runtime/load_watch.h
 
 using kernels::cpu::PackedMatrix;
 using kernels::cpu::WeightDtype;

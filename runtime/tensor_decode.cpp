@@ -66,9 +66,15 @@ void in_chunks(std::uint64_t n, DecodeChunk&& decode) {
 
 }  // namespace
 
+void populate(const memory::MappedRegion& region, LoadWatch* watch) {
+  constexpr std::size_t kSliceBytes = std::size_t{64} << 20;
+  region.populate_in_slices(kSliceBytes, [watch] { load_progress(watch); });
+}
+
 void decode_tensor(const memory::MappedFile& file, TensorRef tensor, std::uint64_t n, float* dst, LoadWatch* watch) {
   if (n == 0) return;
-  const memory::MappedRegion source = file.map(tensor.offset, tensor_bytes(tensor.element, n), {.populate = true});
+  const memory::MappedRegion source = file.map(tensor.offset, tensor_bytes(tensor.element, n), {.populate = false});
+  populate(source, watch);
   if (tensor.element != TensorElement::kLlama2cQ8) {
     in_chunks(n, [&](std::uint64_t first, std::uint64_t count) {
       widen_chunk(source.data() + tensor_bytes(tensor.element, first), tensor.element, count, dst + first);

@@ -12,6 +12,10 @@
 
 namespace shardline::runtime {
 
+// Reads a mapped region's pages in, 64 MiB at a time, each slice progress for `watch` (where there is one):
+// the file system's part of loading a tensor, which a stuck mount stops (runtime/load_watch.h).
+void populate(const memory::MappedRegion& region, LoadWatch* watch);
+
 // n values of the tensor from `tensor` on (TensorRef::at picks a slice) into dst, decoded on the calling
 // rank's kernel threads, each value alone (so the split over threads changes no bit). F32 is copied. Each
 // 2^14 values decoded are progress for `watch` (where there is one).
