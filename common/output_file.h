@@ -2,6 +2,9 @@
 // wrong --out or --dump-logits path fails at once instead of after the measurement or the generation.
 #pragma once
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -32,6 +35,17 @@ inline void close_output_file(std::ofstream& out, const std::string& path, const
 // bytes), and a file made only for the test is removed again. Throws as open_output_file does.
 inline void require_writable_output(const std::string& path, const char* what) {
   std::error_code ec;  // a path that cannot even be looked at fails the open below, with its reason
+  if (std::filesystem::is_fifo(std::filesystem::status(path, ec))) {
+    // Opening a FIFO for writing waits for a reader (probe --out held forever); without blocking it fails
+    // at once when there is none, and a reader already there keeps its pipe.
+    const int fd = ::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+      throw ResourceError(fmt::format("cannot write {} '{}': {}", what, path,
+                                      errno == ENXIO ? "a FIFO that nobody reads" : std::strerror(errno)));
+    }
+    ::close(fd);
+    return;
+  }
   const bool existed = std::filesystem::exists(std::filesystem::symlink_status(path, ec));
   open_output_file(path, std::ios::binary | std::ios::app, what);
   if (!existed) std::filesystem::remove(path, ec);

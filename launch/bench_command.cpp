@@ -6,6 +6,7 @@
 #include <iostream>
 #include <optional>
 #include <sstream>
+#include <utility>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -93,8 +94,21 @@ std::optional<BenchConfig> parse_bench_config(const std::vector<std::string>& ar
   c.kv_dtype = parse_kv_dtype_flag(kv_dtype);
   c.bench.batches = parse_int_list("--batches", batches);
   if (c.presets.empty() || c.dtypes.empty()) throw ConfigError("--presets and --dtypes need at least one entry each");
+  // Bounds far past any use, so that sums of them stay ints and nothing is allocated for them first (a
+  // fuzzing pass: --steps 2^31-1 wrapped the context check and failed an internal check; --batches 2^31-1
+  // ran out of memory after the model was generated; 10,000 batch sizes ran on for minutes).
+  constexpr int kMaxBatch = 4096, kMaxBatches = 64, kMaxTokens = 1 << 20;
+  if (c.bench.batches.size() > kMaxBatches) {
+    throw ConfigError(fmt::format("--batches lists {} sizes; at most {}", c.bench.batches.size(), kMaxBatches));
+  }
   for (int b : c.bench.batches) {
-    if (b < 1) throw ConfigError(fmt::format("--batches entries must be >= 1, got {}", b));
+    if (b < 1 || b > kMaxBatch) throw ConfigError(fmt::format("--batches entries must be from 1 to {}, got {}", kMaxBatch, b));
+  }
+  for (const auto& [flag, value] : {std::pair{"--steps", c.bench.decode_steps},
+                                    std::pair{"--prompt-tokens", c.bench.decode_prompt_tokens},
+                                    std::pair{"--prefill-tokens", c.bench.prefill_tokens},
+                                    std::pair{"--chunk-tokens", c.chunk_tokens}}) {
+    if (value > kMaxTokens) throw ConfigError(fmt::format("{} {} is more than any context; at most {}", flag, value, kMaxTokens));
   }
   if (c.bench.decode_steps < 2) throw ConfigError("--steps must be >= 2 (the first token ends the prefill)");
   if (c.bench.decode_prompt_tokens < 1 || c.bench.prefill_tokens < 1) {
@@ -115,6 +129,7 @@ std::optional<BenchConfig> parse_bench_config(const std::vector<std::string>& ar
   if (vm.count("tp")) check_rank_flag("--tp", c.tp);
   if (vm.count("pp")) check_rank_flag("--pp", c.pp);
   check_comm_timeout_flag(c.comm_timeout_s);
+  if (vm.count("models-dir") && c.models_dir.empty()) throw ConfigError("--models-dir needs a folder name");
   if (c.models_dir.empty()) c.models_dir = (std::filesystem::path(runtime::cache_dir()) / "bench").string();
   return c;
 }

@@ -123,6 +123,7 @@ int gen_model_command(const std::vector<std::string>& args) {
   }
 
   const std::uint64_t total = runtime::checkpoint_layout(shape).total_bytes;
+  runtime::prepare_model_destinations(shape, {out, tokenizer_out});  // its one error line before the info line
   log::info("writing {} ({}, {} params, {})", out, shape.describe(), shape.n_params(), format_bytes(total));
   int last_percent = -1;
   const bool show_progress = total > 256 * kMiB;

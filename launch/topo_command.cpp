@@ -87,6 +87,7 @@ int topo_command(const std::vector<std::string>& args) {
   if (vm.count("synthetic") && synthetic.empty()) {  // else an empty description showed this host instead
     throw ConfigError("--synthetic needs a description, e.g. 'pack:2 numa:2 core:8 pu:2'");
   }
+  if (vm.count("xml") && xml.empty()) throw ConfigError("--xml needs a file name (write one with `lstopo FILE.xml`)");
   if (!synthetic.empty() && !xml.empty()) throw ConfigError("--synthetic and --xml are alternatives; pass one");
   const memory::BindMode mode = memory::parse_bind_mode(bind);
   const memory::HostTopology host = !synthetic.empty() ? memory::load_synthetic_topology(synthetic)

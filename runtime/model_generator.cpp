@@ -249,26 +249,34 @@ void check_destination(const std::string& path, std::uint64_t bytes) {
   const fs::path dir = fs::absolute(path).parent_path();
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) {
-    throw ResourceError(fmt::format("cannot write '{}': its folder '{}' does not exist", path, dir.string()));
+    throw ResourceError(fmt::format("cannot write '{}': its folder '{}' {}", path, dir.string(),
+                                    fs::exists(dir, ec) ? "is not a folder" : "does not exist"));
+  }
+  if (::access(dir.c_str(), W_OK) != 0) {  // (a read-only file system read as one without free space)
+    throw ResourceError(fmt::format("cannot write '{}': its folder '{}' is not writable: {}", path, dir.string(),
+                                    std::strerror(errno)));
   }
   const fs::space_info space = fs::space(dir, ec);
   if (ec || space.available >= bytes) return;  // unknown: let the write say what went wrong
-  const auto gib = [](std::uint64_t n) { return static_cast<double>(n) / static_cast<double>(kGiB); };
-  throw ResourceError(fmt::format("'{}' would need {:.2f} GiB but its folder has {:.2f} GiB free; free space or "
-                                  "choose another folder",
-                                  path, gib(bytes), gib(space.available)));
+  throw ResourceError(fmt::format("'{}' would need {} but its folder has {} free; free space or choose another folder",
+                                  path, format_bytes(static_cast<double>(bytes)),
+                                  format_bytes(static_cast<double>(space.available))));
 }
 
 }  // namespace
 
-void generate_model(const partition::ModelShape& s, std::uint64_t seed, const GeneratedModelPaths& paths,
-                    const ProgressCallback& progress) {
+void prepare_model_destinations(const partition::ModelShape& s, const GeneratedModelPaths& paths) {
   if (auto problem = s.find_problem()) throw ConfigError(fmt::format("cannot generate this model: {}", *problem));
-  const CheckpointLayout layout = checkpoint_layout(s);
   remove_stale_part_files(paths.model);  // before the free space is checked: theirs counts
   remove_stale_part_files(paths.tokenizer);
-  check_destination(paths.model, layout.total_bytes);
+  check_destination(paths.model, checkpoint_layout(s).total_bytes);
   check_destination(paths.tokenizer, 0);
+}
+
+void generate_model(const partition::ModelShape& s, std::uint64_t seed, const GeneratedModelPaths& paths,
+                    const ProgressCallback& progress) {
+  prepare_model_destinations(s, paths);
+  const CheckpointLayout layout = checkpoint_layout(s);
   // The tokenizer first (it is small, and its folder may be another one), renamed into place last: a
   // failure anywhere before leaves neither file changed.
   TempFile tokenizer(paths.tokenizer);

@@ -21,6 +21,11 @@ using ProgressCallback = std::function<void(std::uint64_t, std::uint64_t)>;
 // Writes the checkpoint to model_path and the tokenizer to tokenizer_path, each through a temporary file
 // renamed into place, so a reader never sees half a file and concurrent writers cannot corrupt it.
 // Weights: uniform with std gain/sqrt(fan_in) (unit-scale activations, clear logit margins); norms 1.
+// What generate_model checks before writing a byte (a caller may ask first, to fail before saying it
+// writes): a valid shape (ConfigError), both files' folders existing as folders and the model's with room
+// for it (ResourceError); part files left by writers that died are removed first.
+void prepare_model_destinations(const partition::ModelShape& shape, const GeneratedModelPaths& paths);
+
 void generate_model(const partition::ModelShape& shape, std::uint64_t seed, const GeneratedModelPaths& paths,
                     const ProgressCallback& progress = {});
 

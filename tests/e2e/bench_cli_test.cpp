@@ -148,7 +148,15 @@ TEST_F(BenchCli, BadFlagsGiveOneLineAndExitCode2) {
            {"--dtypes fp32,fp4", "unknown --dtypes entry 'fp4'"},
            {"--presets 15m --steps 300", "no preset can run with these flags (15m: prompts and steps exceed its context"},
            {"--kv-dtype bf16", "unknown --kv-dtype 'bf16' (use auto, fp32, fp16 or int8)"},
-           {"--batches 1,0", "--batches entries must be >= 1"},
+           {"--batches 1,0", "--batches entries must be from 1 to 4096, got 0"},
+           // (a fuzzing pass: 2^31-1 steps wrapped the context check and failed an internal check, exit 134;
+           // chunks of 2^31-1 printed a roofline of 0 with exit 0; a batch of 2^31-1 ran out of memory after
+           // the model was generated; '' used the default folder)
+           {"--steps 2147483647", "--steps 2147483647 is more than any context; at most 1048576"},
+           {"--prompt-tokens 2147483647", "--prompt-tokens 2147483647 is more than any context"},
+           {"--chunk-tokens 2147483647", "--chunk-tokens 2147483647 is more than any context"},
+           {"--batches 2147483647", "--batches entries must be from 1 to 4096, got 2147483647"},
+           {"--models-dir ''", "--models-dir needs a folder name"},
            {"--steps 1", "--steps must be >= 2"},
            {"--statistic mean", "--statistic must be median or best"},
            {"--isa sse", "--isa must be auto, portable, avx2, avx512, avx512-vnni or amx, got 'sse'"}}) {

@@ -836,6 +836,11 @@ TEST_F(Cli, UnknownFlagsAndCommands) {
   expect_clean_failure("run --seed -1", 2, "--seed '-1' is not a whole number");
   expect_clean_failure("gen-model --preset 15m --seed -3 --out " + path("s.bin"), 2, "--seed '-3'");
   expect_clean_failure("topo --synthetic ''", 2, "--synthetic needs a description");
+  expect_clean_failure("topo --xml ''", 2, "--xml needs a file name");  // (it showed this host)
+  // A folder that is a file was said not to exist.
+  std::ofstream(path("plain-file")) << "x";
+  expect_clean_failure("gen-model --preset 15m --out " + path("plain-file") + "/m.bin", 4,
+                       "its folder '" + path("plain-file") + "' is not a folder");
   expect_clean_failure("bench --dtypes fp32,,int8", 2, "--dtypes 'fp32,,int8' has an empty entry");
   // tp x pp past an int wrapped: launch-check crashed or said "ok ... = 0 ranks", run said "launch -1 ranks".
   expect_clean_failure("launch-check --tp 65536 --pp 65536", 2, "--tp 65536 is not a rank count from 1 to 32768");

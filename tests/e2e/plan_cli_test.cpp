@@ -1,5 +1,6 @@
 // `shardline plan` and `shardline probe` as a user runs them: no MPI job and no weights for plan, real
 // mpirun for probe, the JSON shape both write, and clear errors for what cannot work.
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -270,6 +271,12 @@ TEST_F(PlanCli, ProbeRefusesAnUnwritableOutBeforeMeasuring) {
     EXPECT_NE(r.err.find("cannot write --out file '" + out + "': " + reason), std::string::npos) << r.err;
     EXPECT_TRUE(r.out.empty()) << r.out;
   }
+  // A FIFO nobody reads: opening it for writing waited for a reader forever.
+  const std::string fifo = (dir_ / "fifo").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const ProcessResult r = run_process(shardline_binary() + " probe --quick --out " + fifo, 60);
+  EXPECT_EQ(r.exit_code, 4) << r.err;
+  EXPECT_NE(r.err.find("cannot write --out file '" + fifo + "': a FIFO that nobody reads"), std::string::npos) << r.err;
 }
 
 TEST_F(PlanCli, ProbeUnderMpirunSaysABadFlagOnceWithItsExitCode) {
