@@ -204,6 +204,14 @@ HostTopology summarize(const HwlocHandle& handle, std::string source) {
   for (int n = 0; n < n_nodes; ++n) {
     hwloc_obj_t node = hwloc_get_obj_by_type(topo, HWLOC_OBJ_NUMANODE, n);
     NumaNodeInfo info;
+    // Node numbers are what mbind and set_mempolicy take: below Linux's largest MAX_NUMNODES (a hand-edited
+    // XML's os_index="-5" read as 4294967291 became node -5 and placed nothing: a fuzzing pass).
+    constexpr unsigned kMaxNodeNumber = 1u << 16;
+    if (node->os_index >= kMaxNodeNumber) {
+      throw FormatError(fmt::format("the topology's NUMA node {} has the OS index {}, which is no node number (a "
+                                    "damaged or hand-edited XML? write one with `lstopo FILE.xml`)",
+                                    n, static_cast<int>(node->os_index)));
+    }
     info.os_index = static_cast<int>(node->os_index);
     info.hwloc_memory_bytes = node->attr ? node->attr->numanode.local_memory : 0;
     hwloc_obj_t core = nullptr;

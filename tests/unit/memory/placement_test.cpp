@@ -223,6 +223,21 @@ TEST(Topology, SyntheticDescriptionsAreCountedRight) {
       EXPECT_NE(std::string(e.what()).find("hwloc crashed reading it (signal 11)"), std::string::npos) << e.what();
     }
   }
+  // A NUMA node numbered -5 (a fuzzing pass: it was shown as node -5, and no rank was placed on it).
+  text = std::string((std::istreambuf_iterator<char>(std::ifstream(hostfile("topo-2socket-4numa-smt.xml")).rdbuf())),
+                     std::istreambuf_iterator<char>());
+  const std::string node0 = "<object type=\"NUMANode\" os_index=\"0\"";
+  ASSERT_NE(text.find(node0), std::string::npos);
+  text.replace(text.find(node0), node0.size(), "<object type=\"NUMANode\" os_index=\"-5\"");
+  const std::string negative = ::testing::TempDir() + "/negative-node-topology.xml";
+  std::ofstream(negative) << text;
+  try {
+    load_xml_topology(negative);
+    ADD_FAILURE() << "node -5 taken";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("NUMA node 0 has the OS index -5, which is no node number"),
+              std::string::npos) << e.what();
+  }
   // A PU whose complete_cpuset says another set: hwloc prints a banner calling the file invalid and went on
   // with it (exit 0); the child's stderr shows it, and the file is refused with the banner's gist instead.
   text = std::string((std::istreambuf_iterator<char>(std::ifstream(hostfile("topo-2socket-4numa-smt.xml")).rdbuf())),
