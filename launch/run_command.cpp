@@ -554,10 +554,10 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
     shape = model.shape;
     config->cpu_only_reason = cpu_only_reason(*config);  // the phases below only look it up
     if (!model.layout.layers.empty()) config->file_w1 = model.layout.layers.front().w1;
-    // A rank's share of the weights on a GPU (fp32 or bf16 there), for --device auto's choice.
-    const double device_bytes_per_weight = config->engine.weights_dtype == kernels::cpu::WeightDtype::kBf16 ? 2.0 : 4.0;
-    config->gpu_weight_bytes = static_cast<std::uint64_t>(static_cast<double>(shape->n_params()) *
-                                                          device_bytes_per_weight / std::max(1, mpi.world_size()));
+    // A rank's share of the weights on a GPU (fp32 or bf16 there: int8 never goes), for --device auto's choice.
+    config->gpu_weight_bytes = static_cast<std::uint64_t>(
+        static_cast<double>(shape->n_params()) * kernels::cpu::typical_bytes_per_weight(config->engine.weights_dtype) /
+        std::max(1, mpi.world_size()));
     if (config->engine.tokenizer_path.empty()) config->engine.tokenizer_path = find_tokenizer_for(config->engine.model_path);
     const runtime::Tokenizer tokenizer(config->engine.tokenizer_path, shape->vocab_size);
     std::string all_ids;

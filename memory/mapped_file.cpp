@@ -25,7 +25,6 @@ constexpr int kMadvPopulateRead = 22;  // Linux 5.14's value, for older headers
 #endif
 }  // namespace
 
-
 void MappedRegion::populate_in_slices(std::size_t slice_bytes, const std::function<void()>& after_each) const {
   const auto page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
   const auto begin = reinterpret_cast<std::uintptr_t>(data_);

@@ -118,9 +118,11 @@ std::uint64_t ShardWeights::arena_bytes_needed(const partition::ModelShape& shap
 }
 
 const float* ShardWeights::map_floats(TensorRef tensor, std::uint64_t n_floats, bool populate) {
-  if (tensor.element != TensorElement::kF32) {
+  const bool into_arena = options_.copy_to_arena && options_.arena;
+  if (tensor.element != TensorElement::kF32 || into_arena) {
+    // Copied (F32) or decoded into the arena or an owned buffer, its pages read in slices, each progress.
     float* dst = nullptr;
-    if (options_.copy_to_arena && options_.arena) {
+    if (into_arena) {
       dst = options_.arena->allocate<float>(n_floats);
     } else {
       widened_.emplace_back(n_floats);
@@ -128,19 +130,7 @@ const float* ShardWeights::map_floats(TensorRef tensor, std::uint64_t n_floats, 
     }
     decode_tensor(file_, tensor, n_floats, dst, options_.load_watch);
     copied_bytes_ += n_floats * kF;
-    load_progress(options_.load_watch);
     return dst;
-  }
-  if (options_.copy_to_arena && options_.arena) {
-    float* copy = options_.arena->allocate<float>(n_floats);
-    constexpr std::uint64_t kSliceFloats = std::uint64_t{16} << 20;  // 64 MiB a read, each progress
-    for (std::uint64_t first = 0; first < n_floats; first += kSliceFloats) {
-      const std::uint64_t count = std::min(kSliceFloats, n_floats - first);
-      file_.read(tensor.offset + first * kF, copy + first, count * kF);
-      load_progress(options_.load_watch);
-    }
-    copied_bytes_ += n_floats * kF;
-    return copy;
   }
   regions_.push_back(file_.map(tensor.offset, n_floats * kF, {.populate = populate, .numa_node = options_.numa_node}));
   mapped_bytes_ += n_floats * kF;

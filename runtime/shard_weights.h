@@ -97,7 +97,7 @@ class ShardWeights {
   memory::MappedFile file_;
   std::vector<memory::MappedRegion> regions_;
   std::vector<WeightMemory> converted_;
-  std::vector<std::vector<float>> widened_;  // F16/BF16 norms and embedding as fp32 (outside an arena)
+  std::vector<std::vector<float>> widened_;  // norms and embedding not F32 in the file, as fp32 (outside an arena)
   std::vector<LayerWeights> layers_;
   const float* token_embedding_ = nullptr;
   const float* rms_final_ = nullptr;
