@@ -104,29 +104,22 @@ TEST_F(DeviceGpu, CudaRunsAQuantisedFileAsTheCheckpointOfItsDecodedValues) {
   ASSERT_EQ(run_process(shardline_binary() + " gen-model --dim 64 --hidden 168 --layers 2 --heads 4 --kv-heads 2 "
                         "--vocab 300 --seq 40 --unshared-classifier --out " + model).exit_code, 0);
   write_llama2c_export(model, path("q80.bin"), {.version = 2}, path("decoded.bin"));
-  auto logits_of = [&](const std::string& file) {
-    const ProcessResult r = run_process(shardline_binary() + " run --device cuda --steps 16 --prompt hello "
-                                        "--tokenizer " + path("m.tokenizer.bin") + " --model " + file +
-                                        " --dump-logits " + path("l.f32"));
+  // Every step's logits of a run of `file`, on one GPU or (tp2) two.
+  auto logits_of = [&](const std::string& file, bool tp2) {
+    const ProcessResult r = run_process((tp2 ? mpirun(2) : std::string()) + shardline_binary() +
+                                        " run --device cuda --steps 16 --prompt hello --tokenizer " +
+                                        path("m.tokenizer.bin") + " --model " + file +
+                                        (tp2 ? " --tp 2 --pp 1 --plan none" : "") + " --dump-logits " + path("l.f32"));
     EXPECT_EQ(r.exit_code, 0) << r.err;
     std::ifstream in(path("l.f32"), std::ios::binary);
     return std::vector<char>((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   };
-  const std::vector<char> decoded = logits_of(path("decoded.bin"));
+  const std::vector<char> decoded = logits_of(path("decoded.bin"), false);
   EXPECT_EQ(decoded.size(), 16u * 300u * sizeof(float));
-  EXPECT_EQ(logits_of(path("q80.bin")), decoded);
+  EXPECT_EQ(logits_of(path("q80.bin"), false), decoded);
   // With two GPUs, TP ranks' row slices (q, k, v, w1, w3, the classifier) start inside the tensors.
   if (devices.count >= 2) {
-    const std::string flags = " --tp 2 --pp 1 --plan none";
-    auto tp_logits = [&](const std::string& file) {
-      const ProcessResult r = run_process(mpirun(2) + shardline_binary() + " run --device cuda --steps 16 --prompt hello "
-                                          "--tokenizer " + path("m.tokenizer.bin") + " --model " + file + flags +
-                                          " --dump-logits " + path("l2.f32"));
-      EXPECT_EQ(r.exit_code, 0) << r.err;
-      std::ifstream in(path("l2.f32"), std::ios::binary);
-      return std::vector<char>((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    };
-    EXPECT_EQ(tp_logits(path("q80.bin")), tp_logits(path("decoded.bin")));
+    EXPECT_EQ(logits_of(path("q80.bin"), true), logits_of(path("decoded.bin"), true));
   }
 }
 

@@ -21,6 +21,20 @@ namespace {
 
 std::string hostfile(const std::string& name) { return std::string(SHARDLINE_SOURCE_DIR) + "/hostfiles/" + name; }
 
+// The saved topology `name` with its first `from` replaced by `to`, written as out_name in the test's
+// scratch folder: the damaged files of a fuzzing pass, made from a good one. Returns the new file's path.
+std::string edited_topology(const std::string& name, const std::string& from, const std::string& to,
+                            const std::string& out_name) {
+  std::ifstream in(hostfile(name));
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::size_t at = text.find(from);
+  EXPECT_NE(at, std::string::npos) << from << " in " << name;
+  if (at != std::string::npos) text.replace(at, from.size(), to);
+  const std::string path = ::testing::TempDir() + "/" + out_name;
+  std::ofstream(path) << text;
+  return path;
+}
+
 // Properties every placement must have, for local_size ranks on host in mode.
 void check_invariants(const HostTopology& host, int local_size, BindMode mode) {
   SCOPED_TRACE(host.source + " with " + std::to_string(local_size) + " ranks, --bind " + bind_mode_name(mode));
@@ -207,13 +221,8 @@ TEST(Topology, SyntheticDescriptionsAreCountedRight) {
   // pass): the file is tried in a child process first and refused by name. (A later hwloc that refuses it
   // itself gives the ordinary message; one that takes it passes the point of this test, which is that the
   // process survives.)
-  std::ifstream in(hostfile("topo-2socket-4numa-smt.xml"));
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const std::string attribute = " complete_cpuset=\"0x00000008\"";
-  ASSERT_NE(text.find(attribute), std::string::npos);
-  text.erase(text.find(attribute), attribute.size());
-  const std::string damaged = ::testing::TempDir() + "/damaged-topology.xml";
-  std::ofstream(damaged) << text;
+  const std::string damaged =
+      edited_topology("topo-2socket-4numa-smt.xml", " complete_cpuset=\"0x00000008\"", "", "damaged-topology.xml");
   try {
     load_xml_topology(damaged);
   } catch (const FormatError& e) {
@@ -224,13 +233,9 @@ TEST(Topology, SyntheticDescriptionsAreCountedRight) {
     }
   }
   // A NUMA node numbered -5 (a fuzzing pass: it was shown as node -5, and no rank was placed on it).
-  text = std::string((std::istreambuf_iterator<char>(std::ifstream(hostfile("topo-2socket-4numa-smt.xml")).rdbuf())),
-                     std::istreambuf_iterator<char>());
-  const std::string node0 = "<object type=\"NUMANode\" os_index=\"0\"";
-  ASSERT_NE(text.find(node0), std::string::npos);
-  text.replace(text.find(node0), node0.size(), "<object type=\"NUMANode\" os_index=\"-5\"");
-  const std::string negative = ::testing::TempDir() + "/negative-node-topology.xml";
-  std::ofstream(negative) << text;
+  const std::string negative =
+      edited_topology("topo-2socket-4numa-smt.xml", "<object type=\"NUMANode\" os_index=\"0\"",
+                      "<object type=\"NUMANode\" os_index=\"-5\"", "negative-node-topology.xml");
   try {
     load_xml_topology(negative);
     ADD_FAILURE() << "node -5 taken";
@@ -240,13 +245,9 @@ TEST(Topology, SyntheticDescriptionsAreCountedRight) {
   }
   // A PU whose complete_cpuset says another set: hwloc prints a banner calling the file invalid and went on
   // with it (exit 0); the child's stderr shows it, and the file is refused with the banner's gist instead.
-  text = std::string((std::istreambuf_iterator<char>(std::ifstream(hostfile("topo-2socket-4numa-smt.xml")).rdbuf())),
-                     std::istreambuf_iterator<char>());
-  const std::string set = "complete_cpuset=\"0x80000000,0x0\"";
-  ASSERT_NE(text.find(set), std::string::npos);
-  text.replace(text.find(set), set.size(), "complete_cpuset=\"4294967295\"");
-  const std::string inconsistent = ::testing::TempDir() + "/inconsistent-topology.xml";
-  std::ofstream(inconsistent) << text;
+  const std::string inconsistent =
+      edited_topology("topo-2socket-4numa-smt.xml", "complete_cpuset=\"0x80000000,0x0\"",
+                      "complete_cpuset=\"4294967295\"", "inconsistent-topology.xml");
   try {
     load_xml_topology(inconsistent);
     if (HWLOC_API_VERSION == 0x00020800) ADD_FAILURE() << "hwloc 2.9 calls this file invalid";
