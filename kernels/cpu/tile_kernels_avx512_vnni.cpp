@@ -3,8 +3,12 @@
 // vpdpbusd multiplies 16 features x one k quad (unsigned weights q + 128) by the row's broadcast signed
 // int8 quad into int32. After each group (32, 64, 96 or 128 k) the exact integer dot, corrected for the +128 offset (128 *
 // the group's sum of x), is scaled by weight scale * x scale and added in fp32.
-// Register blocks as in the fp32 kernel (tile_kernels_avx512.cpp); int8 keeps both an int32 and an fp32
-// accumulator per (row, panel), hence R x P <= 12.
+// A batch's block of R rows x P panels keeps its R x P int32 group sums in registers (R x P <= 16, with the
+// P weight vectors and a broadcast: 21 of the 32 zmm) and its fp32 sums in the tile's output rows, which stay
+// in L1: a group of 128 k is 32 vpdpbusd per (row, panel) against one load, FMA and store of its fp32 sum.
+// That frees the registers for four rows a pass (three when the fp32 sums took registers too), so four rows
+// take one pass over the weights instead of two: a 4-row int8 768 -> 2048 matmul 36-42 -> 27-30 us on one
+// Zen 5 core; 16 and 64 rows unchanged (BENCHMARKS.md, issue #7). A GEMV (R = 1) keeps its sums in registers.
 #include <immintrin.h>
 
 #include "kernels/cpu/tile_kernels.h"
@@ -19,9 +23,17 @@ inline std::int32_t load_i32(const void* p) {
   return v;
 }
 
+// acc + the dots of w's unsigned quads with x's signed ones: vpdpbusd, in asm because GCC 12 compiles the
+// intrinsic in a batch's block with two register copies around each instruction (the accumulator into a
+// fresh register and back) and, at 24 live sums, spills.
+inline __m512i dpbusd(__m512i acc, __m512i w, __m512i x) {
+  asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(w), "v"(x));
+  return acc;
+}
+
 // ---- int8 -------------------------------------------------------------------------------------------
 
-constexpr int kInt8MaxRows = 3;
+constexpr int kInt8MaxRows = 4;
 
 // Groups [g0, g1) of R rows x P panels; accumulate: continue the sums already in out.
 template <int R, int P>
@@ -32,18 +44,18 @@ void int8_block(const Tile& t, const std::int8_t* x, const float* x_scales, cons
   const int groups = t.k / t.int8_group;
   const int blocks_per_group = t.int8_group / 32;  // 32 k: 8 quads, 512 bytes of a panel
   const std::size_t scales_offset = static_cast<std::size_t>(t.k) * 16;
-  __m512 acc[R][P];
+  // R = 1: the fp32 sums in registers; R > 1: in out, read back per group from the second on (or from the
+  // first when accumulate). The same FMA on the same values either way: a row's bits do not depend on R.
+  __m512 acc[R == 1 ? P : 1];
+  if constexpr (R == 1) {
 #pragma GCC unroll 4
-  for (int r = 0; r < R; ++r) {
-#pragma GCC unroll 4
-    for (int p = 0; p < P; ++p) {
-      acc[r][p] = accumulate ? _mm512_loadu_ps(out + r * kTileStride + p * 16) : _mm512_setzero_ps();
-    }
+    for (int p = 0; p < P; ++p) acc[p] = accumulate ? _mm512_loadu_ps(out + p * 16) : _mm512_setzero_ps();
   }
-  int countdown = plan.phase;
+  // The next line of the next chunk this pass prefetches (PrefetchPlan); none without a plan.
+  int next_line = plan.next != nullptr ? plan.phase : 1 << 30;
   for (int g = g0; g < g1; ++g) {
     __m512i dot[R][P];
-#pragma GCC unroll 4
+#pragma GCC unroll 6
     for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 4
       for (int p = 0; p < P; ++p) dot[r][p] = _mm512_setzero_si512();
@@ -73,24 +85,25 @@ void int8_block(const Tile& t, const std::int8_t* x, const float* x_scales, cons
     } else {
       for (int b = g * blocks_per_group; b < b1; ++b) {
         const std::uint8_t* wb = w + static_cast<std::size_t>(b) * 512;
-#pragma GCC unroll 8
+        // This pass's share of the next chunk's lines: those of this block's eight with line % passes == phase.
+        const int block_end_line = (b - g0 * blocks_per_group + 1) * 8;
+        for (; next_line < block_end_line; next_line += plan.passes) {
+          if (next_line >= plan.lines) continue;
+#pragma GCC unroll 4
+          for (int p = 0; p < P; ++p) _mm_prefetch(plan.next + p * stride + static_cast<std::size_t>(next_line) * 64, _MM_HINT_T1);
+        }
+        const std::int8_t* xb = x + b * 32;
+        // Not unrolled: GCC hoists an unrolled loop's weight loads ahead and runs out of registers.
+#pragma GCC unroll 1
         for (int q = 0; q < 8; ++q) {
           __m512i wv[P];
 #pragma GCC unroll 4
           for (int p = 0; p < P; ++p) wv[p] = _mm512_load_si512(wb + p * stride + q * 64);
-          if (plan.next != nullptr && countdown-- == 0) {
-            countdown = plan.passes - 1;
-            const int line = (b - g0 * blocks_per_group) * 8 + q;
-            if (line < plan.lines) {
-#pragma GCC unroll 4
-              for (int p = 0; p < P; ++p) _mm_prefetch(plan.next + p * stride + static_cast<std::size_t>(line) * 64, _MM_HINT_T1);
-            }
-          }
-#pragma GCC unroll 4
+#pragma GCC unroll 6
           for (int r = 0; r < R; ++r) {
-            const __m512i xb = _mm512_set1_epi32(load_i32(x + static_cast<std::size_t>(r) * t.x_stride + b * 32 + q * 4));
+            const __m512i xq = _mm512_set1_epi32(load_i32(xb + static_cast<std::size_t>(r) * t.x_stride + q * 4));
 #pragma GCC unroll 4
-            for (int p = 0; p < P; ++p) dot[r][p] = _mm512_dpbusd_epi32(dot[r][p], wv[p], xb);
+            for (int p = 0; p < P; ++p) dot[r][p] = dpbusd(dot[r][p], wv[p], xq);
           }
         }
       }
@@ -101,21 +114,27 @@ void int8_block(const Tile& t, const std::int8_t* x, const float* x_scales, cons
       ws[p] = _mm512_cvtph_ps(_mm256_load_si256(
           reinterpret_cast<const __m256i*>(w + p * stride + scales_offset + static_cast<std::size_t>(g) * 32)));
     }
-#pragma GCC unroll 4
+    const bool fresh = g == g0 && !accumulate;  // out holds no sums of these rows yet
+#pragma GCC unroll 6
     for (int r = 0; r < R; ++r) {
       const __m512i offset = _mm512_set1_epi32(128 * x_sums[static_cast<std::size_t>(r) * groups + g]);
       const __m512 xs = _mm512_set1_ps(x_scales[static_cast<std::size_t>(r) * groups + g]);
 #pragma GCC unroll 4
       for (int p = 0; p < P; ++p) {
         const __m512 exact = _mm512_cvtepi32_ps(_mm512_sub_epi32(dot[r][p], offset));
-        acc[r][p] = _mm512_fmadd_ps(exact, _mm512_mul_ps(ws[p], xs), acc[r][p]);
+        if constexpr (R == 1) {
+          acc[p] = _mm512_fmadd_ps(exact, _mm512_mul_ps(ws[p], xs), acc[p]);
+        } else {
+          float* sum = out + r * kTileStride + p * 16;
+          const __m512 before = fresh ? _mm512_setzero_ps() : _mm512_loadu_ps(sum);
+          _mm512_storeu_ps(sum, _mm512_fmadd_ps(exact, _mm512_mul_ps(ws[p], xs), before));
+        }
       }
     }
   }
+  if constexpr (R == 1) {
 #pragma GCC unroll 4
-  for (int r = 0; r < R; ++r) {
-#pragma GCC unroll 4
-    for (int p = 0; p < P; ++p) _mm512_storeu_ps(out + r * kTileStride + p * 16, acc[r][p]);
+    for (int p = 0; p < P; ++p) _mm512_storeu_ps(out + p * 16, acc[p]);
   }
 }
 
@@ -136,12 +155,13 @@ Int8BlockFn int8_block_for(int rows, int n_panels) {
   switch (rows) {
     case 1: return int8_block_for_panels<1>(n_panels);
     case 2: return int8_block_for_panels<2>(n_panels);
-    default: return int8_block_for_panels<3>(n_panels);
+    case 3: return int8_block_for_panels<3>(n_panels);
+    default: return int8_block_for_panels<kInt8MaxRows>(n_panels);
   }
 }
 
 // The tile in k chunks of up to kChunkLines lines (whole groups: 16, 21, 32 or 64 of them), every chunk in
-// passes of up to 3 rows; see PrefetchPlan in tile_kernels.h.
+// passes of up to kInt8MaxRows rows; see PrefetchPlan in tile_kernels.h.
 void int8_tile(const Tile& t) {
   const std::int8_t* x = static_cast<const std::int8_t*>(t.x);
   const int groups = t.k / t.int8_group;
