@@ -191,7 +191,7 @@ std::optional<kernels::cpu::KvDtype> parse_kv_dtype_flag(const std::string& text
 void apply_isa_flag(const std::string& text) {
   if (text == "auto") return;
   const std::optional<kernels::cpu::Isa> isa = kernels::cpu::parse_isa(text);
-  if (!isa) throw ConfigError(fmt::format("--isa must be auto, portable, avx2, avx512, avx512-vnni or amx, got '{}'", text));
+  if (!isa) throw ConfigError(fmt::format("--isa must be auto, portable, avx2, avx512, avx512-vnni, avx512-bf16 or amx, got '{}'", text));
   if (*isa > kernels::cpu::best_isa()) {
     throw ResourceError(fmt::format("--isa {}: this CPU's best is {}", text, kernels::cpu::isa_name(kernels::cpu::best_isa())));
   }

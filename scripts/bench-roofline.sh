@@ -3,7 +3,8 @@
 # in fp32, bf16 and int8, for the two layouts of a 2-core machine: one rank with 2 threads, and tp=2 with
 # one thread per rank (each rank bound to its core). Every run measures its own read-bandwidth roofline on
 # the weights it streams, so every fraction and ratio it prints comes from that run alone. On a CPU with
-# AMX a third run repeats bf16 and int8 on the AVX-512 kernels (--isa avx512-vnni) to compare.
+# AMX a third run repeats bf16 and int8 on the AVX-512 kernels (--isa avx512-vnni) to compare; on one with
+# AVX512_BF16 but no AMX it repeats fp32 and bf16 with bf16 weights widened to fp32 instead of vdpbf16ps.
 # Usage: scripts/bench-roofline.sh [extra bench flags, e.g. --presets 110m --repeats 5]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,6 +21,10 @@ echo
 if grep -qw amx_int8 /proc/cpuinfo; then
   echo "\$ $BIN bench --threads 2 --isa avx512-vnni --dtypes bf16,int8 $*"
   "$BIN" bench --threads 2 --isa avx512-vnni --dtypes bf16,int8 "$@"
+elif grep -qw avx512_bf16 /proc/cpuinfo; then
+  # AVX512_BF16 without AMX (AMD Zen 4/5): bf16 once more with the weights widened instead of vdpbf16ps.
+  echo "\$ $BIN bench --threads 2 --isa avx512-vnni --dtypes fp32,bf16 $*"
+  "$BIN" bench --threads 2 --isa avx512-vnni --dtypes fp32,bf16 "$@"
 else
   echo "(no AMX on this CPU: the first run's bf16 and int8 rows are already its AVX-512/AVX2 kernels)"
 fi

@@ -33,9 +33,10 @@ Isa detect_isa() {
                       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
   if (avx512 && __builtin_cpu_supports("avx512vnni")) {
 #if SHARDLINE_HAVE_AMX_KERNELS
-    if (amx_usable()) return Isa::kAmx;
+    // Each level includes the ones below: AMX is taken only with AVX512_BF16 (every AMX CPU so far has it).
+    if (__builtin_cpu_supports("avx512bf16") && amx_usable()) return Isa::kAmx;
 #endif
-    return Isa::kAvx512Vnni;
+    return __builtin_cpu_supports("avx512bf16") ? Isa::kAvx512Bf16 : Isa::kAvx512Vnni;
   }
   if (avx512) return Isa::kAvx512;
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::kAvx2;
@@ -55,13 +56,14 @@ const char* isa_name(Isa isa) {
     case Isa::kAvx2: return "avx2";
     case Isa::kAvx512: return "avx512";
     case Isa::kAvx512Vnni: return "avx512-vnni";
+    case Isa::kAvx512Bf16: return "avx512-bf16";
     case Isa::kAmx: return "amx";
   }
   return "?";
 }
 
 std::optional<Isa> parse_isa(std::string_view name) {
-  for (Isa isa : {Isa::kPortable, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Vnni, Isa::kAmx}) {
+  for (Isa isa : {Isa::kPortable, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Vnni, Isa::kAvx512Bf16, Isa::kAmx}) {
     if (name == isa_name(isa)) return isa;
   }
   return std::nullopt;

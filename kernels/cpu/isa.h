@@ -14,7 +14,8 @@ enum class Isa : int {
   kAvx2 = 1,        // AVX2 + FMA: the portable code compiled for 256-bit vectors
   kAvx512 = 2,      // AVX-512 F/BW/VL/DQ: hand-written fp32 and bf16 kernels (int8 as kAvx2)
   kAvx512Vnni = 3,  // + AVX512_VNNI: vpdpbusd for int8
-  kAmx = 4,         // + AMX tiles (AMX-TILE/BF16/INT8, and the kernel's permission to use them): bf16 and int8
+  kAvx512Bf16 = 4,  // + AVX512_BF16: vdpbf16ps for bf16 (x as two bf16 halves, as on AMX)
+  kAmx = 5,         // + AMX tiles (AMX-TILE/BF16/INT8, and the kernel's permission to use them): bf16 and int8
 };
 
 const char* isa_name(Isa isa);

@@ -28,6 +28,7 @@ tile::TileKernels tile_kernels_for(Isa isa) {
     kernels.bf16 = tile::avx512_bf16_tile_kernel();
   }
   if (isa >= Isa::kAvx512Vnni) kernels.int8 = tile::avx512_vnni_int8_tile_kernel();
+  if (isa >= Isa::kAvx512Bf16) kernels.bf16 = tile::avx512_bf16_dot_tile_kernel();
 #if SHARDLINE_HAVE_AMX_KERNELS
   if (isa >= Isa::kAmx) {
     kernels.bf16 = tile::amx_bf16_tile_kernel();
@@ -40,7 +41,7 @@ tile::TileKernels tile_kernels_for(Isa isa) {
 tile::TileKernel tile_kernel(WeightDtype dtype) {
   static const tile::TileKernels by_isa[] = {tile_kernels_for(Isa::kPortable), tile_kernels_for(Isa::kAvx2),
                                              tile_kernels_for(Isa::kAvx512), tile_kernels_for(Isa::kAvx512Vnni),
-                                             tile_kernels_for(Isa::kAmx)};
+                                             tile_kernels_for(Isa::kAvx512Bf16), tile_kernels_for(Isa::kAmx)};
   const tile::TileKernels& kernels = by_isa[static_cast<int>(active_isa())];
   switch (dtype) {
     case WeightDtype::kF32: return kernels.f32;
@@ -156,7 +157,7 @@ void Activations::reserve(int max_rows, int max_k) {
   int8_.resize(rows * kp);
   scales_.resize(rows * kp / kInt8Block);  // the most groups any k up to max_k has (groups of 32)
   sums_.resize(rows * kp / kInt8Block);
-  if (best_isa() >= Isa::kAmx) {
+  if (best_isa() >= Isa::kAvx512Bf16) {
     const std::size_t bf16_kp = padded_k(WeightDtype::kBf16, max_k_);
     bf16_hi_.resize(rows * bf16_kp);
     bf16_lo_.resize(rows * bf16_kp);

@@ -70,6 +70,8 @@ TileKernel avx512_f32_tile_kernel();
 TileKernel avx512_bf16_tile_kernel();
 // Hand-written AVX512_VNNI (vpdpbusd) int8 kernel.
 TileKernel avx512_vnni_int8_tile_kernel();
+// Hand-written AVX512_BF16 (vdpbf16ps) bf16 kernel: x as the AMX kernel's two bf16 halves.
+TileKernel avx512_bf16_dot_tile_kernel();
 
 // AMX tile kernels for bf16 (x split into two bf16 halves) and int8 (bit-identical to the VNNI kernel).
 TileKernel amx_bf16_tile_kernel();

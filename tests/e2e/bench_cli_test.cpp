@@ -50,7 +50,7 @@ class BenchCli : public ::testing::Test {
     // --kv-dtype auto: fp32 with fp32 weights; fp16 with int8 on the AVX-512 kernels, else fp32.
     EXPECT_EQ(rows[0]["kv_dtype"], "fp32");
     const std::string isa = rows[1]["isa"].get<std::string>();
-    const bool avx512 = isa == "avx512" || isa == "avx512-vnni" || isa == "amx";
+    const bool avx512 = isa == "avx512" || isa == "avx512-vnni" || isa == "avx512-bf16" || isa == "amx";
     EXPECT_EQ(rows[1]["kv_dtype"], avx512 ? "fp16" : "fp32") << isa;
     for (const auto& row : rows) {
       EXPECT_EQ(row["model"], "15m");
@@ -159,7 +159,7 @@ TEST_F(BenchCli, BadFlagsGiveOneLineAndExitCode2) {
            {"--models-dir ''", "--models-dir needs a folder name"},
            {"--steps 1", "--steps must be >= 2"},
            {"--statistic mean", "--statistic must be median or best"},
-           {"--isa sse", "--isa must be auto, portable, avx2, avx512, avx512-vnni or amx, got 'sse'"}}) {
+           {"--isa sse", "--isa must be auto, portable, avx2, avx512, avx512-vnni, avx512-bf16 or amx, got 'sse'"}}) {
     const ProcessResult r = run_process(shardline_binary() + " bench " + args, 60);
     EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;

@@ -308,14 +308,15 @@ TEST(Activations, Fp32AndBf16WeightsUseTheActivationsInPlace) {
   }
 }
 
-TEST(Activations, Bf16SplitKeepsSixteenBitsOfXWhereTheCpuHasAmx) {
+TEST(Activations, Bf16SplitKeepsSixteenBitsOfXWhereTheCpuHasBf16Dots) {
   std::mt19937 rng(9);
   const int n = 3, k = 45;  // k past one 32 block: the split rows are zero-padded to 64
   const std::vector<float> x = random_floats(rng, static_cast<std::size_t>(n) * k, -50.0f, 50.0f);
   Activations a;
   a.reserve(n, k);
   a.prepare(x.data(), n, k, WeightDtype::kBf16);
-  ASSERT_EQ(a.bf16_hi() != nullptr, best_isa() >= Isa::kAmx) << "the split exists exactly when AMX can use it";
+  ASSERT_EQ(a.bf16_hi() != nullptr, best_isa() >= Isa::kAvx512Bf16)
+      << "the split exists exactly when a kernel (AVX512_BF16 or AMX) can use it";
   if (a.bf16_hi() == nullptr) return;
   EXPECT_EQ(a.bf16_stride(), 64);
   for (int r = 0; r < n; ++r) {
@@ -602,6 +603,48 @@ TEST(PackedMatmul, ARowsResultDoesNotDependOnItsBatchOrTheThreadCount) {
         EXPECT_EQ(0, std::memcmp(single.data(), batched.data() + static_cast<std::size_t>(r) * d, d * sizeof(float)))
             << "row " << r << " differs alone and in a batch of " << n;
       }
+    }
+  }
+}
+
+TEST(PackedMatmul, Bf16DotsAgreeWithTheWideningKernelWithinTheSplitOfX) {
+  // vdpbf16ps (AVX512_BF16) and the AMX tiles multiply the bf16 weights by x as two bf16 halves, x ~ hi + lo,
+  // where the AVX-512 kernel widens the weights and multiplies them by x itself. The products are exact in
+  // fp32 either way, so the two differ by the split's remainder (|x - hi - lo| <= 2^-16 |x|) and the sums'
+  // roundings in another order (under k ulps of the largest partial sum): within 2^-14 of sum |w| |x| per
+  // output for these k. On a CPU without AVX512_BF16 this compares the widening kernel with itself.
+  std::mt19937 rng(21);
+  for (const Shape& s : kShapes) {
+    const std::vector<float> x = random_floats(rng, static_cast<std::size_t>(s.n) * s.k, -2.0f, 2.0f);
+    const std::vector<float> w = random_floats(rng, static_cast<std::size_t>(s.d) * s.k);
+    const Packed packed = pack(WeightDtype::kBf16, w, s.d, s.k);
+    const std::vector<float> rounded = unpack(packed.matrix);
+    Activations a;
+    a.reserve(s.n, s.k);
+    a.prepare(x.data(), s.n, s.k, WeightDtype::kBf16);
+    std::vector<float> widened(static_cast<std::size_t>(s.n) * s.d), best(widened.size());
+    {
+      ScopedIsa isa(Isa::kAvx512);
+      matmul(widened.data(), a, packed.matrix);
+    }
+    matmul(best.data(), a, packed.matrix);
+    double worst = 0;
+    for (int r = 0; r < s.n; ++r) {
+      for (int f = 0; f < s.d; ++f) {
+        double magnitude = 0;
+        for (int j = 0; j < s.k; ++j) {
+          magnitude += std::fabs(static_cast<double>(rounded[static_cast<std::size_t>(f) * s.k + j]) *
+                                 x[static_cast<std::size_t>(r) * s.k + j]);
+        }
+        const std::size_t at = static_cast<std::size_t>(r) * s.d + f;
+        const double error = std::fabs(static_cast<double>(best[at]) - widened[at]);
+        worst = std::max(worst, error / magnitude);
+        ASSERT_LE(error, std::ldexp(magnitude, -14)) << isa_name(active_isa()) << " n=" << s.n << " k=" << s.k
+                                                     << " d=" << s.d << " row " << r << " feature " << f;
+      }
+    }
+    if (best_isa() >= Isa::kAvx512Bf16) {
+      EXPECT_GT(worst, 0.0) << "the split of x is real: some output differs from the widening kernel's";
     }
   }
 }
