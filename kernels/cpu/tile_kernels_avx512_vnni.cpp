@@ -25,7 +25,7 @@ inline std::int32_t load_i32(const void* p) {
 
 // acc + the dots of w's unsigned quads with x's signed ones: vpdpbusd, in asm because GCC 12 compiles the
 // intrinsic in a batch's block with two register copies around each instruction (the accumulator into a
-// fresh register and back) and, at 24 live sums, spills.
+// fresh register and back), which with 16 live sums (4 rows x 4 panels) spills.
 inline __m512i dpbusd(__m512i acc, __m512i w, __m512i x) {
   asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(w), "v"(x));
   return acc;
@@ -34,6 +34,17 @@ inline __m512i dpbusd(__m512i acc, __m512i w, __m512i x) {
 // ---- int8 -------------------------------------------------------------------------------------------
 
 constexpr int kInt8MaxRows = 4;
+
+// This pass's share of the next chunk's lines (PrefetchPlan) up to block_end_line, the end of the block it
+// is about to read: the lines with line % passes == phase, from next_line on, in each of the P panels.
+template <int P>
+inline void prefetch_share(const PrefetchPlan& plan, int& next_line, int block_end_line, std::size_t stride) {
+  for (; next_line < block_end_line; next_line += plan.passes) {
+    if (next_line >= plan.lines) continue;
+#pragma GCC unroll 4
+    for (int p = 0; p < P; ++p) _mm_prefetch(plan.next + p * stride + static_cast<std::size_t>(next_line) * 64, _MM_HINT_T1);
+  }
+}
 
 // Groups [g0, g1) of R rows x P panels; accumulate: continue the sums already in out.
 template <int R, int P>
@@ -69,6 +80,7 @@ void int8_block(const Tile& t, const std::int8_t* x, const float* x_scales, cons
       for (int p = 0; p < P; ++p) odd[p] = _mm512_setzero_si512();
       for (int b = g * blocks_per_group; b < b1; ++b) {
         const std::uint8_t* wb = w + static_cast<std::size_t>(b) * 512;
+        prefetch_share<P>(plan, next_line, (b - g0 * blocks_per_group + 1) * 8, stride);
 #pragma GCC unroll 4
         for (int q = 0; q < 8; q += 2) {
           const __m512i x0 = _mm512_set1_epi32(load_i32(x + b * 32 + q * 4));
@@ -85,13 +97,7 @@ void int8_block(const Tile& t, const std::int8_t* x, const float* x_scales, cons
     } else {
       for (int b = g * blocks_per_group; b < b1; ++b) {
         const std::uint8_t* wb = w + static_cast<std::size_t>(b) * 512;
-        // This pass's share of the next chunk's lines: those of this block's eight with line % passes == phase.
-        const int block_end_line = (b - g0 * blocks_per_group + 1) * 8;
-        for (; next_line < block_end_line; next_line += plan.passes) {
-          if (next_line >= plan.lines) continue;
-#pragma GCC unroll 4
-          for (int p = 0; p < P; ++p) _mm_prefetch(plan.next + p * stride + static_cast<std::size_t>(next_line) * 64, _MM_HINT_T1);
-        }
+        prefetch_share<P>(plan, next_line, (b - g0 * blocks_per_group + 1) * 8, stride);
         const std::int8_t* xb = x + b * 32;
         // Not unrolled: GCC hoists an unrolled loop's weight loads ahead and runs out of registers.
 #pragma GCC unroll 1
