@@ -16,15 +16,16 @@ echo
 echo "\$ mpirun -np 2 --bind-to core $BIN bench --tp 2 --threads 1 $*"
 mpirun -np 2 --bind-to core "$BIN" bench --tp 2 --threads 1 "$@"
 echo
-# The same bf16 and int8 rows on the AVX-512 kernels, to show what AMX adds. Without AMX the first run
-# already used the best kernels this CPU has (and --isa avx512-vnni would be refused without VNNI).
+# A third run one level down, to show what the CPU's best kernels add: with AMX, bf16 and int8 on the
+# AVX-512 kernels; with AVX512_BF16 but no AMX, bf16 with the weights widened instead of vdpbf16ps. Without
+# either the first run already used the best kernels (and --isa avx512-vnni would be refused without VNNI).
 if grep -qw amx_int8 /proc/cpuinfo; then
   echo "\$ $BIN bench --threads 2 --isa avx512-vnni --dtypes bf16,int8 $*"
   "$BIN" bench --threads 2 --isa avx512-vnni --dtypes bf16,int8 "$@"
 elif grep -qw avx512_bf16 /proc/cpuinfo; then
-  # AVX512_BF16 without AMX (AMD Zen 4/5): bf16 once more with the weights widened instead of vdpbf16ps.
+  # AVX512_BF16 without AMX (AMD Zen 4/5); fp32 again as the same run's baseline for the ratio.
   echo "\$ $BIN bench --threads 2 --isa avx512-vnni --dtypes fp32,bf16 $*"
   "$BIN" bench --threads 2 --isa avx512-vnni --dtypes fp32,bf16 "$@"
 else
-  echo "(no AMX on this CPU: the first run's bf16 and int8 rows are already its AVX-512/AVX2 kernels)"
+  echo "(no AMX or AVX512_BF16 on this CPU: the first run's bf16 and int8 rows are already its best kernels)"
 fi

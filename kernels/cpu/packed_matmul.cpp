@@ -176,8 +176,9 @@ void Activations::set_shape(const float* x, int n, int k, WeightDtype dtype, int
   switch (dtype) {
     case WeightDtype::kF32:
     case WeightDtype::kBf16:
-      // fp32 activations, used in place. bf16 weights are widened to fp32 by the kernels, so the odd k of a
-      // pair past the end (padding) meets zero weights and is never read from x.
+      // fp32 activations, used in place. The widening kernels (portable, AVX2, AVX-512) turn bf16 weights into
+      // fp32, so the odd k of a pair past the end (padding) meets zero weights and is never read from x; the
+      // bf16-dot kernels read the split rows prepare_rows() adds, zero past k.
       f32_ = x;
       padded_k_ = k;
       return;
@@ -193,7 +194,7 @@ void Activations::set_shape(const float* x, int n, int k, WeightDtype dtype, int
 void Activations::prepare_rows(const float* x, int r0, int r1) {
   const int k = k_;
   if (dtype_ == WeightDtype::kBf16 && !bf16_hi_.empty()) {
-    // x as bf16 halves for the AMX kernel, in rows of bf16_stride() with zeros past k.
+    // x as bf16 halves for the bf16-dot kernels (avx512-bf16, AMX), in rows of bf16_stride() with zeros past k.
     const row::SplitBf16Row split = row::active_row_kernels().split_bf16;
     const int bf16_kp = padded_k(WeightDtype::kBf16, k);
     for (int r = r0; r < r1; ++r) {

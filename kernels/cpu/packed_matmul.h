@@ -5,9 +5,10 @@
 // Activations are prepared once per input and reused by every matrix that reads it (wq, wk and wv share
 // the normalised x; w1 and w3 share it too). fp32 and bf16 weights multiply fp32 activations as they are
 // (bf16 weights are widened to fp32 in registers: exact, and no rounding of x); int8 weights need x
-// quantised to int8 in the weights' groups of 32, 64, 96 or 128 k (scale and sum per group), for vpdpbusd / TDPBSUD. On AMX, bf16
+// quantised to int8 in the weights' groups of 32, 64, 96 or 128 k (scale and sum per group), for vpdpbusd
+// and TDPBSUD. Where the CPU has bf16 dot products (AVX512_BF16's vdpbf16ps, AMX's TDPBF16PS), bf16
 // weights multiply x split into two bf16 halves (hi + lo keeps 16 significant bits of x, and each product
-// of two bf16 values is exact in fp32), so AMX does not round the activations to bf16 either.
+// of two bf16 values is exact in fp32), so those kernels do not round the activations to bf16 either.
 //
 // Threads (set_num_threads) split the output panels into contiguous bands, so each thread streams its own
 // part of W. Each output is computed by one thread in a fixed order along k, so results do not depend on
@@ -71,9 +72,10 @@ class Activations {
   const std::int32_t* int8_sums() const { return sums_.data(); }  // (n, int8_groups()): sum of q per group
   int int8_group() const { return int8_group_; }                  // k values per group (0 unless int8)
   int int8_groups() const { return int8_group_ > 0 ? padded_k_ / int8_group_ : 0; }
-  // bf16 weights on AMX (empty otherwise): x split into bf16 halves hi = bf16(x), lo = bf16(x - hi), rows of
-  // bf16_stride() elements (k padded to kBf16Block with zeros). Prepared whenever the CPU has AMX, so a
-  // kernel choice made after prepare() (tests step the ISA down) finds what it needs.
+  // bf16 weights where the CPU has bf16 dots (avx512-bf16 or AMX; empty otherwise): x split into bf16 halves
+  // hi = bf16(x), lo = bf16(x - hi), rows of bf16_stride() elements (k padded to kBf16Block with zeros).
+  // Prepared whenever the CPU has them, so a kernel choice made after prepare() (tests step the ISA down)
+  // finds what it needs.
   const std::uint16_t* bf16_hi() const { return bf16_hi_.empty() ? nullptr : bf16_hi_.data(); }
   const std::uint16_t* bf16_lo() const { return bf16_lo_.empty() ? nullptr : bf16_lo_.data(); }
   int bf16_stride() const { return padded_k(WeightDtype::kBf16, k_); }

@@ -1,6 +1,6 @@
 // Internal to kernels/cpu: per-row loops that run on every matmul's input and every token's attention:
-// int8 quantisation of activations, the bf16 split for the AMX kernel, attention over the cached rows and
-// the rotary embedding of q and k. Like the tile kernels (tile_kernels.h), one source
+// int8 quantisation of activations, the bf16 split for the bf16-dot kernels, attention over the cached rows
+// and the rotary embedding of q and k. Like the tile kernels (tile_kernels.h), one source
 // (row_kernels_generic.inl) is compiled for the baseline target and for AVX-512, and the level is chosen at
 // run time. Where the compiler's vectorisation fell short (attention, RoPE, softmax, SwiGLU, the int8
 // quantisation), the AVX-512 build replaces a kernel with intrinsics that perform the generic code's

@@ -28,7 +28,8 @@ struct Tile {
   int int8_group = 0;                 // int8: k values per scale (32, 64, 96 or 128; weight_format.h), dividing k
   const float* x_scales = nullptr;    // int8: per row, k / int8_group scales
   const std::int32_t* x_sums = nullptr;  // int8: per row, k / int8_group sums of q
-  // bf16 weights on AMX: x as two bf16 halves (x ~ hi + lo), rows of x_bf16_stride elements, zero past k.
+  // bf16 weights on avx512-bf16 and AMX: x as two bf16 halves (x ~ hi + lo), rows of x_bf16_stride elements,
+  // zero past k.
   const std::uint16_t* x_bf16_hi = nullptr;
   const std::uint16_t* x_bf16_lo = nullptr;
   int x_bf16_stride = 0;
