@@ -32,8 +32,9 @@ inline Band thread_band(int n_items, int thread, int n_threads) {
 
 // The kernel threads of one parallel pass, as one of them sees it. A kernel given a Team does this thread's
 // share of its work (the same split its own parallel pass would make) and opens no pass of its own, so a
-// caller runs several steps in one pass, team_barrier() between them: one fork and join (about 1.3 us of
-// both threads' time on the project VM) where each step took one, and a barrier (about 0.3 us) instead.
+// caller runs several steps in one pass, team_barrier() between them: one fork and join (0.7-1.3 us of
+// both threads' time on the project VMs, 3 us on one with slow system calls) where each step took one, and
+// a barrier (0.05-0.5 us; threads.cpp) instead. kernels_bench --benchmark_filter=Team measures both.
 struct Team {
   int thread = 0;
   int n_threads = 1;

@@ -176,6 +176,27 @@ void BM_Rmsnorm(benchmark::State& state) {
 }
 BENCHMARK(BM_Rmsnorm)->ArgName("dim")->Arg(768)->Arg(2048);
 
+// The fixed costs a decode step pays per parallel step (what kernels/cpu/ops.h's Team comment cites).
+// Args: threads. BM_TeamPass: one empty run_team() pass (fork and join); BM_TeamBarrier: one team_barrier()
+// inside a pass, the pass's own cost spread over kBarriersPerPass barriers.
+void BM_TeamPass(benchmark::State& state) {
+  ScopedThreads threads(static_cast<int>(state.range(0)));
+  for (auto _ : state) run_team([](Team team) { benchmark::DoNotOptimize(team.thread); });
+}
+BENCHMARK(BM_TeamPass)->ArgName("threads")->Arg(2)->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+void BM_TeamBarrier(benchmark::State& state) {
+  constexpr int kBarriersPerPass = 1000;
+  ScopedThreads threads(static_cast<int>(state.range(0)));
+  for (auto _ : state) {
+    run_team([](Team) {
+      for (int i = 0; i < kBarriersPerPass; ++i) team_barrier();
+    });
+  }
+  state.SetItemsProcessed(state.iterations() * kBarriersPerPass);  // items_per_second: barriers a second
+}
+BENCHMARK(BM_TeamBarrier)->ArgName("threads")->Arg(2)->Unit(benchmark::kMicrosecond)->UseRealTime();
+
 }  // namespace
 }  // namespace shardline::kernels::cpu
 
