@@ -13,6 +13,8 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -21,6 +23,7 @@
 #include <memory>
 #include <random>
 #include <span>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -1032,6 +1035,30 @@ TEST(Threads, RunTeamRunsOncePerThreadAndTheBarrierPublishesEveryWrite) {
     EXPECT_EQ(seen, std::vector<int>(threads, threads)) << threads << " threads";
     EXPECT_TRUE(std::is_sorted(bands.begin(), bands.end()) && bands.front() == 0 && bands.back() == threads - 1)
         << threads << " threads: the shares are contiguous bands in thread order covering every item";
+  }
+}
+
+// The barrier is reused round after round, and a thread that arrives late (here by 0.2 ms, past the others'
+// spin) finds them asleep and must wake them: every round each thread sees every thread's write of that
+// round, and no thread runs ahead into the next round's writes before the others have read.
+TEST(Threads, TheBarrierHoldsOverManyRoundsAndWakesThreadsThatWentToSleep) {
+  for (int threads : {2, 3}) {
+    ScopedThreads scoped(threads);
+    constexpr int kRounds = 200;
+    std::vector<std::atomic<int>> slot(threads);
+    std::atomic<int> mismatches{0};
+    run_team([&](Team team) {
+      for (int round = 1; round <= kRounds; ++round) {
+        if (round % 20 == 0 && team.thread == round / 20 % team.n_threads) {
+          std::this_thread::sleep_for(std::chrono::microseconds(200));
+        }
+        slot[team.thread].store(round, std::memory_order_relaxed);
+        team_barrier();
+        for (const auto& s : slot) mismatches += s.load(std::memory_order_relaxed) != round;
+        team_barrier();
+      }
+    });
+    EXPECT_EQ(mismatches.load(), 0) << threads << " threads";
   }
 }
 
