@@ -162,12 +162,12 @@ std::string fraction_cell(const runtime::ThroughputMeasurement& m) {
 
 void print_header(const BenchConfig& c, const partition::Mesh& mesh, bool pinned) {
   std::cout << fmt::format(
-      "# shardline bench: tp={} pp={}, {} thread{}/rank ({}), {} kernels; decode: {}-token prompts + {} steps; prefill: "
+      "# shardline bench: tp={} pp={}, {} thread{}/rank ({}), {}; decode: {}-token prompts + {} steps; prefill: "
       "{} tokens in chunks of {}; {} of {} run{}\n"
       "# roofline: the rank's weights (+ KV cache) streamed at the read bandwidth a probe measured on those very "
       "buffers, with the same threads, right before each run. (x.xx) = fraction of that roofline.\n",
       mesh.tp_size(), mesh.pp_size(), c.threads, c.threads == 1 ? "" : "s", pinned ? "pinned" : "not pinned",
-      kernels::cpu::isa_name(kernels::cpu::active_isa()), c.bench.decode_prompt_tokens, c.bench.decode_steps,
+      kernels::cpu::describe_active_isa(), c.bench.decode_prompt_tokens, c.bench.decode_steps,
       c.bench.prefill_tokens, c.chunk_tokens,
       c.bench.statistic == runtime::RooflineBenchOptions::Statistic::kBest ? "best" : "median", c.bench.repeats,
       c.bench.repeats == 1 ? "" : "s");

@@ -71,7 +71,8 @@ inline constexpr const char* kKvDtypeFlagHelp =
 void apply_isa_flag(const std::string& text);
 // What --isa's help says.
 inline constexpr const char* kIsaFlagHelp =
-    "kernel instruction set: auto (the best this CPU has) or portable|avx2|avx512|avx512-vnni|avx512-bf16|amx";
+    "kernel instruction set: auto (the best this CPU has; avx512-vnni where its avx512-bf16 dot products are slow) "
+    "or portable|avx2|avx512|avx512-vnni|avx512-bf16|amx";
 
 // Cores this process may run on (its affinity mask), for default thread counts.
 int available_cores();

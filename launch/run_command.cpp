@@ -791,8 +791,8 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
                config->engine.model_path, engine->shape().describe(), format_bytes(engine->weights().mapped_bytes()),
                format_bytes(engine->weights().repacked_bytes()));
   }
-  log::debug("weights {} on {} kernels; kernel threads {}", kernels::cpu::weight_dtype_name(config->engine.weights_dtype),
-             kernels::cpu::isa_name(kernels::cpu::active_isa()), placed->binding.pinned_threads > 0 ? "pinned to cores" : "not pinned");
+  log::debug("weights {} on {}; kernel threads {}", kernels::cpu::weight_dtype_name(config->engine.weights_dtype),
+             kernels::cpu::describe_active_isa(), placed->binding.pinned_threads > 0 ? "pinned to cores" : "not pinned");
 
   if (config->verbose) {
     // What the launcher's variables say, then where MPI itself places this rank (the authority).

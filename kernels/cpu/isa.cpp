@@ -6,6 +6,8 @@
 
 #include <atomic>
 
+#include <fmt/format.h>
+
 namespace shardline::kernels::cpu {
 
 namespace {
@@ -44,7 +46,7 @@ Isa detect_isa() {
 }
 
 std::atomic<int>& active_level() {
-  static std::atomic<int> level{static_cast<int>(best_isa())};
+  static std::atomic<int> level{static_cast<int>(default_isa())};
   return level;
 }
 
@@ -74,7 +76,25 @@ Isa best_isa() {
   return best;
 }
 
+double bf16_dot_rate() {
+  static const double rate = best_isa() >= Isa::kAvx512Bf16 ? measure_bf16_dot_rate() : 0.0;
+  return rate;
+}
+
+Isa default_isa() {
+  static const Isa chosen =
+      best_isa() == Isa::kAvx512Bf16 && bf16_dot_rate() < kMinBf16DotRate ? Isa::kAvx512Vnni : best_isa();
+  return chosen;
+}
+
 Isa active_isa() { return static_cast<Isa>(active_level().load(std::memory_order_relaxed)); }
+
+std::string describe_active_isa() {
+  const Isa active = active_isa();
+  if (active != default_isa() || default_isa() == best_isa()) return fmt::format("{} kernels", isa_name(active));
+  return fmt::format("{} kernels (not {}: vdpbf16ps runs at {:.2f}x the FMA rate here, so bf16 weights widen)",
+                     isa_name(active), isa_name(best_isa()), bf16_dot_rate());
+}
 
 Isa set_isa(Isa isa) {
   const Isa chosen = static_cast<int>(isa) > static_cast<int>(best_isa()) ? best_isa() : isa;
