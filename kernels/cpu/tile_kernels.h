@@ -45,15 +45,29 @@ struct Tile {
 // takes several passes, each pass prefetches its share of the next chunk's lines (pass `phase` of
 // `passes` takes every passes-th line), so the next chunk streams in while this one computes. The partial
 // sums carry over between chunks exactly, so the order of the additions does not change. A single pass
-// (decode of a few rows) leaves streaming to the hardware prefetcher, which does it best.
+// (decode of a few rows) streams its own panels kAheadLines ahead of the line it reads: the hardware
+// prefetcher alone kept 4 panels a thread at 22-28 GB/s of an Emerald Rapids VM's 31 (the out-of-order
+// window holds only a dozen lines of a panel when each takes 10-40 instructions); with it 29-31 GB/s,
+// decode of a 1.1B bf16 model 0.77 -> 0.9+ of the roofline (BENCHMARKS.md, session 24).
 inline constexpr int kChunkLines = 512;
+inline constexpr int kAheadLines = 32;  // 2 KiB a panel: 24-64 measured the same, 96 no better than none
 
 struct PrefetchPlan {
   const char* next = nullptr;  // panel 0 of the next chunk (null: none); panel p at + p * panel_stride
   int lines = 0;               // lines per panel in the next chunk
   int phase = 0;
   int passes = 1;
+  // A single pass: panel 0 of this chunk, whose lines the pass prefetches kAheadLines ahead (null: none).
+  const char* ahead = nullptr;
 };
+
+// The single pass's prefetch for the line `line` of its chunk (PrefetchPlan::ahead) in each of n_panels.
+inline void prefetch_ahead(const PrefetchPlan& plan, int line, int n_panels, std::size_t panel_stride) {
+  if (plan.ahead == nullptr) return;
+  for (int p = 0; p < n_panels; ++p) {
+    __builtin_prefetch(plan.ahead + p * panel_stride + static_cast<std::size_t>(line + kAheadLines) * 64, 0, 3);
+  }
+}
 
 using TileKernel = void (*)(const Tile&);
 

@@ -18,6 +18,7 @@ namespace shardline::kernels::cpu::tile {
 namespace {
 
 inline void prefetch_line(const PrefetchPlan& plan, int& countdown, int line, int n_panels, std::size_t panel_stride) {
+  prefetch_ahead(plan, line, n_panels, panel_stride);
   if (plan.next == nullptr || countdown-- != 0) return;
   countdown = plan.passes - 1;
   if (line >= plan.lines) return;
@@ -167,6 +168,8 @@ void run_passes(const Tile& t, int max_rows, int k_per_line, const BlockOf& bloc
         plan.lines = total_lines < kChunkLines ? total_lines : kChunkLines;
       }
       plan.passes = passes;
+    } else {
+      plan.ahead = reinterpret_cast<const char*>(t.panels) + static_cast<std::size_t>(k0 / k_per_line) * 64;
     }
     for (int r = 0, pass = 0; r < t.n_rows; r += max_rows, ++pass) {
       const int rows = t.n_rows - r < max_rows ? t.n_rows - r : max_rows;

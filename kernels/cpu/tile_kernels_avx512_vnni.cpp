@@ -83,6 +83,9 @@ void int8_block(const Tile& t, const std::int8_t* x, const float* x_scales, cons
         prefetch_share<P>(plan, next_line, (b - g0 * blocks_per_group + 1) * 8, stride);
 #pragma GCC unroll 4
         for (int q = 0; q < 8; q += 2) {
+          const int line = (b - g0 * blocks_per_group) * 8 + q;
+          prefetch_ahead(plan, line, P, stride);
+          prefetch_ahead(plan, line + 1, P, stride);
           const __m512i x0 = _mm512_set1_epi32(load_i32(x + b * 32 + q * 4));
           const __m512i x1 = _mm512_set1_epi32(load_i32(x + b * 32 + q * 4 + 4));
 #pragma GCC unroll 4
@@ -102,6 +105,7 @@ void int8_block(const Tile& t, const std::int8_t* x, const float* x_scales, cons
         // Not unrolled: GCC hoists an unrolled loop's weight loads ahead and runs out of registers.
 #pragma GCC unroll 1
         for (int q = 0; q < 8; ++q) {
+          prefetch_ahead(plan, (b - g0 * blocks_per_group) * 8 + q, P, stride);
           __m512i wv[P];
 #pragma GCC unroll 4
           for (int p = 0; p < P; ++p) wv[p] = _mm512_load_si512(wb + p * stride + q * 64);
@@ -187,6 +191,8 @@ void int8_tile(const Tile& t) {
         plan.lines = total_lines < kChunkLines ? total_lines : kChunkLines;
       }
       plan.passes = passes;
+    } else {
+      plan.ahead = reinterpret_cast<const char*>(t.panels) + static_cast<std::size_t>(g0) * group_lines * 64;
     }
     for (int r = 0, pass = 0; r < t.n_rows; r += kInt8MaxRows, ++pass) {
       const int rows = t.n_rows - r < kInt8MaxRows ? t.n_rows - r : kInt8MaxRows;
