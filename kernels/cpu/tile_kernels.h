@@ -47,8 +47,9 @@ struct Tile {
 // sums carry over between chunks exactly, so the order of the additions does not change. A single pass
 // (decode of a few rows) streams its own panels kAheadLines ahead of the line it reads: the hardware
 // prefetcher alone kept 4 panels a thread at 22-28 GB/s of an Emerald Rapids VM's 31 (the out-of-order
-// window holds only a dozen lines of a panel when each takes 10-40 instructions); with it 29-31 GB/s,
-// decode of a 1.1B bf16 model 0.77 -> 0.9+ of the roofline (BENCHMARKS.md, session 24).
+// window holds only a dozen lines of a panel when each takes 10-40 instructions); with it 29-31 GB/s, and
+// bf16 decode of the 110M and 1.1B shapes went from 0.75-0.85 to 0.80-0.94 of the roofline (BENCHMARKS.md,
+// session 24). On session 22's Zen 5 the same prefetch for int8 was within the noise.
 inline constexpr int kChunkLines = 512;
 inline constexpr int kAheadLines = 32;  // 2 KiB a panel: 24-64 measured the same, 96 no better than none
 
