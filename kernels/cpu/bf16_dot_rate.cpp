@@ -1,8 +1,8 @@
 // How fast this CPU retires vdpbf16ps against vfmadd231ps (compiled with -mavx512bf16; called only where
 // the CPU has AVX512_BF16). The bf16-dot tile kernel does one vdpbf16ps per 32 weights and half of x, where
 // the widening kernel does an FMA and a shift or mask per 16 weights, so the dots win only where vdpbf16ps
-// runs at a good share of the FMA rate: about the same on AMD Zen 4 and 5, a quarter on an Intel Emerald
-// Rapids VM (BENCHMARKS.md, session 24).
+// runs at a good share of the FMA rate: 0.94 of it on an AMD Zen 5 VM, a quarter on an Intel Emerald Rapids
+// one (BENCHMARKS.md, sessions 22 and 24).
 #include <immintrin.h>
 
 #include <chrono>

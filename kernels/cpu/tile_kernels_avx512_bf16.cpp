@@ -1,5 +1,5 @@
 // The AVX512_BF16 bf16 tile kernel (compiled with -mavx512bf16 and AVX-512 F/BW/VL/DQ), for CPUs that have
-// it but no AMX (AMD Zen 4 and 5, Intel Cooper Lake).
+// it but no AMX and retire vdpbf16ps at at least half their FMA rate (isa.h: AMD Zen 5, probably Zen 4).
 //
 // vdpbf16ps multiplies 16 features x one k pair of bf16 weights by a broadcast pair of bf16 activations and
 // adds both products to fp32 sums. x goes in as the AMX kernel takes it: two bf16 halves, x ~ hi + lo (16

@@ -999,7 +999,7 @@ TEST(Isa, SetIsaClampsToTheBestAndRestores) {
 
 // auto runs the best level, except where that is avx512-bf16 and vdpbf16ps is slow next to FMA: then one
 // below, which differs only in widening bf16 weights. The rate is a measured instruction throughput ratio:
-// 0.25 on Intel Emerald Rapids, about 1 on AMD Zen 4 and 5; nothing retires it faster than 4 per FMA.
+// 0.25 on Intel Emerald Rapids, 0.94 on AMD Zen 5; nothing retires it faster than 4 per FMA.
 TEST(Isa, AutoStepsBelowAvx512Bf16OnlyWhereItsDotsAreSlow) {
   const Isa best = best_isa();
   if (best >= Isa::kAvx512Bf16) {
