@@ -48,7 +48,6 @@ struct TeamBarrier {
 
 // The running pass's barrier, on each of its threads (null outside a pass).
 thread_local TeamBarrier* t_team_barrier = nullptr;
-thread_local int t_team_size = 1;
 }  // namespace
 
 int set_num_threads(int n_threads) {
@@ -77,14 +76,16 @@ void run_team_impl(void (*body)(void* context, Team team), void* context) {
   {
     const Team team{omp_get_thread_num(), omp_get_num_threads()};
     t_team_barrier = &barrier;
-    t_team_size = team.n_threads;
     body(context, team);
     t_team_barrier = nullptr;
   }
 }
 
 void team_barrier() {
-  if (t_team_barrier != nullptr && t_team_size > 1) t_team_barrier->wait(t_team_size);
+  if (t_team_barrier == nullptr) return;
+  // Inside the pass's parallel region: its thread count (OpenMP may give fewer than were asked for).
+  const int size = omp_get_num_threads();
+  if (size > 1) t_team_barrier->wait(size);
 }
 
 void parallel_for_impl(int n, void (*body)(void* context, int item, int thread), void* context) {
