@@ -3,12 +3,12 @@
 // vpdpbusd multiplies 16 features x one k quad (unsigned weights q + 128) by the row's broadcast signed
 // int8 quad into int32. After each group (32, 64, 96 or 128 k) the exact integer dot, corrected for the +128 offset (128 *
 // the group's sum of x), is scaled by weight scale * x scale and added in fp32.
-// A batch's block of R rows x P panels keeps its R x P int32 group sums in registers (R x P <= 16, with the
-// P weight vectors and a broadcast: 21 of the 32 zmm) and its fp32 sums in the tile's output rows, which stay
+// A batch's block of R rows x P panels keeps its R x P int32 group sums in registers (R x P <= 24, with the
+// P weight vectors and a broadcast: 29 of the 32 zmm) and its fp32 sums in the tile's output rows, which stay
 // in L1: a group of 128 k is 32 vpdpbusd per (row, panel) against one load, FMA and store of its fp32 sum.
-// That frees the registers for four rows a pass (three when the fp32 sums took registers too), so four rows
-// take one pass over the weights instead of two: a 4-row int8 768 -> 2048 matmul 36-42 -> 27-30 us on one
-// Zen 5 core; 16 and 64 rows unchanged (BENCHMARKS.md, issue #7). A GEMV (R = 1) keeps its sums in registers.
+// That frees the registers for six rows a pass (three when the fp32 sums took registers too): a 4-row int8
+// 768 -> 2048 matmul went 36-42 -> 27-30 us on one Zen 5 core when four rows fit one pass, and 16 rows take
+// three passes instead of four (BENCHMARKS.md, issue #7). A GEMV (R = 1) keeps its sums in registers.
 #include <immintrin.h>
 
 #include "kernels/cpu/tile_kernels.h"
@@ -33,7 +33,14 @@ inline __m512i dpbusd(__m512i acc, __m512i w, __m512i x) {
 
 // ---- int8 -------------------------------------------------------------------------------------------
 
-constexpr int kInt8MaxRows = 4;
+// Six rows x four panels a pass: 24 int32 sums, the 4 weight vectors and a broadcast in 29 of the 32 zmm,
+// 24 vpdpbusd per 10 loads (4 rows: 16 per 8). 16 rows take 3 passes instead of 4.
+constexpr int kInt8MaxRows = 6;
+// The int8 kernel's chunk (PrefetchPlan), in lines per panel, rounded down to whole groups (at least one):
+// 32 lines of 4 panels are 8 KiB, so the second and third passes over a chunk read it from L1 rather than L2.
+// Against kChunkLines (512), with six rows a pass: 16 rows of 2048 -> 5632 on two threads from DRAM
+// 23-25% faster, 64 rows 0-2% (BENCHMARKS.md, session 25).
+constexpr int kInt8ChunkLines = 32;
 
 // This pass's share of the next chunk's lines (PrefetchPlan) up to block_end_line, the end of the block it
 // is about to read: the lines with line % passes == phase, from next_line on, in each of the P panels.
@@ -98,22 +105,27 @@ void int8_block(const Tile& t, const std::int8_t* x, const float* x_scales, cons
 #pragma GCC unroll 4
       for (int p = 0; p < P; ++p) dot[0][p] = _mm512_add_epi32(dot[0][p], odd[p]);
     } else {
+      // Pointers that walk the lines, so that GCC keeps the rows' and panels' offsets in registers: with
+      // b * 512 + q * 64 recomputed it reloaded four of them from the stack every line, and 64 rows of
+      // 2048 -> 5632 ran at 680-720 GOP/s on two Emerald Rapids cores against 940-1010 now (session 25).
+      const std::size_t x_stride = static_cast<std::size_t>(t.x_stride);
+      const std::uint8_t* wq = w + static_cast<std::size_t>(g) * blocks_per_group * 512;
+      const std::int8_t* xq = x + g * t.int8_group;
       for (int b = g * blocks_per_group; b < b1; ++b) {
-        const std::uint8_t* wb = w + static_cast<std::size_t>(b) * 512;
         prefetch_share<P>(plan, next_line, (b - g0 * blocks_per_group + 1) * 8, stride);
-        const std::int8_t* xb = x + b * 32;
+        const int line0 = (b - g0 * blocks_per_group) * 8;
         // Not unrolled: GCC hoists an unrolled loop's weight loads ahead and runs out of registers.
 #pragma GCC unroll 1
-        for (int q = 0; q < 8; ++q) {
-          prefetch_ahead(plan, (b - g0 * blocks_per_group) * 8 + q, P, stride);
+        for (int q = 0; q < 8; ++q, wq += 64, xq += 4) {
+          prefetch_ahead(plan, line0 + q, P, stride);
           __m512i wv[P];
 #pragma GCC unroll 4
-          for (int p = 0; p < P; ++p) wv[p] = _mm512_load_si512(wb + p * stride + q * 64);
+          for (int p = 0; p < P; ++p) wv[p] = _mm512_load_si512(wq + p * stride);
 #pragma GCC unroll 6
           for (int r = 0; r < R; ++r) {
-            const __m512i xq = _mm512_set1_epi32(load_i32(xb + static_cast<std::size_t>(r) * t.x_stride + q * 4));
+            const __m512i xr = _mm512_set1_epi32(load_i32(xq + r * x_stride));
 #pragma GCC unroll 4
-            for (int p = 0; p < P; ++p) dot[r][p] = dpbusd(dot[r][p], wv[p], xq);
+            for (int p = 0; p < P; ++p) dot[r][p] = dpbusd(dot[r][p], wv[p], xr);
           }
         }
       }
@@ -166,18 +178,21 @@ Int8BlockFn int8_block_for(int rows, int n_panels) {
     case 1: return int8_block_for_panels<1>(n_panels);
     case 2: return int8_block_for_panels<2>(n_panels);
     case 3: return int8_block_for_panels<3>(n_panels);
+    case 4: return int8_block_for_panels<4>(n_panels);
+    case 5: return int8_block_for_panels<5>(n_panels);
     default: return int8_block_for_panels<kInt8MaxRows>(n_panels);
   }
 }
 
-// The tile in k chunks of up to kChunkLines lines (whole groups: 16, 21, 32 or 64 of them), every chunk in
+// The tile in k chunks of up to kInt8ChunkLines lines (whole groups: 4, 1, 1 or 1 of them), every chunk in
 // passes of up to kInt8MaxRows rows; see PrefetchPlan in tile_kernels.h.
 void int8_tile(const Tile& t) {
   const std::int8_t* x = static_cast<const std::int8_t*>(t.x);
   const int groups = t.k / t.int8_group;
   const int group_lines = t.int8_group / 4;  // 64-byte lines of a whole group in one panel
   const int total_lines = t.k / 4;
-  const int chunk_groups = kChunkLines / group_lines;
+  const int chunk_groups = kInt8ChunkLines / group_lines > 0 ? kInt8ChunkLines / group_lines : 1;
+  const int chunk_lines = chunk_groups * group_lines;
   const int passes = (t.n_rows + kInt8MaxRows - 1) / kInt8MaxRows;
   for (int g0 = 0; g0 < groups; g0 += chunk_groups) {
     const int g1 = g0 + chunk_groups < groups ? g0 + chunk_groups : groups;
@@ -185,10 +200,10 @@ void int8_tile(const Tile& t) {
     if (passes > 1) {
       if (g1 < groups) {
         plan.next = reinterpret_cast<const char*>(t.panels) + static_cast<std::size_t>(g1) * group_lines * 64;
-        plan.lines = total_lines - g1 * group_lines < kChunkLines ? total_lines - g1 * group_lines : kChunkLines;
+        plan.lines = total_lines - g1 * group_lines < chunk_lines ? total_lines - g1 * group_lines : chunk_lines;
       } else if (t.prefetch != nullptr) {
         plan.next = reinterpret_cast<const char*>(t.prefetch);
-        plan.lines = total_lines < kChunkLines ? total_lines : kChunkLines;
+        plan.lines = total_lines < chunk_lines ? total_lines : chunk_lines;
       }
       plan.passes = passes;
     } else {
