@@ -58,6 +58,7 @@ struct PrefetchPlan {
   int lines = 0;               // lines per panel in the next chunk
   int phase = 0;
   int passes = 1;
+  std::size_t next_stride = 0;  // bytes between the next chunk's panels where not the tile's (0: the tile's)
   // A single pass: panel 0 of this chunk, whose lines the pass prefetches kAheadLines ahead (null: none).
   const char* ahead = nullptr;
 };
