@@ -146,7 +146,9 @@ int main(int argc, char** argv) {
     std::fputs(kUsage, stderr);
     return static_cast<int>(shardline::ExitCode::kConfig);
   }
-  // `shardline help run` is `shardline run --help` (it printed the command list).
+  // `shardline help run` is `shardline run --help` (it printed the command list); `help help` is `help`
+  // (it was refused as an unexpected argument, exit 2).
+  if (args[0] == "help" && args.size() == 2 && args[1] == "help") args.pop_back();
   if (args[0] == "help" && args.size() > 1 && !args[1].starts_with("-") && args[1] != "help") {
     args.erase(args.begin());
     args.insert(args.begin() + 1, "--help");

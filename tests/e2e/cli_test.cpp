@@ -800,6 +800,10 @@ TEST_F(Cli, UnknownFlagsAndCommands) {
   const ProcessResult help = run_process(shardline() + " help run");
   EXPECT_EQ(help.exit_code, 0) << help.err;
   EXPECT_TRUE(help.out.starts_with("Usage: shardline run")) << help.out;
+  const ProcessResult help_help = run_process(shardline() + " help help");  // the command list, as `help`
+  EXPECT_EQ(help_help.exit_code, 0) << help_help.err;
+  EXPECT_NE(help_help.out.find("\nUsage: shardline <command>"), std::string::npos) << help_help.out;
+  expect_clean_failure("help help help", 2, "unexpected argument 'help' after help");
   expect_clean_failure("--version extra", 2, "unexpected argument 'extra' after --version");
   expect_clean_failure("help --version", 2, "unexpected argument '--version' after help");
   expect_clean_failure("run --steps many", 2, "steps");
