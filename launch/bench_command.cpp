@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <limits>
 #include <optional>
 #include <sstream>
 #include <utility>
@@ -283,13 +284,19 @@ int bench_command(const std::vector<std::string>& args, const MpiSession& mpi) {
       if (output) std::cout << fmt::format("# {}: skipped: {}\n", preset, *problem) << std::flush;
       continue;
     }
-    // One rank writes the model (once: later runs reuse it); the others wait for it.
+    // One rank writes the model (once: later runs reuse it); the others wait for it, without a bound (a large
+    // preset takes minutes to write, and the writing rank says so). A failure to write it (a folder that
+    // cannot be made, a full disk) is that rank's one error line and the same exit code on every rank: it
+    // had ended the job through MPI_Abort, whose banner buried the line.
     runtime::GeneratedModelPaths paths;
-    if (mesh->rank() == 0) {
-      paths = runtime::ensure_generated_model(shape, 42, c.models_dir, "bench-" + preset,
-                                              fmt::format("the {} benchmark model", preset));
-    }
-    groups.world->barrier();
+    const double unbounded = std::numeric_limits<double>::infinity();
+    const int generated = agreed_phase(mpi, unbounded, [&] {
+      if (mesh->rank() == 0) {
+        runtime::ensure_generated_model(shape, 42, c.models_dir, "bench-" + preset,
+                                        fmt::format("the {} benchmark model", preset));
+      }
+    });
+    if (generated != 0) return generated;
     paths.model = (std::filesystem::path(c.models_dir) / ("bench-" + preset + ".bin")).string();
     paths.tokenizer = runtime::default_tokenizer_path_for(paths.model);
 

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 #include <vector>
 
@@ -126,6 +127,22 @@ TEST_F(BenchCli, RunsUnderMpirunWithTensorParallelismAndOneRankPrints) {
       run_process("mpirun --oversubscribe --bind-to none -np 2 " + quick_bench("--tp 2 --json"), 300);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   expect_complete_rows(json_lines(r.out), 2);
+}
+
+// The model is written by one rank while the others wait: a folder it cannot make is its one error line and
+// the same exit code on every rank (it had ended the job through MPI_Abort, whose banner buried the line).
+TEST_F(BenchCli, AModelFolderThatCannotBeMadeUnderMpirunIsOneLineFromOneRank) {
+  std::ofstream(dir_ / "a-file") << "not a folder";
+  const std::string cmd = "mpirun --oversubscribe --bind-to none -np 2 " + shardline_binary() +
+                          " bench --presets 15m --dtypes int8 --batches 1 --steps 3 --prompt-tokens 2 --threads 1 "
+                          "--repeats 1 --tp 2 --models-dir " + (dir_ / "a-file" / "models").string();
+  const ProcessResult r = run_process(cmd, 120);
+  EXPECT_EQ(r.exit_code, 4) << r.err;
+  EXPECT_EQ(r.err.find("MPI_ABORT"), std::string::npos) << r.err;
+  const std::string expect = "cannot create the model folder '" + (dir_ / "a-file" / "models").string() + "'";
+  const std::size_t first = r.err.find(expect);
+  ASSERT_NE(first, std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find(expect, first + 1), std::string::npos) << "said twice:\n" << r.err;
 }
 
 TEST_F(BenchCli, SkipsAPresetTheLayoutCannotServeAndRefusesToMeasureNothing) {
