@@ -148,9 +148,11 @@ std::string rank_count_mismatch(int tp_flag, int pp_flag, int world) {
 }
 
 std::uint64_t parse_seed_flag(const std::string& text) {
+  // A leading '+' as the int flags take it (--dim +5 was 5 while --seed +5 was refused).
+  const std::string digits = text.starts_with('+') ? text.substr(1) : text;
   errno = 0;  // digits only, so strtoull reads them all; ERANGE says they are past 2^64 - 1
-  const unsigned long long value = std::strtoull(text.c_str(), nullptr, 10);
-  if (text.empty() || text.find_first_not_of("0123456789") != std::string::npos || errno == ERANGE) {
+  const unsigned long long value = std::strtoull(digits.c_str(), nullptr, 10);
+  if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos || errno == ERANGE) {
     throw ConfigError(fmt::format("--seed '{}' is not a whole number from 0 to 18446744073709551615", text));
   }
   return value;

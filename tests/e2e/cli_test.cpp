@@ -839,6 +839,12 @@ TEST_F(Cli, UnknownFlagsAndCommands) {
   // description showed this host, an empty list entry was skipped.
   expect_clean_failure("run --seed -1", 2, "--seed '-1' is not a whole number");
   expect_clean_failure("gen-model --preset 15m --seed -3 --out " + path("s.bin"), 2, "--seed '-3'");
+  expect_clean_failure("gen-model --preset 15m --seed + --out " + path("s.bin"), 2, "--seed '+' is not a whole number");
+  expect_clean_failure("gen-model --preset 15m --seed ++3 --out " + path("s.bin"), 2, "--seed '++3'");
+  // A leading '+' is taken as the int flags take it (--dim +288): the same file as without it.
+  ASSERT_EQ(run_process(shardline() + " gen-model --preset 15m --layers 1 --seed +7 --out " + path("plus.bin")).exit_code, 0);
+  ASSERT_EQ(run_process(shardline() + " gen-model --preset 15m --layers +1 --seed 7 --out " + path("seven.bin")).exit_code, 0);
+  EXPECT_EQ(read_text_file(path("plus.bin")), read_text_file(path("seven.bin")));  // (binary-safe)
   expect_clean_failure("topo --synthetic ''", 2, "--synthetic needs a description");
   expect_clean_failure("topo --xml ''", 2, "--xml needs a file name");  // (it showed this host)
   // A folder that is a file was said not to exist.
