@@ -62,9 +62,13 @@ void f32_block(const Tile& t, const float* x, float* out, int k0, int k1, bool a
   }
 }
 
-// k steps [k0, k1) (even k0) of bf16 pairs, as f32_block.
-template <int R, int P>
-void bf16_block(const Tile& t, const float* x, float* out, int k0, int k1, bool accumulate, const PrefetchPlan& plan) {
+constexpr int kWideChunkPairs = 32;  // bf16_tile_widened's chunk: 64 k, 4 KiB of fp32 a panel, 16 KiB for four
+
+// k steps [k0, k1) (even k0) of bf16 pairs, as f32_block. Store: also write each widened vector to
+// wide (panel p at p * kWideChunkPairs * 32 floats, pair j of the chunk at j * 32), for the later passes.
+template <int R, int P, bool Store = false>
+void bf16_block(const Tile& t, const float* x, float* out, int k0, int k1, bool accumulate, const PrefetchPlan& plan,
+                float* wide = nullptr) {
   const std::uint32_t* w = reinterpret_cast<const std::uint32_t*>(t.panels);  // (k / 2, 16) pairs
   const std::size_t stride = t.panel_stride / sizeof(std::uint32_t);
   const __m512i high_half = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
@@ -86,6 +90,10 @@ void bf16_block(const Tile& t, const float* x, float* out, int k0, int k1, bool 
     __m512 wf[P];
 #pragma GCC unroll 4
     for (int p = 0; p < P; ++p) wf[p] = _mm512_castsi512_ps(_mm512_slli_epi32(wv[p], 16));  // W(f, kk)
+    if constexpr (Store) {
+#pragma GCC unroll 4
+      for (int p = 0; p < P; ++p) _mm512_store_ps(wide + p * kWideChunkPairs * 32 + (kk - k0) / 2 * 32, wf[p]);
+    }
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const __m512 xb = _mm512_set1_ps(x[static_cast<std::size_t>(r) * t.x_stride + kk]);
@@ -95,6 +103,10 @@ void bf16_block(const Tile& t, const float* x, float* out, int k0, int k1, bool 
     if (kk + 1 == t.k) break;
 #pragma GCC unroll 4
     for (int p = 0; p < P; ++p) wf[p] = _mm512_castsi512_ps(_mm512_and_si512(wv[p], high_half));  // W(f, kk + 1)
+    if constexpr (Store) {
+#pragma GCC unroll 4
+      for (int p = 0; p < P; ++p) _mm512_store_ps(wide + p * kWideChunkPairs * 32 + (kk - k0) / 2 * 32 + 16, wf[p]);
+    }
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const __m512 xb = _mm512_set1_ps(x[static_cast<std::size_t>(r) * t.x_stride + kk + 1]);
@@ -196,8 +208,29 @@ void f32_tile(const Tile& t) {
 // fp32 copy in L1 and the fp32 blocks make the passes over it, so the passes after the first neither widen
 // again (two ALU operations per pair and panel, on the FMA ports) nor read L2, and take six rows rather than
 // five. The same FMAs in the same order as bf16_block: the same bits. 16 rows of 2048 -> 5632 on two Emerald
-// Rapids threads 10-20% faster than widening in every pass, 64 rows 10-13% (session 25).
-constexpr int kWideChunkPairs = 32;  // 64 k: 4 KiB of fp32 a panel, 16 KiB for four
+// Rapids threads 10-20% faster than widening in every pass, 64 rows 10-13% (session 25). The first pass
+// widens while it multiplies its rows (16 rows: 4 + 6 + 6) instead of after a loop that only loads and
+// stores: 16 rows another 5-21% (best of 60) in four alternations, 7 or 8 rows 4%, 64 within 1%.
+using StoringBlockFn = void (*)(const Tile&, const float*, float*, int, int, bool, const PrefetchPlan&, float*);
+
+template <int R>
+StoringBlockFn storing_for_panels(int n_panels) {
+  switch (n_panels) {
+    case 1: return bf16_block<R, 1, true>;
+    case 2: return bf16_block<R, 2, true>;
+    case 3: return bf16_block<R, 3, true>;
+    default: return bf16_block<R, 4, true>;
+  }
+}
+StoringBlockFn storing_block_for(int rows, int n_panels) {
+  switch (rows) {
+    case 1: return storing_for_panels<1>(n_panels);
+    case 2: return storing_for_panels<2>(n_panels);
+    case 3: return storing_for_panels<3>(n_panels);
+    case 4: return storing_for_panels<4>(n_panels);
+    default: return storing_for_panels<5>(n_panels);
+  }
+}
 
 void bf16_tile_widened(const Tile& t) {
   alignas(64) float wide[kTilePanels * kWideChunkPairs * 32];
@@ -205,20 +238,25 @@ void bf16_tile_widened(const Tile& t) {
   const std::size_t stride = t.panel_stride / sizeof(std::uint32_t);
   const __m512i high_half = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
   const float* x = static_cast<const float*>(t.x);
-  const int passes = (t.n_rows + 5) / 6;
   const int total_lines = (t.k + 1) / 2;
   Tile wide_tile = t;
   wide_tile.panels = reinterpret_cast<const std::byte*>(wide);
   wide_tile.panel_stride = kWideChunkPairs * 32 * sizeof(float);
+  // Rows past a multiple of six make the first pass (bf16_block, storing what it widens); with none the
+  // chunk is widened by a loop of its own.
+  const int first_rows = t.n_rows % 6;
+  const int passes = (first_rows > 0 ? 1 : 0) + t.n_rows / 6;
   for (int j0 = 0; j0 < total_lines; j0 += kWideChunkPairs) {
     const int j1 = j0 + kWideChunkPairs < total_lines ? j0 + kWideChunkPairs : total_lines;
-    for (int p = 0; p < t.n_panels; ++p) {
-      const std::uint32_t* src = w + p * stride + static_cast<std::size_t>(j0) * 16;
-      float* dst = wide + p * kWideChunkPairs * 32;
-      for (int j = 0; j < j1 - j0; ++j) {
-        const __m512i v = _mm512_load_si512(src + j * 16);
-        _mm512_store_ps(dst + j * 32, _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)));       // W(f, 2j)
-        _mm512_store_ps(dst + j * 32 + 16, _mm512_castsi512_ps(_mm512_and_si512(v, high_half)));  // W(f, 2j + 1)
+    if (first_rows == 0) {
+      for (int p = 0; p < t.n_panels; ++p) {
+        const std::uint32_t* src = w + p * stride + static_cast<std::size_t>(j0) * 16;
+        float* dst = wide + p * kWideChunkPairs * 32;
+        for (int j = 0; j < j1 - j0; ++j) {
+          const __m512i v = _mm512_load_si512(src + j * 16);
+          _mm512_store_ps(dst + j * 32, _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)));            // W(f, 2j)
+          _mm512_store_ps(dst + j * 32 + 16, _mm512_castsi512_ps(_mm512_and_si512(v, high_half)));  // W(f, 2j + 1)
+        }
       }
     }
     // The passes prefetch the next chunk of the bf16 panels (or the next tile's first), in their shares.
@@ -234,7 +272,12 @@ void bf16_tile_widened(const Tile& t) {
     }
     const int k0 = 2 * j0;
     const int k1 = 2 * j1 < t.k ? 2 * j1 : t.k;  // an odd k's last pair has no partner activation
-    for (int r = 0, pass = 0; r < t.n_rows; r += 6, ++pass) {
+    int pass = 0;
+    if (first_rows > 0) {
+      plan.phase = pass++;
+      storing_block_for(first_rows, t.n_panels)(t, x, t.out, k0, k1, j0 > 0, plan, wide);
+    }
+    for (int r = first_rows; r < t.n_rows; r += 6, ++pass) {
       const int rows = t.n_rows - r < 6 ? t.n_rows - r : 6;
       plan.phase = pass;
       block_for<F32, 6>(rows, t.n_panels)(wide_tile, x + static_cast<std::size_t>(r) * t.x_stride + k0,
