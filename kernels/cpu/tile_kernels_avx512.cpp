@@ -121,8 +121,6 @@ void bf16_block(const Tile& t, const float* x, float* out, int k0, int k1, bool 
   }
 }
 
-using BlockFn = void (*)(const Tile&, const float*, float*, int, int, bool, const PrefetchPlan&);
-
 template <int R, int P>
 struct F32 {
   static void run(const Tile& t, const float* x, float* out, int k0, int k1, bool accumulate, const PrefetchPlan& plan) {
@@ -135,11 +133,22 @@ struct Bf16 {
     bf16_block<R, P>(t, x, out, k0, k1, accumulate, plan);
   }
 };
+// bf16_block that also stores what it widens into wide (bf16_tile_widened's first pass).
+template <int R, int P>
+struct Bf16Storing {
+  static void run(const Tile& t, const float* x, float* out, int k0, int k1, bool accumulate, const PrefetchPlan& plan,
+                  float* wide) {
+    bf16_block<R, P, true>(t, x, out, k0, k1, accumulate, plan, wide);
+  }
+};
 
 // Blocks of every panel of the tile (P = n_panels) and up to R rows: R x P accumulators, the P weight
 // vectors and a broadcast fit the 32 registers for R <= 6 (fp32) or 5 (bf16, two widened vectors per pair).
+template <template <int, int> class Block>
+using BlockFnOf = decltype(&Block<1, 1>::run);
+
 template <template <int, int> class Block, int R>
-BlockFn for_panels(int n_panels) {
+BlockFnOf<Block> for_panels(int n_panels) {
   switch (n_panels) {
     case 1: return Block<R, 1>::run;
     case 2: return Block<R, 2>::run;
@@ -149,7 +158,7 @@ BlockFn for_panels(int n_panels) {
 }
 
 template <template <int, int> class Block, int MaxRows>
-BlockFn block_for(int rows, int n_panels) {
+BlockFnOf<Block> block_for(int rows, int n_panels) {
   static_assert(MaxRows == 5 || MaxRows == 6);
   switch (rows) {
     case 1: return for_panels<Block, 1>(n_panels);
@@ -168,6 +177,21 @@ BlockFn block_for(int rows, int n_panels) {
 // 5-20% faster, 64 rows of 2048 -> 5632 0-8% (session 25).
 constexpr int kF32ChunkLines = 64;
 
+// The plan of a multi-pass chunk whose successor starts at line next_line of the tile's total_lines: that
+// chunk in these panels, or the next tile's first (Tile::prefetch), chunk_lines lines at most.
+PrefetchPlan next_chunk_plan(const Tile& t, int next_line, int total_lines, int chunk_lines, int passes) {
+  PrefetchPlan plan;
+  plan.passes = passes;
+  if (next_line < total_lines) {
+    plan.next = reinterpret_cast<const char*>(t.panels) + static_cast<std::size_t>(next_line) * 64;
+    plan.lines = total_lines - next_line < chunk_lines ? total_lines - next_line : chunk_lines;
+  } else if (t.prefetch != nullptr) {
+    plan.next = reinterpret_cast<const char*>(t.prefetch);
+    plan.lines = total_lines < chunk_lines ? total_lines : chunk_lines;
+  }
+  return plan;
+}
+
 template <typename BlockOf>
 void run_passes(const Tile& t, int max_rows, int k_per_line, const BlockOf& block) {
   const float* x = static_cast<const float*>(t.x);
@@ -178,15 +202,7 @@ void run_passes(const Tile& t, int max_rows, int k_per_line, const BlockOf& bloc
     const int k1 = k0 + chunk_k < t.k ? k0 + chunk_k : t.k;
     PrefetchPlan plan;
     if (passes > 1) {
-      const int line = k1 / k_per_line;  // the next chunk's first line, in these panels or the next
-      if (line < total_lines) {
-        plan.next = reinterpret_cast<const char*>(t.panels) + static_cast<std::size_t>(line) * 64;
-        plan.lines = total_lines - line < kF32ChunkLines ? total_lines - line : kF32ChunkLines;
-      } else if (t.prefetch != nullptr) {
-        plan.next = reinterpret_cast<const char*>(t.prefetch);
-        plan.lines = total_lines < kF32ChunkLines ? total_lines : kF32ChunkLines;
-      }
-      plan.passes = passes;
+      plan = next_chunk_plan(t, k1 / k_per_line, total_lines, kF32ChunkLines, passes);
     } else {
       plan.ahead = reinterpret_cast<const char*>(t.panels) + static_cast<std::size_t>(k0 / k_per_line) * 64;
     }
@@ -211,27 +227,6 @@ void f32_tile(const Tile& t) {
 // Rapids threads 10-20% faster than widening in every pass, 64 rows 10-13% (session 25). The first pass
 // widens while it multiplies its rows (16 rows: 4 + 6 + 6) instead of after a loop that only loads and
 // stores: 16 rows another 5-21% (best of 60) in four alternations, 7 or 8 rows 4%, 64 within 1%.
-using StoringBlockFn = void (*)(const Tile&, const float*, float*, int, int, bool, const PrefetchPlan&, float*);
-
-template <int R>
-StoringBlockFn storing_for_panels(int n_panels) {
-  switch (n_panels) {
-    case 1: return bf16_block<R, 1, true>;
-    case 2: return bf16_block<R, 2, true>;
-    case 3: return bf16_block<R, 3, true>;
-    default: return bf16_block<R, 4, true>;
-  }
-}
-StoringBlockFn storing_block_for(int rows, int n_panels) {
-  switch (rows) {
-    case 1: return storing_for_panels<1>(n_panels);
-    case 2: return storing_for_panels<2>(n_panels);
-    case 3: return storing_for_panels<3>(n_panels);
-    case 4: return storing_for_panels<4>(n_panels);
-    default: return storing_for_panels<5>(n_panels);
-  }
-}
-
 void bf16_tile_widened(const Tile& t) {
   alignas(64) float wide[kTilePanels * kWideChunkPairs * 32];
   const std::uint32_t* w = reinterpret_cast<const std::uint32_t*>(t.panels);
@@ -260,22 +255,14 @@ void bf16_tile_widened(const Tile& t) {
       }
     }
     // The passes prefetch the next chunk of the bf16 panels (or the next tile's first), in their shares.
-    PrefetchPlan plan;
-    plan.passes = passes;
-    plan.next_stride = t.panel_stride;
-    if (j1 < total_lines) {
-      plan.next = reinterpret_cast<const char*>(w + static_cast<std::size_t>(j1) * 16);
-      plan.lines = total_lines - j1 < kWideChunkPairs ? total_lines - j1 : kWideChunkPairs;
-    } else if (t.prefetch != nullptr) {
-      plan.next = reinterpret_cast<const char*>(t.prefetch);
-      plan.lines = total_lines < kWideChunkPairs ? total_lines : kWideChunkPairs;
-    }
+    PrefetchPlan plan = next_chunk_plan(t, j1, total_lines, kWideChunkPairs, passes);
+    plan.next_stride = t.panel_stride;  // the fp32 passes' tile is the copy, with its own stride
     const int k0 = 2 * j0;
     const int k1 = 2 * j1 < t.k ? 2 * j1 : t.k;  // an odd k's last pair has no partner activation
     int pass = 0;
     if (first_rows > 0) {
       plan.phase = pass++;
-      storing_block_for(first_rows, t.n_panels)(t, x, t.out, k0, k1, j0 > 0, plan, wide);
+      block_for<Bf16Storing, 5>(first_rows, t.n_panels)(t, x, t.out, k0, k1, j0 > 0, plan, wide);
     }
     for (int r = first_rows; r < t.n_rows; r += 6, ++pass) {
       const int rows = t.n_rows - r < 6 ? t.n_rows - r : 6;
