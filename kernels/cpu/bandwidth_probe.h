@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <span>
 
 namespace shardline::kernels::cpu {
@@ -14,8 +15,12 @@ struct ReadRegion {
   std::size_t bytes = 0;
 };
 
-// Reads every region once with the kernel threads (each thread a contiguous band of each region) and
-// returns the seconds it took.
+// Reads every region once with the kernel threads (the regions end to end, in bands of 64-byte lines that
+// a thread done with its own takes from the back of a slower one's, as matmul's tiles are) and returns the
+// seconds it took.
 double time_stream_read(std::span<const ReadRegion> regions);
+// The same reads, untimed: returns the sum the read kernel folds over them (tile::ReadKernel: 64-bit words,
+// and single bytes past a region's last 256-byte block), so a test can tell each line was read once.
+std::uint64_t stream_read(std::span<const ReadRegion> regions);
 
 }  // namespace shardline::kernels::cpu

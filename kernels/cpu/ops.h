@@ -4,7 +4,9 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <string_view>
 #include <type_traits>
@@ -20,7 +22,8 @@ int num_threads();
 void run_on_each_thread(void (*fn)(int thread, void* context), void* context);
 
 // The contiguous band [begin, end) of n_items that thread `thread` of n_threads takes: bands in thread order,
-// sizes differing by at most one. The split of parallel_for and of the matmuls' panels.
+// sizes differing by at most one. The split of parallel_for, and of the matmuls' panels before any stealing
+// (StealingBands).
 struct Band {
   int begin;
   int end;
@@ -76,6 +79,33 @@ void run_team(Body&& body) {
 // Waits until every thread of the running run_team() pass has reached it: what one thread wrote before is
 // then visible to all. Outside a pass (one thread) it returns at once.
 void team_barrier();
+
+// Items [0, n_items) of one loop in the team's bands (Team::share), taken a run of at most `grain` items at
+// a time: each thread first takes its own band's runs from the front and then, its band done, other bands'
+// runs from the back. A thread whose core is busy with something else for a while (the host's other work
+// on a VM, an interrupt) falls behind: with fixed bands the others then wait for it at the next barrier,
+// 5-15% of each thread's time in 16-row matmuls on a 2-vCPU Emerald Rapids VM (issue #7, session 26). Each
+// band stays one stream from the front, and a thread claims its own runs on a cache line nobody else
+// touches until it is stolen from. Every thread of the team must construct one for the same loops in the
+// same order (as with team_barrier()); outside a run_team() pass, on one thread, or past kTeamLoops loops
+// in one pass, each thread takes its own band alone.
+inline constexpr int kTeamLoops = 32;
+class StealingBands {
+ public:
+  StealingBands(int n_items, int grain, Team team);
+  // The next run [begin, end) of this thread's items, or {-1, -1} when none is left.
+  Band next();
+  // The first item of the run next() most likely returns, for a prefetch: -1 when next() steals or ends.
+  int likely_next() const;
+
+ private:
+  int n_items_;
+  int grain_;
+  Team team_;
+  std::atomic<std::uint64_t>* words_;  // the pass's claims on each band for this loop (threads.cpp), or null
+  int own_next_;                       // without words: the next item of this thread's band
+  int victim_ = 0;                     // the band this thread steals from next (offset from its own)
+};
 
 // Runs body(item, thread) for item in [0, n) on the kernel threads, each thread a contiguous band of items
 // (thread < num_threads()). For independent per-row work (the greedy picks of a batch's rows); a kernel

@@ -107,35 +107,40 @@ void store_tile(const float* tile, float* y, int d, int row, int n_rows, int pan
   }
 }
 
-// The panels of the tile after [panel, panel + n_panels) within this thread's band [.., end), for the
-// kernel to prefetch while it computes the last k chunk of this one (see PrefetchPlan in tile_kernels.h);
-// null at the end of the band.
-const std::byte* next_tile(const PackedMatrix& w, int panel, int n_panels, int end) {
-  const int next = panel + n_panels;
-  return next + n_panels <= end ? w.data + next * panel_bytes(w.dtype, w.k, w.int8_group) : nullptr;
+// The panels of w's tiles a team's thread computes (see StealingBands in ops.h): whoever computes a tile
+// computes it the same way, so stealing changes no result.
+StealingBands tiles_of(const PackedMatrix& w, Team team) { return StealingBands(panel_count(w.d), tile::kTilePanels, team); }
+
+// The panels of the tile likely to follow this thread's tile of n_panels (StealingBands::likely_next), for
+// the kernel to prefetch while it computes the last k chunk of this one (see PrefetchPlan in
+// tile_kernels.h); null where there is none.
+const std::byte* likely_next_tile(const PackedMatrix& w, const StealingBands& tiles, int n_panels) {
+  const int next = tiles.likely_next();
+  return next >= 0 && next + n_panels <= panel_count(w.d) ? w.data + next * panel_bytes(w.dtype, w.k, w.int8_group)
+                                                          : nullptr;
 }
 
-// Panels [begin, end) of w for every row of x, a tile at a time: take(tile_out, row, n_rows, panel, n_panels)
+// The tiles of w a team's thread takes, for every row of x: take(tile_out, row, n_rows, panel, n_panels)
 // gets each tile's results.
 template <typename Take>
-void for_each_tile(const Activations& x, const PackedMatrix& w, int begin, int end, tile::TileKernel kernel,
+void for_each_tile(const Activations& x, const PackedMatrix& w, StealingBands tiles, tile::TileKernel kernel,
                    Take&& take) {
   alignas(64) float tile_out[tile::kTileRows * tile::kTileStride];
-  for (int p = begin; p < end; p += tile::kTilePanels) {
-    const int n_panels = std::min(tile::kTilePanels, end - p);
+  for (Band run = tiles.next(); run.begin >= 0; run = tiles.next()) {
+    const int p = run.begin, n_panels = run.end - run.begin;
     for (int r = 0; r < x.n(); r += tile::kTileRows) {
       const int n_rows = std::min(tile::kTileRows, x.n() - r);
       tile::Tile t = make_tile(x, w, p, n_panels, r, n_rows, tile_out);
-      if (r + n_rows == x.n()) t.prefetch = next_tile(w, p, n_panels, end);
+      if (r + n_rows == x.n()) t.prefetch = likely_next_tile(w, tiles, n_panels);
       kernel(t);
       take(static_cast<const float*>(tile_out), r, n_rows, p, n_panels);
     }
   }
 }
 
-// Panels [begin, end) of w for every row of x into y.
-void matmul_panels(float* y, const Activations& x, const PackedMatrix& w, int begin, int end, tile::TileKernel kernel) {
-  for_each_tile(x, w, begin, end, kernel, [&](const float* tile_out, int r, int n_rows, int p, int n_panels) {
+// The tiles of w a team's thread takes, for every row of x, into y.
+void matmul_tiles(float* y, const Activations& x, const PackedMatrix& w, Team team, tile::TileKernel kernel) {
+  for_each_tile(x, w, tiles_of(w, team), kernel, [&](const float* tile_out, int r, int n_rows, int p, int n_panels) {
     store_tile(tile_out, y, w.d, r, n_rows, p, n_panels);
   });
 }
@@ -262,8 +267,11 @@ void matmul(const Activations& x, std::span<const MatmulOutput> outputs) {
     work += static_cast<long>(x.n()) * o.w->d * o.w->k;
   }
   const int n_threads = num_threads();
-#pragma omp parallel num_threads(n_threads) if (n_threads > 1 && work > kMinParallelWork)
-  matmul(x, outputs, Team{omp_get_thread_num(), omp_get_num_threads()});
+  if (n_threads > 1 && work > kMinParallelWork) {
+    run_team([&](Team team) { matmul(x, outputs, team); });
+  } else {
+    matmul(x, outputs, Team{});
+  }
 }
 
 void matmul(float* y, const Activations& x, const PackedMatrix& w, Team team) {
@@ -284,8 +292,6 @@ void matmul(const Activations& x, std::span<const MatmulOutput> outputs, Team te
     }
   }
   const tile::TileKernel kernel = tile_kernel(x.dtype());
-  // Threads take contiguous bands of the panels of all outputs together, in order.
-  const auto [begin, end] = team.share(total_panels);
   if (adjacent && outputs.size() > 1) {
     // Adjacent matrices (ShardWeights packs q, k and v so) are one matrix of all their panels to the tiles,
     // which span and prefetch across the borders; each tile's results go to the outputs its panels belong
@@ -293,7 +299,7 @@ void matmul(const Activations& x, std::span<const MatmulOutput> outputs, Team te
     // features each) for 16 rows took 15 us on two threads apart and 10 us as one matrix.
     PackedMatrix all = *outputs[0].w;
     all.d = total_panels * kPanelWidth;
-    for_each_tile(x, all, begin, end, kernel, [&](const float* tile_out, int r, int n_rows, int p, int n_panels) {
+    for_each_tile(x, all, tiles_of(all, team), kernel, [&](const float* tile_out, int r, int n_rows, int p, int n_panels) {
       int first = 0;  // the first panel of the current output in the concatenation
       for (const MatmulOutput& o : outputs) {
         const int panels = panel_count(o.w->d);
@@ -304,13 +310,7 @@ void matmul(const Activations& x, std::span<const MatmulOutput> outputs, Team te
     });
     return;
   }
-  int first = 0;  // the first panel of the current output in the concatenation
-  for (const MatmulOutput& o : outputs) {
-    const int panels = panel_count(o.w->d);
-    const int lo = std::max(begin, first), hi = std::min(end, first + panels);
-    if (lo < hi) matmul_panels(o.y, x, *o.w, lo - first, hi - first, kernel);
-    first += panels;
-  }
+  for (const MatmulOutput& o : outputs) matmul_tiles(o.y, x, *o.w, team, kernel);
 }
 
 void matmul_argmax(const Activations& x, const PackedMatrix& w, float* values, int* indices, bool first_nan_wins,
@@ -330,9 +330,10 @@ void matmul_argmax(const Activations& x, const PackedMatrix& w, float* values, i
   std::fill_n(all, slots, row::RowMax{std::numeric_limits<float>::quiet_NaN(), -1});
 #pragma omp parallel num_threads(n_threads) if (parallel)
   {
-    const auto [begin, end] = my_band(panel_count(w.d));
+    // Outside a run_team() pass: each thread its own band, in thread order, which the merge below needs.
+    const StealingBands band(panel_count(w.d), tile::kTilePanels, Team{omp_get_thread_num(), omp_get_num_threads()});
     row::RowMax* mine = all + static_cast<std::size_t>(omp_get_thread_num()) * n;
-    for_each_tile(x, w, begin, end, kernel, [&](const float* tile_out, int r0, int n_rows, int p, int n_panels) {
+    for_each_tile(x, w, band, kernel, [&](const float* tile_out, int r0, int n_rows, int p, int n_panels) {
       const int f0 = p * kPanelWidth;
       const int valid = std::min(n_panels * kPanelWidth, w.d - f0);  // the last panel may be padding
       for (int r = 0; r < n_rows; ++r) {
@@ -370,8 +371,11 @@ void matmul_swiglu(float* h, const Activations& x, const PackedMatrix& w1, const
   SL_CHECK(w1.d == w3.d);
   const long work = 2L * x.n() * w1.d * w1.k;
   const int n_threads = num_threads();
-#pragma omp parallel num_threads(n_threads) if (n_threads > 1 && work > kMinParallelWork)
-  matmul_swiglu(h, x, w1, w3, Team{omp_get_thread_num(), omp_get_num_threads()});
+  if (n_threads > 1 && work > kMinParallelWork) {
+    run_team([&](Team team) { matmul_swiglu(h, x, w1, w3, team); });
+  } else {
+    matmul_swiglu(h, x, w1, w3, Team{});
+  }
 }
 
 void matmul_swiglu(float* h, const Activations& x, const PackedMatrix& w1, const PackedMatrix& w3, Team team) {
@@ -383,9 +387,9 @@ void matmul_swiglu(float* h, const Activations& x, const PackedMatrix& w1, const
   const int d = w1.d;
   alignas(64) float gate[tile::kTileRows * tile::kTileStride];
   alignas(64) float up[tile::kTileRows * tile::kTileStride];
-  const auto [begin, end] = team.share(panel_count(d));
-  for (int p = begin; p < end; p += tile::kTilePanels) {
-    const int n_panels = std::min(tile::kTilePanels, end - p);
+  StealingBands tiles = tiles_of(w1, team);
+  for (Band run = tiles.next(); run.begin >= 0; run = tiles.next()) {
+    const int p = run.begin, n_panels = run.end - run.begin;
     for (int r = 0; r < x.n(); r += tile::kTileRows) {
       const int n_rows = std::min(tile::kTileRows, x.n() - r);
       tile::Tile t1 = make_tile(x, w1, p, n_panels, r, n_rows, gate);
@@ -394,7 +398,7 @@ void matmul_swiglu(float* h, const Activations& x, const PackedMatrix& w1, const
       // yet: t1 of the first rows the same panels' w3 (t3 runs next), t3 of the last rows the next panels'
       // w1; later row blocks find both in cache.
       if (r == 0) t1.prefetch = t3.panels;
-      if (r + n_rows == x.n()) t3.prefetch = next_tile(w1, p, n_panels, end);
+      if (r + n_rows == x.n()) t3.prefetch = likely_next_tile(w1, tiles, n_panels);
       kernel(t1);
       kernel(t3);
       // silu(g) * u by the kernel swiglu() calls, so the fusion does not change a bit.

@@ -11,8 +11,9 @@
 // of two bf16 values is exact in fp32), so those kernels do not round the activations to bf16 either.
 //
 // Threads (set_num_threads) split the output panels into contiguous bands, so each thread streams its own
-// part of W. Each output is computed by one thread in a fixed order along k, so results do not depend on
-// the thread count, nor on n or on the other rows of the batch.
+// part of W, and a thread done with its band takes tiles from the back of a slower thread's
+// (StealingBands, ops.h). Each output is computed by one thread in a fixed order along k, so results do
+// not depend on the thread count, on which thread took a tile, nor on n or on the other rows of the batch.
 #pragma once
 
 #include <cstdint>

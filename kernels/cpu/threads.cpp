@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdint>
 #include <immintrin.h>
+#include <vector>
 
 #include "kernels/cpu/ops.h"
 
@@ -46,8 +47,24 @@ struct TeamBarrier {
   }
 };
 
-// The running pass's barrier, on each of its threads (null outside a pass).
+// StealingBands' claims, per loop of a pass and band: the items taken from the band's front (low half) and
+// from its back (high half), so zero is a fresh band. One cache line each: a thread's claims on its own
+// band stay in its core's cache until another thread steals from it.
+struct alignas(64) BandClaims {
+  std::atomic<std::uint64_t> taken{0};
+};
+
+// The running pass's barrier and claims (kTeamLoops x its threads), on each of its threads (null outside a
+// pass), and the index of the next loop this thread's StealingBands takes.
 thread_local TeamBarrier* t_team_barrier = nullptr;
+thread_local BandClaims* t_team_claims = nullptr;
+thread_local int t_next_loop = 0;
+
+// The claims of this thread's next loop in the running pass (one per thread), or null.
+std::atomic<std::uint64_t>* next_loop_claims(int n_threads) {
+  if (t_team_claims == nullptr || n_threads < 2 || t_next_loop >= kTeamLoops) return nullptr;
+  return &t_team_claims[static_cast<std::size_t>(t_next_loop++) * n_threads].taken;
+}
 }  // namespace
 
 int set_num_threads(int n_threads) {
@@ -72,12 +89,21 @@ void run_team_impl(void (*body)(void* context, Team team), void* context) {
     return;
   }
   TeamBarrier barrier;
+  // Grown once per calling thread, zeroed every pass (a few KiB): the claims of every loop start fresh.
+  thread_local std::vector<BandClaims> claims;
+  const std::size_t slots = static_cast<std::size_t>(kTeamLoops) * n_threads;
+  if (claims.size() < slots) claims = std::vector<BandClaims>(slots);
+  for (std::size_t i = 0; i < slots; ++i) claims[i].taken.store(0, std::memory_order_relaxed);
+  BandClaims* const all_claims = claims.data();
 #pragma omp parallel num_threads(n_threads)
   {
     const Team team{omp_get_thread_num(), omp_get_num_threads()};
     t_team_barrier = &barrier;
+    t_team_claims = all_claims;
+    t_next_loop = 0;
     body(context, team);
     t_team_barrier = nullptr;
+    t_team_claims = nullptr;
   }
 }
 
@@ -86,6 +112,64 @@ void team_barrier() {
   // Inside the pass's parallel region: its thread count (OpenMP may give fewer than were asked for).
   const int size = omp_get_num_threads();
   if (size > 1) t_team_barrier->wait(size);
+}
+
+namespace {
+constexpr std::uint64_t kFront = 1;                   // one item taken from a band's front
+constexpr std::uint64_t kBack = std::uint64_t{1} << 32;  // one from its back
+int front_taken(std::uint64_t taken) { return static_cast<int>(taken & 0xffffffffu); }
+int back_taken(std::uint64_t taken) { return static_cast<int>(taken >> 32); }
+// Band `thread`'s claims among a loop's (next_loop_claims()).
+std::atomic<std::uint64_t>& claims_of(std::atomic<std::uint64_t>* loop, int thread) {
+  return reinterpret_cast<BandClaims*>(loop)[thread].taken;
+}
+}  // namespace
+
+StealingBands::StealingBands(int n_items, int grain, Team team)
+    : n_items_(n_items),
+      grain_(grain),
+      team_(team),
+      // Outside a pass the team is OpenMP's or one thread's: a band each, no stealing.
+      words_(next_loop_claims(team.n_threads)),
+      own_next_(team.share(n_items).begin) {}
+
+Band StealingBands::next() {
+  if (words_ == nullptr) {
+    const Band band = team_.share(n_items_);
+    if (own_next_ >= band.end) return {-1, -1};
+    const int begin = own_next_;
+    own_next_ = std::min(begin + grain_, band.end);
+    return {begin, own_next_};
+  }
+  // Bands from this thread's own (victim_ 0) on, each until it is empty.
+  for (; victim_ < team_.n_threads; ++victim_) {
+    const int thread = (team_.thread + victim_) % team_.n_threads;
+    const Band of = thread_band(n_items_, thread, team_.n_threads);
+    const int size = of.end - of.begin;
+    std::atomic<std::uint64_t>& word = claims_of(words_, thread);
+    std::uint64_t taken = word.load(std::memory_order_relaxed);
+    for (;;) {
+      const int left = size - front_taken(taken) - back_taken(taken);
+      if (left <= 0) break;
+      const int run = std::min(grain_, left);
+      const bool own = victim_ == 0;
+      if (word.compare_exchange_weak(taken, taken + (own ? kFront : kBack) * run, std::memory_order_relaxed)) {
+        if (own) return {of.begin + front_taken(taken), of.begin + front_taken(taken) + run};
+        const int end = of.end - back_taken(taken);
+        return {end - run, end};
+      }
+    }
+  }
+  return {-1, -1};
+}
+
+int StealingBands::likely_next() const {
+  if (words_ == nullptr) return own_next_ < team_.share(n_items_).end ? own_next_ : -1;
+  if (victim_ != 0) return -1;
+  const Band own = team_.share(n_items_);
+  const std::uint64_t taken = claims_of(words_, team_.thread).load(std::memory_order_relaxed);
+  const int next = own.begin + front_taken(taken);
+  return next < own.end - back_taken(taken) ? next : -1;
 }
 
 void parallel_for_impl(int n, void (*body)(void* context, int item, int thread), void* context) {

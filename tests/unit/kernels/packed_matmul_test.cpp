@@ -982,6 +982,47 @@ TEST(PackedMatmul, TeamSharesInOnePassEqualTheWholeMatmuls) {
   }
 }
 
+// A thread that falls behind (here it starts its first matmul only when the others have finished it; on a
+// VM a neighbour on its core holds it back) has its tiles taken by the others (StealingBands): whoever computes a tile, each step's results
+// are the whole matmul's, bit for bit, for every dtype, a decode row and a batch.
+TEST(PackedMatmul, TilesTakenFromASlowThreadGiveTheSameBits) {
+  std::mt19937 rng(16);
+  const int k = 96, d = 300;
+  for (WeightDtype dtype : kDtypes) {
+    for (int n : {1, 16}) {
+      SCOPED_TRACE(fmt::format("{}, {} rows", weight_dtype_name(dtype), n));
+      const std::vector<float> x = random_floats(rng, static_cast<std::size_t>(n) * k, -3.0f, 3.0f);
+      const Packed w1 = pack(dtype, random_floats(rng, static_cast<std::size_t>(d) * k), d, k);
+      const Packed w3 = pack(dtype, random_floats(rng, static_cast<std::size_t>(d) * k), d, k);
+      Activations a;
+      a.reserve(n, k);
+      a.prepare(x.data(), n, k, dtype);
+      std::vector<float> y(static_cast<std::size_t>(n) * d), h(y.size());
+      {
+        ScopedThreads one(1);
+        matmul(y.data(), a, w1.matrix);
+        matmul_swiglu(h.data(), a, w1.matrix, w3.matrix);
+      }
+      for (int threads : {2, 3}) {
+        ScopedThreads scoped(threads);
+        for (int slow = 0; slow < threads; ++slow) {
+          std::vector<float> team_y(y.size()), team_h(h.size());
+          std::atomic<int> done{0};
+          run_team([&](Team team) {
+            // The slow thread starts only when the others have finished the matmul: they took all its tiles.
+            while (team.thread == slow && done.load() < team.n_threads - 1) std::this_thread::yield();
+            matmul(team_y.data(), a, w1.matrix, team);
+            ++done;
+            matmul_swiglu(team_h.data(), a, w1.matrix, w3.matrix, team);
+          });
+          EXPECT_EQ(team_y, y) << threads << " threads, thread " << slow << " slow";
+          EXPECT_EQ(team_h, h) << threads << " threads, thread " << slow << " slow";
+        }
+      }
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // threads and the bandwidth probe
 
@@ -1130,6 +1171,100 @@ TEST(Threads, SharesByCostTileTheItemsAndBalanceTheirCost) {
   const Band first = Team{0, 2}.share_by_cost(64, [&](int i) { return prefill[i]; });
   EXPECT_EQ(first.begin, 0);
   EXPECT_EQ(first.end, 45);
+}
+
+// StealingBands: every item of a loop goes to exactly one thread in runs of at most the grain; each thread
+// takes its own band from the front, in order; a thread that is late finds its band taken from the back by
+// the others. Past kTeamLoops loops in one pass, and outside a pass, each thread takes its own band alone.
+TEST(Threads, StealingBandsGiveEveryItemOnceAndTakeFromALateThread) {
+  for (int threads : {1, 2, 3}) {
+    ScopedThreads scoped(threads);
+    for (int n_items : {0, 1, 7, 50, 301}) {
+      for (int grain : {1, 4}) {
+        SCOPED_TRACE(fmt::format("{} threads, {} items, grain {}", threads, n_items, grain));
+        constexpr int kLoops = kTeamLoops + 3;  // the last three with no claims left: bands alone
+        std::vector<std::vector<int>> owner(kLoops, std::vector<int>(n_items, -1));
+        std::vector<std::vector<int>> times(kLoops, std::vector<int>(n_items, 0));
+        std::atomic<int> bad_runs{0}, out_of_order{0}, done{0};
+        const int late = threads - 1;
+        run_team([&](Team team) {
+          for (int loop = 0; loop < kLoops; ++loop) {
+            StealingBands items(n_items, grain, team);
+            // Loop 0: the late thread looks only when the others have run out of items.
+            while (loop == 0 && team.thread == late && done.load() < team.n_threads - 1) std::this_thread::yield();
+            const Band own = team.share(n_items);
+            int own_next = own.begin;
+            for (Band run = items.next(); run.begin >= 0; run = items.next()) {
+              if (run.end <= run.begin || run.end - run.begin > grain || run.begin < 0 || run.end > n_items) {
+                ++bad_runs;
+                continue;
+              }
+              if (run.begin >= own.begin && run.begin < own.end && run.begin != own_next) ++out_of_order;
+              if (run.begin == own_next) own_next = run.end;
+              for (int i = run.begin; i < run.end; ++i) {
+                owner[loop][i] = team.thread;  // each item's thread; times counts every claim of it
+                ++times[loop][i];
+              }
+            }
+            if (loop == 0) ++done;
+            team_barrier();  // all of this loop's claims are in before the next reads owner
+          }
+        });
+        EXPECT_EQ(bad_runs.load(), 0);
+        EXPECT_EQ(out_of_order.load(), 0) << "a thread's own items come from the front of its band, in order";
+        for (int loop = 0; loop < kLoops; ++loop) {
+          EXPECT_EQ(times[loop], std::vector<int>(n_items, 1)) << "loop " << loop << ": every item exactly once";
+        }
+        if (threads > 1) {
+          EXPECT_EQ(std::count(owner[0].begin(), owner[0].end(), late), 0) << "the others took all the late band";
+          for (int loop = kTeamLoops; loop < kLoops; ++loop) {
+            for (int t = 0; t < threads; ++t) {
+              const Band band = thread_band(n_items, t, threads);
+              for (int i = band.begin; i < band.end; ++i) ASSERT_EQ(owner[loop][i], t) << "loop " << loop;
+            }
+          }
+        }
+      }
+    }
+  }
+  // Outside a run_team() pass: the band of Team::share, in runs of the grain.
+  StealingBands outside(10, 4, Team{1, 2});
+  EXPECT_EQ(outside.likely_next(), 5);
+  const Band first = outside.next();
+  EXPECT_EQ(first.begin, 5);
+  EXPECT_EQ(first.end, 9);
+  EXPECT_EQ(outside.likely_next(), 9);
+  const Band second = outside.next();
+  EXPECT_EQ(second.begin, 9);
+  EXPECT_EQ(second.end, 10);
+  EXPECT_EQ(outside.next().begin, -1);
+  EXPECT_EQ(outside.likely_next(), -1);
+}
+
+// Each 64-byte line holds a 1 in its first byte and zeros after it: as a 64-bit word and as a byte alike it
+// adds 1 to the read kernel's sum, however the lines are split, so the sum counts the lines read. Regions of
+// odd sizes, end to end as one run of lines that the threads split and take from each other, are read
+// line for line once.
+TEST(BandwidthProbe, ReadsEveryLineOfEveryRegionOnce) {
+  const std::size_t bytes = 8u << 20;
+  std::unique_ptr<std::byte, decltype(&std::free)> buffer(static_cast<std::byte*>(std::aligned_alloc(64, bytes)), &std::free);
+  std::memset(buffer.get(), 0, bytes);
+  for (std::size_t at = 0; at < bytes; at += 64) buffer.get()[at] = std::byte{1};
+  const std::size_t sizes[] = {64, 5 * 64 + 3, 1000 * 64, 1, 257 * 64, 3u << 20, 12345 * 64 + 63};
+  std::vector<ReadRegion> regions;
+  std::uint64_t lines = 0;
+  std::size_t at = 0;
+  for (std::size_t size : sizes) {
+    regions.push_back({buffer.get() + at, size});
+    lines += (size + 63) / 64;
+    at += (size + 63) / 64 * 64;
+  }
+  ASSERT_LE(at, bytes);
+  for (int threads : {1, 2, 3}) {
+    ScopedThreads scoped(threads);
+    for (int round = 0; round < 20; ++round) EXPECT_EQ(stream_read(regions), lines) << threads << " threads";
+    EXPECT_EQ(stream_read(std::span<const ReadRegion>()), 0u);
+  }
 }
 
 TEST(BandwidthProbe, ReadsEveryRegionInPlausibleTime) {
