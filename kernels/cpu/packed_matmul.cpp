@@ -120,6 +120,9 @@ const std::byte* likely_next_tile(const PackedMatrix& w, const StealingBands& ti
                                                           : nullptr;
 }
 
+// No maximum yet (fold_max's start).
+constexpr row::RowMax kNoMax{std::numeric_limits<float>::quiet_NaN(), -1};
+
 // The tiles of w a team's thread takes, for every row of x: take(tile_out, row, n_rows, panel, n_panels)
 // gets each tile's results.
 template <typename Take>
@@ -313,6 +316,16 @@ void matmul(const Activations& x, std::span<const MatmulOutput> outputs, Team te
   for (const MatmulOutput& o : outputs) matmul_tiles(o.y, x, *o.w, team, kernel);
 }
 
+row::RowMax row::merge_row_max(const RowMax& a, const RowMax& b) {
+  RowMax best = a;
+  if (a.index < 0 || (b.index >= 0 && !std::isnan(a.value) &&
+                      (std::isnan(b.value) || b.value > a.value || (b.value == a.value && b.index < a.index)))) {
+    best = b;
+  }
+  best.nan = a.nan || b.nan;
+  return best;
+}
+
 void matmul_argmax(const Activations& x, const PackedMatrix& w, float* values, int* indices, bool first_nan_wins,
                    bool* has_nan) {
   check_operands(x, w);
@@ -322,46 +335,39 @@ void matmul_argmax(const Activations& x, const PackedMatrix& w, float* values, i
   const int n_threads = num_threads();
   const long work = static_cast<long>(n) * w.d * w.k;
   const bool parallel = n_threads > 1 && work > kMinParallelWork;
-  // Each thread's maxima over its band of panels, bands in thread order; grown once, kept for the next call.
-  thread_local std::vector<row::RowMax> band_max;
+  // Each thread's maxima over the tiles it took; grown once, kept for the next call.
+  thread_local std::vector<row::RowMax> thread_max;
   const std::size_t slots = static_cast<std::size_t>(parallel ? n_threads : 1) * n;
-  if (band_max.size() < slots) band_max.resize(slots);
-  row::RowMax* all = band_max.data();
-  std::fill_n(all, slots, row::RowMax{std::numeric_limits<float>::quiet_NaN(), -1});
-#pragma omp parallel num_threads(n_threads) if (parallel)
-  {
-    // Outside a run_team() pass: each thread its own band, in thread order, which the merge below needs.
-    const StealingBands band(panel_count(w.d), tile::kTilePanels, Team{omp_get_thread_num(), omp_get_num_threads()});
-    row::RowMax* mine = all + static_cast<std::size_t>(omp_get_thread_num()) * n;
-    for_each_tile(x, w, band, kernel, [&](const float* tile_out, int r0, int n_rows, int p, int n_panels) {
+  if (thread_max.size() < slots) thread_max.resize(slots);
+  row::RowMax* all = thread_max.data();
+  std::fill_n(all, slots, kNoMax);
+  auto fold_tiles = [&](Team team) {
+    row::RowMax* mine = all + static_cast<std::size_t>(team.thread) * n;
+    for_each_tile(x, w, tiles_of(w, team), kernel, [&](const float* tile_out, int r0, int n_rows, int p, int n_panels) {
       const int f0 = p * kPanelWidth;
       const int valid = std::min(n_panels * kPanelWidth, w.d - f0);  // the last panel may be padding
       for (int r = 0; r < n_rows; ++r) {
         const float* values_of_row = tile_out + r * tile::kTileStride;
+        row::RowMax tile_max = kNoMax;
         // argmax()'s one exception to skipping NaNs: a NaN first value is its answer, and stays (no value
         // is greater than a NaN, and the index is taken).
-        if (first_nan_wins && f0 == 0 && std::isnan(values_of_row[0])) {
-          mine[r0 + r].value = values_of_row[0];
-          mine[r0 + r].index = 0;
-        }
-        fold_max(values_of_row, valid, f0, mine[r0 + r]);
+        if (first_nan_wins && f0 == 0 && std::isnan(values_of_row[0])) tile_max = {values_of_row[0], 0};
+        fold_max(values_of_row, valid, f0, tile_max);
+        mine[r0 + r] = row::merge_row_max(mine[r0 + r], tile_max);
       }
     });
+  };
+  if (parallel) {
+    run_team(fold_tiles);
+  } else {
+    fold_tiles(Team{});
   }
-  // The bands are consecutive in thread order: a later band's maximum replaces only a strictly smaller one,
-  // which keeps the first of equal maxima.
-  const int bands = parallel ? n_threads : 1;
   for (int r = 0; r < n; ++r) {
     row::RowMax best = all[r];
-    bool nan = best.nan;
-    for (int t = 1; t < bands; ++t) {
-      const row::RowMax& other = all[static_cast<std::size_t>(t) * n + r];
-      nan = nan || other.nan;
-      if (other.index >= 0 && (best.index < 0 || other.value > best.value)) best = other;
-    }
+    for (std::size_t t = 1; t < slots / n; ++t) best = row::merge_row_max(best, all[t * n + r]);
     values[r] = best.value;
     indices[r] = best.index;
-    if (has_nan != nullptr) has_nan[r] = nan;
+    if (has_nan != nullptr) has_nan[r] = best.nan;
   }
 }
 

@@ -88,6 +88,12 @@ struct RowMax {
 // when the row's first value is no NaN; a fold over a row's pieces in order gives what one over the row does.
 // Sets max.nan when one of the values is a NaN.
 using FoldMax = void (*)(const float* x, int n, int first, RowMax& max);
+// The maximum over two disjoint sets of a row's indices, from each set's RowMax, whatever order the sets
+// come in: the larger value, of equal ones the lower index, so merging the pieces of a row in any order
+// gives what folding them in order does (matmul_argmax merges the tiles each thread took, stolen ones
+// included). A NaN value with an index is argmax()'s NaN first value (fold_max skips every other NaN):
+// nothing beats it. Plain code, defined in packed_matmul.cpp.
+RowMax merge_row_max(const RowMax& a, const RowMax& b);
 
 struct RowKernels {
   QuantizeInt8Row quantize_int8 = nullptr;

@@ -84,8 +84,19 @@ void run_on_each_thread(void (*fn)(int thread, void* context), void* context) {
 
 void run_team_impl(void (*body)(void* context, Team team), void* context) {
   const int n_threads = num_threads();
-  if (n_threads == 1) {
+  if (n_threads == 1 || omp_in_parallel()) {
+    // One thread, or called from inside a parallel region (a pass of its own, or another kernel's): the
+    // caller alone, which OpenMP would give a nested region anyway, with no barrier or claims of a pass
+    // (an enclosing pass's are put back after, so its threads still meet at its barriers).
+    TeamBarrier* const outer_barrier = t_team_barrier;
+    BandClaims* const outer_claims = t_team_claims;
+    const int outer_next_loop = t_next_loop;
+    t_team_barrier = nullptr;
+    t_team_claims = nullptr;
     body(context, Team{});
+    t_team_barrier = outer_barrier;
+    t_team_claims = outer_claims;
+    t_next_loop = outer_next_loop;
     return;
   }
   TeamBarrier barrier;

@@ -34,6 +34,7 @@
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/packed_matmul.h"
+#include "kernels/cpu/row_kernels.h"
 #include "kernels/cpu/weight_format.h"
 #include "tests/support/kernel_fixtures.h"
 #include "tests/support/nmse.h"
@@ -860,6 +861,51 @@ TEST(PackedMatmul, ArgmaxEqualsTheArgmaxOfTheMatmulForEveryDtypeIsaAndThreadCoun
   }
 }
 
+// merge_row_max(): a row cut into pieces, each folded on its own (fold_max, as a tile is) and the pieces'
+// maxima merged in a random order (as threads that took tiles from each other's bands merge them), gives
+// what one fold over the row in order does: the first of equal maxima (values from a small set, so ties
+// abound), NaNs skipped but flagged, and argmax()'s NaN first value, which beats everything.
+TEST(PackedMatmul, MergedMaximaOfARowsPiecesInAnyOrderEqualOneFoldInOrder) {
+  std::mt19937 rng(17);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const row::FoldMax fold_max = row::active_row_kernels().fold_max;
+  const row::RowMax none{nan, -1};
+  for (int trial = 0; trial < 2000; ++trial) {
+    const int n = 1 + static_cast<int>(rng() % 200);
+    std::vector<float> x(n);
+    for (float& v : x) {
+      const unsigned pick = rng() % 10;
+      v = pick == 0 ? nan : pick == 1 ? -0.0f : static_cast<float>(static_cast<int>(rng() % 5) - 2);
+    }
+    const bool first_nan_wins = rng() % 2 == 0;
+    row::RowMax whole = none;
+    if (first_nan_wins && std::isnan(x[0])) whole = {x[0], 0};
+    fold_max(x.data(), n, 0, whole);
+    // Pieces [cuts[i], cuts[i + 1]), merged in a shuffled order.
+    std::vector<int> cuts = {0, n};
+    for (int c = static_cast<int>(rng() % 6); c > 0; --c) cuts.push_back(static_cast<int>(rng() % (n + 1)));
+    std::sort(cuts.begin(), cuts.end());
+    std::vector<row::RowMax> pieces;
+    for (std::size_t i = 0; i + 1 < cuts.size(); ++i) {
+      row::RowMax piece = none;
+      if (first_nan_wins && cuts[i] == 0 && cuts[i + 1] > 0 && std::isnan(x[0])) piece = {x[0], 0};
+      fold_max(x.data() + cuts[i], cuts[i + 1] - cuts[i], cuts[i], piece);
+      pieces.push_back(piece);
+    }
+    std::shuffle(pieces.begin(), pieces.end(), rng);
+    row::RowMax merged = none;
+    for (const row::RowMax& piece : pieces) merged = row::merge_row_max(merged, piece);
+    ASSERT_EQ(merged.index, whole.index) << "trial " << trial;
+    ASSERT_EQ(merged.nan, whole.nan) << "trial " << trial;
+    if (whole.index >= 0 && !std::isnan(whole.value)) {
+      ASSERT_EQ(std::signbit(merged.value), std::signbit(whole.value)) << "trial " << trial;
+      ASSERT_EQ(merged.value, whole.value) << "trial " << trial;
+    } else {
+      ASSERT_TRUE(std::isnan(merged.value)) << "trial " << trial;
+    }
+  }
+}
+
 TEST(PackedMatmul, ArgmaxSkipsNaNsUnlessTheFirstValueIsOneAndAskedTo) {
   // fp32 weights keep a NaN as it is, so a weight row of NaNs makes that feature NaN in every row.
   std::mt19937 rng(16);
@@ -1098,6 +1144,40 @@ TEST(Threads, RunTeamRunsOncePerThreadAndTheBarrierPublishesEveryWrite) {
     EXPECT_EQ(seen, std::vector<int>(threads, threads)) << threads << " threads";
     EXPECT_TRUE(std::is_sorted(bands.begin(), bands.end()) && bands.front() == 0 && bands.back() == threads - 1)
         << threads << " threads: the shares are contiguous bands in thread order covering every item";
+  }
+}
+
+// A kernel that opens its own pass, called inside a pass (or any parallel region), runs on its caller
+// alone, and the enclosing pass's barrier and claims still hold after it: the threads meet at the next
+// barrier, and a matmul of the whole pass after it still splits and steals as usual.
+TEST(Threads, APassInsideAPassRunsOnItsCallerAloneAndLeavesTheOuterPassWhole) {
+  std::mt19937 rng(18);
+  const int n = 16, k = 64, d = 200;
+  const std::vector<float> x = random_floats(rng, static_cast<std::size_t>(n) * k, -2.0f, 2.0f);
+  const Packed w = pack(WeightDtype::kF32, random_floats(rng, static_cast<std::size_t>(d) * k), d, k);
+  Activations a;
+  a.reserve(n, k);
+  a.prepare(x.data(), n, k, WeightDtype::kF32);
+  std::vector<float> y(static_cast<std::size_t>(n) * d);
+  matmul(y.data(), a, w.matrix);
+  for (int threads : {2, 3}) {
+    ScopedThreads scoped(threads);
+    std::vector<int> inner_threads(threads, 0);
+    std::vector<std::vector<float>> inner_y(threads, std::vector<float>(y.size()));
+    std::vector<float> outer_y(y.size());
+    std::atomic<int> arrived{0}, early{0};
+    run_team([&](Team team) {
+      run_team([&](Team inner) { inner_threads[team.thread] = inner.n_threads; });
+      matmul(inner_y[team.thread].data(), a, w.matrix);  // opens its own pass: here the caller's alone
+      ++arrived;
+      team_barrier();
+      early += arrived.load() != team.n_threads;
+      matmul(outer_y.data(), a, w.matrix, team);
+    });
+    EXPECT_EQ(inner_threads, std::vector<int>(threads, 1)) << threads << " threads";
+    for (const auto& inner : inner_y) EXPECT_EQ(inner, y) << threads << " threads";
+    EXPECT_EQ(early.load(), 0) << threads << " threads: the outer barrier still waits for everyone";
+    EXPECT_EQ(outer_y, y) << threads << " threads";
   }
 }
 
