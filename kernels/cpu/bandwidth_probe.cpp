@@ -18,7 +18,7 @@ namespace {
 // Folded into by every probe, so the compiler must perform the reads.
 std::atomic<std::uint64_t> g_sink{0};
 // A claim of the probe's lines: 16 KiB, a few microseconds of reading for one CAS on a thread's own line.
-constexpr int kRunLines = 256;
+constexpr int kRunLines = 4096;
 }  // namespace
 
 std::uint64_t stream_read(std::span<const ReadRegion> regions) {

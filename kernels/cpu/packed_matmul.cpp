@@ -107,18 +107,51 @@ void store_tile(const float* tile, float* y, int d, int row, int n_rows, int pan
   }
 }
 
-// The panels of w's tiles a team's thread computes (see StealingBands in ops.h): whoever computes a tile
-// computes it the same way, so stealing changes no result.
-StealingBands tiles_of(const PackedMatrix& w, Team team) { return StealingBands(panel_count(w.d), tile::kTilePanels, team); }
+// A claim covers at least this many weight bytes per row (a run of several tiles where the tiles are
+// small): each claim is a locked compare-and-swap, which waits for the core's loads in flight, and a
+// matmul of few rows streams its weights with many in flight. The bandwidth probe read 10% slower with
+// claims of 16 KiB than with one band a thread, and as fast with claims of 256 KiB (session 26).
+constexpr std::size_t kRunBytes = 256 << 10;
 
-// The panels of the tile likely to follow this thread's tile of n_panels (StealingBands::likely_next), for
-// the kernel to prefetch while it computes the last k chunk of this one (see PrefetchPlan in
-// tile_kernels.h); null where there is none.
-const std::byte* likely_next_tile(const PackedMatrix& w, const StealingBands& tiles, int n_panels) {
-  const int next = tiles.likely_next();
-  return next >= 0 && next + n_panels <= panel_count(w.d) ? w.data + next * panel_bytes(w.dtype, w.k, w.int8_group)
-                                                          : nullptr;
-}
+// The tiles of w a team's thread computes, for n_rows rows: its band of the panels and what it takes from
+// slower threads' bands (StealingBands in ops.h), in runs of whole tiles. Whoever computes a tile computes
+// it the same way, so stealing changes no result.
+class TileRuns {
+ public:
+  TileRuns(const PackedMatrix& w, int n_rows, Team team)
+      : w_(w), panel_bytes_(panel_bytes(w.dtype, w.k, w.int8_group)), runs_(panel_count(w.d), run_panels(n_rows), team) {}
+  // The next tile: its first panel and panel count; false when none is left.
+  bool next(int& panel, int& n_panels) {
+    if (next_ >= run_.end) {
+      run_ = runs_.next();
+      if (run_.begin < 0) return false;
+      next_ = run_.begin;
+    }
+    panel = next_;
+    n_panels = std::min(tile::kTilePanels, run_.end - next_);
+    next_ += n_panels;
+    return true;
+  }
+  // The panels of the tile likely to follow, for the kernel to prefetch while it computes the last k
+  // chunk of this one (PrefetchPlan in tile_kernels.h): the run's next tile, or the start of the run
+  // StealingBands::likely_next() names; null where there is none or it is shorter than this one.
+  const std::byte* likely_next_panels(int n_panels) const {
+    const int next = next_ < run_.end ? next_ : runs_.likely_next();
+    return next >= 0 && next + n_panels <= panel_count(w_.d) ? w_.data + next * panel_bytes_ : nullptr;
+  }
+
+ private:
+  int run_panels(int n_rows) const {
+    const std::size_t tile_bytes = tile::kTilePanels * panel_bytes_ * static_cast<std::size_t>(std::max(n_rows, 1));
+    return tile::kTilePanels * static_cast<int>(std::max<std::size_t>(1, kRunBytes / tile_bytes));
+  }
+
+  const PackedMatrix& w_;
+  std::size_t panel_bytes_;
+  StealingBands runs_;
+  Band run_{0, 0};
+  int next_ = 0;
+};
 
 // No maximum yet (fold_max's start).
 constexpr row::RowMax kNoMax{std::numeric_limits<float>::quiet_NaN(), -1};
@@ -126,15 +159,14 @@ constexpr row::RowMax kNoMax{std::numeric_limits<float>::quiet_NaN(), -1};
 // The tiles of w a team's thread takes, for every row of x: take(tile_out, row, n_rows, panel, n_panels)
 // gets each tile's results.
 template <typename Take>
-void for_each_tile(const Activations& x, const PackedMatrix& w, StealingBands tiles, tile::TileKernel kernel,
-                   Take&& take) {
+void for_each_tile(const Activations& x, const PackedMatrix& w, Team team, tile::TileKernel kernel, Take&& take) {
   alignas(64) float tile_out[tile::kTileRows * tile::kTileStride];
-  for (Band run = tiles.next(); run.begin >= 0; run = tiles.next()) {
-    const int p = run.begin, n_panels = run.end - run.begin;
+  TileRuns tiles(w, x.n(), team);
+  for (int p, n_panels; tiles.next(p, n_panels);) {
     for (int r = 0; r < x.n(); r += tile::kTileRows) {
       const int n_rows = std::min(tile::kTileRows, x.n() - r);
       tile::Tile t = make_tile(x, w, p, n_panels, r, n_rows, tile_out);
-      if (r + n_rows == x.n()) t.prefetch = likely_next_tile(w, tiles, n_panels);
+      if (r + n_rows == x.n()) t.prefetch = tiles.likely_next_panels(n_panels);
       kernel(t);
       take(static_cast<const float*>(tile_out), r, n_rows, p, n_panels);
     }
@@ -143,7 +175,7 @@ void for_each_tile(const Activations& x, const PackedMatrix& w, StealingBands ti
 
 // The tiles of w a team's thread takes, for every row of x, into y.
 void matmul_tiles(float* y, const Activations& x, const PackedMatrix& w, Team team, tile::TileKernel kernel) {
-  for_each_tile(x, w, tiles_of(w, team), kernel, [&](const float* tile_out, int r, int n_rows, int p, int n_panels) {
+  for_each_tile(x, w, team, kernel, [&](const float* tile_out, int r, int n_rows, int p, int n_panels) {
     store_tile(tile_out, y, w.d, r, n_rows, p, n_panels);
   });
 }
@@ -302,7 +334,7 @@ void matmul(const Activations& x, std::span<const MatmulOutput> outputs, Team te
     // features each) for 16 rows took 15 us on two threads apart and 10 us as one matrix.
     PackedMatrix all = *outputs[0].w;
     all.d = total_panels * kPanelWidth;
-    for_each_tile(x, all, tiles_of(all, team), kernel, [&](const float* tile_out, int r, int n_rows, int p, int n_panels) {
+    for_each_tile(x, all, team, kernel, [&](const float* tile_out, int r, int n_rows, int p, int n_panels) {
       int first = 0;  // the first panel of the current output in the concatenation
       for (const MatmulOutput& o : outputs) {
         const int panels = panel_count(o.w->d);
@@ -343,7 +375,7 @@ void matmul_argmax(const Activations& x, const PackedMatrix& w, float* values, i
   std::fill_n(all, slots, kNoMax);
   auto fold_tiles = [&](Team team) {
     row::RowMax* mine = all + static_cast<std::size_t>(team.thread) * n;
-    for_each_tile(x, w, tiles_of(w, team), kernel, [&](const float* tile_out, int r0, int n_rows, int p, int n_panels) {
+    for_each_tile(x, w, team, kernel, [&](const float* tile_out, int r0, int n_rows, int p, int n_panels) {
       const int f0 = p * kPanelWidth;
       const int valid = std::min(n_panels * kPanelWidth, w.d - f0);  // the last panel may be padding
       for (int r = 0; r < n_rows; ++r) {
@@ -393,9 +425,8 @@ void matmul_swiglu(float* h, const Activations& x, const PackedMatrix& w1, const
   const int d = w1.d;
   alignas(64) float gate[tile::kTileRows * tile::kTileStride];
   alignas(64) float up[tile::kTileRows * tile::kTileStride];
-  StealingBands tiles = tiles_of(w1, team);
-  for (Band run = tiles.next(); run.begin >= 0; run = tiles.next()) {
-    const int p = run.begin, n_panels = run.end - run.begin;
+  TileRuns tiles(w1, x.n(), team);
+  for (int p, n_panels; tiles.next(p, n_panels);) {
     for (int r = 0; r < x.n(); r += tile::kTileRows) {
       const int n_rows = std::min(tile::kTileRows, x.n() - r);
       tile::Tile t1 = make_tile(x, w1, p, n_panels, r, n_rows, gate);
@@ -404,7 +435,7 @@ void matmul_swiglu(float* h, const Activations& x, const PackedMatrix& w1, const
       // yet: t1 of the first rows the same panels' w3 (t3 runs next), t3 of the last rows the next panels'
       // w1; later row blocks find both in cache.
       if (r == 0) t1.prefetch = t3.panels;
-      if (r + n_rows == x.n()) t3.prefetch = likely_next_tile(w1, tiles, n_panels);
+      if (r + n_rows == x.n()) t3.prefetch = tiles.likely_next_panels(n_panels);
       kernel(t1);
       kernel(t3);
       // silu(g) * u by the kernel swiglu() calls, so the fusion does not change a bit.
