@@ -375,17 +375,23 @@ void matmul_argmax(const Activations& x, const PackedMatrix& w, float* values, i
   std::fill_n(all, slots, kNoMax);
   auto fold_tiles = [&](Team team) {
     row::RowMax* mine = all + static_cast<std::size_t>(team.thread) * n;
+    const Band own = team.share(panel_count(w.d));
     for_each_tile(x, w, team, kernel, [&](const float* tile_out, int r0, int n_rows, int p, int n_panels) {
       const int f0 = p * kPanelWidth;
       const int valid = std::min(n_panels * kPanelWidth, w.d - f0);  // the last panel may be padding
+      // The own band's tiles come first and in order: they fold into the running maxima, where a block of
+      // values rarely beats the maximum and fold_max's mask compare skips it. A stolen tile (after them,
+      // from the back of another band) folds on its own and merges.
+      const bool stolen = p < own.begin || p >= own.end;
       for (int r = 0; r < n_rows; ++r) {
         const float* values_of_row = tile_out + r * tile::kTileStride;
-        row::RowMax tile_max = kNoMax;
+        row::RowMax stolen_max = kNoMax;
+        row::RowMax& into = stolen ? stolen_max : mine[r0 + r];
         // argmax()'s one exception to skipping NaNs: a NaN first value is its answer, and stays (no value
         // is greater than a NaN, and the index is taken).
-        if (first_nan_wins && f0 == 0 && std::isnan(values_of_row[0])) tile_max = {values_of_row[0], 0};
-        fold_max(values_of_row, valid, f0, tile_max);
-        mine[r0 + r] = row::merge_row_max(mine[r0 + r], tile_max);
+        if (first_nan_wins && f0 == 0 && std::isnan(values_of_row[0])) into = {values_of_row[0], 0, into.nan};
+        fold_max(values_of_row, valid, f0, into);
+        if (stolen) mine[r0 + r] = row::merge_row_max(mine[r0 + r], stolen_max);
       }
     });
   };

@@ -145,11 +145,11 @@ StealingBands::StealingBands(int n_items, int grain, Team team)
       own_next_(team.share(n_items).begin) {}
 
 Band StealingBands::next() {
-  if (words_ == nullptr) {
+  if (words_ == nullptr) {  // nobody to share with: the band in one run
     const Band band = team_.share(n_items_);
     if (own_next_ >= band.end) return {-1, -1};
     const int begin = own_next_;
-    own_next_ = std::min(begin + grain_, band.end);
+    own_next_ = band.end;
     return {begin, own_next_};
   }
   // Bands from this thread's own (victim_ 0) on, each until it is empty.
@@ -162,8 +162,11 @@ Band StealingBands::next() {
     for (;;) {
       const int left = size - front_taken(taken) - back_taken(taken);
       if (left <= 0) break;
-      const int run = std::min(grain_, left);
       const bool own = victim_ == 0;
+      // Own runs take a quarter of what is left (whole grains; at least one): few claims while the band is
+      // long (each waits for the core's loads in flight), single grains near its end, where the thieves
+      // take theirs one grain at a time. A slowed owner holds at most a quarter of what it had left.
+      const int run = std::min(left, own ? std::max(grain_, left / 4 / grain_ * grain_) : grain_);
       if (word.compare_exchange_weak(taken, taken + (own ? kFront : kBack) * run, std::memory_order_relaxed)) {
         if (own) return {of.begin + front_taken(taken), of.begin + front_taken(taken) + run};
         const int end = of.end - back_taken(taken);

@@ -1253,9 +1253,10 @@ TEST(Threads, SharesByCostTileTheItemsAndBalanceTheirCost) {
   EXPECT_EQ(first.end, 45);
 }
 
-// StealingBands: every item of a loop goes to exactly one thread in runs of at most the grain; each thread
-// takes its own band from the front, in order; a thread that is late finds its band taken from the back by
-// the others. Past kTeamLoops loops in one pass, and outside a pass, each thread takes its own band alone.
+// StealingBands: every item of a loop goes to exactly one thread; each thread takes its own band from the
+// front, in order, in runs of a quarter of what is left (so a band of b items takes about
+// log(b / grain) / log(4 / 3) claims); a thread that is late finds its band taken from the back by the others, a grain at a time. Past
+// kTeamLoops loops in one pass, and outside a pass, each thread takes its own band alone.
 TEST(Threads, StealingBandsGiveEveryItemOnceAndTakeFromALateThread) {
   for (int threads : {1, 2, 3}) {
     ScopedThreads scoped(threads);
@@ -1265,7 +1266,7 @@ TEST(Threads, StealingBandsGiveEveryItemOnceAndTakeFromALateThread) {
         constexpr int kLoops = kTeamLoops + 3;  // the last three with no claims left: bands alone
         std::vector<std::vector<int>> owner(kLoops, std::vector<int>(n_items, -1));
         std::vector<std::vector<int>> times(kLoops, std::vector<int>(n_items, 0));
-        std::atomic<int> bad_runs{0}, out_of_order{0}, done{0};
+        std::atomic<int> bad_runs{0}, out_of_order{0}, done{0}, too_many_own_runs{0};
         const int late = threads - 1;
         run_team([&](Team team) {
           for (int loop = 0; loop < kLoops; ++loop) {
@@ -1273,11 +1274,19 @@ TEST(Threads, StealingBandsGiveEveryItemOnceAndTakeFromALateThread) {
             // Loop 0: the late thread looks only when the others have run out of items.
             while (loop == 0 && team.thread == late && done.load() < team.n_threads - 1) std::this_thread::yield();
             const Band own = team.share(n_items);
-            int own_next = own.begin;
+            int own_next = own.begin, own_runs = 0;
             for (Band run = items.next(); run.begin >= 0; run = items.next()) {
-              if (run.end <= run.begin || run.end - run.begin > grain || run.begin < 0 || run.end > n_items) {
+              const bool stolen = run.begin < own.begin || run.begin >= own.end;
+              if (run.end <= run.begin || run.begin < 0 || run.end > n_items || (stolen && run.end - run.begin > grain) ||
+                  (!stolen && run.end > own.end)) {
                 ++bad_runs;
                 continue;
+              }
+              // A band of b items in runs of a quarter of what is left: about log(b) / log(4 / 3) of them
+              // (one run, the whole band, without claims); 301 items in grains of 1 took 301 before.
+              const double quarters = std::log(std::max(1, own.end - own.begin)) / std::log(4.0 / 3.0);
+              if (!stolen && ++own_runs > 4 + static_cast<int>(quarters)) {
+                ++too_many_own_runs;
               }
               if (run.begin >= own.begin && run.begin < own.end && run.begin != own_next) ++out_of_order;
               if (run.begin == own_next) own_next = run.end;
@@ -1291,6 +1300,7 @@ TEST(Threads, StealingBandsGiveEveryItemOnceAndTakeFromALateThread) {
           }
         });
         EXPECT_EQ(bad_runs.load(), 0);
+        EXPECT_EQ(too_many_own_runs.load(), 0) << "own runs take a quarter of what is left of the band";
         EXPECT_EQ(out_of_order.load(), 0) << "a thread's own items come from the front of its band, in order";
         for (int loop = 0; loop < kLoops; ++loop) {
           EXPECT_EQ(times[loop], std::vector<int>(n_items, 1)) << "loop " << loop << ": every item exactly once";
@@ -1307,16 +1317,12 @@ TEST(Threads, StealingBandsGiveEveryItemOnceAndTakeFromALateThread) {
       }
     }
   }
-  // Outside a run_team() pass: the band of Team::share, in runs of the grain.
+  // Outside a run_team() pass: the band of Team::share, as one run.
   StealingBands outside(10, 4, Team{1, 2});
   EXPECT_EQ(outside.likely_next(), 5);
   const Band first = outside.next();
   EXPECT_EQ(first.begin, 5);
-  EXPECT_EQ(first.end, 9);
-  EXPECT_EQ(outside.likely_next(), 9);
-  const Band second = outside.next();
-  EXPECT_EQ(second.begin, 9);
-  EXPECT_EQ(second.end, 10);
+  EXPECT_EQ(first.end, 10);
   EXPECT_EQ(outside.next().begin, -1);
   EXPECT_EQ(outside.likely_next(), -1);
 }
