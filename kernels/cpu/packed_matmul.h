@@ -114,11 +114,13 @@ struct MatmulOutput {
 // y (n, w.d) = x · Wᵀ, x prepared for w.dtype with x.k() == w.k.
 void matmul(float* y, const Activations& x, const PackedMatrix& w);
 
-// Several matrices of the same input in one parallel pass (wq, wk, wv): the threads split the panels of
-// all of them together, which balances better than one small matmul after another.
+// Several matrices of the same input in one parallel pass (wq, wk, wv). Matrices packed one after the other
+// (as ShardWeights packs q, k and v) are split as one matrix of all their panels, which balances better
+// than one small matmul after another; others one matrix at a time.
 void matmul(const Activations& x, std::span<const MatmulOutput> outputs);
 
-// The team's share of either (ops.h Team): this thread's band of the panels, no parallel pass of its own.
+// The team's share of either (ops.h Team): this thread's tiles (its band of the panels and what it takes
+// from slower threads' bands), no parallel pass of its own. Every thread of the team must call it.
 void matmul(float* y, const Activations& x, const PackedMatrix& w, Team team);
 void matmul(const Activations& x, std::span<const MatmulOutput> outputs, Team team);
 

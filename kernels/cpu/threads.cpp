@@ -60,11 +60,37 @@ thread_local TeamBarrier* t_team_barrier = nullptr;
 thread_local BandClaims* t_team_claims = nullptr;
 thread_local int t_next_loop = 0;
 
-// The claims of this thread's next loop in the running pass (one per thread), or null.
-std::atomic<std::uint64_t>* next_loop_claims(int n_threads) {
-  if (t_team_claims == nullptr || n_threads < 2 || t_next_loop >= kTeamLoops) return nullptr;
-  return &t_team_claims[static_cast<std::size_t>(t_next_loop++) * n_threads].taken;
+// The claims of this thread's next loop in the running pass (one per thread), or null. Only for the pass's
+// own team: a Team made up inside it (a sub-team, one thread's loop of its own) would take a loop index
+// the others do not, and their loops would share claims.
+std::atomic<std::uint64_t>* next_loop_claims(Team team) {
+  if (t_team_claims == nullptr || team.n_threads < 2 || t_next_loop >= kTeamLoops ||
+      team.n_threads != omp_get_num_threads() || team.thread != omp_get_thread_num()) {
+    return nullptr;
+  }
+  return &t_team_claims[static_cast<std::size_t>(t_next_loop++) * team.n_threads].taken;
 }
+
+// The running pass's thread-local state, cleared while this lives and put back after, however it ends.
+class PassStateCleared {
+ public:
+  PassStateCleared() : barrier_(t_team_barrier), claims_(t_team_claims), next_loop_(t_next_loop) {
+    t_team_barrier = nullptr;
+    t_team_claims = nullptr;
+  }
+  ~PassStateCleared() {
+    t_team_barrier = barrier_;
+    t_team_claims = claims_;
+    t_next_loop = next_loop_;
+  }
+  PassStateCleared(const PassStateCleared&) = delete;
+  PassStateCleared& operator=(const PassStateCleared&) = delete;
+
+ private:
+  TeamBarrier* barrier_;
+  BandClaims* claims_;
+  int next_loop_;
+};
 }  // namespace
 
 int set_num_threads(int n_threads) {
@@ -88,24 +114,19 @@ void run_team_impl(void (*body)(void* context, Team team), void* context) {
     // One thread, or called from inside a parallel region (a pass of its own, or another kernel's): the
     // caller alone, which OpenMP would give a nested region anyway, with no barrier or claims of a pass
     // (an enclosing pass's are put back after, so its threads still meet at its barriers).
-    TeamBarrier* const outer_barrier = t_team_barrier;
-    BandClaims* const outer_claims = t_team_claims;
-    const int outer_next_loop = t_next_loop;
-    t_team_barrier = nullptr;
-    t_team_claims = nullptr;
+    const PassStateCleared cleared;
     body(context, Team{});
-    t_team_barrier = outer_barrier;
-    t_team_claims = outer_claims;
-    t_next_loop = outer_next_loop;
     return;
   }
   TeamBarrier barrier;
-  // Grown once per calling thread, zeroed every pass (a few KiB): the claims of every loop start fresh.
+  // Grown once per calling thread, zero between passes: each pass zeroes the loops it used (every thread
+  // of a pass runs the same loops, so the caller's count is everyone's), a few lines where zeroing every
+  // slot would write kTeamLoops x threads of them.
   thread_local std::vector<BandClaims> claims;
   const std::size_t slots = static_cast<std::size_t>(kTeamLoops) * n_threads;
   if (claims.size() < slots) claims = std::vector<BandClaims>(slots);
-  for (std::size_t i = 0; i < slots; ++i) claims[i].taken.store(0, std::memory_order_relaxed);
   BandClaims* const all_claims = claims.data();
+  int loops_used = 0;
 #pragma omp parallel num_threads(n_threads)
   {
     const Team team{omp_get_thread_num(), omp_get_num_threads()};
@@ -113,8 +134,12 @@ void run_team_impl(void (*body)(void* context, Team team), void* context) {
     t_team_claims = all_claims;
     t_next_loop = 0;
     body(context, team);
+    if (team.thread == 0) loops_used = t_next_loop;
     t_team_barrier = nullptr;
     t_team_claims = nullptr;
+  }
+  for (std::size_t i = 0; i < static_cast<std::size_t>(loops_used) * n_threads; ++i) {
+    all_claims[i].taken.store(0, std::memory_order_relaxed);
   }
 }
 
@@ -141,7 +166,7 @@ StealingBands::StealingBands(int n_items, int grain, Team team)
       grain_(grain),
       team_(team),
       // Outside a pass the team is OpenMP's or one thread's: a band each, no stealing.
-      words_(next_loop_claims(team.n_threads)),
+      words_(next_loop_claims(team)),
       own_next_(team.share(n_items).begin) {}
 
 Band StealingBands::next() {

@@ -1165,7 +1165,7 @@ TEST(Threads, APassInsideAPassRunsOnItsCallerAloneAndLeavesTheOuterPassWhole) {
     std::vector<int> inner_threads(threads, 0);
     std::vector<std::vector<float>> inner_y(threads, std::vector<float>(y.size()));
     std::vector<float> outer_y(y.size());
-    std::atomic<int> arrived{0}, early{0};
+    std::atomic<int> arrived{0}, early{0}, finished{0}, late_took{0};
     run_team([&](Team team) {
       run_team([&](Team inner) { inner_threads[team.thread] = inner.n_threads; });
       matmul(inner_y[team.thread].data(), a, w.matrix);  // opens its own pass: here the caller's alone
@@ -1173,7 +1173,14 @@ TEST(Threads, APassInsideAPassRunsOnItsCallerAloneAndLeavesTheOuterPassWhole) {
       team_barrier();
       early += arrived.load() != team.n_threads;
       matmul(outer_y.data(), a, w.matrix, team);
+      // The outer pass's claims still work: a thread that comes late finds its band taken by the others.
+      StealingBands items(100, 1, team);
+      const bool late = team.thread == team.n_threads - 1;
+      while (late && finished.load() < team.n_threads - 1) std::this_thread::yield();
+      for (Band run = items.next(); run.begin >= 0; run = items.next()) late_took += late ? run.end - run.begin : 0;
+      ++finished;
     });
+    EXPECT_EQ(late_took.load(), 0) << threads << " threads: the others took the late thread's band";
     EXPECT_EQ(inner_threads, std::vector<int>(threads, 1)) << threads << " threads";
     for (const auto& inner : inner_y) EXPECT_EQ(inner, y) << threads << " threads";
     EXPECT_EQ(early.load(), 0) << threads << " threads: the outer barrier still waits for everyone";
@@ -1275,6 +1282,7 @@ TEST(Threads, StealingBandsGiveEveryItemOnceAndTakeFromALateThread) {
             while (loop == 0 && team.thread == late && done.load() < team.n_threads - 1) std::this_thread::yield();
             const Band own = team.share(n_items);
             int own_next = own.begin, own_runs = 0;
+            bool stole = false;
             for (Band run = items.next(); run.begin >= 0; run = items.next()) {
               const bool stolen = run.begin < own.begin || run.begin >= own.end;
               if (run.end <= run.begin || run.begin < 0 || run.end > n_items || (stolen && run.end - run.begin > grain) ||
@@ -1288,7 +1296,9 @@ TEST(Threads, StealingBandsGiveEveryItemOnceAndTakeFromALateThread) {
               if (!stolen && ++own_runs > 4 + static_cast<int>(quarters)) {
                 ++too_many_own_runs;
               }
-              if (run.begin >= own.begin && run.begin < own.end && run.begin != own_next) ++out_of_order;
+              if (!stolen && run.begin != own_next) ++out_of_order;
+              if (stolen) stole = true;
+              if (!stolen && stole) ++out_of_order;  // an own run after a stolen one
               if (run.begin == own_next) own_next = run.end;
               for (int i = run.begin; i < run.end; ++i) {
                 owner[loop][i] = team.thread;  // each item's thread; times counts every claim of it
@@ -1301,7 +1311,7 @@ TEST(Threads, StealingBandsGiveEveryItemOnceAndTakeFromALateThread) {
         });
         EXPECT_EQ(bad_runs.load(), 0);
         EXPECT_EQ(too_many_own_runs.load(), 0) << "own runs take a quarter of what is left of the band";
-        EXPECT_EQ(out_of_order.load(), 0) << "a thread's own items come from the front of its band, in order";
+        EXPECT_EQ(out_of_order.load(), 0) << "a thread's own items come first, from the front of its band, in order";
         for (int loop = 0; loop < kLoops; ++loop) {
           EXPECT_EQ(times[loop], std::vector<int>(n_items, 1)) << "loop " << loop << ": every item exactly once";
         }
@@ -1327,8 +1337,9 @@ TEST(Threads, StealingBandsGiveEveryItemOnceAndTakeFromALateThread) {
   EXPECT_EQ(outside.likely_next(), -1);
 }
 
-// Each 64-byte line holds a 1 in its first byte and zeros after it: as a 64-bit word and as a byte alike it
-// adds 1 to the read kernel's sum, however the lines are split, so the sum counts the lines read. Regions of
+// Each 64-byte line holds a 1 in its first byte and zeros after it (but past a region's end): as a 64-bit
+// word and as a byte alike it adds 1 to the read kernel's sum, however the lines are split, so the sum
+// counts the lines read. Regions of
 // odd sizes, end to end as one run of lines that the threads split and take from each other, are read
 // line for line once.
 TEST(BandwidthProbe, ReadsEveryLineOfEveryRegionOnce) {
@@ -1344,6 +1355,8 @@ TEST(BandwidthProbe, ReadsEveryLineOfEveryRegionOnce) {
     regions.push_back({buffer.get() + at, size});
     lines += (size + 63) / 64;
     at += (size + 63) / 64 * 64;
+    // The rest of a region's last line is not the region's: a read past its end would add these.
+    for (std::size_t past = at - (size + 63) / 64 * 64 + size; past < at; ++past) buffer.get()[past] = std::byte{0x10};
   }
   ASSERT_LE(at, bytes);
   for (int threads : {1, 2, 3}) {
