@@ -80,15 +80,15 @@ void run_team(Body&& body) {
 // then visible to all. Outside a pass (one thread) it returns at once.
 void team_barrier();
 
-// Items [0, n_items) of one loop in the team's bands (Team::share), taken a run at a time: each thread first
-// takes its own band's runs from the front, each a quarter of what is left of the band in whole grains (at
-// least one grain), and then, its band done, other bands' runs of one grain from the back. A thread whose core is busy with something else for a while (the host's other work
-// on a VM, an interrupt) falls behind: with fixed bands the others then wait for it at the next barrier,
-// 5-15% of each thread's time in 16-row matmuls on a 2-vCPU Emerald Rapids VM (issue #7, session 26). Each
-// band stays one stream from the front, and a thread claims its own runs on a cache line nobody else
-// touches until it is stolen from. Every thread of the team must construct one for the same loops in the
-// same order (as with team_barrier()); outside a run_team() pass, on one thread, or past kTeamLoops loops
-// in one pass, each thread takes its own band alone, as one run.
+// Items [0, n_items) of one loop in the team's bands (Team::share), taken a run at a time: each thread first takes its
+// own band's runs from the front, each a quarter of what is left of the band in whole grains (at least one grain), and
+// then, its band done, other bands' runs of one grain from the back. A thread whose core is busy with something else
+// for a while (the host's other work on a VM, an interrupt) falls behind: with fixed bands the others then wait for it
+// at the next barrier, 5-15% of each thread's time in 16-row matmuls on a 2-vCPU Emerald Rapids VM (issue #7, session
+// 26). Each band stays one stream from the front, and a thread claims its own runs on a cache line nobody else touches
+// until it is stolen from. Every thread of the team must construct one for the same loops in the same order (as with
+// team_barrier()); outside a run_team() pass, on one thread, or past kTeamLoops loops in one pass, each thread takes
+// its own band alone, as one run.
 inline constexpr int kTeamLoops = 32;
 class StealingBands {
  public:

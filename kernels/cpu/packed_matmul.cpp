@@ -21,6 +21,17 @@ namespace {
 // Below this many multiply-adds a matmul stays on one thread: waking the others costs more.
 constexpr long kMinParallelWork = 32768;
 
+// body(team) for `work` multiply-adds: in one pass of the kernel threads (run_team) where it is worth waking
+// them, else on this thread alone.
+template <typename Body>
+void run_team_for(long work, Body&& body) {
+  if (num_threads() > 1 && work > kMinParallelWork) {
+    run_team(body);
+  } else {
+    body(Team{});
+  }
+}
+
 tile::TileKernels tile_kernels_for(Isa isa) {
   tile::TileKernels kernels = isa >= Isa::kAvx2 ? tile::avx2_tile_kernels() : tile::portable_tile_kernels();
   if (isa >= Isa::kAvx512) {
@@ -119,7 +130,9 @@ constexpr std::size_t kRunBytes = 256 << 10;
 class TileRuns {
  public:
   TileRuns(const PackedMatrix& w, int n_rows, Team team)
-      : w_(w), panel_bytes_(panel_bytes(w.dtype, w.k, w.int8_group)), runs_(panel_count(w.d), run_panels(n_rows), team) {}
+      : w_(w),
+        panel_bytes_(panel_bytes(w.dtype, w.k, w.int8_group)),
+        runs_(panel_count(w.d), run_panels(n_rows), team) {}
   // The next tile: its first panel and panel count; false when none is left.
   bool next(int& panel, int& n_panels) {
     if (next_ >= run_.end) {
@@ -301,12 +314,7 @@ void matmul(const Activations& x, std::span<const MatmulOutput> outputs) {
     check_operands(x, *o.w);  // here, where an exception can leave (not from inside the parallel pass)
     work += static_cast<long>(x.n()) * o.w->d * o.w->k;
   }
-  const int n_threads = num_threads();
-  if (n_threads > 1 && work > kMinParallelWork) {
-    run_team([&](Team team) { matmul(x, outputs, team); });
-  } else {
-    matmul(x, outputs, Team{});
-  }
+  run_team_for(work, [&](Team team) { matmul(x, outputs, team); });
 }
 
 void matmul(float* y, const Activations& x, const PackedMatrix& w, Team team) {
@@ -364,12 +372,10 @@ void matmul_argmax(const Activations& x, const PackedMatrix& w, float* values, i
   const tile::TileKernel kernel = tile_kernel(x.dtype());
   const row::FoldMax fold_max = row::active_row_kernels().fold_max;
   const int n = x.n();
-  const int n_threads = num_threads();
-  const long work = static_cast<long>(n) * w.d * w.k;
-  const bool parallel = n_threads > 1 && work > kMinParallelWork;
-  // Each thread's maxima over the tiles it took; grown once, kept for the next call.
+  // Each thread's maxima over the tiles it took (a slot per kernel thread, left empty by those the work did
+  // not wake); grown once, kept for the next call.
   thread_local std::vector<row::RowMax> thread_max;
-  const std::size_t slots = static_cast<std::size_t>(parallel ? n_threads : 1) * n;
+  const std::size_t slots = static_cast<std::size_t>(num_threads()) * n;
   if (thread_max.size() < slots) thread_max.resize(slots);
   row::RowMax* all = thread_max.data();
   std::fill_n(all, slots, kNoMax);
@@ -395,11 +401,7 @@ void matmul_argmax(const Activations& x, const PackedMatrix& w, float* values, i
       }
     });
   };
-  if (parallel) {
-    run_team(fold_tiles);
-  } else {
-    fold_tiles(Team{});
-  }
+  run_team_for(static_cast<long>(n) * w.d * w.k, fold_tiles);
   for (int r = 0; r < n; ++r) {
     row::RowMax best = all[r];
     for (std::size_t t = 1; t < slots / n; ++t) best = row::merge_row_max(best, all[t * n + r]);
@@ -414,12 +416,7 @@ void matmul_swiglu(float* h, const Activations& x, const PackedMatrix& w1, const
   check_operands(x, w3);
   SL_CHECK(w1.d == w3.d);
   const long work = 2L * x.n() * w1.d * w1.k;
-  const int n_threads = num_threads();
-  if (n_threads > 1 && work > kMinParallelWork) {
-    run_team([&](Team team) { matmul_swiglu(h, x, w1, w3, team); });
-  } else {
-    matmul_swiglu(h, x, w1, w3, Team{});
-  }
+  run_team_for(work, [&](Team team) { matmul_swiglu(h, x, w1, w3, team); });
 }
 
 void matmul_swiglu(float* h, const Activations& x, const PackedMatrix& w1, const PackedMatrix& w3, Team team) {
