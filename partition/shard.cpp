@@ -1,5 +1,6 @@
 #include "partition/shard.h"
 
+#include <algorithm>
 #include <numeric>
 
 #include <fmt/format.h>
@@ -27,6 +28,13 @@ Range split_in_blocks(int n, int parts, int index, int unit) {
 Range split_hidden(int hidden_dim, int tp_size, int tp_rank) {
   for (int unit : {128, 32}) {
     if (hidden_dim % unit == 0 && hidden_dim / unit >= tp_size) return split_in_blocks(hidden_dim, tp_size, tp_rank, unit);
+  }
+  // A hidden dim that is no multiple of 32 (tiny-32k's 172): blocks of 32 and a short last one, which the
+  // last rank takes, so that every slice still starts on a multiple of 32.
+  const int blocks = (hidden_dim + 31) / 32;
+  if (blocks >= tp_size) {
+    const Range b = split_evenly(blocks, tp_size, tp_rank);
+    return {b.begin * 32, std::min(b.end * 32, hidden_dim)};
   }
   return split_evenly(hidden_dim, tp_size, tp_rank);
 }

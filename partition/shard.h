@@ -36,10 +36,11 @@ Range split_evenly(int n, int parts, int index);
 Range split_in_blocks(int n, int parts, int index, int unit);
 
 // The hidden dim's TP split: in whole blocks of 128 features where hidden is a multiple of 128 with at
-// least one block per rank, else of 32 where it allows, else evenly. w2's column slices then start and end
+// least one block per rank, else of 32 where there are as many blocks of 32 as ranks (the last one short
+// where hidden is no multiple of 32; the last rank takes it), else evenly. w2's column slices then start
 // on multiples of its int8 scale group (128 where hidden has a block of 128 for each of n_kv_heads ranks,
 // the most any layout has; else 32: runtime/shard_weights.cpp), so every rank's slice quantises exactly as
-// one rank quantises those columns.
+// one rank quantises those columns. Only a hidden dim of fewer than 32 x (tp - 1) + 1 features is cut evenly.
 Range split_hidden(int hidden_dim, int tp_size, int tp_rank);
 
 // One rank's share of the model.

@@ -76,6 +76,12 @@ Engine::Engine(const EngineOptions& options, const partition::Mesh& mesh, comm::
     loading_.release();
     stage_ = make_cuda_stage(options.model_path, model_.shape, shard, mesh, cuda_options);
   } else {
+    if (options.weights_dtype == WeightDtype::kInt8 && mesh.tp_rank() == 0 && mesh.pp_rank() == 0 &&
+        !int8_slices_match_one_rank(model_.shape, mesh.tp_size())) {
+      log::warn("int8 weights: hidden_dim {} has fewer than tp={} blocks of 32, so w2's TP slices cannot keep one "
+                "rank's scale groups; this layout's tokens may differ from one rank's by quantisation noise",
+                model_.shape.hidden_dim, mesh.tp_size());
+    }
     // One arena for the weights' copies and the stage's scratch, sized for both up front.
     arena_options.initial_bytes = ShardWeights::arena_bytes_needed(model_.shape, shard, options.weights_dtype,
                                                                    options.weights_in_arena) +

@@ -1,6 +1,7 @@
 #include "runtime/shard_weights.h"
 
 #include <algorithm>
+#include <cstring>
 #include <memory>
 #include <optional>
 
@@ -16,27 +17,52 @@ namespace shardline::runtime {
 
 namespace {
 constexpr std::uint64_t kF = sizeof(float);
-// int8 k values per scale of the matrices tensor parallelism slices along k, chosen from the model alone so
-// that every layout groups them alike (see the constructor): the widest group on whose multiples every TP
-// rank's slice of every valid layout (tp divides n_kv_heads) starts and ends.
-//   wo: a rank's slice is its heads, a multiple of (n_heads / n_kv_heads) x head_size columns: the widest
-//       of 128, 96, 64 (heads of 64, the common size) and 32 that divides both that and dim;
-//   w2: partition::split_hidden cuts hidden in blocks of 128 when it has at least one per rank, else 32.
-// Where even 32 does not fit every slice (a slice of fewer than 32 columns, as tiny-32k's wo at tp=4 with 16
-// a rank; a hidden dimension that is no multiple of 32, which split_hidden cuts evenly), a rank groups its
-// slice from its own first column, so its int8 rounding differs from one rank's by quantisation noise, as the
-// activations' already does (tests/mpi/weight_dtype_distributed_test.cpp bounds both).
+// int8 k values per scale of w2, which tensor parallelism slices along k, chosen from the model alone so that
+// every layout groups it alike (see the constructor): partition::split_hidden cuts hidden in blocks of 128
+// when it has at least one per rank, else of 32 (a short last one where hidden is no multiple of 32), so
+// every rank's slice starts on a multiple of the group. Only a hidden dim too narrow for a block of 32 per
+// rank is cut evenly; a rank then groups its slice from its own first column, so its int8 rounding differs
+// from one rank's by quantisation noise (tests/mpi/weight_dtype_distributed_test.cpp bounds it). wo's groups:
+// WoInput (shard_weights.h).
 constexpr int kWide = kernels::cpu::kInt8WideGroup;
-int wo_int8_group(const partition::ModelShape& s) {
-  const int smallest_slice = s.n_heads / s.n_kv_heads * s.head_size();
-  for (int group = kWide; group > kernels::cpu::kInt8Block; group -= kernels::cpu::kInt8Block) {
-    if (s.dim % group == 0 && smallest_slice % group == 0) return group;
-  }
-  return kernels::cpu::kInt8Block;
-}
+constexpr int kBlock = kernels::cpu::kInt8Block;
 int w2_int8_group(const partition::ModelShape& s) {
-  return s.hidden_dim % kWide == 0 && s.hidden_dim / kWide >= s.n_kv_heads ? kWide : kernels::cpu::kInt8Block;
+  return s.hidden_dim % kWide == 0 && s.hidden_dim / kWide >= s.n_kv_heads ? kWide : kBlock;
 }
+}  // namespace
+
+WoInput wo_input(const partition::ModelShape& shape, WeightDtype dtype) {
+  // One kv head's query columns; with a single kv head no layout slices wo, so its k is one segment and the
+  // default grouping serves.
+  if (shape.n_kv_heads == 1) {
+    return {shape.dim, shape.dim, dtype == WeightDtype::kInt8 ? kernels::cpu::default_int8_group(shape.dim) : 0};
+  }
+  const int segment = shape.n_heads / shape.n_kv_heads * shape.head_size();
+  if (dtype != WeightDtype::kInt8) return {segment, segment, 0};
+  const int padded = (segment + kBlock - 1) / kBlock * kBlock;
+  // The widest of 128, 96, 64 and 32 that divides the padded segment (so every group lies inside one).
+  int group = kBlock;
+  for (int g = kWide; g > kBlock; g -= kBlock) {
+    if (padded % g == 0) {
+      group = g;
+      break;
+    }
+  }
+  return {segment, padded, group};
+}
+
+bool int8_slices_match_one_rank(const partition::ModelShape& shape, int tp) {
+  return (shape.hidden_dim + kBlock - 1) / kBlock >= tp;
+}
+
+void WoInput::spread(float* row, int q_columns) const {
+  if (!padded()) return;
+  // From the last segment back: each moves to a place at or after its own, so none overwrites one not yet moved.
+  for (int s = q_columns / segment - 1; s >= 0; --s) {
+    float* to = row + static_cast<std::size_t>(s) * padded_segment;
+    std::memmove(to, row + static_cast<std::size_t>(s) * segment, sizeof(float) * segment);
+    std::fill(to + segment, to + padded_segment, 0.0f);
+  }
 }
 
 ShardWeights::ShardWeights(const std::string& path, const partition::ModelShape& shape,
@@ -67,10 +93,10 @@ ShardWeights::ShardWeights(const std::string& path, const partition::ModelShape&
     w.rms_att = map_floats(t.rms_att, d, true);
     w.rms_ffn = map_floats(t.rms_ffn, d, true);
     // Row slices (q/k/v, w1/w3: this rank's output features) and column slices (wo, w2: its input features).
-    // int8 scales wo and w2 in the widest groups (128, 96, 64 or 32 k) on which every valid layout's TP slices
-    // of their k fall (wo_int8_group, w2_int8_group): a slice is then grouped exactly as one rank groups
-    // those columns, so TP ranks quantise the same weights as one rank on every layout. (The 110M shape: w2
-    // per 128, 16 blocks for at most 12 ranks; wo per 64, since tp=12 gives a rank one head of 64 columns.)
+    // int8 scales wo and w2 in groups (128, 96, 64 or 32 k) on which every valid layout's TP slices of their
+    // k fall (WoInput, w2_int8_group): a slice is then grouped exactly as one rank groups those columns, so TP
+    // ranks quantise the same weights as one rank on every layout. (The 110M shape: w2 per 128, 16 blocks
+    // for at most 12 ranks; wo per 64, since tp=12 gives a rank one head of 64 columns.)
     // Groups of 128 scale a quarter as often as 32, which is what batched int8 decode spends its time on
     // (BENCHMARKS.md, issue #7). The other matrices are never sliced along k and take the widest of 128, 96,
     // 64 and 32 that divides k (kernels/cpu/weight_format.h).
@@ -82,7 +108,7 @@ ShardWeights::ShardWeights(const std::string& path, const partition::ModelShape&
     w.wq = convert(t.wq.at(q_begin * d), q_rows, shape.dim, all_dim, 0, qkv);
     w.wk = convert(t.wk.at(kv_begin * d), kv_rows, shape.dim, all_dim, 0, qkv + q_bytes);
     w.wv = convert(t.wv.at(kv_begin * d), kv_rows, shape.dim, all_dim, 0, qkv + q_bytes + kv_bytes);
-    w.wo = convert(t.wo, shape.dim, shape.dim, q_columns, wo_int8_group(shape));
+    w.wo = convert_wo(t.wo, q_columns, runtime::wo_input(shape, options_.dtype));
     w.w1 = convert(t.w1.at(h_begin * d), h_rows, shape.dim, all_dim);
     w.w2 = convert(t.w2, shape.dim, shape.hidden_dim, shard.hidden, w2_int8_group(shape));
     w.w3 = convert(t.w3.at(h_begin * d), h_rows, shape.dim, all_dim);
@@ -105,8 +131,10 @@ std::uint64_t ShardWeights::arena_bytes_needed(const partition::ModelShape& shap
     return kernels::cpu::packed_size_bytes(dtype, rows, cols, int8_group) + 64;
   };
   // (q, k and v share one allocation, so their three alignment pads overestimate it by two.)
-  std::uint64_t bytes = n_layers * (packed(q_rows, d) + 2 * packed(kv_rows, d) + packed(d, q_rows, wo_int8_group(shape)) +
-                                    2 * packed(h_rows, d) + packed(d, h_rows, w2_int8_group(shape)));
+  const WoInput wo = runtime::wo_input(shape, dtype);
+  std::uint64_t bytes = n_layers * (packed(q_rows, d) + 2 * packed(kv_rows, d) +
+                                    packed(d, wo.packed_k(q_rows), wo.int8_group) + 2 * packed(h_rows, d) +
+                                    packed(d, h_rows, w2_int8_group(shape)));
   if (shard.has_classifier) bytes += packed(shard.vocab.size(), d);
   if (copy_to_arena) {
     std::uint64_t floats = n_layers * 2 * static_cast<std::uint64_t>(d);
@@ -146,32 +174,59 @@ std::byte* ShardWeights::allocate_packed(std::size_t bytes) {
   return converted_.back().get();
 }
 
+const float* ShardWeights::matrix_floats(TensorRef matrix, std::uint64_t n, std::optional<memory::MappedRegion>& mapped,
+                                        std::unique_ptr<float[]>& widened) {
+  // Other elements than F32 go through fp32 first (a temporary of the slice's rows), which the packers take.
+  // Not value-initialised: the widening's threads are the first to touch its pages (a zeroing pass would
+  // be a serial write of every byte before them).
+  if (matrix.element == TensorElement::kF32) {
+    mapped.emplace(file_.map(matrix.offset, n * kF, {.populate = false}));
+    populate(*mapped, options_.load_watch);
+    return mapped->as<float>();
+  }
+  widened.reset(new float[n]);
+  decode_tensor(file_, matrix, n, widened.get(), options_.load_watch);
+  return widened.get();
+}
+
 PackedMatrix ShardWeights::convert(TensorRef matrix, int rows, int cols, partition::Range columns, int int8_group,
                                    std::byte* into) {
   // The mapping is dropped on return: its pages were only read to convert this rank's part, so they do not
   // stay in the rank's resident set. A column slice maps every row whole (its columns are strided).
-  const std::uint64_t n = static_cast<std::uint64_t>(rows) * cols;
-  // Other elements than F32 go through fp32 first (a temporary of the slice's rows), which the packers take.
-  // Not value-initialised: the widening's threads are the first to touch its pages (a zeroing pass would
-  // be a serial write of every byte before them).
   std::optional<memory::MappedRegion> source;
   std::unique_ptr<float[]> widened;
-  if (matrix.element == TensorElement::kF32) {
-    source.emplace(file_.map(matrix.offset, n * kF, {.populate = false}));
-    populate(*source, options_.load_watch);
-  } else {
-    widened.reset(new float[n]);
-    decode_tensor(file_, matrix, n, widened.get(), options_.load_watch);
-  }
-  const float* floats = widened ? widened.get() : source->as<float>();
-  PackedMatrix m{options_.dtype, rows, columns.size(), nullptr,
-                 options_.dtype == kernels::cpu::WeightDtype::kInt8 ? int8_group : 0};
+  const float* floats = matrix_floats(matrix, static_cast<std::uint64_t>(rows) * cols, source, widened);
+  return pack(floats + columns.begin, cols, rows, columns.size(), int8_group, into);
+}
+
+PackedMatrix ShardWeights::pack(const float* w, std::size_t row_stride, int rows, int k, int int8_group,
+                                std::byte* into) {
+  PackedMatrix m{options_.dtype, rows, k, nullptr, options_.dtype == kernels::cpu::WeightDtype::kInt8 ? int8_group : 0};
   std::byte* dst = into != nullptr ? into : allocate_packed(m.size_bytes());
-  kernels::cpu::pack_weights(m.dtype, floats + columns.begin, cols, m.d, m.k, dst, m.int8_group);
+  kernels::cpu::pack_weights(m.dtype, w, row_stride, m.d, m.k, dst, m.int8_group);
   m.data = dst;
   repacked_bytes_ += m.size_bytes();
   load_progress(options_.load_watch);
   return m;
+}
+
+PackedMatrix ShardWeights::convert_wo(TensorRef matrix, partition::Range columns, const WoInput& input) {
+  const int dim = shape_.dim;
+  if (!input.padded()) return convert(matrix, dim, dim, columns, input.int8_group);
+  // Each row's slice spread to its padded segments in a temporary, then packed as a (dim, packed k) matrix.
+  const int k = input.packed_k(columns.size());
+  std::vector<float> spread(static_cast<std::size_t>(dim) * k);
+  {
+    std::optional<memory::MappedRegion> source;
+    std::unique_ptr<float[]> widened;
+    const float* floats = matrix_floats(matrix, static_cast<std::uint64_t>(dim) * dim, source, widened);
+    for (int r = 0; r < dim; ++r) {
+      float* row = spread.data() + static_cast<std::size_t>(r) * k;
+      std::memcpy(row, floats + static_cast<std::size_t>(r) * dim + columns.begin, sizeof(float) * columns.size());
+      input.spread(row, columns.size());
+    }
+  }
+  return pack(spread.data(), k, dim, k, input.int8_group, nullptr);
 }
 
 std::vector<kernels::cpu::ReadRegion> ShardWeights::streamed_regions() const {

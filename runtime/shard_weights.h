@@ -9,6 +9,8 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,12 +37,36 @@ struct LayerWeights {
   PackedMatrix wq;                 // (q_dim, dim)
   PackedMatrix wk;                 // (kv_dim, dim)
   PackedMatrix wv;                 // (kv_dim, dim)
-  PackedMatrix wo;                 // (dim, q_dim)
+  PackedMatrix wo;                 // (dim, q_dim), or (dim, wo_input().packed_k(q_dim)) where int8 pads it
   const float* rms_ffn = nullptr;  // (dim)
   PackedMatrix w1;                 // (hidden, dim)
   PackedMatrix w2;                 // (dim, hidden)
   PackedMatrix w3;                 // (hidden, dim)
 };
+
+// How wo's packed k holds its input, the attention output (this rank's query heads, head_size values each).
+// int8 scales wo in groups that every TP layout's slices share: a slice is whole kv heads' query columns, so
+// one kv head's (its segment) is the smallest any layout gives a rank. Where a segment is no multiple of 32,
+// the int8 block, each is padded with zeros to whole blocks (tiny-32k's 16 columns to 32, heads of 48 to 64),
+// on every layout, one rank included, so that no scale group straddles two ranks' columns and each rank
+// quantises exactly one rank's groups. Elsewhere (fp32, bf16, and segments of whole blocks) no padding.
+struct WoInput {
+  int segment = 1;         // input values per segment
+  int padded_segment = 1;  // a segment's width in wo's packed k (== segment: no padding)
+  int int8_group = 0;      // int8's k values per scale (0: not int8)
+
+  bool padded() const { return padded_segment != segment; }
+  // wo's k for q_columns input values (whole segments).
+  int packed_k(int q_columns) const { return q_columns / segment * padded_segment; }
+  // A row of q_columns values spread in place to packed_k(q_columns) of them, each segment at its padded
+  // place with zeros after it. The row must hold packed_k(q_columns) floats.
+  void spread(float* row, int q_columns) const;
+};
+WoInput wo_input(const partition::ModelShape& shape, WeightDtype dtype);
+// Whether tp ranks' int8 slices of wo and w2 all fall on one rank's scale groups (WoInput; w2 by
+// partition::split_hidden, whose blocks of 32 need a hidden dim of more than 32 x (tp - 1)): false only for
+// toy widths, whose TP layouts then differ from one rank by int8 quantisation noise.
+bool int8_slices_match_one_rank(const partition::ModelShape& shape, int tp);
 
 struct ShardWeightsOptions {
   WeightDtype dtype = WeightDtype::kF32;  // what every weight matrix is converted to
@@ -60,6 +86,7 @@ class ShardWeights {
   const partition::ModelShape& shape() const { return shape_; }
   const partition::RankShard& shard() const { return shard_; }
   WeightDtype dtype() const { return options_.dtype; }
+  WoInput wo_input() const { return runtime::wo_input(shape_, options_.dtype); }
 
   const float* token_embedding() const { return token_embedding_; }  // (vocab, dim); first stage only
   const LayerWeights& layer(int local_index) const { return layers_[local_index]; }
@@ -83,11 +110,19 @@ class ShardWeights {
  private:
   // n_floats of the tensor as fp32: mapped in place (F32), or converted into the arena or an owned buffer.
   const float* map_floats(TensorRef tensor, std::uint64_t n_floats, bool populate);
+  // The n floats of `matrix` as fp32 while `mapped` or `widened` (whichever it fills) lives: the file's pages
+  // mapped in place (F32), else decoded into `widened`.
+  const float* matrix_floats(TensorRef matrix, std::uint64_t n, std::optional<memory::MappedRegion>& mapped,
+                             std::unique_ptr<float[]>& widened);
   // Converts rows [0, rows) x columns [columns.begin, columns.end) of the (rows, cols) matrix at `matrix`;
   // int8_group: int8's k values per scale (0: the default for the slice's k). Into `into` (packed_size of
   // the result's bytes) where given, else into memory of its own.
   PackedMatrix convert(TensorRef matrix, int rows, int cols, partition::Range columns, int int8_group = 0,
                        std::byte* into = nullptr);
+  // W (rows, k), row_stride floats apart, packed into `into` (or memory of its own where null).
+  PackedMatrix pack(const float* w, std::size_t row_stride, int rows, int k, int int8_group, std::byte* into);
+  // wo's column slice `columns`, laid out as `input` says (WoInput::spread on every row where it pads).
+  PackedMatrix convert_wo(TensorRef matrix, partition::Range columns, const WoInput& input);
   // Rank-local memory for bytes of packed weights: from the arena where there is one, else owned.
   std::byte* allocate_packed(std::size_t bytes);
 

@@ -18,6 +18,8 @@ Stage::Stage(const ShardWeights& weights, comm::Communicator& tp_comm, const Sta
   q_dim_ = shard.heads.size() * s.head_size();
   kv_dim_ = shard.kv_heads.size() * s.head_size();
   hidden_ = shard.hidden.size();
+  wo_input_ = weights.wo_input();
+  att_stride_ = wo_input_.packed_k(q_dim_);
   if (!arena_) {
     own_arena_ = std::make_unique<memory::Arena>(
         memory::ArenaOptions{.initial_bytes = scratch_bytes(s, shard, options.max_rows)});
@@ -44,8 +46,10 @@ Stage::Stage(const ShardWeights& weights, comm::Communicator& tp_comm, const Sta
 std::size_t Stage::scratch_bytes(const partition::ModelShape& s, const partition::RankShard& shard, int max_rows) {
   const std::size_t rows = static_cast<std::size_t>(max_rows);
   const std::size_t q_dim = shard.heads.size() * s.head_size(), kv_dim = shard.kv_heads.size() * s.head_size();
+  // att_ as wo's k: int8's, padded where it pads, is the widest.
+  const std::size_t att = wo_input(s, kernels::cpu::WeightDtype::kInt8).packed_k(static_cast<int>(q_dim));
   const std::size_t hidden = shard.hidden.size();
-  const std::size_t floats = rows * (3 * s.dim + 2 * q_dim + 2 * kv_dim + 2 * hidden + s.head_size()) +
+  const std::size_t floats = rows * (3 * s.dim + q_dim + att + 2 * kv_dim + 2 * hidden + s.head_size()) +
                              static_cast<std::size_t>(shard.heads.size()) * s.seq_len +
                              (shard.has_classifier ? shard.vocab.size() : 0);
   return floats * sizeof(float) + rows * sizeof(Row) + 17 * 64;  // + one alignment pad per buffer
@@ -63,12 +67,12 @@ void Stage::reserve_rows(int max_rows) {
   q_ = arena_->allocate_array<float>(rows * q_dim_);
   k_ = arena_->allocate_array<float>(rows * kv_dim_);
   v_ = arena_->allocate_array<float>(rows * kv_dim_);
-  att_ = arena_->allocate_array<float>(rows * q_dim_);
+  att_ = arena_->allocate_array<float>(rows * att_stride_);
   rope_ = arena_->allocate_array<float>(rows * shape().head_size());
   hb_ = arena_->allocate_array<float>(rows * hidden_);
   out_ = arena_->allocate_array<float>(rows * dim);
   act_.reserve(max_rows, dim);
-  act_inner_.reserve(max_rows, std::max(q_dim_, hidden_));
+  act_inner_.reserve(max_rows, std::max(att_stride_, hidden_));
 }
 
 KvCache Stage::make_kv_cache(int n_positions) {
@@ -159,7 +163,7 @@ void Stage::attention_block(const LayerWeights& w, float* x, const float* residu
     float* scratch = scores_.data() + team.thread * scores_per_thread;
     auto attend = [&](int t, cpu::Team heads) {
       const KvCache& cache = *rows[t].cache;
-      cpu::attention_paged(att_.data() + static_cast<std::size_t>(t) * q_dim_,
+      cpu::attention_paged(att_.data() + static_cast<std::size_t>(t) * att_stride_,
                            q_.data() + static_cast<std::size_t>(t) * q_dim_, cache.key_blocks(local_layer),
                            cache.value_blocks(local_layer), cache.kv_dtype(), cache.block_tokens(), scratch,
                            rows[t].pos + 1, n_local_heads, n_local_kv, hs, kv_dim_, heads);
@@ -167,6 +171,9 @@ void Stage::attention_block(const LayerWeights& w, float* x, const float* residu
     if (split_heads) {
       for (int t = 0; t < n; ++t) attend(t, team);
       cpu::team_barrier();
+      for (int t = mine.begin; t < mine.end; ++t) {
+        wo_input_.spread(att_.data() + static_cast<std::size_t>(t) * att_stride_, q_dim_);
+      }
       act_inner_.prepare_rows(att_.data(), mine.begin, mine.end);
     } else {
       // Rows in bands of about equal attention work (context lengths), not of equal counts: a prefill
@@ -174,6 +181,7 @@ void Stage::attention_block(const LayerWeights& w, float* x, const float* residu
       const cpu::Band attended = team.share_by_cost(n, [&](int t) { return rows[t].pos + 1; });
       for (int t = attended.begin; t < attended.end; ++t) {
         attend(t, cpu::Team{});
+        wo_input_.spread(att_.data() + static_cast<std::size_t>(t) * att_stride_, q_dim_);
         act_inner_.prepare_rows(att_.data(), t, t + 1);
       }
     }

@@ -96,6 +96,8 @@ class Stage : public StageBackend {
   int q_dim_;       // local query heads * head_size
   int kv_dim_;      // local kv heads * head_size
   int hidden_;      // local hidden features
+  WoInput wo_input_;  // how wo's packed k holds the heads' output (int8 may pad it: shard_weights.h)
+  int att_stride_;    // floats per row of att_: wo's k
   std::vector<int> vocab_counts_;  // classifier rows per TP rank, for the logits gather
   std::vector<int> gather_counts_; // vocab_counts_ * rows of the current logits call
 
@@ -110,7 +112,7 @@ class Stage : public StageBackend {
   memory::ArenaArray<float> q_;      // (max_rows, q_dim)
   memory::ArenaArray<float> k_;      // (max_rows, kv_dim)
   memory::ArenaArray<float> v_;      // (max_rows, kv_dim)
-  memory::ArenaArray<float> att_;    // (max_rows, q_dim)
+  memory::ArenaArray<float> att_;    // (max_rows, att_stride_): the heads' output, spread as wo reads it
   memory::ArenaArray<float> rope_;   // (max_rows, head_size): each row's rotary cos/sin, once per forward
   memory::ArenaArray<float> scores_; // (kernel threads, local heads, seq_len): one scratch per thread
   memory::ArenaArray<float> hb_;     // (max_rows, hidden)
@@ -120,7 +122,7 @@ class Stage : public StageBackend {
   // both its shapes set before it starts: the normalised rows (q/k/v's, w1/w3's and the classifier's) and
   // the inner ones (wo's input, the heads' output; w2's, the SwiGLU gate's).
   kernels::cpu::Activations act_;        // (max_rows, dim)
-  kernels::cpu::Activations act_inner_;  // (max_rows, max(q_dim, hidden))
+  kernels::cpu::Activations act_inner_;  // (max_rows, max(att_stride_, hidden))
   // Grown to the most rows one logits or greedy_tokens call has seen (batched decode: one per sequence of a
   // micro-batch); the logits' own buffers only by logits() with tp > 1.
   std::vector<float> logits_x_;       // (rows, dim)

@@ -12,8 +12,9 @@
 //         exact integer dot a quarter as often as with Q8_0's 32, which is what batched int8 decode spends
 //         its time on (BENCHMARKS.md, issue #7). The default is the widest of 128, 96, 64 and 32 that
 //         divides k (128 for the common dims; 96 for the 15M shape's 288); for the matrices that tensor
-//         parallelism slices along k (wo, w2) the runtime asks for the widest on which every layout's slices
-//         fall, so that a TP rank's groups are one rank's groups (see runtime/shard_weights.cpp).
+//         parallelism slices along k (wo, w2) the runtime picks groups on which every layout's slices fall,
+//         padding wo's kv heads to whole blocks where needed, so that a TP rank's groups are one rank's
+//         groups (runtime::WoInput in runtime/shard_weights.h).
 // A decode GEMV then streams each panel once, front to back, and a batch of n rows multiplies every
 // loaded weight vector by n broadcast activations: no horizontal sums, no transposes.
 // The bf16 and int8 panels are also AMX's B operand as they stand: 32 k of a bf16 panel are one 16-row tile

@@ -14,6 +14,7 @@
 //    apart can take the next code), and the test holds it to the same 5%.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -93,14 +94,16 @@ class Int8Groups : public LayoutRunner {};
 
 // int8 (weights or KV cache) on a layout against one rank: logits within kNoise of the step's largest |logit|
 // until a token differs, and a differing token only where one rank's top two logits are within kNoise too.
+// With max_median, the median step's relative difference must be under it as well.
 void expect_quantisation_noise(const LayoutRun& one, const LayoutRun& many, std::size_t sequences, int vocab,
-                               const std::string& what) {
+                               const std::string& what, double max_median = 1.0) {
   ASSERT_EQ(one.ids.size(), sequences);
   ASSERT_EQ(many.ids.size(), one.ids.size());
   ASSERT_EQ(one.logits.size(), sequences * kSteps * vocab);
   ASSERT_EQ(many.logits.size(), one.logits.size());
   constexpr double kNoise = 0.05;
   double worst = 0;
+  std::vector<double> differences;
   for (std::size_t i = 0; i < one.ids.size(); ++i) {
     for (int step = 0; step < kSteps; ++step) {
       const float* a = one.logits.data() + (i * kSteps + step) * vocab;
@@ -117,6 +120,7 @@ void expect_quantisation_noise(const LayoutRun& one, const LayoutRun& many, std:
         }
       }
       worst = std::max(worst, max_diff / max_abs);
+      differences.push_back(max_diff / max_abs);
       EXPECT_LT(max_diff / max_abs, kNoise) << "sequence " << i << " step " << step;
       if (many.ids[i][step] != one.ids[i][step]) {
         EXPECT_LT((best - second) / max_abs, kNoise)
@@ -125,7 +129,11 @@ void expect_quantisation_noise(const LayoutRun& one, const LayoutRun& many, std:
       }
     }
   }
-  std::printf("%s: worst relative logit difference to one rank %.3g\n", what.c_str(), worst);
+  ASSERT_FALSE(differences.empty());
+  std::nth_element(differences.begin(), differences.begin() + differences.size() / 2, differences.end());
+  const double median = differences[differences.size() / 2];
+  EXPECT_LT(median, max_median);
+  std::printf("%s: worst relative logit difference to one rank %.3g, median %.3g\n", what.c_str(), worst, median);
 }
 
 TEST_P(WeightDtypeLayouts, MatchOneRank) {
@@ -156,6 +164,30 @@ TEST_F(Int8Groups, Of96OnTensorParallelLayoutsMatchOneRank) {
   const LayoutRun one = run_layout("int8", "auto", 1, 1);
   for (const int tp : {2, 3}) {
     expect_quantisation_noise(one, run_layout("int8", "auto", tp, 1), 2, 512, "group-96 model, int8 tp=" + std::to_string(tp));
+  }
+}
+
+// tiny-32k's kv heads hold 16 query columns and its hidden dim is 172, no multiple of 32: int8 pads each kv
+// head's columns of wo to a block of 32 and split_hidden cuts hidden in blocks of 32 (the last one short), so
+// tp=2 and tp=4 ranks hold one rank's int8 groups (tests/unit/runtime/int8_slices_test.cpp checks the codes).
+// Measured: median step 1e-7 of the largest logit (float rounding of the partial sums), worst 4e-7 and 1e-2
+// (an activation one ulp apart taking the next int8 code), no token differing; before, with groups that
+// straddled two ranks' columns, the median step differed by 3-5% and tokens flipped within 8 steps. A code
+// taken early carries its difference through the rest of a sequence (the group-96 model's tp=3 above: median
+// 4e-3), so the median bound is 1e-2, a third of the misaligned groups' noise.
+TEST_F(Int8Groups, OfTinyHeadsAndAHiddenDimOfNoWhole32MatchOneRank) {
+  SHARDLINE_REQUIRE_MODEL_FILE(model_file("tiny-32k.bin"));
+  model_ = model_file("tiny-32k.bin");
+  {
+    std::ofstream prompts(dir_ / "prompts");
+    for (const auto& g : load_goldens()) {
+      if (g.model == "tiny-32k.bin") prompts << g.prompt << "\n";
+    }
+  }
+  const LayoutRun one = run_layout("int8", "auto", 1, 1);
+  for (const int tp : {2, 4}) {
+    expect_quantisation_noise(one, run_layout("int8", "auto", tp, 1), one.ids.size(), kVocab,
+                              "tiny-32k, int8 tp=" + std::to_string(tp), 1e-2);
   }
 }
 

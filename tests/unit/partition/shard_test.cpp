@@ -47,8 +47,8 @@ TEST(SplitInBlocks, WholeBlocksWhereTheWidthAllows) {
   EXPECT_EQ(split_in_blocks(64, 3, 2, 32), split_evenly(64, 3, 2));    // two blocks for three parts
 }
 
-// The hidden split: blocks of 128 where the width has one per rank, else of 32, else even; a shard's hidden
-// slice uses it.
+// The hidden split: blocks of 128 where the width has one per rank, else of 32 (the last one short where
+// the width is no multiple of 32), else even; a shard's hidden slice uses it.
 TEST(SplitHidden, BlocksOf128ThenOf32ThenEven) {
   EXPECT_EQ(split_hidden(2048, 3, 0), (Range{0, 768}));
   EXPECT_EQ(split_hidden(2048, 3, 1), (Range{768, 1408}));
@@ -56,7 +56,13 @@ TEST(SplitHidden, BlocksOf128ThenOf32ThenEven) {
   EXPECT_EQ(split_hidden(2048, 12, 11), (Range{1920, 2048}));  // 16 blocks over 12 ranks
   EXPECT_EQ(split_hidden(256, 4, 1), (Range{64, 128}));         // two blocks of 128 for four ranks: of 32
   EXPECT_EQ(split_hidden(2080, 2, 1), (Range{1056, 2080}));     // 2080 = 65 x 32
-  EXPECT_EQ(split_hidden(260, 3, 1), split_evenly(260, 3, 1));
+  // 260 = 8 x 32 + 4: nine blocks, the short one on the last rank; every slice starts on a multiple of 32.
+  EXPECT_EQ(split_hidden(260, 3, 0), (Range{0, 96}));
+  EXPECT_EQ(split_hidden(260, 3, 1), (Range{96, 192}));
+  EXPECT_EQ(split_hidden(260, 3, 2), (Range{192, 260}));
+  EXPECT_EQ(split_hidden(172, 4, 3), (Range{160, 172}));  // tiny-32k's hidden at tp=4: 2 + 2 + 1 + 1 blocks
+  EXPECT_EQ(split_hidden(172, 4, 1), (Range{64, 128}));
+  EXPECT_EQ(split_hidden(40, 4, 1), split_evenly(40, 4, 1));  // two blocks for four ranks
   const auto s = shape(64, 2048, 2, 6, 3, 300);
   EXPECT_EQ(shard_for(s, Mesh(3, 2, 3, 1), stage_layer_ranges(s, 1)).hidden, (Range{1408, 2048}));
 }

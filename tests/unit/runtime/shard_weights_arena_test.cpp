@@ -1,5 +1,6 @@
 // Weights and the arena: the up-front size (ShardWeights::arena_bytes_needed) holds every rank's converted
-// matrices, and with copy_to_arena its norms and embedding too, in one chunk, for several TP x PP layouts;
+// matrices (fp32 and int8), and with copy_to_arena its norms and embedding too, in one chunk, for several TP x
+// PP layouts;
 // and the arena's copies are the same numbers as the heap/mapped ones.
 #include <cstring>
 
@@ -30,11 +31,13 @@ TEST(ShardWeightsArena, SizedUpFrontForEveryRankOfSeveralLayouts) {
       for (int rank = 0; rank < tp * pp; ++rank) {
         const auto shard = partition::shard_for(shape, partition::Mesh(tp * pp, rank, tp, pp), stages);
         SCOPED_TRACE(model + " tp=" + std::to_string(tp) + " pp=" + std::to_string(pp) + " rank " + std::to_string(rank));
-        for (bool copy : {false, true}) {
-          const std::uint64_t needed = ShardWeights::arena_bytes_needed(shape, shard, WeightDtype::kF32, copy);
+        // int8 pads wo's k on tiny-32k (runtime::WoInput), which the estimate must count.
+        for (const auto& [dtype, copy] : std::vector<std::pair<WeightDtype, bool>>{
+                 {WeightDtype::kF32, false}, {WeightDtype::kF32, true}, {WeightDtype::kInt8, false}}) {
+          const std::uint64_t needed = ShardWeights::arena_bytes_needed(shape, shard, dtype, copy);
           memory::Arena arena({.initial_bytes = needed, .growth_bytes = 1, .pages = memory::PagePolicy::kSmall});
           const std::uint64_t first_chunk = arena.reserved_bytes();
-          ShardWeights weights(path, shape, shard, {.arena = &arena, .copy_to_arena = copy});
+          ShardWeights weights(path, shape, shard, {.dtype = dtype, .arena = &arena, .copy_to_arena = copy});
           EXPECT_EQ(arena.n_chunks(), 1) << "needed " << needed << ", used " << arena.used_bytes();
           EXPECT_LE(arena.used_bytes(), first_chunk);
           EXPECT_LE(arena.used_bytes(), needed) << "the estimate must cover what loading takes";
