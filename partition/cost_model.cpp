@@ -8,6 +8,7 @@
 
 #include "common/error.h"
 #include "common/units.h"
+#include "partition/shard.h"
 
 namespace shardline::partition {
 
@@ -60,7 +61,12 @@ struct LayoutGeometry {
 
   int q_local() const { return w.shape.n_heads / layout.tp * w.shape.head_size(); }
   int kv_local() const { return w.shape.n_kv_heads / layout.tp * w.shape.head_size(); }
-  int hidden_local() const { return (w.shape.hidden_dim + layout.tp - 1) / layout.tp; }
+  // The widest rank's hidden slice (split_hidden: in blocks of 128 or 32, so not always an even split).
+  int hidden_local() const {
+    int widest = 0;
+    for (int r = 0; r < layout.tp; ++r) widest = std::max(widest, split_hidden(w.shape.hidden_dim, layout.tp, r).size());
+    return widest;
+  }
   int vocab_local() const { return (w.shape.vocab_size + layout.tp - 1) / layout.tp; }
   int first_rank(int stage) const { return stage * layout.tp; }
 

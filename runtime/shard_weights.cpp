@@ -213,6 +213,7 @@ PackedMatrix ShardWeights::pack(const float* w, std::size_t row_stride, int rows
 PackedMatrix ShardWeights::convert_wo(TensorRef matrix, partition::Range columns, const WoInput& input) {
   const int dim = shape_.dim;
   if (!input.padded()) return convert(matrix, dim, dim, columns, input.int8_group);
+  SL_CHECK(columns.begin % input.segment == 0 && columns.size() % input.segment == 0);  // whole kv heads
   // Each row's slice spread to its padded segments in a temporary, then packed as a (dim, packed k) matrix.
   const int k = input.packed_k(columns.size());
   std::vector<float> spread(static_cast<std::size_t>(dim) * k);

@@ -19,6 +19,7 @@ Stage::Stage(const ShardWeights& weights, comm::Communicator& tp_comm, const Sta
   kv_dim_ = shard.kv_heads.size() * s.head_size();
   hidden_ = shard.hidden.size();
   wo_input_ = weights.wo_input();
+  SL_CHECK(q_dim_ % wo_input_.segment == 0);  // whole kv heads (find_layout_problem: tp divides n_kv_heads)
   att_stride_ = wo_input_.packed_k(q_dim_);
   if (!arena_) {
     own_arena_ = std::make_unique<memory::Arena>(

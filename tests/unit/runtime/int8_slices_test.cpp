@@ -3,6 +3,8 @@
 // int8 groups of one rank: tiny-32k's wo (kv heads of 16 query columns, padded to a block of 32 each:
 // runtime::WoInput) and its hidden dim of 172, no multiple of 32 (partition::split_hidden cuts it in blocks
 // of 32); mini-gqa's aligned 64-column heads and 384 hidden. Also how WoInput pads for common shapes.
+#include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -58,9 +60,9 @@ TEST(WoInput, SpreadsEachSegmentToItsPaddedPlaceWithZerosAfterIt) {
 // Each TP rank's unpacked wo and w2 against one rank's: the same values, bit for bit, in the rank's columns
 // (wo's in its padded segments, zeros in the padding).
 TEST(Int8Slices, EveryTensorParallelRankHoldsOneRanksCodesAndScales) {
-  for (const auto& [model, tps] : std::vector<std::pair<std::string, std::vector<int>>>{{"tiny-32k.bin", {2, 4}},
-                                                                                       {"mini-gqa.bin", {2}}}) {
-    SHARDLINE_REQUIRE_MODEL_FILE(test::model_file(model));
+  const std::vector<std::pair<std::string, std::vector<int>>> cases = {{"tiny-32k.bin", {2, 4}}, {"mini-gqa.bin", {2}}};
+  for (const auto& [model, tps] : cases) SHARDLINE_REQUIRE_MODEL_FILE(test::model_file(model));
+  for (const auto& [model, tps] : cases) {
     const std::string path = test::model_file(model);
     const partition::ModelShape shape = read_checkpoint_shape(path);
     const WoInput in = wo_input(shape, WeightDtype::kInt8);

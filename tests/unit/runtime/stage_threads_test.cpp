@@ -3,6 +3,7 @@
 // bands, or, with fewer rows than threads and a context longer than cpu::kMinParallelAttentionContext, each
 // row's heads do. Decoding a few sequences side by side past that length on 1, 2 and 3 threads must give the
 // same bits at every step, for fp32 and int8 weights (the AMX path where the CPU has it).
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -49,19 +50,27 @@ std::vector<float> decode_logits(const ShardWeights& weights, int threads, int n
   return all;
 }
 
+// mini-gqa, and tiny-32k, whose int8 wo input is spread into padded segments (runtime::WoInput: kv heads of
+// 16 query columns, each padded to 32) after attention, on the thread that attended the row or, with the
+// heads split, on the thread whose band the row is in.
 TEST(StageThreads, LogitsAreTheSameBitsForEveryThreadCountBatchAndContext) {
-  const std::string path = test::model_file("mini-gqa.bin");
-  SHARDLINE_REQUIRE_MODEL_FILE(path);
-  const partition::ModelShape shape = read_checkpoint_shape(path);
-  const auto shard = partition::shard_for(shape, partition::Mesh::single(), partition::stage_layer_ranges(shape, 1));
-  for (kernels::cpu::WeightDtype dtype : {kernels::cpu::WeightDtype::kF32, kernels::cpu::WeightDtype::kInt8}) {
-    SCOPED_TRACE(kernels::cpu::weight_dtype_name(dtype));
-    ShardWeights weights(path, shape, shard, {dtype});
-    for (int n_sequences : {1, 2, 3}) {
-      const std::vector<float> one_thread = decode_logits(weights, 1, n_sequences);
-      for (int threads : {2, 3}) {
-        EXPECT_TRUE(decode_logits(weights, threads, n_sequences) == one_thread)
-            << n_sequences << " sequences on " << threads << " threads differ from one thread";
+  for (const std::string model : {"mini-gqa.bin", "tiny-32k.bin"}) {
+    const std::string path = test::model_file(model);
+    SHARDLINE_REQUIRE_MODEL_FILE(path);
+  }
+  for (const std::string model : {"mini-gqa.bin", "tiny-32k.bin"}) {
+    const std::string path = test::model_file(model);
+    const partition::ModelShape shape = read_checkpoint_shape(path);
+    const auto shard = partition::shard_for(shape, partition::Mesh::single(), partition::stage_layer_ranges(shape, 1));
+    for (kernels::cpu::WeightDtype dtype : {kernels::cpu::WeightDtype::kF32, kernels::cpu::WeightDtype::kInt8}) {
+      SCOPED_TRACE(model + " " + kernels::cpu::weight_dtype_name(dtype));
+      ShardWeights weights(path, shape, shard, {dtype});
+      for (int n_sequences : {1, 2, 3}) {
+        const std::vector<float> one_thread = decode_logits(weights, 1, n_sequences);
+        for (int threads : {2, 3}) {
+          EXPECT_TRUE(decode_logits(weights, threads, n_sequences) == one_thread)
+              << n_sequences << " sequences on " << threads << " threads differ from one thread";
+        }
       }
     }
   }
