@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "common/did_you_mean.h"
 #include "common/error.h"
 #include "common/printable.h"
 #include "kernels/cpu/isa.h"
@@ -76,40 +77,12 @@ bool parse_command_line(const std::string& command, const std::string& usage, co
   return true;
 }
 
-namespace {
-
-// Edits (insert, delete, replace one character) that turn a into b.
-std::size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<std::size_t> row(b.size() + 1);
-  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (std::size_t i = 1; i <= a.size(); ++i) {
-    std::size_t diagonal = row[0];
-    row[0] = i;
-    for (std::size_t j = 1; j <= b.size(); ++j) {
-      const std::size_t above = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diagonal = above;
-    }
-  }
-  return row[b.size()];
-}
-
-}  // namespace
-
 std::string did_you_mean(const po::options_description& options, const std::string& unknown) {
   const std::string typed = flag_name(unknown);
   if (typed.size() < 3) return {};  // "-x", "--ab", "--=1": too short to guess from
-  std::string best;
-  std::size_t best_distance = 3;  // more than two edits: no suggestion
-  for (const auto& option : options.options()) {
-    const std::string& name = option->long_name();
-    if (name.empty() || name == typed) continue;
-    const std::size_t distance = name.rfind(typed, 0) == 0 ? 1 : edit_distance(typed, name);
-    if (distance < best_distance) {
-      best_distance = distance;
-      best = name;
-    }
-  }
+  std::vector<std::string> names;
+  for (const auto& option : options.options()) names.push_back(option->long_name());
+  const std::string best = closest_name(typed, names);
   return best.empty() ? std::string() : fmt::format(" (did you mean '--{}'?)", best);
 }
 

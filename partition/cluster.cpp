@@ -1,11 +1,17 @@
 #include "partition/cluster.h"
 
+#include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
+#include "common/did_you_mean.h"
 #include "common/error.h"
+#include "common/printable.h"
 #include "common/input_file.h"
 
 namespace shardline::partition {
@@ -92,6 +98,19 @@ UnitRange unit_range(std::string_view key) {
   return {0, 1e21, ""};  // counts and fractions have their own, narrower checks
 }
 
+// ConfigError unless j is an object whose keys are all known (or notes: keys that start with '_'). A typo in
+// an optional key would otherwise leave its default in place and plan for another cluster than the file's.
+void check_keys(const nlohmann::json& j, const std::string& where, std::initializer_list<std::string_view> known) {
+  if (!j.is_object()) throw ConfigError(fmt::format("cluster file: {} must be a JSON object", where));
+  for (const auto& [key, value] : j.items()) {
+    if (key.starts_with('_') || std::find(known.begin(), known.end(), key) != known.end()) continue;
+    const std::string guess = closest_name(key, known);
+    throw ConfigError(fmt::format("cluster file: {} has an unknown key \"{}\"{}", where, printable(key, 64),
+                                  guess.empty() ? "; notes go in keys that start with '_'"
+                                                : fmt::format("; did you mean \"{}\"?", guess)));
+  }
+}
+
 // The number at key, or ConfigError when it is missing or not a number.
 double number(const nlohmann::json& j, const char* key, const std::string& where) {
   if (!j.contains(key)) throw ConfigError(fmt::format("cluster file: {} lacks \"{}\"", where, key));
@@ -145,19 +164,29 @@ LinkCost link_from_json(const nlohmann::json& links, const char* name) {
   if (!links.contains(name)) throw ConfigError(fmt::format("cluster file: links lacks \"{}\"", name));
   const auto& j = links[name];
   const std::string where = fmt::format("links.{}", name);
+  check_keys(j, where, {"alpha_s", "bandwidth_gbps", "bandwidth_bytes_per_s", "beta_s_per_byte"});
   LinkCost link;
   link.alpha_s = positive(j, "alpha_s", where, true);
-  // Bandwidth is friendlier to write than β; either may be given.
-  if (j.contains("bandwidth_gbps")) {
-    link.beta_s_per_byte = 1.0 / (positive(j, "bandwidth_gbps", where) * 1e9 / 8.0);
-  } else if (j.contains("bandwidth_bytes_per_s")) {
-    link.beta_s_per_byte = 1.0 / positive(j, "bandwidth_bytes_per_s", where);
-  } else if (j.contains("beta_s_per_byte")) {
-    link.beta_s_per_byte = positive(j, "beta_s_per_byte", where);
-  } else {
+  // Bandwidth is friendlier to write than β; any of the three may be given, and several (as cluster_to_json
+  // writes β and bandwidth_bytes_per_s) only when they agree.
+  std::vector<std::pair<const char*, double>> given;  // (key, seconds per byte)
+  if (j.contains("bandwidth_gbps")) given.emplace_back("bandwidth_gbps", 1.0 / (positive(j, "bandwidth_gbps", where) * 1e9 / 8.0));
+  if (j.contains("bandwidth_bytes_per_s")) {
+    given.emplace_back("bandwidth_bytes_per_s", 1.0 / positive(j, "bandwidth_bytes_per_s", where));
+  }
+  if (j.contains("beta_s_per_byte")) given.emplace_back("beta_s_per_byte", positive(j, "beta_s_per_byte", where));
+  if (given.empty()) {
     throw ConfigError(fmt::format("cluster file: {} lacks a bandwidth: give \"bandwidth_gbps\", "
                                   "\"bandwidth_bytes_per_s\" or \"beta_s_per_byte\"", where));
   }
+  for (const auto& [key, beta] : given) {
+    if (std::abs(beta - given[0].second) > 1e-6 * given[0].second) {
+      throw ConfigError(fmt::format("cluster file: {}.{} and {}.{} give different bandwidths ({:.4g} and {:.4g} "
+                                    "bytes/s); keep one", where, given[0].first, where, key, 1.0 / given[0].second,
+                                    1.0 / beta));
+    }
+  }
+  link.beta_s_per_byte = given[0].second;
   return link;
 }
 
@@ -168,7 +197,8 @@ FormatRates format_rates_from_json(const nlohmann::json& formats, WeightFormat f
   if (!formats.contains(name)) return r;
   const auto& j = formats[name];
   const std::string where = fmt::format("domain.formats.{}", name);
-  if (!j.is_object()) throw ConfigError(fmt::format("cluster file: {} must be an object", where));
+  check_keys(j, where, {"core_bandwidth_bytes_per_s", "domain_bandwidth_bytes_per_s", "cache_bandwidth_bytes_per_s",
+                        "core_flops", "small_batch_flops", "row_element_s"});
   read_optional(j, "core_bandwidth_bytes_per_s", where, r.core_bandwidth_bytes_per_s);
   read_optional(j, "domain_bandwidth_bytes_per_s", where, r.domain_bandwidth_bytes_per_s);
   read_optional(j, "cache_bandwidth_bytes_per_s", where, r.cache_bandwidth_bytes_per_s);
@@ -196,6 +226,8 @@ nlohmann::json link_to_json(const LinkCost& link) {
 
 ClusterSpec cluster_from_json(const nlohmann::json& j) {
   if (!j.is_object()) throw ConfigError("cluster file: the top level must be a JSON object");
+  // measurements: what probe measured, kept for the reader.
+  check_keys(j, "cluster", {"name", "nodes", "domains_per_node", "ranks_per_domain", "domain", "links", "measurements"});
   ClusterSpec c;
   if (j.contains("name") && !j["name"].is_string()) throw ConfigError("cluster file: cluster.name must be a string");
   c.name = j.value("name", "cluster");
@@ -208,6 +240,10 @@ ClusterSpec cluster_from_json(const nlohmann::json& j) {
   }
   if (!j.contains("domain")) throw ConfigError("cluster file: lacks \"domain\"");
   const auto& d = j["domain"];
+  check_keys(d, "domain", {"cores", "memory_bytes", "core_bandwidth_bytes_per_s", "domain_bandwidth_bytes_per_s",
+                           "core_flops", "cache_bytes", "cache_bandwidth_bytes_per_s", "op_overhead_s",
+                           "step_overhead_s", "small_batch_flops", "row_element_s", "attention_head_s",
+                           "overlap_loss", "formats"});
   c.domain.cores = count(d, "cores", "domain");
   c.domain.memory_bytes = positive(d, "memory_bytes", "domain");
   c.domain.core_bandwidth_bytes_per_s = positive(d, "core_bandwidth_bytes_per_s", "domain");
@@ -226,7 +262,7 @@ ClusterSpec cluster_from_json(const nlohmann::json& j) {
   }
   if (d.contains("formats")) {
     const auto& formats = d["formats"];
-    if (!formats.is_object()) throw ConfigError("cluster file: domain.formats must be an object");
+    if (!formats.is_object()) throw ConfigError("cluster file: domain.formats must be a JSON object");
     for (const auto& [name, value] : formats.items()) {
       if (name != "bf16" && name != "int8") {
         throw ConfigError(fmt::format("cluster file: domain.formats.{} is not a weight format (bf16 or int8; fp32 is "
@@ -237,6 +273,7 @@ ClusterSpec cluster_from_json(const nlohmann::json& j) {
     c.domain.int8 = format_rates_from_json(formats, WeightFormat::kInt8);
   }
   if (!j.contains("links")) throw ConfigError("cluster file: lacks \"links\"");
+  check_keys(j["links"], "links", {"same_domain", "cross_domain", "cross_node"});
   c.same_domain = link_from_json(j["links"], "same_domain");
   c.cross_domain = link_from_json(j["links"], "cross_domain");
   c.cross_node = link_from_json(j["links"], "cross_node");

@@ -156,6 +156,53 @@ TEST(Cluster, JsonRoundTripAndFieldErrors) {
   EXPECT_NE(message_of(j).find("\"bandwidth_gbps\""), std::string::npos) << message_of(j);
 }
 
+// A misspelt optional key is refused with the key it is closest to (a session's bad-input hunt: a
+// "ranks_per_domian" planned for one slot a node, exit 0); keys that start with '_' are notes.
+TEST(Cluster, UnknownKeysAreRefusedAndNotesIgnored) {
+  const ClusterSpec c = uniform_cluster(2, 2, 15e-6, 100);
+  auto message_of = [](const nlohmann::json& bad) {
+    try {
+      cluster_from_json(bad);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  nlohmann::json j = cluster_to_json(c);
+  j["ranks_per_domian"] = j["ranks_per_domain"];
+  j.erase("ranks_per_domain");
+  EXPECT_EQ(message_of(j), "cluster file: cluster has an unknown key \"ranks_per_domian\"; did you mean "
+                           "\"ranks_per_domain\"?");
+  j = cluster_to_json(c);
+  j["domain"]["overlap_los"] = 0.5;
+  EXPECT_EQ(message_of(j), "cluster file: domain has an unknown key \"overlap_los\"; did you mean \"overlap_loss\"?");
+  j = cluster_to_json(c);
+  j["links"]["cross_node"]["bogus"] = 1;
+  EXPECT_EQ(message_of(j), "cluster file: links.cross_node has an unknown key \"bogus\"; notes go in keys that start "
+                           "with '_'");
+  j = cluster_to_json(c);
+  j["domain"]["formats"]["int8"]["core_flop"] = 1e9;
+  EXPECT_NE(message_of(j).find("domain.formats.int8 has an unknown key \"core_flop\"; did you mean \"core_flops\"?"),
+            std::string::npos) << message_of(j);
+  j = cluster_to_json(c);
+  j["links"]["oops"] = j["links"]["cross_node"];
+  EXPECT_NE(message_of(j).find("links has an unknown key \"oops\""), std::string::npos) << message_of(j);
+  j = cluster_to_json(c);
+  j["domain"] = "x";
+  EXPECT_EQ(message_of(j), "cluster file: domain must be a JSON object");
+  // Notes, and probe's own record of what it measured, are read past.
+  j = cluster_to_json(c);
+  j["_comment"] = "rack 3";
+  j["domain"]["_source"] = "stream, 2026-11";
+  j["measurements"] = {{"ranks", 2}};
+  EXPECT_EQ(message_of(j), "no error");
+  // Two bandwidths of one link (cluster_to_json writes beta and bytes/s) must agree.
+  j = cluster_to_json(c);
+  j["links"]["same_domain"]["beta_s_per_byte"] = 1e-9;
+  EXPECT_NE(message_of(j).find("links.same_domain.bandwidth_bytes_per_s and links.same_domain.beta_s_per_byte give "
+                               "different bandwidths"), std::string::npos) << message_of(j);
+}
+
 TEST(CostModel, TensorParallelismDividesTheWeightsPerRank) {
   const auto c = uniform_cluster(1, 8, 10e-6, 100);
   const auto w = workload("llama2-7b", Objective::kLatency, 1, 1024);
