@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "common/error.h"
+#include "common/printable.h"
 #include "launch/cli_options.h"
 #include "launch/launch_check.h"
 #include "launch/launch_env.h"
@@ -27,7 +28,8 @@ constexpr const char* kUsage =
     "--model also that the model can be split tp x pp ways (and that a GGUF file's own vocabulary reads). Prints\n"
     "one line and exits 0 when it fits; else one error line and exit 2 (flags, hostfile, rankfile), 3 (a corrupt\n"
     "model file) or 4 (too few slots or tasks, a missing hostfile, rankfile or model).\n"
-    "Under mpirun or srun it runs on the launch's first task only. Example:\n"
+    "Under mpirun or srun it runs on the launch's first task only, and without --np checks the launch's own\n"
+    "task count. Example:\n"
     "  shardline launch-check --hostfile hosts --np 4 --tp 2 --pp 2 && mpirun --hostfile hosts -np 4 shardline run --tp 2 --pp 2 ...";
 
 }  // namespace
@@ -46,7 +48,8 @@ int launch_check_command(const std::vector<std::string>& args) {
       ("rankfile", po::value(&rankfile), "Open MPI rankfile mpirun will be given")
       ("oversubscribe", po::bool_switch(&request.oversubscribe), "mpirun will run with --oversubscribe")
       ("model,m", po::value(&model), "check that this model (llama2.c or GGUF) can be split tp x pp ways")
-      ("layers-per-stage", po::value(&layer_split), "explicit layer split, checked with --model");
+      ("layers-per-stage", po::value(&layer_split), "explicit layer split: one count per stage; its sum is "
+                                                    "checked with --model");
   po::options_description all(options);
   all.add_options()("help,h", "show this help and exit");
   // Its own flags, and run's (--prompt, --steps ...), parsed as run parses them and then ignored: a script
@@ -87,14 +90,36 @@ int launch_check_command(const std::vector<std::string>& args) {
   }
   if (!hostfile.empty()) request.hostfile = read_hostfile(hostfile);
   if (!rankfile.empty()) request.rankfile = read_rankfile(rankfile);
-  request.slurm = detect_launch_env().slurm;
+  const LaunchEnv env = detect_launch_env();
+  request.slurm = env.slurm;
+  // Started by mpirun (or Hydra) itself: the launch's task count is the rank count to check (it said "ok:
+  // tp=2 x pp=2 = 4 ranks" inside a launch of 3). Inside Slurm the allocation's count is checked instead.
+  if (!vm.count("np") && (env.ompi || env.pmi) && env.task_count() > 0) {
+    if (env.task_count() != world) {
+      // Too few tasks is a missing resource (exit 4), too many a layout that leaves ranks idle (exit 2), as --np.
+      const std::string text = fmt::format("this launch started {} task{} but tp={} x pp={} uses {} ranks: launch "
+                                           "exactly {} (mpirun -np {})", env.task_count(),
+                                           env.task_count() == 1 ? "" : "s", request.tp_size, request.pp_size, world,
+                                           world, world);
+      if (env.task_count() < world) throw ResourceError(text);
+      throw ConfigError(text);
+    }
+    request.n_ranks = env.task_count();
+  }
+  const std::vector<int> split = layer_split.empty() ? std::vector<int>{} : parse_int_list("--layers-per-stage", layer_split);
+  if (!split.empty() && static_cast<int>(split.size()) != request.pp_size) {
+    throw ConfigError(fmt::format("--layers-per-stage {} names {} stage{} but --pp is {}", printable(layer_split), split.size(),
+                                  split.size() == 1 ? "" : "s", request.pp_size));
+  }
+  for (const int layers : split) {
+    if (layers < 1) throw ConfigError(fmt::format("--layers-per-stage {}: every stage needs at least one layer", printable(layer_split)));
+  }
   if (!model.empty()) {
     const partition::ModelShape shape = runtime::read_checkpoint_shape(model);
     if (auto problem = partition::find_layout_problem(shape, request.tp_size, request.pp_size)) {
       throw ConfigError(fmt::format("layout tp={} pp={} cannot serve {} ({}): {}", request.tp_size, request.pp_size,
                                     model, shape.describe(), *problem));
     }
-    const std::vector<int> split = layer_split.empty() ? std::vector<int>{} : parse_int_list("--layers-per-stage", layer_split);
     partition::stage_layer_ranges(shape, request.pp_size, split);
     // A GGUF file carries its vocabulary, which every rank of run reads: one run would refuse (a damaged
     // tokenizer.ggml.* key, a BOS id past the vocabulary) is refused here, before the launch (exit 3).

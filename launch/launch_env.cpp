@@ -1,5 +1,7 @@
 #include "launch/launch_env.h"
 
+#include <algorithm>
+
 #include <cstdint>
 #include <cstring>
 
@@ -139,6 +141,19 @@ int LaunchEnv::task_rank_on_host() const {
   if (ompi) return ompi->local_rank;
   if (started_by_hydra()) return pmi->local_rank;
   return slurm && slurm->in_step() ? slurm->local_id : -1;
+}
+
+int LaunchEnv::task_count() const {
+  if (ompi) return ompi->world_size;
+  if (pmi) return pmi->size;
+  return slurm && slurm->in_step() ? slurm->n_tasks : 0;
+}
+
+int LaunchEnv::task_count_on_host() const {
+  if (ompi) return ompi->local_size;
+  if (!slurm || !slurm->in_step() || slurm->tasks_per_node.empty()) return 0;
+  const std::vector<int>& per_node = slurm->tasks_per_node;  // which entry is this node's is not said
+  return std::all_of(per_node.begin(), per_node.end(), [&](int n) { return n == per_node[0]; }) ? per_node[0] : 0;
 }
 
 bool LaunchEnv::started_by_hydra() const { return pmi && pmi->local_rank >= 0; }

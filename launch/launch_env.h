@@ -80,6 +80,10 @@ struct LaunchEnv {
   // The same among this host's tasks: mpirun's local rank, else Hydra's, else the srun task's local id; -1
   // where unknown.
   int task_rank_on_host() const;
+  // How many tasks the launch started (task_count) and how many of them run on this host, as the same
+  // launchers say; 0 where none does.
+  int task_count() const;
+  int task_count_on_host() const;
   // An srun step of several tasks that were not given PMIx (srun without --mpi=pmix while the cluster's
   // MpiDefault is none): every task would run alone and print its own output. Run refuses this.
   bool srun_without_pmix() const;

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <exception>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -44,37 +45,48 @@ Exit codes: 0 ok, 1 unexpected error, 2 bad flags or layout, 3 corrupt input fil
             4 missing resource (file, memory, GPU), 5 communication failure (peer died, timeout).
 )";
 
-// This process's rank among its launch's tasks (or its host's), as launch_env.h numbers them; -1 where no
-// launcher says, or its variables are nonsense (the commands that ask never read them, so they run as a
-// plain process would).
-int this_task_rank(bool on_host) {
+// This process's launch as launch_env.h reads it; nullopt where its variables are nonsense (the commands that
+// ask never read them, so they run as a plain process would).
+std::optional<shardline::launch::LaunchEnv> this_launch() {
   try {
-    const shardline::launch::LaunchEnv env = shardline::launch::detect_launch_env();
-    return on_host ? env.task_rank_on_host() : env.task_rank();
+    return shardline::launch::detect_launch_env();
   } catch (const shardline::ConfigError&) {
-    return -1;
+    return std::nullopt;
   }
+}
+
+// This process's rank among its launch's tasks (or its host's); -1 where no launcher says.
+int this_task_rank(bool on_host) {
+  const auto env = this_launch();
+  if (!env) return -1;
+  return on_host ? env->task_rank_on_host() : env->task_rank();
 }
 
 // The commands that are not MPI jobs, started under mpirun or srun anyway (`mpirun -np 4 shardline plan`):
 // every task would do the same work and print it again. plan and launch-check run on the launch's first
 // task; gen-model and topo on each host's first (a model written to each host's own disk; each host's
-// topology). The other tasks say so in one line and end with exit 0; SHARDLINE_EVERY_TASK=1 runs the command
-// on every task (a script that gives each task its own --out). The task numbers are Open MPI's, Slurm's or
-// Hydra's (launch_env.h).
+// topology). The other tasks end at once with exit 0 and print nothing (64 tasks printed 63 lines that said
+// the same); the first says in one line that they did; SHARDLINE_EVERY_TASK=1 runs the command on every
+// task (a script that gives each task its own --out). The task numbers are Open MPI's, Slurm's or Hydra's
+// (launch_env.h).
 bool left_to_another_task(const std::string& command) {
   const bool per_launch = command == "plan" || command == "launch-check";
   const bool per_host = command == "gen-model" || command == "topo";
   if (!per_launch && !per_host) return false;
   const char* every_task = std::getenv("SHARDLINE_EVERY_TASK");
   if (every_task != nullptr && std::string_view(every_task) == "1") return false;
-  const int rank = this_task_rank(per_host);
-  if (rank <= 0) return false;
-  shardline::log::set_place(fmt::format("[task {}]", rank), false);
-  shardline::log::warn("{} runs on the first task{} of an mpirun or srun launch; this task ({} {}) did nothing "
-                       "(SHARDLINE_EVERY_TASK=1 runs it on every task)",
-                       command, per_host ? " on each host" : "", rank, per_host ? "on its host" : "of the launch");
-  return true;
+  const auto env = this_launch();
+  if (!env) return false;
+  const int rank = per_host ? env->task_rank_on_host() : env->task_rank();
+  if (rank > 0) return true;
+  const int tasks = per_host ? env->task_count_on_host() : env->task_count();
+  if (rank == 0 && tasks > 1) {
+    shardline::log::info("{} runs on the first task{} of an mpirun or srun launch; the other {}{} end{} without "
+                         "running it (SHARDLINE_EVERY_TASK=1 runs it on every task)",
+                         command, per_host ? " on each host" : "", tasks > 2 ? fmt::format("{} tasks", tasks - 1) : "task",
+                         per_host ? " on this host" : "", tasks > 2 ? "" : "s");
+  }
+  return false;
 }
 
 // `mpirun -np 4 shardline --help` (or --version): the first task prints it, the others print nothing, as a
