@@ -149,6 +149,39 @@ GgufValue read_value(Cursor& in, std::uint32_t type) {
   }
 }
 
+// One entry of the tensor table: name, dimensions, type and offset (the bytes a known type takes, else 0).
+GgufTensor read_tensor_info(Cursor& in, std::uint64_t file_bytes) {
+  GgufTensor tensor;
+  tensor.name = in.string("a tensor name");
+  const auto n_dims = in.pod<std::uint32_t>("a tensor's dimension count");
+  if (n_dims < 1 || n_dims > kMaxDims) {
+    in.fail(fmt::format("tensor '{}' has {} dimensions (1 to {})", printable(tensor.name), n_dims, kMaxDims));
+  }
+  std::uint64_t elements = 1;
+  for (std::uint32_t d = 0; d < n_dims; ++d) {
+    const auto extent = in.pod<std::uint64_t>("a tensor dimension");
+    // No type packs more than 8 values into a byte (the smallest take about 1.6 bits): a bound that keeps
+    // the products below from overflowing.
+    if (extent > 8 * file_bytes || (extent > 0 && elements > 8 * file_bytes / extent)) {
+      in.fail(fmt::format("tensor '{}' has a dimension of {}, more than the file could hold", printable(tensor.name),
+                          extent));
+    }
+    elements *= extent;
+    tensor.ne.push_back(extent);
+  }
+  tensor.type = in.pod<std::uint32_t>("a tensor type");
+  tensor.offset = in.pod<std::uint64_t>("a tensor offset");
+  const GgufBlockSize block = gguf_block_size(tensor.type);
+  if (block.elements > 0) {
+    if (tensor.ne[0] % block.elements != 0) {
+      in.fail(fmt::format("tensor '{}' of type {} has rows of {} values, no multiple of its blocks of {}",
+                          printable(tensor.name), gguf_type_name(tensor.type), tensor.ne[0], block.elements));
+    }
+    tensor.bytes = elements / block.elements * block.bytes;
+  }
+  return tensor;
+}
+
 }  // namespace
 
 GgufBlockSize gguf_block_size(std::uint32_t type) {
@@ -220,42 +253,26 @@ GgufFile::GgufFile(const std::string& path) : path_(path), file_(path) {
   for (std::uint64_t k = 0; k < n_kv; ++k) {
     std::string key = in.string("a metadata key");
     const auto type = in.pod<std::uint32_t>("a metadata type");
-    GgufValue value = read_value(in, type);
+    GgufValue value;
+    try {
+      value = read_value(in, type);
+    } catch (const FormatError& e) {  // which key's value, as most of the file's bytes may be one key's array
+      throw FormatError(fmt::format("{} (the value of metadata key '{}', {} of {})", e.what(), printable(key), k + 1, n_kv));
+    }
     if (!metadata_.emplace(key, std::move(value)).second) {
       throw FormatError(fmt::format("GGUF file '{}' holds the key '{}' twice", path, printable(key)));
     }
   }
   std::vector<GgufTensor> table;
   for (std::uint64_t t = 0; t < n_tensors; ++t) {
-    GgufTensor tensor;
-    tensor.name = in.string("a tensor name");
-    const auto n_dims = in.pod<std::uint32_t>("a tensor's dimension count");
-    if (n_dims < 1 || n_dims > kMaxDims) {
-      in.fail(fmt::format("tensor '{}' has {} dimensions (1 to {})", printable(tensor.name), n_dims, kMaxDims));
+    try {
+      table.push_back(read_tensor_info(in, size_bytes_));
+    } catch (const FormatError& e) {
+      // A header whose key or tensor count is off reads keys as tensors (or tensors as keys): say where the
+      // reading was, which tells that apart from one bad tensor.
+      throw FormatError(fmt::format("{} (tensor info {} of the {} the header counts, after its {} metadata keys)",
+                                    e.what(), t + 1, n_tensors, n_kv));
     }
-    std::uint64_t elements = 1;
-    for (std::uint32_t d = 0; d < n_dims; ++d) {
-      const auto extent = in.pod<std::uint64_t>("a tensor dimension");
-      // No type packs more than 8 values into a byte (the smallest take about 1.6 bits): a bound that keeps
-      // the products below from overflowing.
-      if (extent > 8 * size_bytes_ || (extent > 0 && elements > 8 * size_bytes_ / extent)) {
-        in.fail(fmt::format("tensor '{}' has a dimension of {}, more than the file could hold", printable(tensor.name),
-                            extent));
-      }
-      elements *= extent;
-      tensor.ne.push_back(extent);
-    }
-    tensor.type = in.pod<std::uint32_t>("a tensor type");
-    tensor.offset = in.pod<std::uint64_t>("a tensor offset");
-    const GgufBlockSize block = gguf_block_size(tensor.type);
-    if (block.elements > 0) {
-      if (tensor.ne[0] % block.elements != 0) {
-        in.fail(fmt::format("tensor '{}' of type {} has rows of {} values, no multiple of its blocks of {}",
-                            printable(tensor.name), gguf_type_name(tensor.type), tensor.ne[0], block.elements));
-      }
-      tensor.bytes = elements / block.elements * block.bytes;
-    }
-    table.push_back(std::move(tensor));
   }
   // The specification asks for a multiple of 8; it also keeps every F32 tensor's floats aligned.
   std::uint64_t alignment = 32;

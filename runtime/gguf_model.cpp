@@ -207,6 +207,7 @@ SentencePieceGguf read_sentencepiece_conventions(const GgufFile& file, const std
 ModelFile read_gguf_model(const std::string& path) {
   const GgufFile file(path);
   const std::optional<std::string> arch = file.get_string("general.architecture");
+  if (!arch) refuse(file, "has no general.architecture key; shardline runs 'llama' models");
   if (arch != "llama") {
     refuse(file, fmt::format("architecture '{}' is not one shardline runs (it runs 'llama')", printable(arch.value_or(""))));
   }
@@ -239,19 +240,9 @@ ModelFile read_gguf_model(const std::string& path) {
   s.vocab_size = static_cast<int>(embedding->ne[1]);
   s.shared_classifier = file.tensor("output.weight") == nullptr;
   if (auto problem = s.find_problem()) refuse(file, fmt::format("its metadata give a shape shardline cannot run: {}", *problem));
-  if (auto rotated = file.get_count(p + "rope.dimension_count"); rotated && *rotated != static_cast<std::uint64_t>(s.head_size())) {
-    refuse(file, fmt::format("RoPE rotates {} of each head's {} dimensions; shardline rotates them all", *rotated,
-                             s.head_size()));
-  }
   // Checked as the file gives them, before they become floats (a double beyond float's range has no float).
   const double eps = file.get_number(p + "attention.layer_norm_rms_epsilon").value_or(1e-5);
   const double theta = file.get_number(p + "rope.freq_base").value_or(10000.0);
-  for (const std::string& key : {p + "attention.key_length", p + "attention.value_length"}) {
-    if (auto length = file.get_count(key); length && *length != static_cast<std::uint64_t>(s.head_size())) {
-      refuse(file, fmt::format("{} is {} but dim / head_count is {}; shardline needs heads of dim / head_count", key,
-                               *length, s.head_size()));
-    }
-  }
   if (!(eps >= 1e-30 && eps < 1.0)) refuse(file, fmt::format("{}attention.layer_norm_rms_epsilon {} is not in [1e-30, 1)", p, eps));
   if (!(theta >= 1.0 && theta <= 1e12)) refuse(file, fmt::format("{}rope.freq_base {} is not in [1, 1e12]", p, theta));
   model.rms_eps = static_cast<float>(eps);
@@ -270,6 +261,18 @@ ModelFile read_gguf_model(const std::string& path) {
                          float_tensor(file, b + "attn_output.weight", d, d), float_tensor(file, b + "ffn_norm.weight", 1, d),
                          float_tensor(file, b + "ffn_gate.weight", h, d), float_tensor(file, b + "ffn_down.weight", d, h),
                          float_tensor(file, b + "ffn_up.weight", h, d)});
+  }
+  // Head sizes after the tensors' shapes: a wrong head_count or embedding_length shows there as a tensor of
+  // another shape, which names the fault; here it read as partial RoPE.
+  if (auto rotated = file.get_count(p + "rope.dimension_count"); rotated && *rotated != static_cast<std::uint64_t>(s.head_size())) {
+    refuse(file, fmt::format("RoPE rotates {} of each head's {} dimensions (dim {} / head_count {}); shardline rotates "
+                             "them all", *rotated, s.head_size(), s.dim, s.n_heads));
+  }
+  for (const std::string& key : {p + "attention.key_length", p + "attention.value_length"}) {
+    if (auto length = file.get_count(key); length && *length != static_cast<std::uint64_t>(s.head_size())) {
+      refuse(file, fmt::format("{} is {} but dim / head_count is {}; shardline needs heads of dim / head_count", key,
+                               *length, s.head_size()));
+    }
   }
   // Any other tensor (biases, ...) would change the arithmetic if it were used, so a file with one is refused,
   // as llama.cpp refuses a llama file with tensors it does not expect.

@@ -112,6 +112,7 @@ struct LlamaGgufOptions {
   std::uint32_t context_length = 0;       // 0: the checkpoint's seq_len
   std::uint32_t rope_dimension_count = 0;  // 0: the head size
   std::uint32_t feed_forward_length = 0;   // 0: the checkpoint's hidden_dim
+  std::uint32_t head_count = 0;            // 0: the checkpoint's n_heads
   std::uint32_t matrix_type = 0;           // the matrices' and embedding's: 0 F32, 1 F16, 30 BF16, or a ggml block
                                            // type of ggml_quants.h (8 Q8_0, 12 Q4_K ...); the norms stay F32
   // Types for some matrices instead, by the end of their names ("attn_v.weight", "output.weight"), as
@@ -190,7 +191,7 @@ inline GgufWriter llama_gguf_from_llama2c(const std::string& checkpoint, const s
   w.u32("llama.context_length", options.context_length ? options.context_length : s.seq_len);
   w.u32("llama.embedding_length", s.dim);
   w.u32("llama.feed_forward_length", options.feed_forward_length ? options.feed_forward_length : s.hidden_dim);
-  w.u32("llama.attention.head_count", s.n_heads);
+  w.u32("llama.attention.head_count", options.head_count ? options.head_count : s.n_heads);
   w.u32("llama.attention.head_count_kv", s.n_kv_heads);
   w.u32("llama.block_count", s.n_layers);
   w.u32("llama.rope.dimension_count", options.rope_dimension_count ? options.rope_dimension_count : s.head_size());

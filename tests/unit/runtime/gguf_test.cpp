@@ -257,6 +257,12 @@ TEST_F(GeneratedGguf, MalformedContainersAreFormatErrors) {
   // The first key is general.architecture (a string): its value's length.
   const std::size_t first_value_length = 24 + 8 + std::strlen("general.architecture") + 4;
   EXPECT_NE(with(first_value_length, &huge, 8).find("runs past the end"), std::string::npos);
+  EXPECT_NE(with(first_value_length, &huge, 8).find("(the value of metadata key 'general.architecture', 1 of "),
+            std::string::npos) << with(first_value_length, &huge, 8);
+  // A key count of 0 reads the first key as a tensor: the error says where the reading was.
+  const std::uint64_t no_keys = 0;
+  EXPECT_NE(with(16, &no_keys, 8).find("(tensor info 1 of the "), std::string::npos) << with(16, &no_keys, 8);
+  EXPECT_NE(with(16, &no_keys, 8).find("after its 0 metadata keys)"), std::string::npos) << with(16, &no_keys, 8);
 }
 
 TEST_F(GeneratedGguf, ForgedFieldsAreRefusedByName) {
@@ -385,6 +391,11 @@ TEST_F(GeneratedGguf, ModelsShardlineCannotRunAreRefusedByName) {
   gpt2.string("general.architecture", "gpt2");
   gpt2.write(path("gpt2.gguf"));
   EXPECT_NE(error_of(path("gpt2.gguf")).find("architecture 'gpt2'"), std::string::npos);
+  GgufWriter no_arch;
+  no_arch.u32("llama.block_count", 1);
+  no_arch.write(path("no_arch.gguf"));
+  EXPECT_NE(error_of(path("no_arch.gguf")).find("has no general.architecture key"), std::string::npos)
+      << error_of(path("no_arch.gguf"));
 }
 
 TEST_F(GeneratedGguf, MissingOrMisshapenTensorsAndPartialRopeAreRefused) {
@@ -405,6 +416,9 @@ TEST_F(GeneratedGguf, MissingOrMisshapenTensorsAndPartialRopeAreRefused) {
   llama_gguf_from_llama2c(paths_.model, paths_.tokenizer, {.rope_dimension_count = 10}).write(path("rope.gguf"));
   EXPECT_NE(error_of(path("rope.gguf")).find("RoPE rotates 10 of each head's 20 dimensions"), std::string::npos)
       << error_of(path("rope.gguf"));
+  // A head count at odds with the tensors is named by the tensor it misshapes (it read as partial RoPE).
+  llama_gguf_from_llama2c(paths_.model, paths_.tokenizer, {.head_count = 12}).write(path("heads.gguf"));
+  EXPECT_NE(error_of(path("heads.gguf")).find("has ne ["), std::string::npos) << error_of(path("heads.gguf"));
   llama_gguf_from_llama2c(paths_.model, paths_.tokenizer, {.feed_forward_length = 256}).write(path("shape.gguf"));
   EXPECT_NE(error_of(path("shape.gguf")).find("tensor 'blk.0.ffn_gate.weight' has ne [120, 250] but the metadata's "
                                                "shape implies [120, 256]"),
