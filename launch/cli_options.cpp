@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
+#include <limits>
+#include <cmath>
 #include <iostream>
 #include <string>
 #include <thread>
@@ -22,18 +24,34 @@ namespace shardline::launch {
 
 namespace {
 
-// "; it does not fit ..." when an int flag was given a whole number it cannot hold, which the options library
-// calls only "invalid", else "".
-std::string int_range_hint(const po::options_description& options, const po::invalid_option_value& e) {
+// What the options library, which calls every value it cannot take only "invalid", leaves unsaid: for a
+// number flag, "; it does not fit ..." when the number is too large for it, else what kind of number it
+// takes ("--steps 2.5", "--temperature abc"); "" for other flags.
+std::string number_value_hint(const po::options_description& options, const po::invalid_option_value& e) {
   const po::option_description* flag = options.find_nothrow(flag_name(e.get_option_name()), /*approx=*/false);
-  if (flag == nullptr || dynamic_cast<const po::typed_value<int>*>(flag->semantic().get()) == nullptr) return {};
+  if (flag == nullptr) return {};
+  const bool is_int = dynamic_cast<const po::typed_value<int>*>(flag->semantic().get()) != nullptr;
+  const bool is_float = dynamic_cast<const po::typed_value<float>*>(flag->semantic().get()) != nullptr;
+  const bool is_double = dynamic_cast<const po::typed_value<double>*>(flag->semantic().get()) != nullptr;
+  if (!is_int && !is_float && !is_double) return {};
   const std::string what = e.what();  // "the argument ('VALUE') for option '--flag' is invalid"
   const std::size_t open = what.find("('"), close = what.find("')");
   if (open == std::string::npos || close < open) return {};
   const std::string value = what.substr(open + 2, close - open - 2);
-  const std::size_t digits = value.rfind('-', 0) == 0 ? 1 : 0;
-  if (value.size() == digits || value.find_first_not_of("0123456789", digits) != std::string::npos) return {};
-  return "; it does not fit a whole-number flag (-2147483648 to 2147483647)";
+  if (is_int) {
+    const std::size_t digits = value.rfind('-', 0) == 0 ? 1 : 0;
+    if (value.size() > digits && value.find_first_not_of("0123456789", digits) == std::string::npos) {
+      return "; it does not fit a whole-number flag (-2147483648 to 2147483647)";
+    }
+    return "; it takes a whole number";
+  }
+  char* end = nullptr;
+  const double number = std::strtod(value.c_str(), &end);
+  if (is_float && !value.empty() && end == value.c_str() + value.size() && std::isfinite(number) &&
+      std::abs(number) > std::numeric_limits<float>::max()) {
+    return "; it is beyond a float's range (magnitudes up to 3.4e+38)";
+  }
+  return "; it takes a number";
 }
 
 }  // namespace
@@ -70,7 +88,7 @@ bool parse_command_line(const std::string& command, const std::string& usage, co
                                   did_you_mean(all, e.get_option_name()), command));
   } catch (const po::invalid_option_value& e) {
     throw ConfigError(fmt::format("shardline {}: {}{} (see 'shardline {} --help')", command, e.what(),
-                                  int_range_hint(all, e), command));
+                                  number_value_hint(all, e), command));
   } catch (const po::error& e) {
     throw ConfigError(fmt::format("shardline {}: {} (see 'shardline {} --help')", command, e.what(), command));
   }

@@ -156,8 +156,9 @@ int count(const nlohmann::json& j, const char* key, const std::string& where) {
 std::string json_reason(const nlohmann::json::exception& e) {
   const std::string_view text = e.what();
   const std::size_t tag_end = text.find("] ");
-  return std::string(text.starts_with("[json.exception.") && tag_end != std::string_view::npos ? text.substr(tag_end + 2)
-                                                                                                : text);
+  // printable: the parser quotes what it last read, which in a binary file is any bytes at all.
+  return printable(text.starts_with("[json.exception.") && tag_end != std::string_view::npos ? text.substr(tag_end + 2)
+                                                                                             : text, 400);
 }
 
 LinkCost link_from_json(const nlohmann::json& links, const char* name) {

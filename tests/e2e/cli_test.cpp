@@ -827,6 +827,11 @@ TEST_F(Cli, UnknownFlagsAndCommands) {
   expect_clean_failure("bench --preset 15m", 2, "unknown flag '--preset' (did you mean '--presets'?)");
   expect_clean_failure("run --stpes 3", 2, "unknown flag '--stpes' (did you mean '--steps'?)");
   expect_clean_failure("run --batch 100000000000", 2, "it does not fit a whole-number flag (-2147483648 to 2147483647)");
+  // Other values the options library calls only "invalid" say what the flag takes.
+  expect_clean_failure("run --steps 2.5", 2, "for option '--steps' is invalid; it takes a whole number");
+  expect_clean_failure("run --temperature 1e40", 2, "it is beyond a float's range (magnitudes up to 3.4e+38)");
+  expect_clean_failure("run --top-p x", 2, "for option '--top-p' is invalid; it takes a number");
+  expect_clean_failure("run --comm-timeout x", 2, "for option '--comm-timeout' is invalid; it takes a number");
   // launch-check ignores run's flags but not a typo: --modle skipped the model check and said "ok".
   expect_clean_failure("launch-check --tp 4 --pp 1 --modle x.bin", 2,
                        "unknown flag '--modle' (did you mean '--model'?): neither launch-check nor run has it");
