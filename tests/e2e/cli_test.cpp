@@ -852,8 +852,8 @@ TEST_F(Cli, UnknownFlagsAndCommands) {
   EXPECT_EQ(with_run_flags.exit_code, 0) << with_run_flags.err;
   expect_clean_failure("launch-check --tp 1 --pp 1 --steps many", 2, "the argument ('many') for option '--steps'");
   // The int range is named for an int flag given a whole number, not for a float or a word.
-  expect_clean_failure("run --temperature 1234567890123456789012345678901234567890x", 2, "--temperature' is invalid (see");
-  expect_clean_failure("run --batch 12-34567890", 2, "--batch' is invalid (see");
+  expect_clean_failure("run --temperature 1234567890123456789012345678901234567890x", 2, "--temperature' is invalid; it takes a number (see");
+  expect_clean_failure("run --batch 12-34567890", 2, "--batch' is invalid; it takes a whole number (see");
   expect_clean_failure("plan --preset 15m --tp 1,99999999999", 2,
                        "--tp '1,99999999999': 99999999999 does not fit a whole number");
   // Values the options library would have taken: a negative seed wrapped to 2^64 - 1, an empty topology
