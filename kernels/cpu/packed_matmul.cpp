@@ -91,6 +91,8 @@ tile::Tile make_tile(const Activations& x, const PackedMatrix& w, int panel, int
       t.x = x.int8() + row_offset;
       t.x_scales = x.int8_scales() + group_offset;
       t.x_sums = x.int8_sums() + group_offset;
+      t.x_groups = x.int8_groups();
+      t.int8_scales_offset = static_cast<std::size_t>(t.k) * kPanelWidth;  // after the panel's k quads of 16
       break;
     }
   }
@@ -191,6 +193,46 @@ void matmul_tiles(float* y, const Activations& x, const PackedMatrix& w, Team te
   for_each_tile(x, w, team, kernel, [&](const float* tile_out, int r, int n_rows, int p, int n_panels) {
     store_tile(tile_out, y, w.d, r, n_rows, p, n_panels);
   });
+}
+
+// y += p, element by element (one rounding each, in any vector width: the same bits everywhere).
+void add_into(float* y, const float* p, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) y[i] += p[i];
+}
+
+// The tile t (make_tile's, of the whole k of w) narrowed to w's k range [k0, k1): the panels, x and, for
+// int8, the scales from k0 on (matmul_segments).
+tile::Tile k_range_view(tile::Tile t, const PackedMatrix& w, int k0, int k1) {
+  const bool last = k1 == w.k;
+  switch (w.dtype) {
+    case WeightDtype::kF32:
+      t.panels += static_cast<std::size_t>(k0) * kPanelWidth * sizeof(float);
+      t.x = static_cast<const float*>(t.x) + k0;
+      t.k = k1 - k0;
+      break;
+    case WeightDtype::kBf16:
+      t.panels += static_cast<std::size_t>(k0) * kPanelWidth * sizeof(std::uint16_t);
+      t.x = static_cast<const float*>(t.x) + k0;
+      if (t.x_bf16_hi != nullptr) {
+        t.x_bf16_hi += k0;
+        t.x_bf16_lo += k0;
+      }
+      t.k = k1 - k0;
+      break;
+    case WeightDtype::kInt8: {
+      const int group = t.int8_group;
+      t.panels += static_cast<std::size_t>(k0) * kPanelWidth;
+      t.x = static_cast<const std::int8_t*>(t.x) + k0;
+      t.x_scales += k0 / group;
+      t.x_sums += k0 / group;
+      // The scales stay where they are, after the whole k's quads: their offset from the view's first quad.
+      t.int8_scales_offset = t.int8_scales_offset - static_cast<std::size_t>(k0) * kPanelWidth +
+                             static_cast<std::size_t>(k0 / group) * kPanelWidth * sizeof(std::uint16_t);
+      t.k = (last ? padded_k(w.dtype, w.k) : k1) - k0;  // the last range takes the zero padding
+      break;
+    }
+  }
+  return t;
 }
 
 // This OpenMP thread's band of n_items (ops.h thread_band).
@@ -354,6 +396,73 @@ void matmul(const Activations& x, std::span<const MatmulOutput> outputs, Team te
     return;
   }
   for (const MatmulOutput& o : outputs) matmul_tiles(o.y, x, *o.w, team, kernel);
+}
+
+void check_segments(const Activations& x, const PackedMatrix& w, std::span<const int> k_bounds) {
+  check_operands(x, w);
+  SL_CHECK_MSG(k_bounds.size() >= 2 && k_bounds.front() == 0 && k_bounds.back() == w.k, "k segments must run from 0 "
+               "to k = {}", w.k);
+  // A range starts where the kernels can start one: on an int8 group, on a whole AMX block of 32 for bf16
+  // (the bf16-dot kernels read x and W in blocks of 32 k), anywhere for fp32.
+  const int unit = w.dtype == WeightDtype::kInt8 ? w.int8_group_size() : w.dtype == WeightDtype::kBf16 ? kBf16Block : 1;
+  for (std::size_t s = 1; s < k_bounds.size(); ++s) {
+    SL_CHECK_MSG(k_bounds[s] > k_bounds[s - 1], "k segment {} is empty ({} to {})", s - 1, k_bounds[s - 1], k_bounds[s]);
+    SL_CHECK_MSG(k_bounds[s - 1] % unit == 0, "k segment {} starts at {}, not on a multiple of {}", s - 1,
+                 k_bounds[s - 1], unit);
+  }
+}
+
+void matmul_segments(float* y, const Activations& x, const PackedMatrix& w, std::span<const int> k_bounds, bool fold) {
+  check_segments(x, w, k_bounds);  // here, where an exception can leave (not from inside the parallel pass)
+  run_team_for(static_cast<long>(x.n()) * w.d * w.k, [&](Team team) { matmul_segments(y, x, w, k_bounds, fold, team); });
+}
+
+void matmul_segments(float* y, const Activations& x, const PackedMatrix& w, std::span<const int> k_bounds, bool fold,
+                     Team team) {
+  check_segments(x, w, k_bounds);
+  const tile::TileKernel kernel = tile_kernel(x.dtype());
+  const int n_segments = static_cast<int>(k_bounds.size()) - 1;
+  const std::size_t partial_floats = static_cast<std::size_t>(x.n()) * w.d;
+  alignas(64) float tile_out[tile::kTileRows * tile::kTileStride];
+  TileRuns tiles(w, x.n(), team);
+  for (int p, n_panels; tiles.next(p, n_panels);) {
+    for (int r = 0; r < x.n(); r += tile::kTileRows) {
+      const int n_rows = std::min(tile::kTileRows, x.n() - r);
+      const tile::Tile whole = make_tile(x, w, p, n_panels, r, n_rows, tile_out);
+      for (int s = 0; s < n_segments; ++s) {
+        tile::Tile t = k_range_view(whole, w, k_bounds[s], k_bounds[s + 1]);
+        // Each range's call prefetches what follows it: the tile's next range, or after the last range of
+        // the last rows the next tile.
+        if (s + 1 < n_segments) {
+          t.prefetch = k_range_view(whole, w, k_bounds[s + 1], k_bounds[s + 2]).panels;
+        } else if (r + n_rows == x.n()) {
+          t.prefetch = tiles.likely_next_panels(n_panels);
+        }
+        kernel(t);
+        if (!fold) {
+          store_tile(tile_out, y + s * partial_floats, w.d, r, n_rows, p, n_panels);
+        } else if (s == 0) {
+          store_tile(tile_out, y, w.d, r, n_rows, p, n_panels);
+        } else {
+          // y += this range's products, feature by feature: fold_segments()'s additions in its order.
+          const int f0 = p * kPanelWidth, valid = std::min(n_panels * kPanelWidth, w.d - f0);
+          for (int row = 0; row < n_rows; ++row) {
+            add_into(y + static_cast<std::size_t>(r + row) * w.d + f0, tile_out + row * tile::kTileStride, valid);
+          }
+        }
+      }
+    }
+  }
+}
+
+void fold_segments(float* y, const float* partials, int n_segments, std::size_t count, Team team) {
+  SL_CHECK(n_segments >= 1);
+  const Band mine = team.share(static_cast<int>((count + kPanelWidth - 1) / kPanelWidth));
+  const std::size_t begin = static_cast<std::size_t>(mine.begin) * kPanelWidth;
+  const std::size_t end = std::min(count, static_cast<std::size_t>(mine.end) * kPanelWidth);
+  if (begin >= end) return;
+  std::memcpy(y + begin, partials + begin, sizeof(float) * (end - begin));
+  for (int s = 1; s < n_segments; ++s) add_into(y + begin, partials + s * count + begin, end - begin);
 }
 
 row::RowMax row::merge_row_max(const RowMax& a, const RowMax& b) {

@@ -124,6 +124,19 @@ void matmul(const Activations& x, std::span<const MatmulOutput> outputs);
 void matmul(float* y, const Activations& x, const PackedMatrix& w, Team team);
 void matmul(const Activations& x, std::span<const MatmulOutput> outputs, Team team);
 
+// A row-parallel matmul (wo, w2: tensor parallelism splits their k) in reduction segments, so that every
+// layout adds the same partial sums in the same order and gets one rank's bits. k_bounds: the segments'
+// S + 1 borders along w's k (0 first, w.k last; each segment's start on an int8 group, a bf16 block of 32,
+// anywhere for fp32). Each segment's product p_s (n, w.d) = x[:, segment] · W[:, segment]ᵀ is computed as a
+// matmul of its own (its sums start at zero). fold: y (n, w.d) = ((p_0 + p_1) + p_2) + ... + p_(S-1), as the
+// tiles are computed; else y (S, n, w.d) holds each p_s, for fold_segments() once a rank has every layout's.
+void matmul_segments(float* y, const Activations& x, const PackedMatrix& w, std::span<const int> k_bounds, bool fold);
+void matmul_segments(float* y, const Activations& x, const PackedMatrix& w, std::span<const int> k_bounds, bool fold,
+                     Team team);
+// y (count) = ((p_0 + p_1) + p_2) + ... of partials (n_segments, count): matmul_segments' fold, the same
+// additions in the same order. The team's share (every thread of the team must call it).
+void fold_segments(float* y, const float* partials, int n_segments, std::size_t count, Team team);
+
 // Per row r of x, the index of the largest of the w.d values x · Wᵀ holds and that value, without writing
 // them: greedy decoding's pick from the classifier, which saves storing the (n, vocabulary) logits and a
 // second pass to find their maxima. With first_nan_wins the index is what argmax() returns for the row:

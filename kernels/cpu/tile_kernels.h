@@ -28,6 +28,10 @@ struct Tile {
   int int8_group = 0;                 // int8: k values per scale (32, 64, 96 or 128; weight_format.h), dividing k
   const float* x_scales = nullptr;    // int8: per row, k / int8_group scales
   const std::int32_t* x_sums = nullptr;  // int8: per row, k / int8_group sums of q
+  int x_groups = 0;                   // int8: groups between rows of x_scales and x_sums (k / int8_group but
+                                      // in a k range of the matrix: the whole matrix's count)
+  std::size_t int8_scales_offset = 0; // int8: bytes from a panel's first quad of the tile to its first scale
+                                      // (k * 16 but in a k range of the matrix: packed_matmul.h)
   // bf16 weights on avx512-bf16 and AMX: x as two bf16 halves (x ~ hi + lo), rows of x_bf16_stride elements,
   // zero past k.
   const std::uint16_t* x_bf16_hi = nullptr;

@@ -233,10 +233,10 @@ void int8_rows(const Tile& t, int r0, int m) {
   const char* w = reinterpret_cast<const char*>(t.panels);
   const int groups = t.k / t.int8_group;
   const int blocks = t.k / 32;
-  const std::size_t scales_offset = static_cast<std::size_t>(t.k) * 16;
+  const std::size_t scales_offset = t.int8_scales_offset;
   const char* x = static_cast<const char*>(t.x) + static_cast<std::size_t>(r0) * t.x_stride;
-  const float* x_scales = t.x_scales + static_cast<std::size_t>(r0) * groups;
-  const std::int32_t* x_sums = t.x_sums + static_cast<std::size_t>(r0) * groups;
+  const float* x_scales = t.x_scales + static_cast<std::size_t>(r0) * t.x_groups;
+  const std::int32_t* x_sums = t.x_sums + static_cast<std::size_t>(r0) * t.x_groups;
   float* out = t.out + r0 * kTileStride;
   alignas(64) std::int32_t dots[2][4][kAmxRows * 16];
   alignas(64) float w_scales[2][4][16];
@@ -260,7 +260,7 @@ void int8_rows(const Tile& t, int r0, int m) {
       if (g > 0) {
         const int r_begin = i * rows_per_multiply;
         const int r_end = r_begin + rows_per_multiply < m ? r_begin + rows_per_multiply : m;
-        int8_group_epilogue<P>(dots[previous], w_scales[previous], x_scales, x_sums, groups, g - 1, out, r_begin,
+        int8_group_epilogue<P>(dots[previous], w_scales[previous], x_scales, x_sums, t.x_groups, g - 1, out, r_begin,
                                r_end);
       }
     }
@@ -275,7 +275,7 @@ void int8_rows(const Tile& t, int r0, int m) {
     }
   }
   const int last = groups - 1;
-  int8_group_epilogue<P>(dots[last & 1], w_scales[last & 1], x_scales, x_sums, groups, last, out, 0, m);
+  int8_group_epilogue<P>(dots[last & 1], w_scales[last & 1], x_scales, x_sums, t.x_groups, last, out, 0, m);
 }
 #undef SHARDLINE_AMX_INT8_PANEL
 

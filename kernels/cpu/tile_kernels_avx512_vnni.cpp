@@ -59,9 +59,9 @@ void int8_block(const Tile& t, const std::int8_t* x, const float* x_scales, cons
                 int g0, int g1, bool accumulate, const PrefetchPlan& plan) {
   const std::uint8_t* w = reinterpret_cast<const std::uint8_t*>(t.panels);
   const std::size_t stride = t.panel_stride;
-  const int groups = t.k / t.int8_group;
+  const int groups = t.x_groups;  // x's scales and sums per row
   const int blocks_per_group = t.int8_group / 32;  // 32 k: 8 quads, 512 bytes of a panel
-  const std::size_t scales_offset = static_cast<std::size_t>(t.k) * 16;
+  const std::size_t scales_offset = t.int8_scales_offset;
   // R = 1: the fp32 sums in registers; R > 1: in out, read back per group from the second on (or from the
   // first when accumulate). The same FMA on the same values either way: a row's bits do not depend on R.
   __m512 acc[R == 1 ? P : 1];
@@ -213,8 +213,8 @@ void int8_tile(const Tile& t) {
       const int rows = t.n_rows - r < kInt8MaxRows ? t.n_rows - r : kInt8MaxRows;
       plan.phase = pass;
       int8_block_for(rows, t.n_panels)(t, x + static_cast<std::size_t>(r) * t.x_stride,
-                                       t.x_scales + static_cast<std::size_t>(r) * groups,
-                                       t.x_sums + static_cast<std::size_t>(r) * groups, t.out + r * kTileStride, g0, g1,
+                                       t.x_scales + static_cast<std::size_t>(r) * t.x_groups,
+                                       t.x_sums + static_cast<std::size_t>(r) * t.x_groups, t.out + r * kTileStride, g0, g1,
                                        g0 > 0, plan);
     }
   }

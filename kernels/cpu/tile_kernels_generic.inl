@@ -104,10 +104,10 @@ void bf16_tile(const Tile& t) {
 // Integer dot products per group (32, 64, 96 or 128 k) are exact; each group's sum is then scaled by (weight scale *
 // x scale) and added in float, in the same order as the VNNI kernel.
 template <int R>
-void int8_rows(const std::uint8_t* w, const std::int8_t* x, int x_stride, const float* x_scales, int k, int group,
-               float* out) {
+void int8_rows(const std::uint8_t* w, const std::int8_t* x, int x_stride, const float* x_scales, int x_groups, int k,
+               int group, std::size_t scales_offset, float* out) {
   const int groups = k / group;
-  const std::uint16_t* w_scales = reinterpret_cast<const std::uint16_t*>(w + static_cast<std::size_t>(k) * kLanes);
+  const std::uint16_t* w_scales = reinterpret_cast<const std::uint16_t*>(w + scales_offset);
   float acc[R][kLanes] = {};
   for (int g = 0; g < groups; ++g) {
     std::int32_t dot[R][kLanes] = {};
@@ -125,7 +125,7 @@ void int8_rows(const std::uint8_t* w, const std::int8_t* x, int x_stride, const 
     float ws[kLanes];
     for (int l = 0; l < kLanes; ++l) ws[l] = half_to_float(w_scales[g * kLanes + l]);
     for (int r = 0; r < R; ++r) {
-      const float xs = x_scales[static_cast<std::size_t>(r) * groups + g];
+      const float xs = x_scales[static_cast<std::size_t>(r) * x_groups + g];
       for (int l = 0; l < kLanes; ++l) acc[r][l] = multiply_add(static_cast<float>(dot[r][l]), ws[l] * xs, acc[r][l]);
     }
   }
@@ -136,17 +136,19 @@ void int8_rows(const std::uint8_t* w, const std::int8_t* x, int x_stride, const 
 
 void int8_tile(const Tile& t) {
   const std::int8_t* x = static_cast<const std::int8_t*>(t.x);
-  const int groups = t.k / t.int8_group;
+  const int groups = t.x_groups;
   for (int p = 0; p < t.n_panels; ++p) {
     const std::uint8_t* w = reinterpret_cast<const std::uint8_t*>(t.panels + p * t.panel_stride);
     int r = 0;
     for (; r + kRowBlock <= t.n_rows; r += kRowBlock) {
       int8_rows<kRowBlock>(w, x + static_cast<std::size_t>(r) * t.x_stride, t.x_stride,
-                           t.x_scales + static_cast<std::size_t>(r) * groups, t.k, t.int8_group, t.out + r * kTileStride + p * kLanes);
+                           t.x_scales + static_cast<std::size_t>(r) * groups, groups, t.k, t.int8_group,
+                           t.int8_scales_offset, t.out + r * kTileStride + p * kLanes);
     }
     for (; r < t.n_rows; ++r) {
       int8_rows<1>(w, x + static_cast<std::size_t>(r) * t.x_stride, t.x_stride,
-                   t.x_scales + static_cast<std::size_t>(r) * groups, t.k, t.int8_group, t.out + r * kTileStride + p * kLanes);
+                   t.x_scales + static_cast<std::size_t>(r) * groups, groups, t.k, t.int8_group, t.int8_scales_offset,
+                   t.out + r * kTileStride + p * kLanes);
     }
   }
 }

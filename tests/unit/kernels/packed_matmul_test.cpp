@@ -615,6 +615,71 @@ TEST(PackedMatmul, ARowsResultDoesNotDependOnItsBatchOrTheThreadCount) {
   }
 }
 
+// Reduction segments (tensor parallelism's exact sums): each segment's product is, bit for bit, the matmul
+// of its column slice packed on its own (as a TP rank packs it), and the fold adds them in order on any
+// thread count. k = 300: the last segment ends in the int8 and bf16 padding; 70 rows: more than a tile's.
+TEST(PackedMatmul, SegmentsEqualMatmulsOfTheirColumnSlicesAndFoldInOrder) {
+  std::mt19937 rng(31);
+  const int k = 300, d = 50;
+  const std::vector<int> bounds = {0, 64, 96, 224, 300};
+  const int n_segments = static_cast<int>(bounds.size()) - 1;
+  const std::vector<float> w = random_floats(rng, static_cast<std::size_t>(d) * k);
+  for (const int n : {1, 7, 70}) {
+    const std::vector<float> x = random_floats(rng, static_cast<std::size_t>(n) * k, -2.0f, 2.0f);
+    for (WeightDtype dtype : kDtypes) {
+      const Packed packed = pack(dtype, w, d, k, kInt8Block);
+      Activations a;
+      a.reserve(n, k);
+      a.prepare(x.data(), n, packed.matrix);
+      for (Isa isa : runnable_isas()) {
+        SCOPED_TRACE(::testing::Message() << weight_dtype_name(dtype) << " " << isa_name(isa) << " n=" << n);
+        ScopedIsa scoped_isa(isa);
+        std::vector<float> partials(static_cast<std::size_t>(n_segments) * n * d);
+        matmul_segments(partials.data(), a, packed.matrix, bounds, /*fold=*/false);
+        for (int s = 0; s < n_segments; ++s) {
+          const int k0 = bounds[s], ks = bounds[s + 1] - k0;
+          std::vector<float> w_slice(static_cast<std::size_t>(d) * ks), x_slice(static_cast<std::size_t>(n) * ks);
+          for (int i = 0; i < d; ++i) std::copy_n(w.begin() + i * k + k0, ks, w_slice.begin() + i * ks);
+          for (int r = 0; r < n; ++r) std::copy_n(x.begin() + r * k + k0, ks, x_slice.begin() + r * ks);
+          const Packed slice = pack(dtype, w_slice, d, ks, kInt8Block);
+          Activations as;
+          as.reserve(n, ks);
+          as.prepare(x_slice.data(), n, slice.matrix);
+          std::vector<float> want(static_cast<std::size_t>(n) * d);
+          matmul(want.data(), as, slice.matrix);
+          EXPECT_EQ(0, std::memcmp(want.data(), partials.data() + static_cast<std::size_t>(s) * n * d,
+                                   want.size() * sizeof(float)))
+              << "segment " << s;
+        }
+        std::vector<float> folded(static_cast<std::size_t>(n) * d), in_tiles(folded.size()), two(folded.size());
+        run_team([&](Team team) { fold_segments(folded.data(), partials.data(), n_segments, folded.size(), team); });
+        {
+          ScopedThreads threads(1);
+          matmul_segments(in_tiles.data(), a, packed.matrix, bounds, /*fold=*/true);
+        }
+        {
+          ScopedThreads threads(2);
+          matmul_segments(two.data(), a, packed.matrix, bounds, /*fold=*/true);
+        }
+        EXPECT_EQ(folded, in_tiles);
+        EXPECT_EQ(folded, two);
+        // And the sums are the matmul's, to float accumulation.
+        const std::vector<double> want = reference(prepared_values(a), unpack(packed.matrix), n, k, d);
+        EXPECT_TRUE(nmse_below(folded, want, 1e-10));
+      }
+    }
+  }
+  // Borders the kernels cannot start at are refused.
+  const Packed packed = pack(WeightDtype::kInt8, w, d, k, kInt8Block);
+  Activations a;
+  a.reserve(1, k);
+  a.prepare(w.data(), 1, packed.matrix);
+  std::vector<float> y(static_cast<std::size_t>(n_segments) * d);
+  const std::vector<int> off_group = {0, 40, 300};
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(matmul_segments(y.data(), a, packed.matrix, off_group, false), "k segment 1 starts at 40, not on a multiple of 32");
+}
+
 TEST(PackedMatmul, Bf16DotsAgreeWithTheWideningKernelWithinTheSplitOfX) {
   // vdpbf16ps (AVX512_BF16) and the AMX tiles multiply the bf16 weights by x as two bf16 halves, x ~ hi + lo,
   // where the AVX-512 kernel widens the weights and multiplies them by x itself. The products are exact in
