@@ -64,7 +64,7 @@ struct LayoutGeometry {
   // The widest rank's hidden slice (split_hidden: in blocks of 128 or 32, so not always an even split).
   int hidden_local() const {
     int widest = 0;
-    for (int r = 0; r < layout.tp; ++r) widest = std::max(widest, split_hidden(w.shape.hidden_dim, layout.tp, r).size());
+    for (int r = 0; r < layout.tp; ++r) widest = std::max(widest, split_hidden(w.shape, layout.tp, r).size());
     return widest;
   }
   int vocab_local() const { return (w.shape.vocab_size + layout.tp - 1) / layout.tp; }

@@ -25,18 +25,56 @@ Range split_in_blocks(int n, int parts, int index, int unit) {
   return {blocks.begin * unit, blocks.end * unit};
 }
 
-Range split_hidden(int hidden_dim, int tp_size, int tp_rank) {
-  for (int unit : {128, 32}) {
-    if (hidden_dim % unit == 0 && hidden_dim / unit >= tp_size) return split_in_blocks(hidden_dim, tp_size, tp_rank, unit);
+int n_reduction_segments(const ModelShape& shape) { return shape.n_kv_heads; }
+
+int hidden_block(const ModelShape& shape) {
+  const int hidden = shape.hidden_dim, segments = n_reduction_segments(shape);
+  if (hidden % 128 == 0 && hidden / 128 >= segments) return 128;
+  if ((hidden + 31) / 32 >= segments) return 32;
+  return 0;
+}
+
+namespace {
+
+// Blocks floor(i B / parts) to floor((i + 1) B / parts) of hidden's B blocks of `unit` (the last one short).
+Range floor_blocks(int hidden, int unit, int parts, int index) {
+  const long long blocks = (hidden + unit - 1) / unit;
+  const int begin = static_cast<int>(index * blocks / parts) * unit;
+  const int end = static_cast<int>((index + 1) * blocks / parts) * unit;
+  return {begin, std::min(end, hidden)};
+}
+
+}  // namespace
+
+Range hidden_segment(const ModelShape& shape, int index) {
+  const int unit = hidden_block(shape);
+  SL_CHECK(unit > 0 && index >= 0 && index < n_reduction_segments(shape));
+  return floor_blocks(shape.hidden_dim, unit, n_reduction_segments(shape), index);
+}
+
+Range split_hidden(const ModelShape& shape, int tp_size, int tp_rank) {
+  SL_CHECK(tp_size >= 1 && tp_rank >= 0 && tp_rank < tp_size);
+  const int hidden = shape.hidden_dim;
+  if (const int unit = hidden_block(shape); unit > 0) return floor_blocks(hidden, unit, tp_size, tp_rank);
+  // Too narrow for segments: whole blocks of 32 per rank where there are enough (int8's groups still fall on
+  // every slice), else evenly.
+  if ((hidden + 31) / 32 >= tp_size) return floor_blocks(hidden, 32, tp_size, tp_rank);
+  return split_evenly(hidden, tp_size, tp_rank);
+}
+
+std::vector<int> local_hidden_bounds(const ModelShape& shape, int tp_size, int tp_rank) {
+  const Range slice = split_hidden(shape, tp_size, tp_rank);
+  const int segments = n_reduction_segments(shape);
+  if (hidden_block(shape) == 0 || segments % tp_size != 0) return {0, slice.size()};
+  std::vector<int> bounds;
+  const int per_rank = segments / tp_size;
+  for (int s = tp_rank * per_rank; s < (tp_rank + 1) * per_rank; ++s) {
+    const Range segment = hidden_segment(shape, s);
+    SL_CHECK(segment.begin >= slice.begin && segment.end <= slice.end);  // a rank holds whole segments
+    bounds.push_back(segment.begin - slice.begin);
   }
-  // A hidden dim that is no multiple of 32 (tiny-32k's 172): blocks of 32 and a short last one, which the
-  // last rank takes, so that every slice still starts on a multiple of 32.
-  const int blocks = (hidden_dim + 31) / 32;
-  if (blocks >= tp_size) {
-    const Range b = split_evenly(blocks, tp_size, tp_rank);
-    return {b.begin * 32, std::min(b.end * 32, hidden_dim)};
-  }
-  return split_evenly(hidden_dim, tp_size, tp_rank);
+  bounds.push_back(slice.size());
+  return bounds;
 }
 
 std::optional<std::string> find_layout_problem(const ModelShape& shape, int tp_size, int pp_size) {
@@ -89,7 +127,7 @@ RankShard shard_for(const ModelShape& shape, const Mesh& mesh, const std::vector
   shard.kv_heads = split_evenly(shape.n_kv_heads, mesh.tp_size(), mesh.tp_rank());
   const int group = shape.n_heads / shape.n_kv_heads;
   shard.heads = {shard.kv_heads.begin * group, shard.kv_heads.end * group};
-  shard.hidden = split_hidden(shape.hidden_dim, mesh.tp_size(), mesh.tp_rank());
+  shard.hidden = split_hidden(shape, mesh.tp_size(), mesh.tp_rank());
   shard.has_embedding = mesh.is_first_stage();
   shard.has_classifier = mesh.is_last_stage();
   if (shard.has_classifier) shard.vocab = split_evenly(shape.vocab_size, mesh.tp_size(), mesh.tp_rank());

@@ -35,13 +35,33 @@ Range split_evenly(int n, int parts, int index);
 // blocks (every piece then starts and ends on a block boundary), else split_evenly.
 Range split_in_blocks(int n, int parts, int index, int unit);
 
-// The hidden dim's TP split: in whole blocks of 128 features where hidden is a multiple of 128 with at
-// least one block per rank, else of 32 where there are as many blocks of 32 as ranks (the last one short
-// where hidden is no multiple of 32; the last rank takes it), else evenly. w2's column slices then start
-// on multiples of its int8 scale group (128 where hidden has a block of 128 for each of n_kv_heads ranks,
-// the most any layout has; else 32: runtime/shard_weights.cpp), so every rank's slice quantises exactly as
-// one rank quantises those columns. Only a hidden dim of fewer than 32 x (tp - 1) + 1 features is cut evenly.
-Range split_hidden(int hidden_dim, int tp_size, int tp_rank);
+// Reduction segments. The row-parallel matmuls, wo (k = the query heads' columns) and w2 (k = hidden),
+// are where tensor parallelism adds partial sums over k, and float addition depends on its order. So both
+// are computed in n_kv_heads segments along k, the same on every layout: wo's are the kv heads' query
+// columns, w2's hidden_segment()s. Each segment's product starts at zero and the products are added
+// segment by segment in order (kernels::cpu::matmul_segments), on one rank in its tiles, under TP after an
+// all-gather of every rank's products (a rank holds n_kv_heads / tp whole segments, tp dividing n_kv_heads).
+// Every layout then adds the same floats in the same order: one rank's bits, so the same tokens, greedy or
+// sampled, for every weight and cache dtype.
+int n_reduction_segments(const ModelShape& shape);
+
+// The hidden dim's unit for w2's segments and TP slices: 128 features where hidden is a multiple of 128 with
+// a block for each of the n_kv_heads segments, else 32 where hidden has as many blocks of 32 (the last one
+// short where hidden is no multiple of 32), else 0: too narrow to be cut in segments (toy widths under
+// 32 x (n_kv_heads - 1) + 1), whose TP layouts add w2's partial sums as an all-reduce does and so differ
+// from one rank by float rounding. w2's int8 scale groups are this unit (32 where it is 0): every segment
+// and slice quantises as one rank quantises its columns.
+int hidden_block(const ModelShape& shape);
+// Segment `index` of hidden (hidden_block() > 0): blocks floor(index * B / S) to floor((index + 1) * B / S)
+// of the B blocks, S = n_reduction_segments(), the last one ending at hidden_dim.
+Range hidden_segment(const ModelShape& shape, int index);
+// The hidden dim's TP split: tp_rank's n_kv_heads / tp consecutive segments (blocks floor(r B / tp) to
+// floor((r + 1) B / tp): ranks differ by one block at most). Too narrow for segments: in blocks of 32 where
+// there is one for each rank, else evenly.
+Range split_hidden(const ModelShape& shape, int tp_size, int tp_rank);
+// The borders of w2's segments within tp_rank's hidden slice, from 0 to its size; {0, size} where hidden is
+// too narrow for segments.
+std::vector<int> local_hidden_bounds(const ModelShape& shape, int tp_size, int tp_rank);
 
 // One rank's share of the model.
 struct RankShard {

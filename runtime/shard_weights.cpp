@@ -18,16 +18,16 @@ namespace shardline::runtime {
 namespace {
 constexpr std::uint64_t kF = sizeof(float);
 // int8 k values per scale of w2, which tensor parallelism slices along k, chosen from the model alone so that
-// every layout groups it alike (see the constructor): partition::split_hidden cuts hidden in blocks of 128
-// when it has at least one per rank, else of 32 (a short last one where hidden is no multiple of 32), so
-// every rank's slice starts on a multiple of the group. Only a hidden dim too narrow for a block of 32 per
-// rank is cut evenly; a rank then groups its slice from its own first column, so its int8 rounding differs
-// from one rank's by quantisation noise (tests/mpi/weight_dtype_distributed_test.cpp bounds it). wo's groups:
-// WoInput (shard_weights.h).
+// every layout groups it alike (see the constructor): partition::hidden_block(), the unit of w2's reduction
+// segments and TP slices (128 or 32), so every segment and slice starts on a group. Only a hidden dim too
+// narrow for segments may be cut elsewhere; a rank then groups its slice from its own first column, so its
+// int8 rounding differs from one rank's by quantisation noise (tests/mpi/weight_dtype_distributed_test.cpp
+// bounds it). wo's groups: WoInput (shard_weights.h).
 constexpr int kWide = kernels::cpu::kInt8WideGroup;
 constexpr int kBlock = kernels::cpu::kInt8Block;
 int w2_int8_group(const partition::ModelShape& s) {
-  return s.hidden_dim % kWide == 0 && s.hidden_dim / kWide >= s.n_kv_heads ? kWide : kBlock;
+  const int block = partition::hidden_block(s);
+  return block > 0 ? block : kBlock;
 }
 }  // namespace
 
@@ -38,8 +38,9 @@ WoInput wo_input(const partition::ModelShape& shape, WeightDtype dtype) {
     return {shape.dim, shape.dim, dtype == WeightDtype::kInt8 ? kernels::cpu::default_int8_group(shape.dim) : 0};
   }
   const int segment = shape.n_heads / shape.n_kv_heads * shape.head_size();
-  if (dtype != WeightDtype::kInt8) return {segment, segment, 0};
+  if (dtype == WeightDtype::kF32) return {segment, segment, 0};
   const int padded = (segment + kBlock - 1) / kBlock * kBlock;
+  if (dtype == WeightDtype::kBf16) return {segment, padded, 0};  // the bf16-dot kernels read blocks of 32 k
   // The widest of 128, 96, 64 and 32 that divides the padded segment (so every group lies inside one).
   int group = kBlock;
   for (int g = kWide; g > kBlock; g -= kBlock) {
@@ -55,7 +56,7 @@ bool int8_slices_match_one_rank(const partition::ModelShape& shape, int tp) {
   // wo's always do (WoInput); w2's where each rank's hidden slice starts on one of its groups, which is
   // split_hidden's own answer, not a second copy of its rule.
   for (int rank = 0; rank < tp; ++rank) {
-    if (partition::split_hidden(shape.hidden_dim, tp, rank).begin % w2_int8_group(shape) != 0) return false;
+    if (partition::split_hidden(shape, tp, rank).begin % w2_int8_group(shape) != 0) return false;
   }
   return true;
 }
@@ -68,6 +69,12 @@ void WoInput::spread(float* row, int q_columns) const {
     std::memmove(to, row + static_cast<std::size_t>(s) * segment, sizeof(float) * segment);
     std::fill(to + segment, to + padded_segment, 0.0f);
   }
+}
+
+std::vector<int> WoInput::bounds(int q_columns) const {
+  std::vector<int> borders;
+  for (int s = 0; s <= q_columns / segment; ++s) borders.push_back(s * padded_segment);
+  return borders;
 }
 
 ShardWeights::ShardWeights(const std::string& path, const partition::ModelShape& shape,

@@ -45,11 +45,12 @@ struct LayerWeights {
 };
 
 // How wo's packed k holds its input, the attention output (this rank's query heads, head_size values each).
-// int8 scales wo in groups that every TP layout's slices share: a slice is whole kv heads' query columns, so
-// one kv head's (its segment) is the smallest any layout gives a rank. Where a segment is no multiple of 32,
-// the int8 block, each is padded with zeros to whole blocks (tiny-32k's 16 columns to 32, heads of 48 to 64),
-// on every layout, one rank included, so that no scale group straddles two ranks' columns and each rank
-// quantises exactly one rank's groups. Elsewhere (fp32, bf16, and segments of whole blocks) no padding.
+// A kv head's query columns are one of wo's reduction segments (partition::n_reduction_segments): its product
+// is computed on its own and the products are added in order, on every layout (kernels::cpu::matmul_segments).
+// int8 scales wo in groups inside the segments, and the bf16-dot kernels read k in blocks of 32, so for both
+// a segment that is no multiple of 32 is padded with zeros to whole blocks (tiny-32k's 16 columns to 32,
+// heads of 48 to 64), on every layout, one rank included: each rank quantises exactly one rank's groups, and
+// each segment starts where a kernel can start. fp32, and segments of whole blocks, are not padded.
 struct WoInput {
   int segment = 1;         // input values per segment
   int padded_segment = 1;  // a segment's width in wo's packed k (== segment: no padding)
@@ -61,6 +62,8 @@ struct WoInput {
   // A row of q_columns values spread in place to packed_k(q_columns) of them, each segment at its padded
   // place with zeros after it. The row must hold packed_k(q_columns) floats.
   void spread(float* row, int q_columns) const;
+  // The segments' borders in wo's packed k for q_columns input values: 0, padded_segment, ..., packed_k.
+  std::vector<int> bounds(int q_columns) const;
 };
 WoInput wo_input(const partition::ModelShape& shape, WeightDtype dtype);
 // Whether tp ranks' int8 slices of wo and w2 all fall on one rank's scale groups (WoInput; w2 where every

@@ -21,6 +21,10 @@ Stage::Stage(const ShardWeights& weights, comm::Communicator& tp_comm, const Sta
   wo_input_ = weights.wo_input();
   SL_CHECK(q_dim_ % wo_input_.segment == 0);  // whole kv heads (find_layout_problem: tp divides n_kv_heads)
   att_stride_ = wo_input_.packed_k(q_dim_);
+  wo_bounds_ = wo_input_.bounds(q_dim_);
+  w2_bounds_ = partition::local_hidden_bounds(s, tp_comm.size(), tp_comm.rank());
+  w2_segmented_ = partition::hidden_block(s) > 0;
+  SL_CHECK(s.n_kv_heads % tp_comm.size() == 0);  // every rank holds as many whole segments
   if (!arena_) {
     own_arena_ = std::make_unique<memory::Arena>(
         memory::ArenaOptions{.initial_bytes = scratch_bytes(s, shard, options.max_rows)});
@@ -50,10 +54,13 @@ std::size_t Stage::scratch_bytes(const partition::ModelShape& s, const partition
   // att_ as wo's k: int8's, padded where it pads, is the widest.
   const std::size_t att = wo_input(s, kernels::cpu::WeightDtype::kInt8).packed_k(static_cast<int>(q_dim));
   const std::size_t hidden = shard.hidden.size();
-  const std::size_t floats = rows * (3 * s.dim + q_dim + att + 2 * kv_dim + 2 * hidden + s.head_size()) +
+  // tp > 1: the segment products, this rank's and every rank's (a rank holds whole kv heads, its segments).
+  const std::size_t local_segments = shard.kv_heads.size(), segments = partition::n_reduction_segments(s);
+  const std::size_t partials = local_segments < segments ? local_segments + segments : 0;
+  const std::size_t floats = rows * (3 * s.dim + q_dim + att + 2 * kv_dim + 2 * hidden + s.head_size() + partials * s.dim) +
                              static_cast<std::size_t>(shard.heads.size()) * s.seq_len +
                              (shard.has_classifier ? shard.vocab.size() : 0);
-  return floats * sizeof(float) + rows * sizeof(Row) + 17 * 64;  // + one alignment pad per buffer
+  return floats * sizeof(float) + rows * sizeof(Row) + 19 * 64;  // + one alignment pad per buffer
 }
 
 void Stage::reserve_rows(int max_rows) {
@@ -72,6 +79,11 @@ void Stage::reserve_rows(int max_rows) {
   rope_ = arena_->allocate_array<float>(rows * shape().head_size());
   hb_ = arena_->allocate_array<float>(rows * hidden_);
   out_ = arena_->allocate_array<float>(rows * dim);
+  if (tp_comm_.size() > 1) {
+    const std::size_t segments = partition::n_reduction_segments(shape());
+    partials_ = arena_->allocate_array<float>(segments / tp_comm_.size() * rows * dim);
+    all_partials_ = arena_->allocate_array<float>(segments * rows * dim);
+  }
   act_.reserve(max_rows, dim);
   act_inner_.reserve(max_rows, std::max(att_stride_, hidden_));
 }
@@ -187,9 +199,18 @@ void Stage::attention_block(const LayerWeights& w, float* x, const float* residu
       }
     }
     cpu::team_barrier();
-    cpu::matmul(out_.data(), act_inner_, w.wo, team);
+    // The kv heads' products added in order: here with one rank, after the gather with several.
+    const bool alone = tp_comm_.size() == 1;
+    cpu::matmul_segments(alone ? out_.data() : partials_.data(), act_inner_, w.wo, wo_bounds_, alone, team);
   });
-  tp_comm_.all_reduce_sum(out_.data(), static_cast<std::size_t>(n) * s.dim);  // sum over heads of the group
+  if (tp_comm_.size() > 1) gather_and_fold(n, static_cast<int>(wo_bounds_.size()) - 1);
+}
+
+void Stage::gather_and_fold(int n, int local_segments) {
+  const std::size_t count = static_cast<std::size_t>(n) * shape().dim;
+  tp_comm_.all_gather_bytes(partials_.data(), sizeof(float) * count * local_segments, all_partials_.data());
+  const int segments = local_segments * tp_comm_.size();
+  cpu::run_team([&](cpu::Team team) { cpu::fold_segments(out_.data(), all_partials_.data(), segments, count, team); });
 }
 
 void Stage::mlp_block(const LayerWeights& w, float* x, int n) {
@@ -204,9 +225,19 @@ void Stage::mlp_block(const LayerWeights& w, float* x, int n) {
     cpu::team_barrier();
     act_inner_.prepare_rows(hb_.data(), mine.begin, mine.end);
     cpu::team_barrier();
-    cpu::matmul(out_.data(), act_inner_, w.w2, team);
+    if (tp_comm_.size() == 1 || w2_segmented_) {  // the hidden segments' products added in order, as wo's
+      const bool alone = tp_comm_.size() == 1;
+      cpu::matmul_segments(alone ? out_.data() : partials_.data(), act_inner_, w.w2, w2_bounds_, alone, team);
+    } else {
+      cpu::matmul(out_.data(), act_inner_, w.w2, team);
+    }
   });
-  tp_comm_.all_reduce_sum(out_.data(), static_cast<std::size_t>(n) * s.dim);  // sum over hidden slices
+  if (tp_comm_.size() == 1) return;
+  if (w2_segmented_) {
+    gather_and_fold(n, static_cast<int>(w2_bounds_.size()) - 1);
+  } else {
+    tp_comm_.all_reduce_sum(out_.data(), static_cast<std::size_t>(n) * s.dim);  // sum over hidden slices
+  }
 }
 
 void Stage::prepare_classifier_input(const float* x, int n) {

@@ -1,7 +1,8 @@
 // One rank's forward pass: its layers, its heads, its slice of the MLP and of the classifier.
 // The communication points of the forward pass are all here, and only here:
-//   after attention's wo:  tp all-reduce (partial sums over heads)
-//   after the MLP's w2:    tp all-reduce (partial sums over hidden features)
+//   after attention's wo:  tp all-gather of the ranks' segment products (partial sums over kv heads),
+//                          added in segment order (partition::n_reduction_segments: one rank's bits)
+//   after the MLP's w2:    the same over hidden segments (an all-reduce where hidden is too narrow for them)
 //   after the classifier:  tp all-gather of the vocab slices (last stage)
 // Activations between stages are moved by the pipeline (pipeline.h), not here.
 #pragma once
@@ -83,6 +84,9 @@ class Stage : public StageBackend {
   // (Activations::prepare_normalised): residual is the previous layer's output, or null for the first.
   void attention_block(const LayerWeights& w, float* x, const float* residual, const Row* rows, int n, int local_layer);
   void mlp_block(const LayerWeights& w, float* x, int n);
+  // tp > 1, after a row-parallel matmul left this rank's segment products in partials_: every rank's,
+  // gathered in rank order (which is segment order), added in order into out_ (n rows).
+  void gather_and_fold(int n, int local_segments);
   // The final RMSNorm of n activation rows, prepared as the classifier's input in act_ (growing the
   // buffers of the logits calls to n rows).
   void prepare_classifier_input(const float* x, int n);
@@ -98,6 +102,9 @@ class Stage : public StageBackend {
   int hidden_;      // local hidden features
   WoInput wo_input_;  // how wo's packed k holds the heads' output (int8 may pad it: shard_weights.h)
   int att_stride_;    // floats per row of att_: wo's k
+  std::vector<int> wo_bounds_;  // wo's reduction segments along att_'s k (WoInput::bounds)
+  std::vector<int> w2_bounds_;  // w2's along this rank's hidden slice (partition::local_hidden_bounds)
+  bool w2_segmented_;           // hidden is wide enough for segments (else TP all-reduces w2's sums)
   std::vector<int> vocab_counts_;  // classifier rows per TP rank, for the logits gather
   std::vector<int> gather_counts_; // vocab_counts_ * rows of the current logits call
 
@@ -117,6 +124,8 @@ class Stage : public StageBackend {
   memory::ArenaArray<float> scores_; // (kernel threads, local heads, seq_len): one scratch per thread
   memory::ArenaArray<float> hb_;     // (max_rows, hidden)
   memory::ArenaArray<float> out_;    // (max_rows, dim)
+  memory::ArenaArray<float> partials_;      // tp > 1: (local segments, max_rows, dim), this rank's products
+  memory::ArenaArray<float> all_partials_;  // tp > 1: (n_reduction_segments, max_rows, dim), every rank's
   memory::ArenaArray<Row> rows_;     // (max_rows) for the single-sequence forward
   // The matmuls' inputs, prepared for the weight dtype. Two, so that each half layer's parallel pass has
   // both its shapes set before it starts: the normalised rows (q/k/v's, w1/w3's and the classifier's) and

@@ -47,24 +47,51 @@ TEST(SplitInBlocks, WholeBlocksWhereTheWidthAllows) {
   EXPECT_EQ(split_in_blocks(64, 3, 2, 32), split_evenly(64, 3, 2));    // two blocks for three parts
 }
 
-// The hidden split: blocks of 128 where the width has one per rank, else of 32 (the last one short where
-// the width is no multiple of 32), else even; a shard's hidden slice uses it.
-TEST(SplitHidden, BlocksOf128ThenOf32ThenEven) {
-  EXPECT_EQ(split_hidden(2048, 3, 0), (Range{0, 768}));
-  EXPECT_EQ(split_hidden(2048, 3, 1), (Range{768, 1408}));
-  EXPECT_EQ(split_hidden(2048, 3, 2), (Range{1408, 2048}));
-  EXPECT_EQ(split_hidden(2048, 12, 11), (Range{1920, 2048}));  // 16 blocks over 12 ranks
-  EXPECT_EQ(split_hidden(256, 4, 1), (Range{64, 128}));         // two blocks of 128 for four ranks: of 32
-  EXPECT_EQ(split_hidden(2080, 2, 1), (Range{1056, 2080}));     // 2080 = 65 x 32
-  // 260 = 8 x 32 + 4: nine blocks, the short one on the last rank; every slice starts on a multiple of 32.
-  EXPECT_EQ(split_hidden(260, 3, 0), (Range{0, 96}));
-  EXPECT_EQ(split_hidden(260, 3, 1), (Range{96, 192}));
-  EXPECT_EQ(split_hidden(260, 3, 2), (Range{192, 260}));
-  EXPECT_EQ(split_hidden(172, 4, 3), (Range{160, 172}));  // tiny-32k's hidden at tp=4: 2 + 2 + 1 + 1 blocks
-  EXPECT_EQ(split_hidden(172, 4, 1), (Range{64, 128}));
-  EXPECT_EQ(split_hidden(40, 4, 1), split_evenly(40, 4, 1));  // two blocks for four ranks
+// The hidden split: n_kv_heads segments of blocks of 128 where the width has one per segment, else of 32
+// (the last one short where the width is no multiple of 32); a TP rank takes whole segments, balanced to a
+// block, and a shard's hidden slice uses it.
+TEST(SplitHidden, RanksTakeWholeSegmentsOfBlocksOf128ThenOf32) {
+  const auto m110 = shape(768, 2048, 12, 12, 12, 32000);  // 16 blocks of 128 for 12 segments
+  EXPECT_EQ(hidden_block(m110), 128);
+  EXPECT_EQ(split_hidden(m110, 3, 0), (Range{0, 640}));     // blocks 0-4, 5-9, 10-15
+  EXPECT_EQ(split_hidden(m110, 3, 1), (Range{640, 1280}));
+  EXPECT_EQ(split_hidden(m110, 3, 2), (Range{1280, 2048}));
+  EXPECT_EQ(split_hidden(m110, 2, 1), (Range{1024, 2048}));
+  EXPECT_EQ(split_hidden(m110, 12, 11), (Range{1792, 2048}));  // floor(11 x 16 / 12) = 14
+  EXPECT_EQ(hidden_segment(m110, 2), (Range{256, 512}));    // floor(2 x 16 / 12) = 2 to floor(3 x 16 / 12) = 4
+  EXPECT_EQ(local_hidden_bounds(m110, 3, 1), (std::vector<int>{0, 128, 384, 512, 640}));  // segments 4-7
+  const auto narrow128 = shape(64, 256, 2, 4, 4, 300);     // two blocks of 128 for four segments: of 32
+  EXPECT_EQ(hidden_block(narrow128), 32);
+  EXPECT_EQ(split_hidden(narrow128, 4, 1), (Range{64, 128}));
+  // tiny-32k: 172 = 5 x 32 + 12, four segments; the short block on the last rank.
+  const auto tiny = shape(64, 172, 3, 8, 4, 32000);
+  EXPECT_EQ(split_hidden(tiny, 4, 3), (Range{128, 172}));
+  EXPECT_EQ(split_hidden(tiny, 2, 0), (Range{0, 96}));
+  EXPECT_EQ(local_hidden_bounds(tiny, 1, 0), (std::vector<int>{0, 32, 96, 128, 172}));
+  EXPECT_EQ(local_hidden_bounds(tiny, 2, 1), (std::vector<int>{0, 32, 76}));
+  // Every layout's slices are unions of the same segments, which is what makes the sums agree.
+  for (const auto& s : {m110, narrow128, tiny, shape(96, 260, 2, 6, 3, 300), shape(64, 2080, 2, 8, 8, 300)}) {
+    for (int tp = 1; tp <= s.n_kv_heads; ++tp) {
+      if (s.n_kv_heads % tp != 0) continue;
+      for (int r = 0; r < tp; ++r) {
+        const Range slice = split_hidden(s, tp, r);
+        const std::vector<int> bounds = local_hidden_bounds(s, tp, r);
+        ASSERT_EQ(static_cast<int>(bounds.size()), s.n_kv_heads / tp + 1) << s.hidden_dim << " tp=" << tp;
+        for (int i = 0; i + 1 < static_cast<int>(bounds.size()); ++i) {
+          EXPECT_EQ(hidden_segment(s, r * s.n_kv_heads / tp + i), (Range{slice.begin + bounds[i], slice.begin + bounds[i + 1]}));
+          EXPECT_EQ((slice.begin + bounds[i]) % 32, 0);
+        }
+      }
+    }
+  }
+  // Too narrow for a block per segment: blocks of 32 per rank where there are enough, else even; one range.
+  const auto toy = shape(48, 40, 2, 8, 8, 300);  // two blocks for eight segments
+  EXPECT_EQ(hidden_block(toy), 0);
+  EXPECT_EQ(split_hidden(toy, 2, 1), (Range{32, 40}));
+  EXPECT_EQ(split_hidden(toy, 4, 1), split_evenly(40, 4, 1));
+  EXPECT_EQ(local_hidden_bounds(toy, 4, 1), (std::vector<int>{0, 10}));
   const auto s = shape(64, 2048, 2, 6, 3, 300);
-  EXPECT_EQ(shard_for(s, Mesh(3, 2, 3, 1), stage_layer_ranges(s, 1)).hidden, (Range{1408, 2048}));
+  EXPECT_EQ(shard_for(s, Mesh(3, 2, 3, 1), stage_layer_ranges(s, 1)).hidden, (Range{1280, 2048}));
 }
 
 TEST(StageLayerRanges, EvenUnevenAndExplicit) {
