@@ -57,7 +57,9 @@ std::size_t Stage::scratch_bytes(const partition::ModelShape& s, const partition
   // tp > 1: the segment products, this rank's and every rank's (a rank holds whole kv heads, its segments).
   const std::size_t local_segments = shard.kv_heads.size(), segments = partition::n_reduction_segments(s);
   const std::size_t partials = local_segments < segments ? local_segments + segments : 0;
-  const std::size_t floats = rows * (3 * s.dim + q_dim + att + 2 * kv_dim + 2 * hidden + s.head_size() + partials * s.dim) +
+  const std::size_t partial_rows = std::min<std::size_t>(rows, kPartialRows);
+  const std::size_t floats = rows * (3 * s.dim + q_dim + att + 2 * kv_dim + 2 * hidden + s.head_size()) +
+                             partial_rows * partials * s.dim +
                              static_cast<std::size_t>(shard.heads.size()) * s.seq_len +
                              (shard.has_classifier ? shard.vocab.size() : 0);
   return floats * sizeof(float) + rows * sizeof(Row) + 19 * 64;  // + one alignment pad per buffer
@@ -81,8 +83,9 @@ void Stage::reserve_rows(int max_rows) {
   out_ = arena_->allocate_array<float>(rows * dim);
   if (tp_comm_.size() > 1) {
     const std::size_t segments = partition::n_reduction_segments(shape());
-    partials_ = arena_->allocate_array<float>(segments / tp_comm_.size() * rows * dim);
-    all_partials_ = arena_->allocate_array<float>(segments * rows * dim);
+    const std::size_t partial_rows = std::min<std::size_t>(rows, kPartialRows);
+    partials_ = arena_->allocate_array<float>(segments / tp_comm_.size() * partial_rows * dim);
+    all_partials_ = arena_->allocate_array<float>(segments * partial_rows * dim);
   }
   act_.reserve(max_rows, dim);
   act_inner_.reserve(max_rows, std::max(att_stride_, hidden_));
@@ -200,17 +203,31 @@ void Stage::attention_block(const LayerWeights& w, float* x, const float* residu
     }
     cpu::team_barrier();
     // The kv heads' products added in order: here with one rank, after the gather with several.
-    const bool alone = tp_comm_.size() == 1;
-    cpu::matmul_segments(alone ? out_.data() : partials_.data(), act_inner_, w.wo, wo_bounds_, alone, team);
+    if (tp_comm_.size() == 1) {
+      cpu::matmul_segments(out_.data(), act_inner_, w.wo, wo_bounds_, /*fold=*/true, team);
+    } else {
+      cpu::matmul_segment_products(partials_.data(), act_inner_, w.wo, wo_bounds_, 0, std::min(n, kPartialRows), team);
+    }
   });
-  if (tp_comm_.size() > 1) gather_and_fold(n, static_cast<int>(wo_bounds_.size()) - 1);
+  if (tp_comm_.size() > 1) reduce_segments(w.wo, wo_bounds_, n);
 }
 
-void Stage::gather_and_fold(int n, int local_segments) {
-  const std::size_t count = static_cast<std::size_t>(n) * shape().dim;
-  tp_comm_.all_gather_bytes(partials_.data(), sizeof(float) * count * local_segments, all_partials_.data());
+void Stage::reduce_segments(const PackedMatrix& w, const std::vector<int>& bounds, int n) {
+  const int dim = shape().dim;
+  const int local_segments = static_cast<int>(bounds.size()) - 1;
   const int segments = local_segments * tp_comm_.size();
-  cpu::run_team([&](cpu::Team team) { cpu::fold_segments(out_.data(), all_partials_.data(), segments, count, team); });
+  for (int r0 = 0; r0 < n; r0 += kPartialRows) {
+    const int rows = std::min(kPartialRows, n - r0);
+    if (r0 > 0) {  // the first block's products came with the half layer's pass
+      cpu::run_team([&](cpu::Team team) {
+        cpu::matmul_segment_products(partials_.data(), act_inner_, w, bounds, r0, rows, team);
+      });
+    }
+    const std::size_t count = static_cast<std::size_t>(rows) * dim;
+    tp_comm_.all_gather_bytes(partials_.data(), sizeof(float) * count * local_segments, all_partials_.data());
+    float* out = out_.data() + static_cast<std::size_t>(r0) * dim;
+    cpu::run_team([&](cpu::Team team) { cpu::fold_segments(out, all_partials_.data(), segments, count, team); });
+  }
 }
 
 void Stage::mlp_block(const LayerWeights& w, float* x, int n) {
@@ -225,16 +242,18 @@ void Stage::mlp_block(const LayerWeights& w, float* x, int n) {
     cpu::team_barrier();
     act_inner_.prepare_rows(hb_.data(), mine.begin, mine.end);
     cpu::team_barrier();
-    if (tp_comm_.size() == 1 || w2_segmented_) {  // the hidden segments' products added in order, as wo's
-      const bool alone = tp_comm_.size() == 1;
-      cpu::matmul_segments(alone ? out_.data() : partials_.data(), act_inner_, w.w2, w2_bounds_, alone, team);
+    // The hidden segments' products added in order, as wo's.
+    if (tp_comm_.size() == 1) {
+      cpu::matmul_segments(out_.data(), act_inner_, w.w2, w2_bounds_, /*fold=*/true, team);
+    } else if (w2_segmented_) {
+      cpu::matmul_segment_products(partials_.data(), act_inner_, w.w2, w2_bounds_, 0, std::min(n, kPartialRows), team);
     } else {
       cpu::matmul(out_.data(), act_inner_, w.w2, team);
     }
   });
   if (tp_comm_.size() == 1) return;
   if (w2_segmented_) {
-    gather_and_fold(n, static_cast<int>(w2_bounds_.size()) - 1);
+    reduce_segments(w.w2, w2_bounds_, n);
   } else {
     tp_comm_.all_reduce_sum(out_.data(), static_cast<std::size_t>(n) * s.dim);  // sum over hidden slices
   }

@@ -23,6 +23,9 @@ namespace shardline::runtime {
 // KV pool size when StageOptions::kv_blocks is 0: this many full-context sequences. Only address space is
 // reserved up front; blocks are committed as sequences reach them.
 inline constexpr int kDefaultKvContexts = 64;
+// Rows of segment products a TP rank gathers at once (Stage::reduce_segments): a batch-16 decode step in
+// one block; a prefill chunk of 512 rows in eight, each reading wo and w2 again.
+inline constexpr int kPartialRows = 64;
 
 struct StageOptions {
   int max_rows = 64;  // most rows one forward call takes; sizes the scratch buffers
@@ -84,9 +87,10 @@ class Stage : public StageBackend {
   // (Activations::prepare_normalised): residual is the previous layer's output, or null for the first.
   void attention_block(const LayerWeights& w, float* x, const float* residual, const Row* rows, int n, int local_layer);
   void mlp_block(const LayerWeights& w, float* x, int n);
-  // tp > 1, after a row-parallel matmul left this rank's segment products in partials_: every rank's,
-  // gathered in rank order (which is segment order), added in order into out_ (n rows).
-  void gather_and_fold(int n, int local_segments);
+  // tp > 1, after the half layer's pass left the segment products of w's first kPartialRows rows in
+  // partials_: every rank's, gathered in rank order (which is segment order) and added in order into out_,
+  // kPartialRows rows at a time (the later blocks' products computed here), for all n rows.
+  void reduce_segments(const PackedMatrix& w, const std::vector<int>& bounds, int n);
   // The final RMSNorm of n activation rows, prepared as the classifier's input in act_ (growing the
   // buffers of the logits calls to n rows).
   void prepare_classifier_input(const float* x, int n);
@@ -124,8 +128,10 @@ class Stage : public StageBackend {
   memory::ArenaArray<float> scores_; // (kernel threads, local heads, seq_len): one scratch per thread
   memory::ArenaArray<float> hb_;     // (max_rows, hidden)
   memory::ArenaArray<float> out_;    // (max_rows, dim)
-  memory::ArenaArray<float> partials_;      // tp > 1: (local segments, max_rows, dim), this rank's products
-  memory::ArenaArray<float> all_partials_;  // tp > 1: (n_reduction_segments, max_rows, dim), every rank's
+  // tp > 1: segment products of up to kPartialRows rows (a prefill chunk goes in blocks: they would hold
+  // n_kv_heads times its rows otherwise)
+  memory::ArenaArray<float> partials_;      // (local segments, kPartialRows, dim), this rank's
+  memory::ArenaArray<float> all_partials_;  // (n_reduction_segments, kPartialRows, dim), every rank's
   memory::ArenaArray<Row> rows_;     // (max_rows) for the single-sequence forward
   // The matmuls' inputs, prepared for the weight dtype. Two, so that each half layer's parallel pass has
   // both its shapes set before it starts: the normalised rows (q/k/v's, w1/w3's and the classifier's) and

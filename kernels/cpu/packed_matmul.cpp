@@ -398,6 +398,8 @@ void matmul(const Activations& x, std::span<const MatmulOutput> outputs, Team te
   for (const MatmulOutput& o : outputs) matmul_tiles(o.y, x, *o.w, team, kernel);
 }
 
+namespace {
+
 void check_segments(const Activations& x, const PackedMatrix& w, std::span<const int> k_bounds) {
   check_operands(x, w);
   SL_CHECK_MSG(k_bounds.size() >= 2 && k_bounds.front() == 0 && k_bounds.back() == w.k, "k segments must run from 0 "
@@ -412,30 +414,27 @@ void check_segments(const Activations& x, const PackedMatrix& w, std::span<const
   }
 }
 
-void matmul_segments(float* y, const Activations& x, const PackedMatrix& w, std::span<const int> k_bounds, bool fold) {
-  check_segments(x, w, k_bounds);  // here, where an exception can leave (not from inside the parallel pass)
-  run_team_for(static_cast<long>(x.n()) * w.d * w.k, [&](Team team) { matmul_segments(y, x, w, k_bounds, fold, team); });
-}
-
-void matmul_segments(float* y, const Activations& x, const PackedMatrix& w, std::span<const int> k_bounds, bool fold,
-                     Team team) {
+// Rows [row0, row0 + rows) of x; y's rows counted from row0.
+void segments_of_rows(float* y, const Activations& x, const PackedMatrix& w, std::span<const int> k_bounds, bool fold,
+                      int row0, int rows, Team team) {
   check_segments(x, w, k_bounds);
+  SL_CHECK(row0 >= 0 && rows >= 1 && row0 + rows <= x.n());
   const tile::TileKernel kernel = tile_kernel(x.dtype());
   const int n_segments = static_cast<int>(k_bounds.size()) - 1;
-  const std::size_t partial_floats = static_cast<std::size_t>(x.n()) * w.d;
+  const std::size_t partial_floats = static_cast<std::size_t>(rows) * w.d;
   alignas(64) float tile_out[tile::kTileRows * tile::kTileStride];
-  TileRuns tiles(w, x.n(), team);
+  TileRuns tiles(w, rows, team);
   for (int p, n_panels; tiles.next(p, n_panels);) {
-    for (int r = 0; r < x.n(); r += tile::kTileRows) {
-      const int n_rows = std::min(tile::kTileRows, x.n() - r);
-      const tile::Tile whole = make_tile(x, w, p, n_panels, r, n_rows, tile_out);
+    for (int r = 0; r < rows; r += tile::kTileRows) {
+      const int n_rows = std::min(tile::kTileRows, rows - r);
+      const tile::Tile whole = make_tile(x, w, p, n_panels, row0 + r, n_rows, tile_out);
       for (int s = 0; s < n_segments; ++s) {
         tile::Tile t = k_range_view(whole, w, k_bounds[s], k_bounds[s + 1]);
         // Each range's call prefetches what follows it: the tile's next range, or after the last range of
         // the last rows the next tile.
         if (s + 1 < n_segments) {
           t.prefetch = k_range_view(whole, w, k_bounds[s + 1], k_bounds[s + 2]).panels;
-        } else if (r + n_rows == x.n()) {
+        } else if (r + n_rows == rows) {
           t.prefetch = tiles.likely_next_panels(n_panels);
         }
         kernel(t);
@@ -453,6 +452,23 @@ void matmul_segments(float* y, const Activations& x, const PackedMatrix& w, std:
       }
     }
   }
+}
+
+}  // namespace
+
+void matmul_segments(float* y, const Activations& x, const PackedMatrix& w, std::span<const int> k_bounds, bool fold) {
+  check_segments(x, w, k_bounds);  // here, where an exception can leave (not from inside the parallel pass)
+  run_team_for(static_cast<long>(x.n()) * w.d * w.k, [&](Team team) { matmul_segments(y, x, w, k_bounds, fold, team); });
+}
+
+void matmul_segments(float* y, const Activations& x, const PackedMatrix& w, std::span<const int> k_bounds, bool fold,
+                     Team team) {
+  segments_of_rows(y, x, w, k_bounds, fold, 0, x.n(), team);
+}
+
+void matmul_segment_products(float* y, const Activations& x, const PackedMatrix& w, std::span<const int> k_bounds,
+                             int row0, int n_rows, Team team) {
+  segments_of_rows(y, x, w, k_bounds, /*fold=*/false, row0, n_rows, team);
 }
 
 void fold_segments(float* y, const float* partials, int n_segments, std::size_t count, Team team) {

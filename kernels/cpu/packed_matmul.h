@@ -133,6 +133,10 @@ void matmul(const Activations& x, std::span<const MatmulOutput> outputs, Team te
 void matmul_segments(float* y, const Activations& x, const PackedMatrix& w, std::span<const int> k_bounds, bool fold);
 void matmul_segments(float* y, const Activations& x, const PackedMatrix& w, std::span<const int> k_bounds, bool fold,
                      Team team);
+// The products alone (no fold) of rows [row0, row0 + n_rows) of x: y (S, n_rows, w.d). A caller bounds its
+// buffers this way (a prefill chunk in blocks of rows).
+void matmul_segment_products(float* y, const Activations& x, const PackedMatrix& w, std::span<const int> k_bounds,
+                             int row0, int n_rows, Team team);
 // y (count) = ((p_0 + p_1) + p_2) + ... of partials (n_segments, count): matmul_segments' fold, the same
 // additions in the same order. The team's share (every thread of the team must call it).
 void fold_segments(float* y, const float* partials, int n_segments, std::size_t count, Team team);
