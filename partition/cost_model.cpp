@@ -202,7 +202,18 @@ TimeBreakdown stage_pass(const LayoutGeometry& g, int s, double rows, double log
   const double heads = q / w.shape.head_size();
   const double per_row_s = row_elements * rates.row_element_s + heads * g.cluster.domain.attention_head_s;
   layer.compute_s += rows * per_row_s / rates.row_threads;
-  layer.comm_s += 2.0 * ring_allreduce_s(g.layout.tp, rows * d * kFloat, tp_link);
+  // TP: wo's and w2's segment products, every rank's gathered (in blocks of kSegmentGatherRows rows) and
+  // added in order (runtime/stage.h); w2's all-reduced where hidden is too narrow for segments.
+  if (g.layout.tp > 1) {
+    const int segments = n_reduction_segments(w.shape);
+    const double blocks = std::ceil(rows / kSegmentGatherRows);
+    const double gather_s = blocks * (g.layout.tp - 1) * tp_link.alpha_s +
+                            ring_allgather_s(g.layout.tp, segments * rows * d * kFloat, tp_link) -
+                            (g.layout.tp - 1) * tp_link.alpha_s;
+    const bool w2_segmented = hidden_block(w.shape) > 0;
+    layer.comm_s += gather_s + (w2_segmented ? gather_s : ring_allreduce_s(g.layout.tp, rows * d * kFloat, tp_link));
+    layer.compute_s += (w2_segmented ? 2 : 1) * rows * segments * d * rates.row_element_s / rates.row_threads;  // the folds
+  }
   TimeBreakdown total;
   for (int l = 0; l < g.stage_layers[s].size(); ++l) total += layer;
   if (s == g.layout.pp - 1 && logit_rows > 0) {

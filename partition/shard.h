@@ -44,6 +44,10 @@ Range split_in_blocks(int n, int parts, int index, int unit);
 // Every layout then adds the same floats in the same order: one rank's bits, so the same tokens, greedy or
 // sampled, for every weight and cache dtype.
 int n_reduction_segments(const ModelShape& shape);
+// Rows of segment products a TP rank gathers at once: a batch-16 decode step in one gather; a prefill chunk
+// of 512 rows in eight, each computing its rows' products again from the weights (the products of a whole
+// chunk would take n_kv_heads / tp + n_kv_heads times its rows of memory).
+inline constexpr int kSegmentGatherRows = 64;
 
 // The hidden dim's unit for w2's segments and TP slices: 128 features where hidden is a multiple of 128 with
 // a block for each of the n_kv_heads segments, else 32 where hidden has as many blocks of 32 (the last one

@@ -224,7 +224,9 @@ void Stage::reduce_segments(const PackedMatrix& w, const std::vector<int>& bound
       });
     }
     const std::size_t count = static_cast<std::size_t>(rows) * dim;
-    tp_comm_.all_gather_bytes(partials_.data(), sizeof(float) * count * local_segments, all_partials_.data());
+    // all_gather_v: a host's ranks gather through shared memory (comm/host_collectives.h), as they all-reduced.
+    partial_counts_.assign(tp_comm_.size(), static_cast<int>(count * local_segments));
+    tp_comm_.all_gather_v(partials_.data(), all_partials_.data(), partial_counts_);
     float* out = out_.data() + static_cast<std::size_t>(r0) * dim;
     cpu::run_team([&](cpu::Team team) { cpu::fold_segments(out, all_partials_.data(), segments, count, team); });
   }

@@ -23,9 +23,8 @@ namespace shardline::runtime {
 // KV pool size when StageOptions::kv_blocks is 0: this many full-context sequences. Only address space is
 // reserved up front; blocks are committed as sequences reach them.
 inline constexpr int kDefaultKvContexts = 64;
-// Rows of segment products a TP rank gathers at once (Stage::reduce_segments): a batch-16 decode step in
-// one block; a prefill chunk of 512 rows in eight, each reading wo and w2 again.
-inline constexpr int kPartialRows = 64;
+// Rows of segment products a TP rank gathers at once (Stage::reduce_segments; partition/shard.h).
+inline constexpr int kPartialRows = partition::kSegmentGatherRows;
 
 struct StageOptions {
   int max_rows = 64;  // most rows one forward call takes; sizes the scratch buffers
@@ -111,6 +110,7 @@ class Stage : public StageBackend {
   bool w2_segmented_;           // hidden is wide enough for segments (else TP all-reduces w2's sums)
   std::vector<int> vocab_counts_;  // classifier rows per TP rank, for the logits gather
   std::vector<int> gather_counts_; // vocab_counts_ * rows of the current logits call
+  std::vector<int> partial_counts_;  // floats of segment products each TP rank gathers (reduce_segments)
 
   std::unique_ptr<memory::Arena> own_arena_;  // only when StageOptions::arena was null
   memory::Arena* arena_;
