@@ -202,17 +202,18 @@ TimeBreakdown stage_pass(const LayoutGeometry& g, int s, double rows, double log
   const double heads = q / w.shape.head_size();
   const double per_row_s = row_elements * rates.row_element_s + heads * g.cluster.domain.attention_head_s;
   layer.compute_s += rows * per_row_s / rates.row_threads;
-  // TP: wo's and w2's segment products, every rank's gathered (in blocks of kSegmentGatherRows rows) and
-  // added in order (runtime/stage.h); w2's all-reduced where hidden is too narrow for segments.
+  // TP: the sum of wo's and of w2's segment products passed from rank to rank in segment order and then
+  // broadcast from the last (runtime/stage.h), in blocks of kSegmentGatherRows rows; each rank adds its own
+  // products (S / tp of rows x dim) onto it. w2's is an all-reduce where hidden is too narrow for segments.
   if (g.layout.tp > 1) {
-    const int segments = n_reduction_segments(w.shape);
-    const double blocks = std::ceil(rows / kSegmentGatherRows);
-    const double gather_s = blocks * (g.layout.tp - 1) * tp_link.alpha_s +
-                            ring_allgather_s(g.layout.tp, segments * rows * d * kFloat, tp_link) -
-                            (g.layout.tp - 1) * tp_link.alpha_s;
+    const int p = g.layout.tp;
+    const double bytes = rows * d * kFloat;
+    const double hops = (p - 1) + std::ceil(std::log2(static_cast<double>(p)));  // the chain, then a binomial broadcast
+    const double chain_s = std::ceil(rows / kSegmentGatherRows) * hops * tp_link.alpha_s + hops * bytes * tp_link.beta_s_per_byte;
     const bool w2_segmented = hidden_block(w.shape) > 0;
-    layer.comm_s += gather_s + (w2_segmented ? gather_s : ring_allreduce_s(g.layout.tp, rows * d * kFloat, tp_link));
-    layer.compute_s += (w2_segmented ? 2 : 1) * rows * segments * d * rates.row_element_s / rates.row_threads;  // the folds
+    layer.comm_s += chain_s + (w2_segmented ? chain_s : ring_allreduce_s(p, bytes, tp_link));
+    const double local_segments = static_cast<double>(n_reduction_segments(w.shape)) / p;
+    layer.compute_s += (w2_segmented ? 2 : 1) * rows * local_segments * d * rates.row_element_s / rates.row_threads;
   }
   TimeBreakdown total;
   for (int l = 0; l < g.stage_layers[s].size(); ++l) total += layer;

@@ -54,15 +54,15 @@ std::size_t Stage::scratch_bytes(const partition::ModelShape& s, const partition
   // att_ as wo's k: int8's, padded where it pads, is the widest.
   const std::size_t att = wo_input(s, kernels::cpu::WeightDtype::kInt8).packed_k(static_cast<int>(q_dim));
   const std::size_t hidden = shard.hidden.size();
-  // tp > 1: the segment products, this rank's and every rank's (a rank holds whole kv heads, its segments).
-  const std::size_t local_segments = shard.kv_heads.size(), segments = partition::n_reduction_segments(s);
-  const std::size_t partials = local_segments < segments ? local_segments + segments : 0;
+  // TP ranks after the first: their segment products (a rank holds whole kv heads, its segments).
+  const bool first = shard.kv_heads.begin == 0;
+  const std::size_t partials = first ? 0 : shard.kv_heads.size();
   const std::size_t partial_rows = std::min<std::size_t>(rows, kPartialRows);
   const std::size_t floats = rows * (3 * s.dim + q_dim + att + 2 * kv_dim + 2 * hidden + s.head_size()) +
                              partial_rows * partials * s.dim +
                              static_cast<std::size_t>(shard.heads.size()) * s.seq_len +
                              (shard.has_classifier ? shard.vocab.size() : 0);
-  return floats * sizeof(float) + rows * sizeof(Row) + 19 * 64;  // + one alignment pad per buffer
+  return floats * sizeof(float) + rows * sizeof(Row) + 18 * 64;  // + one alignment pad per buffer
 }
 
 void Stage::reserve_rows(int max_rows) {
@@ -81,11 +81,9 @@ void Stage::reserve_rows(int max_rows) {
   rope_ = arena_->allocate_array<float>(rows * shape().head_size());
   hb_ = arena_->allocate_array<float>(rows * hidden_);
   out_ = arena_->allocate_array<float>(rows * dim);
-  if (tp_comm_.size() > 1) {
+  if (tp_comm_.rank() > 0) {
     const std::size_t segments = partition::n_reduction_segments(shape());
-    const std::size_t partial_rows = std::min<std::size_t>(rows, kPartialRows);
-    partials_ = arena_->allocate_array<float>(segments / tp_comm_.size() * partial_rows * dim);
-    all_partials_ = arena_->allocate_array<float>(segments * partial_rows * dim);
+    partials_ = arena_->allocate_array<float>(segments / tp_comm_.size() * std::min<std::size_t>(rows, kPartialRows) * dim);
   }
   act_.reserve(max_rows, dim);
   act_inner_.reserve(max_rows, std::max(att_stride_, hidden_));
@@ -203,32 +201,42 @@ void Stage::attention_block(const LayerWeights& w, float* x, const float* residu
     }
     cpu::team_barrier();
     // The kv heads' products added in order: here with one rank, after the gather with several.
-    if (tp_comm_.size() == 1) {
-      cpu::matmul_segments(out_.data(), act_inner_, w.wo, wo_bounds_, /*fold=*/true, team);
-    } else {
-      cpu::matmul_segment_products(partials_.data(), act_inner_, w.wo, wo_bounds_, 0, std::min(n, kPartialRows), team);
-    }
+    first_segment_products(w.wo, wo_bounds_, n, team);
   });
   if (tp_comm_.size() > 1) reduce_segments(w.wo, wo_bounds_, n);
 }
 
+void Stage::first_segment_products(const PackedMatrix& w, const std::vector<int>& bounds, int n, cpu::Team team) {
+  // TP rank 0 and one rank: the products of their segments added in order, into out_ (rank 0's are the
+  // start of the order). The other TP ranks: their products apart, the first kPartialRows rows.
+  if (tp_comm_.rank() == 0) {
+    cpu::matmul_segments(out_.data(), act_inner_, w, bounds, /*fold=*/true, team);
+  } else {
+    cpu::matmul_segments(partials_.data(), act_inner_, w, bounds, /*fold=*/false, 0, std::min(n, kPartialRows), team);
+  }
+}
+
 void Stage::reduce_segments(const PackedMatrix& w, const std::vector<int>& bounds, int n) {
   const int dim = shape().dim;
+  const int rank = tp_comm_.rank(), last = tp_comm_.size() - 1;
   const int local_segments = static_cast<int>(bounds.size()) - 1;
-  const int segments = local_segments * tp_comm_.size();
+  constexpr int kChainTag = 71;
   for (int r0 = 0; r0 < n; r0 += kPartialRows) {
     const int rows = std::min(kPartialRows, n - r0);
-    if (r0 > 0) {  // the first block's products came with the half layer's pass
-      cpu::run_team([&](cpu::Team team) {
-        cpu::matmul_segment_products(partials_.data(), act_inner_, w, bounds, r0, rows, team);
-      });
+    const std::size_t count = static_cast<std::size_t>(rows) * dim, bytes = count * sizeof(float);
+    float* y = out_.data() + static_cast<std::size_t>(r0) * dim;
+    if (rank > 0) {
+      if (r0 > 0) {  // the first block's products came with the half layer's pass
+        cpu::run_team([&](cpu::Team team) {
+          cpu::matmul_segments(partials_.data(), act_inner_, w, bounds, /*fold=*/false, r0, rows, team);
+        });
+      }
+      // The sum of every segment before this rank's, then this rank's added in order.
+      tp_comm_.recv(y, bytes, rank - 1, kChainTag);
+      cpu::run_team([&](cpu::Team team) { cpu::fold_segments_onto(y, partials_.data(), local_segments, count, team); });
     }
-    const std::size_t count = static_cast<std::size_t>(rows) * dim;
-    // all_gather_v: a host's ranks gather through shared memory (comm/host_collectives.h), as they all-reduced.
-    partial_counts_.assign(tp_comm_.size(), static_cast<int>(count * local_segments));
-    tp_comm_.all_gather_v(partials_.data(), all_partials_.data(), partial_counts_);
-    float* out = out_.data() + static_cast<std::size_t>(r0) * dim;
-    cpu::run_team([&](cpu::Team team) { cpu::fold_segments(out, all_partials_.data(), segments, count, team); });
+    if (rank < last) tp_comm_.send(y, bytes, rank + 1, kChainTag);
+    tp_comm_.broadcast(y, bytes, last);  // the whole sum, from the rank that added the last segment
   }
 }
 
@@ -245,10 +253,8 @@ void Stage::mlp_block(const LayerWeights& w, float* x, int n) {
     act_inner_.prepare_rows(hb_.data(), mine.begin, mine.end);
     cpu::team_barrier();
     // The hidden segments' products added in order, as wo's.
-    if (tp_comm_.size() == 1) {
-      cpu::matmul_segments(out_.data(), act_inner_, w.w2, w2_bounds_, /*fold=*/true, team);
-    } else if (w2_segmented_) {
-      cpu::matmul_segment_products(partials_.data(), act_inner_, w.w2, w2_bounds_, 0, std::min(n, kPartialRows), team);
+    if (tp_comm_.size() == 1 || w2_segmented_) {
+      first_segment_products(w.w2, w2_bounds_, n, team);
     } else {
       cpu::matmul(out_.data(), act_inner_, w.w2, team);
     }

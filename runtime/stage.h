@@ -1,7 +1,8 @@
 // One rank's forward pass: its layers, its heads, its slice of the MLP and of the classifier.
 // The communication points of the forward pass are all here, and only here:
-//   after attention's wo:  tp all-gather of the ranks' segment products (partial sums over kv heads),
-//                          added in segment order (partition::n_reduction_segments: one rank's bits)
+//   after attention's wo:  the sum of the ranks' segment products (partial sums over kv heads) passed from
+//                          rank to rank in segment order, then broadcast (partition::n_reduction_segments:
+//                          one rank's bits)
 //   after the MLP's w2:    the same over hidden segments (an all-reduce where hidden is too narrow for them)
 //   after the classifier:  tp all-gather of the vocab slices (last stage)
 // Activations between stages are moved by the pipeline (pipeline.h), not here.
@@ -86,9 +87,13 @@ class Stage : public StageBackend {
   // (Activations::prepare_normalised): residual is the previous layer's output, or null for the first.
   void attention_block(const LayerWeights& w, float* x, const float* residual, const Row* rows, int n, int local_layer);
   void mlp_block(const LayerWeights& w, float* x, int n);
-  // tp > 1, after the half layer's pass left the segment products of w's first kPartialRows rows in
-  // partials_: every rank's, gathered in rank order (which is segment order) and added in order into out_,
-  // kPartialRows rows at a time (the later blocks' products computed here), for all n rows.
+  // The half layer's row-parallel products (wo's or w2's): TP rank 0 (and one rank) adds its segments' in
+  // order into out_; the other TP ranks keep theirs apart in partials_ (the first kPartialRows rows).
+  void first_segment_products(const PackedMatrix& w, const std::vector<int>& bounds, int n, kernels::cpu::Team team);
+  // tp > 1, after first_segment_products: the sum of every rank's products in segment order, in a chain: each
+  // TP rank receives the sum of the segments before its own from the rank before, adds its own in order and
+  // passes it on; the last broadcasts the whole sum into every rank's out_. kPartialRows rows at a time (the
+  // later blocks' products computed here). Each rank sends one vector of rows x dim, as an all-reduce does.
   void reduce_segments(const PackedMatrix& w, const std::vector<int>& bounds, int n);
   // The final RMSNorm of n activation rows, prepared as the classifier's input in act_ (growing the
   // buffers of the logits calls to n rows).
@@ -110,7 +115,6 @@ class Stage : public StageBackend {
   bool w2_segmented_;           // hidden is wide enough for segments (else TP all-reduces w2's sums)
   std::vector<int> vocab_counts_;  // classifier rows per TP rank, for the logits gather
   std::vector<int> gather_counts_; // vocab_counts_ * rows of the current logits call
-  std::vector<int> partial_counts_;  // floats of segment products each TP rank gathers (reduce_segments)
 
   std::unique_ptr<memory::Arena> own_arena_;  // only when StageOptions::arena was null
   memory::Arena* arena_;
@@ -128,10 +132,9 @@ class Stage : public StageBackend {
   memory::ArenaArray<float> scores_; // (kernel threads, local heads, seq_len): one scratch per thread
   memory::ArenaArray<float> hb_;     // (max_rows, hidden)
   memory::ArenaArray<float> out_;    // (max_rows, dim)
-  // tp > 1: segment products of up to kPartialRows rows (a prefill chunk goes in blocks: they would hold
-  // n_kv_heads times its rows otherwise)
-  memory::ArenaArray<float> partials_;      // (local segments, kPartialRows, dim), this rank's
-  memory::ArenaArray<float> all_partials_;  // (n_reduction_segments, kPartialRows, dim), every rank's
+  // TP ranks after the first: their segment products, of up to kPartialRows rows (a prefill chunk goes in
+  // blocks: they would hold n_kv_heads / tp times its rows otherwise)
+  memory::ArenaArray<float> partials_;  // (local segments, kPartialRows, dim)
   memory::ArenaArray<Row> rows_;     // (max_rows) for the single-sequence forward
   // The matmuls' inputs, prepared for the weight dtype. Two, so that each half layer's parallel pass has
   // both its shapes set before it starts: the normalised rows (q/k/v's, w1/w3's and the classifier's) and

@@ -466,19 +466,16 @@ void matmul_segments(float* y, const Activations& x, const PackedMatrix& w, std:
   segments_of_rows(y, x, w, k_bounds, fold, 0, x.n(), team);
 }
 
-void matmul_segment_products(float* y, const Activations& x, const PackedMatrix& w, std::span<const int> k_bounds,
-                             int row0, int n_rows, Team team) {
-  segments_of_rows(y, x, w, k_bounds, /*fold=*/false, row0, n_rows, team);
+void matmul_segments(float* y, const Activations& x, const PackedMatrix& w, std::span<const int> k_bounds, bool fold,
+                     int row0, int n_rows, Team team) {
+  segments_of_rows(y, x, w, k_bounds, fold, row0, n_rows, team);
 }
 
-void fold_segments(float* y, const float* partials, int n_segments, std::size_t count, Team team) {
-  SL_CHECK(n_segments >= 1);
+void fold_segments_onto(float* y, const float* partials, int n_segments, std::size_t count, Team team) {
   const Band mine = team.share(static_cast<int>((count + kPanelWidth - 1) / kPanelWidth));
   const std::size_t begin = static_cast<std::size_t>(mine.begin) * kPanelWidth;
   const std::size_t end = std::min(count, static_cast<std::size_t>(mine.end) * kPanelWidth);
-  if (begin >= end) return;
-  std::memcpy(y + begin, partials + begin, sizeof(float) * (end - begin));
-  for (int s = 1; s < n_segments; ++s) add_into(y + begin, partials + s * count + begin, end - begin);
+  for (int s = 0; s < n_segments && begin < end; ++s) add_into(y + begin, partials + s * count + begin, end - begin);
 }
 
 row::RowMax row::merge_row_max(const RowMax& a, const RowMax& b) {

@@ -133,13 +133,13 @@ void matmul(const Activations& x, std::span<const MatmulOutput> outputs, Team te
 void matmul_segments(float* y, const Activations& x, const PackedMatrix& w, std::span<const int> k_bounds, bool fold);
 void matmul_segments(float* y, const Activations& x, const PackedMatrix& w, std::span<const int> k_bounds, bool fold,
                      Team team);
-// The products alone (no fold) of rows [row0, row0 + n_rows) of x: y (S, n_rows, w.d). A caller bounds its
-// buffers this way (a prefill chunk in blocks of rows).
-void matmul_segment_products(float* y, const Activations& x, const PackedMatrix& w, std::span<const int> k_bounds,
-                             int row0, int n_rows, Team team);
-// y (count) = ((p_0 + p_1) + p_2) + ... of partials (n_segments, count): matmul_segments' fold, the same
-// additions in the same order. The team's share (every thread of the team must call it).
-void fold_segments(float* y, const float* partials, int n_segments, std::size_t count, Team team);
+// The same for rows [row0, row0 + n_rows) of x only (y's rows counted from row0): a caller bounds its
+// buffers of products this way (a prefill chunk in blocks of rows).
+void matmul_segments(float* y, const Activations& x, const PackedMatrix& w, std::span<const int> k_bounds, bool fold,
+                     int row0, int n_rows, Team team);
+// y (count) += p_0, then += p_1, ... of partials (n_segments, count): matmul_segments' fold continued from
+// the sum of the segments before (another rank's). The team's share (every thread of the team must call it).
+void fold_segments_onto(float* y, const float* partials, int n_segments, std::size_t count, Team team);
 
 // Per row r of x, the index of the largest of the w.d values x · Wᵀ holds and that value, without writing
 // them: greedy decoding's pick from the classifier, which saves storing the (n, vocabulary) logits and a

@@ -652,7 +652,11 @@ TEST(PackedMatmul, SegmentsEqualMatmulsOfTheirColumnSlicesAndFoldInOrder) {
               << "segment " << s;
         }
         std::vector<float> folded(static_cast<std::size_t>(n) * d), in_tiles(folded.size()), two(folded.size());
-        run_team([&](Team team) { fold_segments(folded.data(), partials.data(), n_segments, folded.size(), team); });
+        // The first product, then the rest folded onto it (as a TP rank continues the ranks' before it).
+        std::copy_n(partials.begin(), folded.size(), folded.begin());
+        run_team([&](Team team) {
+          fold_segments_onto(folded.data(), partials.data() + folded.size(), n_segments - 1, folded.size(), team);
+        });
         {
           ScopedThreads threads(1);
           matmul_segments(in_tiles.data(), a, packed.matrix, bounds, /*fold=*/true);
