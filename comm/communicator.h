@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -27,6 +28,23 @@ class Communicator {
   // Gathers counts[r] floats from every member r into recv, in rank order (counts may differ: uneven
   // vocab slices). send holds counts[rank()] floats.
   virtual void all_gather_v(const float* send, float* recv, const std::vector<int>& counts) = 0;
+  // A sum in rank order: member 0's values (data, going in) + member 1's + ..., each member adding its own
+  // onto the sum of the members before it (add_own(y, offset, n): y[0, n) += its values [offset, offset + n);
+  // not called on member 0), the whole sum coming out in every member's data (count floats). The same
+  // floats added in the same order whatever the members, so a caller that cuts a sum into more or fewer
+  // members' parts, each added in order, gets the same bits (runtime::Stage's tensor-parallel sums).
+  // This default passes the sum along by send and recv and broadcasts it from the last member.
+  using AddOwn = std::function<void(float* y, std::size_t offset, std::size_t n)>;
+  virtual void ordered_sum(float* data, std::size_t count, const AddOwn& add_own) {
+    constexpr int kOrderedSumTag = 0x5d1;
+    const int last = size() - 1;
+    if (rank() > 0) {
+      recv(data, count * sizeof(float), rank() - 1, kOrderedSumTag);
+      add_own(data, 0, count);
+    }
+    if (rank() < last) send(data, count * sizeof(float), rank() + 1, kOrderedSumTag);
+    if (last > 0) broadcast(data, count * sizeof(float), last);
+  }
   // Gathers bytes_each bytes from every member into recv (size() * bytes_each), in rank order.
   virtual void all_gather_bytes(const void* send, std::size_t bytes_each, void* recv) = 0;
   virtual void broadcast(void* data, std::size_t bytes, int root) = 0;

@@ -112,26 +112,36 @@ float* HostCollectives::slot(int rank, std::uint64_t call) const {
   return reinterpret_cast<float*>(region + kFlagBytes + (call & 1) * kSlotBytes);
 }
 
+namespace {
+
+std::atomic_ref<std::uint64_t> flag_of(void* segment, int rank) {
+  return std::atomic_ref<std::uint64_t>(
+      *reinterpret_cast<std::uint64_t*>(static_cast<char*>(segment) + kRegionBytes * static_cast<std::size_t>(rank)));
+}
+
+}  // namespace
+
+void HostCollectives::publish(std::uint64_t call) { flag_of(segment_, rank_).store(call, std::memory_order_release); }
+
+void HostCollectives::wait_for(int r, std::uint64_t call, Poller& poller, const char* what) {
+  while (flag_of(segment_, r).load(std::memory_order_acquire) < call) {
+    if (poller.spun_out()) {
+      int pending = 0;  // any MPI call drives Open MPI's progress engine (sends in flight)
+      MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm_, &pending, MPI_STATUS_IGNORE);
+      answer_pings();
+    }
+    if (!poller.pause()) {
+      throw CommError(fmt::format("{} timed out after {:g} s (--comm-timeout) waiting for {}{}", what, timeout_s_,
+                                  peer_name(comm_, r), timeout_cause_note()));
+    }
+  }
+}
+
 void HostCollectives::publish_and_wait(std::uint64_t call, const char* what) {
-  auto flag = [&](int rank) {
-    return std::atomic_ref<std::uint64_t>(
-        *reinterpret_cast<std::uint64_t*>(static_cast<char*>(segment_) + kRegionBytes * static_cast<std::size_t>(rank)));
-  };
-  flag(rank_).store(call, std::memory_order_release);
+  publish(call);
   Poller poller(timeout_s_);  // one deadline for the whole wait
   for (int r = 0; r < size_; ++r) {
-    if (r == rank_) continue;
-    while (flag(r).load(std::memory_order_acquire) < call) {
-      if (poller.spun_out()) {
-        int pending = 0;  // any MPI call drives Open MPI's progress engine (sends in flight)
-        MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm_, &pending, MPI_STATUS_IGNORE);
-        answer_pings();
-      }
-      if (!poller.pause()) {
-        throw CommError(fmt::format("{} timed out after {:g} s (--comm-timeout) waiting for {}{}", what, timeout_s_,
-                                    peer_name(comm_, r), timeout_cause_note()));
-      }
-    }
+    if (r != rank_) wait_for(r, call, poller, what);
   }
 }
 
@@ -164,6 +174,29 @@ void HostCollectives::all_gather_v(const float* send, float* recv, const std::ve
     for (int r = 0; r < size_; ++r) {
       if (part(r) > 0) std::memcpy(recv + at + offset, slot(r, call), part(r) * sizeof(float));
       at += static_cast<std::size_t>(counts[r]);
+    }
+    calls_ = call;
+  }
+}
+
+void HostCollectives::ordered_sum(float* data, std::size_t count,
+                                  const std::function<void(float* y, std::size_t offset, std::size_t n)>& add_own) {
+  const int last = size_ - 1;
+  for (std::size_t offset = 0; offset < count; offset += kSlotFloats) {
+    const std::size_t n = std::min(kSlotFloats, count - offset);
+    const std::uint64_t call = calls_ + 1;
+    float* y = data + offset;
+    Poller poller(timeout_s_);
+    if (rank_ > 0) {
+      wait_for(rank_ - 1, call, poller, "tensor-parallel sum");
+      std::memcpy(y, slot(rank_ - 1, call), n * sizeof(float));
+      add_own(y, offset, n);
+    }
+    std::memcpy(slot(rank_, call), y, n * sizeof(float));
+    publish(call);
+    if (rank_ != last) {
+      wait_for(last, call, poller, "tensor-parallel sum");
+      std::memcpy(y, slot(last, call), n * sizeof(float));
     }
     calls_ = call;
   }

@@ -28,10 +28,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
 namespace shardline::comm {
+
+class Poller;  // comm/poller.h
 
 class HostCollectives {
  public:
@@ -47,12 +50,21 @@ class HostCollectives {
   void all_reduce_sum(float* data, std::size_t count);
   // counts[r] floats from every rank r into recv, in rank order; send holds counts[rank] floats.
   void all_gather_v(const float* send, float* recv, const std::vector<int>& counts);
+  // Communicator::ordered_sum: each rank waits for the one before to publish its sum, adds its own values,
+  // publishes the result; every rank then reads the last one's. A rank publishes call s after reading the
+  // slot before it and reads the last slot after; it writes its slot again at s + 2 only once the chain of
+  // call s + 1 has passed every rank, so no slot is overwritten before it is read.
+  void ordered_sum(float* data, std::size_t count,
+                   const std::function<void(float* y, std::size_t offset, std::size_t n)>& add_own);
 
  private:
   HostCollectives(MPI_Comm comm, void* segment, std::size_t bytes, double timeout_s);
   float* slot(int rank, std::uint64_t call) const;
   // Publishes call number `call` (this rank's slot for it is written) and waits for every rank's.
   void publish_and_wait(std::uint64_t call, const char* what);
+  void publish(std::uint64_t call);
+  // Waits until rank r has published call number `call`.
+  void wait_for(int r, std::uint64_t call, Poller& poller, const char* what);
 
   MPI_Comm comm_;  // the caller's, to keep MPI progressing while waiting
   void* segment_;

@@ -46,6 +46,11 @@ class MpiCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
 
+  void ordered_sum(float* data, std::size_t count, const AddOwn& add_own) override {
+    if (host_) return host_->ordered_sum(data, count, add_own);
+    Communicator::ordered_sum(data, count, add_own);
+  }
+
   void all_reduce_sum(float* data, std::size_t count) override {
     if (size_ == 1) return;
     if (host_) return host_->all_reduce_sum(data, count);

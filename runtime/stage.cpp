@@ -218,25 +218,23 @@ void Stage::first_segment_products(const PackedMatrix& w, const std::vector<int>
 
 void Stage::reduce_segments(const PackedMatrix& w, const std::vector<int>& bounds, int n) {
   const int dim = shape().dim;
-  const int rank = tp_comm_.rank(), last = tp_comm_.size() - 1;
   const int local_segments = static_cast<int>(bounds.size()) - 1;
-  constexpr int kChainTag = 71;
   for (int r0 = 0; r0 < n; r0 += kPartialRows) {
     const int rows = std::min(kPartialRows, n - r0);
-    const std::size_t count = static_cast<std::size_t>(rows) * dim, bytes = count * sizeof(float);
-    float* y = out_.data() + static_cast<std::size_t>(r0) * dim;
-    if (rank > 0) {
-      if (r0 > 0) {  // the first block's products came with the half layer's pass
-        cpu::run_team([&](cpu::Team team) {
-          cpu::matmul_segments(partials_.data(), act_inner_, w, bounds, /*fold=*/false, r0, rows, team);
-        });
-      }
-      // The sum of every segment before this rank's, then this rank's added in order.
-      tp_comm_.recv(y, bytes, rank - 1, kChainTag);
-      cpu::run_team([&](cpu::Team team) { cpu::fold_segments_onto(y, partials_.data(), local_segments, count, team); });
+    const std::size_t count = static_cast<std::size_t>(rows) * dim;
+    if (r0 > 0 && tp_comm_.rank() > 0) {  // the first block's products came with the half layer's pass
+      cpu::run_team([&](cpu::Team team) {
+        cpu::matmul_segments(partials_.data(), act_inner_, w, bounds, /*fold=*/false, r0, rows, team);
+      });
     }
-    if (rank < last) tp_comm_.send(y, bytes, rank + 1, kChainTag);
-    tp_comm_.broadcast(y, bytes, last);  // the whole sum, from the rank that added the last segment
+    // Rank 0's sum goes in; each rank adds its products onto the sum of the segments before them, in order.
+    tp_comm_.ordered_sum(out_.data() + static_cast<std::size_t>(r0) * dim, count,
+                         [&](float* y, std::size_t offset, std::size_t values) {
+                           for (int s = 0; s < local_segments; ++s) {
+                             const float* p = partials_.data() + static_cast<std::size_t>(s) * count + offset;
+                             for (std::size_t i = 0; i < values; ++i) y[i] += p[i];
+                           }
+                         });
   }
 }
 

@@ -443,7 +443,7 @@ void segments_of_rows(float* y, const Activations& x, const PackedMatrix& w, std
         } else if (s == 0) {
           store_tile(tile_out, y, w.d, r, n_rows, p, n_panels);
         } else {
-          // y += this range's products, feature by feature: fold_segments()'s additions in its order.
+          // y += this range's products, feature by feature: one add per element, in segment order.
           const int f0 = p * kPanelWidth, valid = std::min(n_panels * kPanelWidth, w.d - f0);
           for (int row = 0; row < n_rows; ++row) {
             add_into(y + static_cast<std::size_t>(r + row) * w.d + f0, tile_out + row * tile::kTileStride, valid);
@@ -471,12 +471,6 @@ void matmul_segments(float* y, const Activations& x, const PackedMatrix& w, std:
   segments_of_rows(y, x, w, k_bounds, fold, row0, n_rows, team);
 }
 
-void fold_segments_onto(float* y, const float* partials, int n_segments, std::size_t count, Team team) {
-  const Band mine = team.share(static_cast<int>((count + kPanelWidth - 1) / kPanelWidth));
-  const std::size_t begin = static_cast<std::size_t>(mine.begin) * kPanelWidth;
-  const std::size_t end = std::min(count, static_cast<std::size_t>(mine.end) * kPanelWidth);
-  for (int s = 0; s < n_segments && begin < end; ++s) add_into(y + begin, partials + s * count + begin, end - begin);
-}
 
 row::RowMax row::merge_row_max(const RowMax& a, const RowMax& b) {
   RowMax best = a;

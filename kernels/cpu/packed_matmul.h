@@ -129,7 +129,8 @@ void matmul(const Activations& x, std::span<const MatmulOutput> outputs, Team te
 // S + 1 borders along w's k (0 first, w.k last; each segment's start on an int8 group, a bf16 block of 32,
 // anywhere for fp32). Each segment's product p_s (n, w.d) = x[:, segment] · W[:, segment]ᵀ is computed as a
 // matmul of its own (its sums start at zero). fold: y (n, w.d) = ((p_0 + p_1) + p_2) + ... + p_(S-1), as the
-// tiles are computed; else y (S, n, w.d) holds each p_s, for fold_segments() once a rank has every layout's.
+// tiles are computed (one add per element and product: any code that adds them in that order gets the same
+// bits); else y (S, n, w.d) holds each p_s, for a TP rank to add onto the sum of the segments before its own.
 void matmul_segments(float* y, const Activations& x, const PackedMatrix& w, std::span<const int> k_bounds, bool fold);
 void matmul_segments(float* y, const Activations& x, const PackedMatrix& w, std::span<const int> k_bounds, bool fold,
                      Team team);
@@ -137,9 +138,6 @@ void matmul_segments(float* y, const Activations& x, const PackedMatrix& w, std:
 // buffers of products this way (a prefill chunk in blocks of rows).
 void matmul_segments(float* y, const Activations& x, const PackedMatrix& w, std::span<const int> k_bounds, bool fold,
                      int row0, int n_rows, Team team);
-// y (count) += p_0, then += p_1, ... of partials (n_segments, count): matmul_segments' fold continued from
-// the sum of the segments before (another rank's). The team's share (every thread of the team must call it).
-void fold_segments_onto(float* y, const float* partials, int n_segments, std::size_t count, Team team);
 
 // Per row r of x, the index of the largest of the w.d values x · Wᵀ holds and that value, without writing
 // them: greedy decoding's pick from the classifier, which saves storing the (n, vocabulary) logits and a

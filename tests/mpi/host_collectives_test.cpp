@@ -6,6 +6,7 @@
 //  - the segment is mapped once per group and its name never stays in /dev/shm;
 //  - all-gather: every rank's part in rank order, uneven and empty parts, parts longer than a slot;
 //  - a rank that never arrives: a CommError naming it after the timeout, never a hang;
+//  - ordered_sum: each rank's parts added onto the sum of the ranks before it, in order (both paths);
 //  - MpiCommunicator with host_collectives uses them (same bits as the direct calls) and without them
 //    agrees with MPI's own sums within rounding (bit for bit on 2 ranks: a + b = b + a).
 // The fallback to MPI when a group spans hosts runs in tests/multihost (tp=2 across two network
@@ -158,6 +159,50 @@ TEST(HostCollectives, AllGatherPutsEveryPartInRankOrder) {
     EXPECT_EQ(got.back(), -7.0f) << "wrote past the parts, case " << c;
     got.pop_back();
     EXPECT_EQ(got, want) << "case " << c;
+  }
+}
+
+// ordered_sum (tensor parallelism's sums in segment order): rank 0's values, then each rank's parts added
+// onto the sum in order, element by element; on the shared-memory path (slots, rounds, calls back to back
+// with ranks running ahead) and on MPI's send, recv and broadcast, with the same bits on every rank.
+TEST(HostCollectives, OrderedSumAddsEachRanksPartsInRankOrder) {
+  std::vector<int> everyone(world_size());
+  for (int r = 0; r < world_size(); ++r) everyone[r] = r;
+  const auto host = make_mpi_group(everyone, {.timeout_s = 60.0, .host_collectives = true});
+  const auto mpi = make_mpi_group(everyone, {.timeout_s = 60.0});
+  constexpr int kParts = 3;  // each rank's values come in three parts, added one after the other
+  auto part = [](int rank, int p, int call, std::size_t count) { return values(rank * 10 + p, call, count); };
+  for (Communicator* comm : {host.get(), mpi.get()}) {
+    int wrong = 0;
+    for (int call = 0; call < 40; ++call) {
+      const std::size_t count = call == 0 ? 2 * kSlotFloats + 9 : static_cast<std::size_t>(1 + 97 * call);
+      if ((call + world_rank()) % 5 == 0) std::this_thread::sleep_for(std::chrono::microseconds(40 * (world_rank() + 1)));
+      std::vector<float> want = part(0, 0, call, count);
+      for (int r = 0; r < world_size(); ++r) {
+        for (int p = r == 0 ? 1 : 0; p < kParts; ++p) {
+          const std::vector<float> v = part(r, p, call, count);
+          for (std::size_t i = 0; i < count; ++i) want[i] += v[i];
+        }
+      }
+      // Rank 0 brings its parts already added (as its tiles fold them); the others add theirs when called.
+      std::vector<float> data(count, 0.0f);
+      if (world_rank() == 0) {
+        data = part(0, 0, call, count);
+        for (int p = 1; p < kParts; ++p) {
+          const std::vector<float> v = part(0, p, call, count);
+          for (std::size_t i = 0; i < count; ++i) data[i] += v[i];
+        }
+      }
+      std::vector<std::vector<float>> mine;
+      for (int p = 0; p < kParts; ++p) mine.push_back(part(world_rank(), p, call, count));
+      comm->ordered_sum(data.data(), count, [&](float* y, std::size_t offset, std::size_t n) {
+        for (const auto& v : mine) {
+          for (std::size_t i = 0; i < n; ++i) y[i] += v[offset + i];
+        }
+      });
+      wrong += std::memcmp(data.data(), want.data(), count * sizeof(float)) != 0;
+    }
+    EXPECT_EQ(wrong, 0) << (comm == host.get() ? "shared memory" : "MPI") << ": calls whose sum was not in rank order";
   }
 }
 

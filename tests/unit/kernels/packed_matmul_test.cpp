@@ -652,11 +652,11 @@ TEST(PackedMatmul, SegmentsEqualMatmulsOfTheirColumnSlicesAndFoldInOrder) {
               << "segment " << s;
         }
         std::vector<float> folded(static_cast<std::size_t>(n) * d), in_tiles(folded.size()), two(folded.size());
-        // The first product, then the rest folded onto it (as a TP rank continues the ranks' before it).
+        // The first product, then the others added onto it in order, element by element (as TP ranks do).
         std::copy_n(partials.begin(), folded.size(), folded.begin());
-        run_team([&](Team team) {
-          fold_segments_onto(folded.data(), partials.data() + folded.size(), n_segments - 1, folded.size(), team);
-        });
+        for (int s = 1; s < n_segments; ++s) {
+          for (std::size_t i = 0; i < folded.size(); ++i) folded[i] += partials[s * folded.size() + i];
+        }
         {
           ScopedThreads threads(1);
           matmul_segments(in_tiles.data(), a, packed.matrix, bounds, /*fold=*/true);
