@@ -92,6 +92,16 @@ TEST(Cluster, RanksFillSlotsInOrder) {
   EXPECT_EQ(c.link_between(3, 4), LinkClass::kCrossNode);
 }
 
+// cluster_from_json's ConfigError message for a file's JSON, or "no error".
+std::string message_of(const nlohmann::json& cluster) {
+  try {
+    cluster_from_json(cluster);
+  } catch (const ConfigError& e) {
+    return std::string(e.what());
+  }
+  return std::string("no error");
+}
+
 TEST(Cluster, JsonRoundTripAndFieldErrors) {
   const ClusterSpec c = uniform_cluster(4, 2, 15e-6, 100);
   const ClusterSpec back = cluster_from_json(cluster_to_json(c));
@@ -111,14 +121,6 @@ TEST(Cluster, JsonRoundTripAndFieldErrors) {
   j = cluster_to_json(c);
   j["nodes"] = -1;
   EXPECT_THROW(cluster_from_json(j), ConfigError);
-  auto message_of = [](const nlohmann::json& bad) {
-    try {
-      cluster_from_json(bad);
-    } catch (const ConfigError& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
   // Counts are whole numbers whose product (the rank slots) stays an int.
   for (const double nodes : {1e12, 2.5}) {
     j = cluster_to_json(c);
@@ -160,14 +162,6 @@ TEST(Cluster, JsonRoundTripAndFieldErrors) {
 // "ranks_per_domian" planned for one slot a node, exit 0); keys that start with '_' are notes.
 TEST(Cluster, UnknownKeysAreRefusedAndNotesIgnored) {
   const ClusterSpec c = uniform_cluster(2, 2, 15e-6, 100);
-  auto message_of = [](const nlohmann::json& bad) {
-    try {
-      cluster_from_json(bad);
-    } catch (const ConfigError& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
   nlohmann::json j = cluster_to_json(c);
   j["ranks_per_domian"] = j["ranks_per_domain"];
   j.erase("ranks_per_domain");
@@ -391,14 +385,6 @@ TEST(Cluster, WeightFormatsHaveTheirOwnRatesOrFp32s) {
   EXPECT_LT(plain.domain.step_overhead_s, 0);
   EXPECT_DOUBLE_EQ(plain.domain.rates(WeightFormat::kInt8).core_flops, 50e9);
   // Errors name the field.
-  auto message_of = [](const nlohmann::json& bad) {
-    try {
-      cluster_from_json(bad);
-    } catch (const ConfigError& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
   j = cluster_to_json(c);
   j["domain"]["formats"]["int4"] = {{"core_flops", 1e12}};
   EXPECT_NE(message_of(j).find("domain.formats.int4 is not a weight format"), std::string::npos) << message_of(j);
