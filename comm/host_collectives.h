@@ -1,6 +1,6 @@
-// All-reduce and all-gather through one shared-memory segment, for a communicator whose ranks all run on
-// one host (internal to comm/: MpiCommunicator uses it for the groups that ask for it, the runtime's world
-// and TP groups).
+// All-reduce, all-gather and ordered sums (tensor parallelism's) through one shared-memory segment, for a
+// communicator whose ranks all run on one host (internal to comm/: MpiCommunicator uses it for the groups
+// that ask for it, the runtime's world and TP groups).
 //
 // Why: a decode step all-reduces its activations twice per layer, a few KiB to a few hundred KiB each
 // time. Open MPI's non-blocking collectives (what MpiCommunicator polls against its timeout) took 29 us for
