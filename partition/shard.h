@@ -39,14 +39,15 @@ Range split_in_blocks(int n, int parts, int index, int unit);
 // are where tensor parallelism adds partial sums over k, and float addition depends on its order. So both
 // are computed in n_kv_heads segments along k, the same on every layout: wo's are the kv heads' query
 // columns, w2's hidden_segment()s. Each segment's product starts at zero and the products are added
-// segment by segment in order (kernels::cpu::matmul_segments), on one rank in its tiles, under TP after an
-// all-gather of every rank's products (a rank holds n_kv_heads / tp whole segments, tp dividing n_kv_heads).
+// segment by segment in order (kernels::cpu::matmul_segments), on one rank in its tiles; under TP each rank
+// adds its own onto the sum of the segments before them, received from the rank before, and passes it on
+// (comm::Communicator::ordered_sum; a rank holds n_kv_heads / tp whole segments, tp dividing n_kv_heads).
 // Every layout then adds the same floats in the same order: one rank's bits, so the same tokens, greedy or
 // sampled, for every weight and cache dtype.
 int n_reduction_segments(const ModelShape& shape);
-// Rows of segment products a TP rank gathers at once: a batch-16 decode step in one gather; a prefill chunk
-// of 512 rows in eight, each computing its rows' products again from the weights (the products of a whole
-// chunk would take n_kv_heads / tp + n_kv_heads times its rows of memory).
+// Rows of segment products a TP rank holds and sums at once: a batch-16 decode step in one ordered sum; a
+// prefill chunk of 512 rows in eight, each computing its rows' products again from the weights (the
+// products of a whole chunk would take n_kv_heads / tp times its rows of memory).
 inline constexpr int kSegmentGatherRows = 64;
 
 // The hidden dim's unit for w2's segments and TP slices: 128 features where hidden is a multiple of 128 with

@@ -25,6 +25,8 @@ Stage::Stage(const ShardWeights& weights, comm::Communicator& tp_comm, const Sta
   w2_bounds_ = partition::local_hidden_bounds(s, tp_comm.size(), tp_comm.rank());
   w2_segmented_ = partition::hidden_block(s) > 0;
   SL_CHECK(s.n_kv_heads % tp_comm.size() == 0);  // every rank holds as many whole segments
+  // The segments cover this rank's slices (the shard was cut for this TP group).
+  SL_CHECK(wo_bounds_.back() == att_stride_ && w2_bounds_.back() == hidden_);
   if (!arena_) {
     own_arena_ = std::make_unique<memory::Arena>(
         memory::ArenaOptions{.initial_bytes = scratch_bytes(s, shard, options.max_rows)});

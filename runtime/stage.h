@@ -24,7 +24,7 @@ namespace shardline::runtime {
 // KV pool size when StageOptions::kv_blocks is 0: this many full-context sequences. Only address space is
 // reserved up front; blocks are committed as sequences reach them.
 inline constexpr int kDefaultKvContexts = 64;
-// Rows of segment products a TP rank gathers at once (Stage::reduce_segments; partition/shard.h).
+// Rows of segment products a TP rank sums at once (Stage::reduce_segments; partition/shard.h).
 inline constexpr int kPartialRows = partition::kSegmentGatherRows;
 
 struct StageOptions {
