@@ -210,7 +210,7 @@ TimeBreakdown stage_pass(const LayoutGeometry& g, int s, double rows, double log
     const double bytes = rows * d * kFloat;
     const double hops = (p - 1) + std::ceil(std::log2(static_cast<double>(p)));  // the chain, then a binomial broadcast
     const double chain_s = std::ceil(rows / kSegmentGatherRows) * hops * tp_link.alpha_s + hops * bytes * tp_link.beta_s_per_byte;
-    const bool w2_segmented = hidden_block(w.shape) > 0;
+    const bool w2_segmented = hidden_segments_nest(w.shape, p);
     layer.comm_s += chain_s + (w2_segmented ? chain_s : ring_allreduce_s(p, bytes, tp_link));
     const double local_segments = static_cast<double>(n_reduction_segments(w.shape)) / p;
     layer.compute_s += (w2_segmented ? 2 : 1) * rows * local_segments * d * rates.row_element_s / rates.row_threads;

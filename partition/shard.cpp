@@ -28,48 +28,47 @@ Range split_in_blocks(int n, int parts, int index, int unit) {
 int n_reduction_segments(const ModelShape& shape) { return shape.n_kv_heads; }
 
 int hidden_block(const ModelShape& shape) {
-  const int hidden = shape.hidden_dim, segments = n_reduction_segments(shape);
-  if (hidden % 128 == 0 && hidden / 128 >= segments) return 128;
-  if ((hidden + 31) / 32 >= segments) return 32;
-  return 0;
+  const int hidden = shape.hidden_dim;
+  return hidden % 128 == 0 && hidden / 128 >= n_reduction_segments(shape) ? 128 : 32;
 }
 
 namespace {
 
-// Blocks floor(i B / parts) to floor((i + 1) B / parts) of hidden's B blocks of `unit` (the last one short).
+// Blocks floor(i B / parts) to floor((i + 1) B / parts) of hidden's B blocks of `unit` (the last one short):
+// empty where B < parts.
 Range floor_blocks(int hidden, int unit, int parts, int index) {
   const long long blocks = (hidden + unit - 1) / unit;
   const int begin = static_cast<int>(index * blocks / parts) * unit;
   const int end = static_cast<int>((index + 1) * blocks / parts) * unit;
-  return {begin, std::min(end, hidden)};
+  return {std::min(begin, hidden), std::min(end, hidden)};
 }
 
 }  // namespace
 
-Range hidden_segment(const ModelShape& shape, int index) {
+bool hidden_segments_nest(const ModelShape& shape, int tp_size) {
   const int unit = hidden_block(shape);
-  SL_CHECK(unit > 0 && index >= 0 && index < n_reduction_segments(shape));
-  return floor_blocks(shape.hidden_dim, unit, n_reduction_segments(shape), index);
+  return (shape.hidden_dim + unit - 1) / unit >= tp_size && n_reduction_segments(shape) % tp_size == 0;
+}
+
+Range hidden_segment(const ModelShape& shape, int index) {
+  SL_CHECK(index >= 0 && index < n_reduction_segments(shape));
+  return floor_blocks(shape.hidden_dim, hidden_block(shape), n_reduction_segments(shape), index);
 }
 
 Range split_hidden(const ModelShape& shape, int tp_size, int tp_rank) {
   SL_CHECK(tp_size >= 1 && tp_rank >= 0 && tp_rank < tp_size);
-  const int hidden = shape.hidden_dim;
-  if (const int unit = hidden_block(shape); unit > 0) return floor_blocks(hidden, unit, tp_size, tp_rank);
-  // Too narrow for segments: whole blocks of 32 per rank where there are enough (int8's groups still fall on
-  // every slice), else evenly.
-  if ((hidden + 31) / 32 >= tp_size) return floor_blocks(hidden, 32, tp_size, tp_rank);
-  return split_evenly(hidden, tp_size, tp_rank);
+  if (!hidden_segments_nest(shape, tp_size)) return split_evenly(shape.hidden_dim, tp_size, tp_rank);
+  return floor_blocks(shape.hidden_dim, hidden_block(shape), tp_size, tp_rank);
 }
 
 std::vector<int> local_hidden_bounds(const ModelShape& shape, int tp_size, int tp_rank) {
   const Range slice = split_hidden(shape, tp_size, tp_rank);
-  const int segments = n_reduction_segments(shape);
-  if (hidden_block(shape) == 0 || segments % tp_size != 0) return {0, slice.size()};
+  if (!hidden_segments_nest(shape, tp_size)) return {0, slice.size()};
   std::vector<int> bounds;
-  const int per_rank = segments / tp_size;
+  const int per_rank = n_reduction_segments(shape) / tp_size;
   for (int s = tp_rank * per_rank; s < (tp_rank + 1) * per_rank; ++s) {
     const Range segment = hidden_segment(shape, s);
+    if (segment.empty()) continue;  // fewer blocks than segments: a segment may hold none
     SL_CHECK(segment.begin >= slice.begin && segment.end <= slice.end);  // a rank holds whole segments
     bounds.push_back(segment.begin - slice.begin);
   }

@@ -51,21 +51,22 @@ int n_reduction_segments(const ModelShape& shape);
 inline constexpr int kSegmentGatherRows = 64;
 
 // The hidden dim's unit for w2's segments and TP slices: 128 features where hidden is a multiple of 128 with
-// a block for each of the n_kv_heads segments, else 32 where hidden has as many blocks of 32 (the last one
-// short where hidden is no multiple of 32), else 0: too narrow to be cut in segments (toy widths under
-// 32 x (n_kv_heads - 1) + 1), whose TP layouts add w2's partial sums as an all-reduce does and so differ
-// from one rank by float rounding. w2's int8 scale groups are this unit (32 where it is 0): every segment
-// and slice quantises as one rank quantises its columns.
+// a block for each of the n_kv_heads segments, else 32 (the last block short where hidden is no multiple of
+// 32). w2's int8 scale groups are this unit: every segment and slice quantises as one rank quantises its
+// columns, and every segment starts where the bf16 and int8 kernels can start one.
 int hidden_block(const ModelShape& shape);
-// Segment `index` of hidden (hidden_block() > 0): blocks floor(index * B / S) to floor((index + 1) * B / S)
-// of the B blocks, S = n_reduction_segments(), the last one ending at hidden_dim.
+// Segment `index` of hidden: blocks floor(index * B / S) to floor((index + 1) * B / S) of the B blocks,
+// S = n_reduction_segments(), the last one ending at hidden_dim; empty where B < S (a toy width).
 Range hidden_segment(const ModelShape& shape, int index);
+// Whether tp ranks can each hold whole segments: tp divides n_kv_heads and hidden has a block for each rank.
+// Only a hidden dim under 32 x (tp - 1) + 1 features has not; its TP layouts all-reduce w2's sums (in
+// another order than one rank: the last bits differ, and int8 groups straddle ranks; the run warns).
+bool hidden_segments_nest(const ModelShape& shape, int tp_size);
 // The hidden dim's TP split: tp_rank's n_kv_heads / tp consecutive segments (blocks floor(r B / tp) to
-// floor((r + 1) B / tp): ranks differ by one block at most). Too narrow for segments: in blocks of 32 where
-// there is one for each rank, else evenly.
+// floor((r + 1) B / tp): ranks differ by one block at most); evenly where the segments do not nest.
 Range split_hidden(const ModelShape& shape, int tp_size, int tp_rank);
-// The borders of w2's segments within tp_rank's hidden slice, from 0 to its size; {0, size} where hidden is
-// too narrow for segments.
+// The borders of w2's (non-empty) segments within tp_rank's hidden slice, from 0 to its size; {0, size}
+// where the segments do not nest.
 std::vector<int> local_hidden_bounds(const ModelShape& shape, int tp_size, int tp_rank);
 
 // One rank's share of the model.

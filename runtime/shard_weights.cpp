@@ -19,16 +19,13 @@ namespace {
 constexpr std::uint64_t kF = sizeof(float);
 // int8 k values per scale of w2, which tensor parallelism slices along k, chosen from the model alone so that
 // every layout groups it alike (see the constructor): partition::hidden_block(), the unit of w2's reduction
-// segments and TP slices (128 or 32), so every segment and slice starts on a group. Only a hidden dim too
-// narrow for segments may be cut elsewhere; a rank then groups its slice from its own first column, so its
-// int8 rounding differs from one rank's by quantisation noise (tests/mpi/weight_dtype_distributed_test.cpp
-// bounds it). wo's groups: WoInput (shard_weights.h).
+// segments and TP slices (128 or 32), so every segment and slice starts on a group. Only a hidden dim with
+// fewer blocks of 32 than TP ranks is cut elsewhere; a rank then groups its slice from its own first column,
+// so its int8 rounding differs from one rank's by quantisation noise (the run warns). wo's groups: WoInput
+// (shard_weights.h).
 constexpr int kWide = kernels::cpu::kInt8WideGroup;
 constexpr int kBlock = kernels::cpu::kInt8Block;
-int w2_int8_group(const partition::ModelShape& s) {
-  const int block = partition::hidden_block(s);
-  return block > 0 ? block : kBlock;
-}
+int w2_int8_group(const partition::ModelShape& s) { return partition::hidden_block(s); }
 }  // namespace
 
 WoInput wo_input(const partition::ModelShape& shape, WeightDtype dtype) {

@@ -67,8 +67,8 @@ struct WoInput {
 };
 WoInput wo_input(const partition::ModelShape& shape, WeightDtype dtype);
 // Whether tp ranks' int8 slices of wo and w2 all fall on one rank's scale groups (WoInput; w2 where every
-// rank's partition::split_hidden slice starts on a group, which its blocks of 32 give a hidden dim of more
-// than 32 x (tp - 1)): false only for toy widths, whose TP layouts then differ from one rank by int8
+// rank's partition::split_hidden slice starts on a group, which a hidden dim of more than 32 x (tp - 1)
+// features gives): false only for toy widths, whose TP layouts then differ from one rank by int8
 // quantisation noise.
 bool int8_slices_match_one_rank(const partition::ModelShape& shape, int tp);
 

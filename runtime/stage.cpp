@@ -23,7 +23,7 @@ Stage::Stage(const ShardWeights& weights, comm::Communicator& tp_comm, const Sta
   att_stride_ = wo_input_.packed_k(q_dim_);
   wo_bounds_ = wo_input_.bounds(q_dim_);
   w2_bounds_ = partition::local_hidden_bounds(s, tp_comm.size(), tp_comm.rank());
-  w2_segmented_ = partition::hidden_block(s) > 0;
+  w2_segmented_ = partition::hidden_segments_nest(s, tp_comm.size());
   SL_CHECK(s.n_kv_heads % tp_comm.size() == 0);  // every rank holds as many whole segments
   // The segments cover this rank's slices (the shard was cut for this TP group).
   SL_CHECK(wo_bounds_.back() == att_stride_ && w2_bounds_.back() == hidden_);

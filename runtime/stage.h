@@ -112,7 +112,7 @@ class Stage : public StageBackend {
   int att_stride_;    // floats per row of att_: wo's k
   std::vector<int> wo_bounds_;  // wo's reduction segments along att_'s k (WoInput::bounds)
   std::vector<int> w2_bounds_;  // w2's along this rank's hidden slice (partition::local_hidden_bounds)
-  bool w2_segmented_;           // hidden is wide enough for segments (else TP all-reduces w2's sums)
+  bool w2_segmented_;           // each TP rank holds whole segments of w2 (else TP all-reduces its sums)
   std::vector<int> vocab_counts_;  // classifier rows per TP rank, for the logits gather
   std::vector<int> gather_counts_; // vocab_counts_ * rows of the current logits call
 
