@@ -125,6 +125,20 @@ TEST_F(ExactLayouts, Int8GroupsOf96) {
   }
 }
 
+// A toy width: hidden 96 is three blocks of 32 for eight segments (kv heads), so five segments are empty and
+// tp=2 ranks hold one and two blocks: still one rank's order and groups, for every dtype.
+TEST_F(ExactLayouts, AHiddenDimOfFewerBlocksThanSegments) {
+  model_ = (dir_ / "toy.bin").string();
+  tokenizer_ = (dir_ / "toy.tokenizer.bin").string();
+  ASSERT_EQ(run_process(shardline_binary() + " gen-model --dim 64 --hidden 96 --layers 2 --heads 8 --vocab 400 "
+                                             "--seq 128 --out " + model_).exit_code, 0);
+  std::ofstream(dir_ / "prompts") << "Once upon a time\nThe quick brown fox\n";
+  for (const std::string dtype : {"fp32", "bf16", "int8"}) {
+    expect_one_ranks_bits(run_layout(dtype, "auto", 1, 1), run_layout(dtype, "auto", 2, 1), 2, 400,
+                          "toy width, " + dtype + " tp=2");
+  }
+}
+
 // tiny-32k: kv heads of 16 query columns (int8 and bf16 pad each to a block of 32) and a hidden dim of 172, no
 // multiple of 32 (segments of blocks of 32, the last one short), sampled at temperature 1 over its 32000
 // tokens, where a logit one ulp apart moved the draw of a sequence every few dozen steps; with a prompt of
