@@ -204,7 +204,7 @@ TimeBreakdown stage_pass(const LayoutGeometry& g, int s, double rows, double log
   layer.compute_s += rows * per_row_s / rates.row_threads;
   // TP: the sum of wo's and of w2's segment products passed from rank to rank in segment order and then
   // broadcast from the last (runtime/stage.h), in blocks of kSegmentGatherRows rows; each rank adds its own
-  // products (S / tp of rows x dim) onto it. w2's is an all-reduce where hidden is too narrow for segments.
+  // products (S / tp of rows x dim) onto it. w2's is an all-reduce where hidden has fewer blocks of 32 than ranks.
   if (g.layout.tp > 1) {
     const int p = g.layout.tp;
     const double bytes = rows * d * kFloat;

@@ -3,7 +3,7 @@
 //   after attention's wo:  the sum of the ranks' segment products (partial sums over kv heads) passed from
 //                          rank to rank in segment order, then broadcast (partition::n_reduction_segments:
 //                          one rank's bits)
-//   after the MLP's w2:    the same over hidden segments (an all-reduce where hidden is too narrow for them)
+//   after the MLP's w2:    the same over hidden segments (an all-reduce where hidden has fewer blocks of 32 than ranks)
 //   after the classifier:  tp all-gather of the vocab slices (last stage)
 // Activations between stages are moved by the pipeline (pipeline.h), not here.
 #pragma once
