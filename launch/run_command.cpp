@@ -428,7 +428,17 @@ void print_json(const runtime::GenerationResult& r) {
   j["text"] = r.text;
   j["generated_text"] = r.generated_text;
   // Generated text may hold partial UTF-8 sequences (byte tokens); replace rather than fail.
-  std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << std::endl;
+  std::string line = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  // U+2028 and U+2029 are valid raw in JSON, but line splitters (Python's str.splitlines, JavaScript) break a
+  // line at them, and a helper's comparison script lost sequences that way: written escaped, one object
+  // stays one line for every reader. (Their UTF-8 bytes occur only as these characters.)
+  for (const auto& [raw, escaped] : {std::pair<std::string_view, std::string_view>{"\xE2\x80\xA8", "\\u2028"},
+                                     std::pair<std::string_view, std::string_view>{"\xE2\x80\xA9", "\\u2029"}}) {
+    for (std::size_t at = line.find(raw); at != std::string::npos; at = line.find(raw, at + escaped.size())) {
+      line.replace(at, raw.size(), escaped);
+    }
+  }
+  std::cout << line << std::endl;
 }
 
 // A sequence stops where the model samples an end of text (llama2.c's BOS; a GGUF file's EOS, EOT or EOM):

@@ -105,6 +105,22 @@ TEST_F(Cli, JsonOutputReproducesEveryGolden) {
   }
 }
 
+// U+2028 and U+2029 are valid raw in JSON, but Python's splitlines() and JavaScript break lines at them (a
+// helper's script lost sequences so): --json writes them escaped, one object per line for every reader.
+TEST_F(Cli, JsonLinesEscapeTheUnicodeLineSeparators) {
+  SHARDLINE_REQUIRE_MODEL_FILE(model_file("tiny-32k.bin"));
+  const std::string prompt = "a" "\xE2\x80\xA8" "b" "\xE2\x80\xA9" "c";
+  std::ofstream(path("separators.txt")) << prompt << "\n";
+  const ProcessResult r = run_process(shardline() + " run --json --steps 2 --model " + model_file("tiny-32k.bin") +
+                                      " --tokenizer " + model_file("tokenizer.bin") + " --prompts-file " +
+                                      path("separators.txt"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out.find("\xE2\x80\xA8"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("\xE2\x80\xA9"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\"prompt\":\"a\\u2028b\\u2029c\""), std::string::npos) << r.out;
+  EXPECT_EQ(parse_single_json(r.out)["prompt"], prompt);  // the same text once parsed
+}
+
 TEST_F(Cli, PlainRunPrintsExactlyTheReferenceText) {
   // The acceptance line: mini-gqa, prompt "A", 64 steps prints the golden run_c_text.
   SHARDLINE_REQUIRE_MODEL_FILE(model_file("mini-gqa.bin"));
