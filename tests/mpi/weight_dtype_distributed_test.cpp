@@ -82,6 +82,14 @@ class LayoutRunner : public ::testing::Test {
     return result;
   }
 
+  // Runs on a model gen-model writes with shape_flags (name.bin and its tokenizer), with two prompts.
+  bool generate_model(const std::string& name, const std::string& shape_flags) {
+    model_ = (dir_ / (name + ".bin")).string();
+    tokenizer_ = (dir_ / (name + ".tokenizer.bin")).string();
+    std::ofstream(dir_ / "prompts") << "Once upon a time\nThe quick brown fox\n";
+    return run_process(shardline_binary() + " gen-model " + shape_flags + " --out " + model_).exit_code == 0;
+  }
+
   fs::path dir_;
   std::string model_, tokenizer_;  // empty: mini-gqa and the Llama 2 tokenizer
   std::string extra_flags_;         // more of run's flags (sampling, chunks)
@@ -114,11 +122,7 @@ TEST_P(WeightDtypeLayouts, GiveOneRanksBits) {
 // 96, so q/k/v, w1/w3 and the classifier group their k of 576 by 96 and wo, whose segments are whole heads,
 // by 96 too; w2's hidden of 1536 takes 128. tp=2, 3 and 6 hold 3, 2 and 1 of its six segments.
 TEST_F(ExactLayouts, Int8GroupsOf96) {
-  model_ = (dir_ / "g96.bin").string();
-  tokenizer_ = (dir_ / "g96.tokenizer.bin").string();
-  ASSERT_EQ(run_process(shardline_binary() + " gen-model --dim 576 --hidden 1536 --layers 2 --heads 6 --vocab 512 "
-                                             "--seq 128 --out " + model_).exit_code, 0);
-  std::ofstream(dir_ / "prompts") << "Once upon a time\nThe quick brown fox\n";
+  ASSERT_TRUE(generate_model("g96", "--dim 576 --hidden 1536 --layers 2 --heads 6 --vocab 512 --seq 128"));
   const LayoutRun one = run_layout("int8", "auto", 1, 1);
   for (const int tp : {2, 3, 6}) {
     expect_one_ranks_bits(one, run_layout("int8", "auto", tp, 1), 2, 512, "group-96 model, int8 tp=" + std::to_string(tp));
@@ -128,11 +132,7 @@ TEST_F(ExactLayouts, Int8GroupsOf96) {
 // A toy width: hidden 96 is three blocks of 32 for eight segments (kv heads), so five segments are empty and
 // tp=2 ranks hold one and two blocks: still one rank's order and groups, for every dtype.
 TEST_F(ExactLayouts, AHiddenDimOfFewerBlocksThanSegments) {
-  model_ = (dir_ / "toy.bin").string();
-  tokenizer_ = (dir_ / "toy.tokenizer.bin").string();
-  ASSERT_EQ(run_process(shardline_binary() + " gen-model --dim 64 --hidden 96 --layers 2 --heads 8 --vocab 400 "
-                                             "--seq 128 --out " + model_).exit_code, 0);
-  std::ofstream(dir_ / "prompts") << "Once upon a time\nThe quick brown fox\n";
+  ASSERT_TRUE(generate_model("toy", "--dim 64 --hidden 96 --layers 2 --heads 8 --vocab 400 --seq 128"));
   for (const std::string dtype : {"fp32", "bf16", "int8"}) {
     expect_one_ranks_bits(run_layout(dtype, "auto", 1, 1), run_layout(dtype, "auto", 2, 1), 2, 400,
                           "toy width, " + dtype + " tp=2");
