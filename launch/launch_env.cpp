@@ -1,7 +1,6 @@
 #include "launch/launch_env.h"
 
 #include <algorithm>
-
 #include <cstdint>
 #include <cstring>
 

@@ -55,13 +55,6 @@ std::optional<shardline::launch::LaunchEnv> this_launch() {
   }
 }
 
-// This process's rank among its launch's tasks (or its host's); -1 where no launcher says.
-int this_task_rank(bool on_host) {
-  const auto env = this_launch();
-  if (!env) return -1;
-  return on_host ? env->task_rank_on_host() : env->task_rank();
-}
-
 // The commands that are not MPI jobs, started under mpirun or srun anyway (`mpirun -np 4 shardline plan`):
 // every task would do the same work and print it again. plan and launch-check run on the launch's first
 // task; gen-model and topo on each host's first (a model written to each host's own disk; each host's
@@ -91,7 +84,10 @@ bool left_to_another_task(const std::string& command) {
 
 // `mpirun -np 4 shardline --help` (or --version): the first task prints it, the others print nothing, as a
 // command's own --help does under mpirun.
-bool printed_by_another_task() { return this_task_rank(/*on_host=*/false) > 0; }
+bool printed_by_another_task() {
+  const auto env = this_launch();
+  return env && env->task_rank() > 0;
+}
 
 // run's --comm-timeout, read ahead of its flags (MPI starts before they are parsed) to bound MPI's own
 // start-up; the default when it is absent, unreadable or below run's 1 s (the flag parser then reports it).

@@ -11,8 +11,8 @@
 
 #include "common/did_you_mean.h"
 #include "common/error.h"
-#include "common/printable.h"
 #include "common/input_file.h"
+#include "common/printable.h"
 
 namespace shardline::partition {
 

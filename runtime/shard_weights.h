@@ -37,7 +37,7 @@ struct LayerWeights {
   PackedMatrix wq;                 // (q_dim, dim)
   PackedMatrix wk;                 // (kv_dim, dim)
   PackedMatrix wv;                 // (kv_dim, dim)
-  PackedMatrix wo;                 // (dim, q_dim), or (dim, wo_input().packed_k(q_dim)) where int8 pads it
+  PackedMatrix wo;                 // (dim, q_dim), or (dim, wo_input().packed_k(q_dim)) where bf16 or int8 pads it
   const float* rms_ffn = nullptr;  // (dim)
   PackedMatrix w1;                 // (hidden, dim)
   PackedMatrix w2;                 // (dim, hidden)

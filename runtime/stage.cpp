@@ -202,7 +202,7 @@ void Stage::attention_block(const LayerWeights& w, float* x, const float* residu
       }
     }
     cpu::team_barrier();
-    // The kv heads' products added in order: here with one rank, after the gather with several.
+    // The kv heads' products added in order: in the tiles on one rank, passed from rank to rank on several.
     first_segment_products(w.wo, wo_bounds_, n, team);
   });
   if (tp_comm_.size() > 1) reduce_segments(w.wo, wo_bounds_, n);
@@ -233,8 +233,8 @@ void Stage::reduce_segments(const PackedMatrix& w, const std::vector<int>& bound
     tp_comm_.ordered_sum(out_.data() + static_cast<std::size_t>(r0) * dim, count,
                          [&](float* y, std::size_t offset, std::size_t values) {
                            for (int s = 0; s < local_segments; ++s) {
-                             const float* p = partials_.data() + static_cast<std::size_t>(s) * count + offset;
-                             for (std::size_t i = 0; i < values; ++i) y[i] += p[i];
+                             cpu::add_inplace(y, partials_.data() + static_cast<std::size_t>(s) * count + offset,
+                                              static_cast<int>(values));
                            }
                          });
   }
@@ -252,8 +252,8 @@ void Stage::mlp_block(const LayerWeights& w, float* x, int n) {
     cpu::team_barrier();
     act_inner_.prepare_rows(hb_.data(), mine.begin, mine.end);
     cpu::team_barrier();
-    // The hidden segments' products added in order, as wo's.
-    if (tp_comm_.size() == 1 || w2_segmented_) {
+    // The hidden segments' products added in order, as wo's (always on one rank).
+    if (w2_segmented_) {
       first_segment_products(w.w2, w2_bounds_, n, team);
     } else {
       cpu::matmul(out_.data(), act_inner_, w.w2, team);

@@ -108,11 +108,11 @@ class Stage : public StageBackend {
   int q_dim_;       // local query heads * head_size
   int kv_dim_;      // local kv heads * head_size
   int hidden_;      // local hidden features
-  WoInput wo_input_;  // how wo's packed k holds the heads' output (int8 may pad it: shard_weights.h)
+  WoInput wo_input_;  // how wo's packed k holds the heads' output (bf16 and int8 may pad it: shard_weights.h)
   int att_stride_;    // floats per row of att_: wo's k
   std::vector<int> wo_bounds_;  // wo's reduction segments along att_'s k (WoInput::bounds)
   std::vector<int> w2_bounds_;  // w2's along this rank's hidden slice (partition::local_hidden_bounds)
-  bool w2_segmented_;           // each TP rank holds whole segments of w2 (else TP all-reduces its sums)
+  bool w2_segmented_;           // each rank holds whole segments of w2 (always with tp=1; else TP all-reduces them)
   std::vector<int> vocab_counts_;  // classifier rows per TP rank, for the logits gather
   std::vector<int> gather_counts_; // vocab_counts_ * rows of the current logits call
 

@@ -195,11 +195,6 @@ void matmul_tiles(float* y, const Activations& x, const PackedMatrix& w, Team te
   });
 }
 
-// y += p, element by element (one rounding each, in any vector width: the same bits everywhere).
-void add_into(float* y, const float* p, std::size_t n) {
-  for (std::size_t i = 0; i < n; ++i) y[i] += p[i];
-}
-
 // The tile t (make_tile's, of the whole k of w) narrowed to w's k range [k0, k1): the panels, x and, for
 // int8, the scales from k0 on (matmul_segments).
 tile::Tile k_range_view(tile::Tile t, const PackedMatrix& w, int k0, int k1) {
@@ -414,9 +409,10 @@ void check_segments(const Activations& x, const PackedMatrix& w, std::span<const
   }
 }
 
-// Rows [row0, row0 + rows) of x; y's rows counted from row0.
-void segments_of_rows(float* y, const Activations& x, const PackedMatrix& w, std::span<const int> k_bounds, bool fold,
-                      int row0, int rows, Team team) {
+}  // namespace
+
+void matmul_segments(float* y, const Activations& x, const PackedMatrix& w, std::span<const int> k_bounds, bool fold,
+                     int row0, int rows, Team team) {
   check_segments(x, w, k_bounds);
   SL_CHECK(row0 >= 0 && rows >= 1 && row0 + rows <= x.n());
   const tile::TileKernel kernel = tile_kernel(x.dtype());
@@ -446,15 +442,13 @@ void segments_of_rows(float* y, const Activations& x, const PackedMatrix& w, std
           // y += this range's products, feature by feature: one add per element, in segment order.
           const int f0 = p * kPanelWidth, valid = std::min(n_panels * kPanelWidth, w.d - f0);
           for (int row = 0; row < n_rows; ++row) {
-            add_into(y + static_cast<std::size_t>(r + row) * w.d + f0, tile_out + row * tile::kTileStride, valid);
+            add_inplace(y + static_cast<std::size_t>(r + row) * w.d + f0, tile_out + row * tile::kTileStride, valid);
           }
         }
       }
     }
   }
 }
-
-}  // namespace
 
 void matmul_segments(float* y, const Activations& x, const PackedMatrix& w, std::span<const int> k_bounds, bool fold) {
   check_segments(x, w, k_bounds);  // here, where an exception can leave (not from inside the parallel pass)
@@ -463,14 +457,8 @@ void matmul_segments(float* y, const Activations& x, const PackedMatrix& w, std:
 
 void matmul_segments(float* y, const Activations& x, const PackedMatrix& w, std::span<const int> k_bounds, bool fold,
                      Team team) {
-  segments_of_rows(y, x, w, k_bounds, fold, 0, x.n(), team);
+  matmul_segments(y, x, w, k_bounds, fold, 0, x.n(), team);
 }
-
-void matmul_segments(float* y, const Activations& x, const PackedMatrix& w, std::span<const int> k_bounds, bool fold,
-                     int row0, int n_rows, Team team) {
-  segments_of_rows(y, x, w, k_bounds, fold, row0, n_rows, team);
-}
-
 
 row::RowMax row::merge_row_max(const RowMax& a, const RowMax& b) {
   RowMax best = a;
