@@ -78,9 +78,13 @@ void attention_paged(float* out, const float* q, const void* const* k_blocks, co
 void attention_paged(float* out, const float* q, const void* const* k_blocks, const void* const* v_blocks,
                      KvDtype dtype, int block_tokens, float* scratch, int n_ctx, int n_heads, int n_kv_heads,
                      int head_size, int kv_stride) {
-  const int n_threads = num_threads();
   // Long contexts split the heads over the kernel threads in contiguous bands.
-#pragma omp parallel num_threads(n_threads) if (n_threads > 1 && n_heads > 1 && n_ctx > kMinParallelAttentionContext)
+  if (!open_parallel_region(n_heads > 1 && n_ctx > kMinParallelAttentionContext)) {
+    attention_paged(out, q, k_blocks, v_blocks, dtype, block_tokens, scratch, n_ctx, n_heads, n_kv_heads, head_size,
+                    kv_stride, Team{});
+    return;
+  }
+#pragma omp parallel num_threads(num_threads())
   attention_paged(out, q, k_blocks, v_blocks, dtype, block_tokens, scratch, n_ctx, n_heads, n_kv_heads, head_size,
                   kv_stride, Team{omp_get_thread_num(), omp_get_num_threads()});
 }

@@ -51,9 +51,13 @@ void rmsnorm_serial(float* out, const float* x, const float* weight, int n, int 
 void rmsnorm(float* out, const float* x, const float* weight, int n, int dim, float eps) {
   // Rows are independent (a batch's rows go to the kernel threads, in runs of up to kRmsnormChains); within
   // a row the sum of squares keeps llama2.c's order.
+  if (!open_parallel_region(n > 1)) {
+    rmsnorm_serial(out, x, weight, n, dim, eps);
+    return;
+  }
   const int n_threads = num_threads();
   const int chunks = std::max((n + kRmsnormChains - 1) / kRmsnormChains, std::min(n, n_threads));
-#pragma omp parallel for num_threads(n_threads) if (n_threads > 1 && n > 1)
+#pragma omp parallel for num_threads(n_threads)
   for (int c = 0; c < chunks; ++c) {
     const int r0 = static_cast<int>(static_cast<long>(n) * c / chunks);
     const int r1 = static_cast<int>(static_cast<long>(n) * (c + 1) / chunks);
@@ -104,10 +108,14 @@ void softmax(float* x, int size) { row::active_row_kernels().softmax(x, size); }
 void swiglu(float* h1, const float* h3, int size) { row::active_row_kernels().silu_mul(h1, h3, size); }
 
 void add_inplace(float* y, const float* x, int size) {
-  // A batch's residual (rows x dim) is split over the kernel threads; one row stays on the caller's.
+  // A batch's residual (rows x dim) is split over the kernel threads; one row stays on the caller's, and so
+  // does a call from inside a parallel pass (matmul_segments' folds, a tile at a time).
   constexpr int kMinParallelValues = 8192;
-  const int n_threads = num_threads();
-#pragma omp parallel for num_threads(n_threads) if (n_threads > 1 && size >= kMinParallelValues)
+  if (open_parallel_region(size >= kMinParallelValues)) {
+#pragma omp parallel for num_threads(num_threads())
+    for (int i = 0; i < size; ++i) y[i] += x[i];
+    return;
+  }
   for (int i = 0; i < size; ++i) y[i] += x[i];
 }
 

@@ -16,6 +16,14 @@ namespace shardline::kernels::cpu {
 // Threads used by every kernel of this process (the rank's --threads). Returns the previous value.
 int set_num_threads(int n_threads);
 int num_threads();
+// Whether a kernel that splits its own work should open an OpenMP region for it: more than one kernel
+// thread, enough work (the caller's test), and not already inside a region (a run_team() pass or another
+// kernel's). Otherwise the kernel runs on its caller without entering OpenMP: a pragma whose if() is false
+// still enters libgomp, which allocates a team when the last region had another size (a 1-row decode step's
+// 1-row kernels between 2-thread passes) and on every call inside a region (session 29: a fold in the
+// tiles made a 110M int8 batch-16 decode step 3x slower). tests/unit/runtime/decode_allocation_test.cpp
+// counts the allocations.
+bool open_parallel_region(bool enough_work);
 // Calls fn(thread, context) once on each of the num_threads() kernel threads (thread 0 is the caller), so
 // the runtime can pin each worker to a core (runtime/rank_binding.h owns that). Every kernel's parallel
 // region reuses these threads.

@@ -306,8 +306,11 @@ void Activations::prepare(const float* x, int n, int k, WeightDtype dtype, int i
   set_shape(x, n, k, dtype, int8_group);
   if (dtype == WeightDtype::kF32 || (dtype == WeightDtype::kBf16 && bf16_hi_.empty())) return;  // x as it is
   // Rows go to the threads from two on (the others would only wait for this one at the next matmul).
-  const int n_threads = num_threads();
-#pragma omp parallel num_threads(n_threads) if (n_threads > 1 && n > 1)
+  if (!open_parallel_region(n > 1)) {
+    prepare_rows(x, 0, n);
+    return;
+  }
+#pragma omp parallel num_threads(num_threads())
   {
     const auto [begin, end] = my_band(n);
     prepare_rows(x, begin, end);
@@ -317,8 +320,11 @@ void Activations::prepare(const float* x, int n, int k, WeightDtype dtype, int i
 void Activations::normalise_and_prepare(float* out, const float* x, float* x_add, const float* residual,
                                         const float* weight, float eps, int n, const PackedMatrix& w) {
   set_shape(out, n, w.k, w.dtype, w.int8_group_size());
-  const int n_threads = num_threads();
-#pragma omp parallel num_threads(n_threads) if (n_threads > 1 && n > 1)
+  if (!open_parallel_region(n > 1)) {
+    normalise_rows(out, x, x_add, residual, weight, eps, 0, n);
+    return;
+  }
+#pragma omp parallel num_threads(num_threads())
   {
     const auto [begin, end] = my_band(n);
     normalise_rows(out, x, x_add, residual, weight, eps, begin, end);

@@ -102,6 +102,8 @@ int set_num_threads(int n_threads) {
 
 int num_threads() { return g_num_threads; }
 
+bool open_parallel_region(bool enough_work) { return g_num_threads > 1 && enough_work && !omp_in_parallel(); }
+
 void run_on_each_thread(void (*fn)(int thread, void* context), void* context) {
   const int n_threads = num_threads();
 #pragma omp parallel num_threads(n_threads)
