@@ -116,7 +116,7 @@ void add_inplace(float* y, const float* x, int size) {
     for (int i = 0; i < size; ++i) y[i] += x[i];
     return;
   }
-  for (int i = 0; i < size; ++i) y[i] += x[i];
+  row::active_row_kernels().add(y, x, size);
 }
 
 int argmax(const float* x, int size) { return row::active_row_kernels().argmax(x, size); }

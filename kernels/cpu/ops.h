@@ -152,7 +152,7 @@ void softmax(float* x, int size);
 // SwiGLU gate: h1 = silu(h1) * h3, elementwise over size values.
 void swiglu(float* h1, const float* h3, int size);
 
-// y += x, elementwise over size values.
+// y += x, elementwise over size values (y and x do not overlap).
 void add_inplace(float* y, const float* x, int size);
 
 // The element of a KV cache's rows: fp32; fp16 (IEEE binary16, rounded to nearest even when stored), which

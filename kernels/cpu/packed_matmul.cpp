@@ -38,22 +38,27 @@ tile::TileKernels tile_kernels_for(Isa isa) {
     kernels.f32 = tile::avx512_f32_tile_kernel();
     kernels.bf16 = tile::avx512_bf16_tile_kernel();
   }
-  if (isa >= Isa::kAvx512Vnni) kernels.int8 = tile::avx512_vnni_int8_tile_kernel();
+  if (isa >= Isa::kAvx512Vnni) kernels.int8 = kernels.int8_segments = tile::avx512_vnni_int8_tile_kernel();
   if (isa >= Isa::kAvx512Bf16) kernels.bf16 = tile::avx512_bf16_dot_tile_kernel();
 #if SHARDLINE_HAVE_AMX_KERNELS
   if (isa >= Isa::kAmx) {
     kernels.bf16 = tile::amx_bf16_tile_kernel();
     kernels.int8 = tile::amx_int8_tile_kernel();
+    kernels.int8_segments = nullptr;
   }
 #endif
   return kernels;
 }
 
-tile::TileKernel tile_kernel(WeightDtype dtype) {
+const tile::TileKernels& active_tile_kernels() {
   static const tile::TileKernels by_isa[] = {tile_kernels_for(Isa::kPortable), tile_kernels_for(Isa::kAvx2),
                                              tile_kernels_for(Isa::kAvx512), tile_kernels_for(Isa::kAvx512Vnni),
                                              tile_kernels_for(Isa::kAvx512Bf16), tile_kernels_for(Isa::kAmx)};
-  const tile::TileKernels& kernels = by_isa[static_cast<int>(active_isa())];
+  return by_isa[static_cast<int>(active_isa())];
+}
+
+tile::TileKernel tile_kernel(WeightDtype dtype) {
+  const tile::TileKernels& kernels = active_tile_kernels();
   switch (dtype) {
     case WeightDtype::kF32: return kernels.f32;
     case WeightDtype::kBf16: return kernels.bf16;
@@ -424,14 +429,33 @@ void matmul_segments(float* y, const Activations& x, const PackedMatrix& w, std:
   const tile::TileKernel kernel = tile_kernel(x.dtype());
   const int n_segments = static_cast<int>(k_bounds.size()) - 1;
   const std::size_t partial_floats = static_cast<std::size_t>(rows) * w.d;
+  const row::AddRow add_row = row::active_row_kernels().add;
+  // A kernel that takes the segments folds them in one call per tile (tile::Tile::k_segments), its segment
+  // sums in tile_out. The others take a call per segment: the first segment's products land in tile_sum and
+  // every later one's in tile_out, added onto tile_sum (one contiguous add of the tile, in L1), which is
+  // stored once after the last. (Folding each segment into y row by row, a call per row, was slower still.)
+  const tile::TileKernel in_one_call = fold && x.dtype() == WeightDtype::kInt8 ? active_tile_kernels().int8_segments : nullptr;
   alignas(64) float tile_out[tile::kTileRows * tile::kTileStride];
+  alignas(64) float tile_sum[tile::kTileRows * tile::kTileStride];
   TileRuns tiles(w, rows, team);
   for (int p, n_panels; tiles.next(p, n_panels);) {
     for (int r = 0; r < rows; r += tile::kTileRows) {
       const int n_rows = std::min(tile::kTileRows, rows - r);
       const tile::Tile whole = make_tile(x, w, p, n_panels, row0 + r, n_rows, tile_out);
+      if (in_one_call != nullptr) {
+        tile::Tile t = whole;
+        t.out = tile_sum;
+        t.k_segments = k_bounds.data();
+        t.n_k_segments = n_segments;
+        t.segment_scratch = tile_out;
+        if (r + n_rows == rows) t.prefetch = tiles.likely_next_panels(n_panels);
+        in_one_call(t);
+        store_tile(tile_sum, y, w.d, r, n_rows, p, n_panels);
+        continue;
+      }
       for (int s = 0; s < n_segments; ++s) {
         tile::Tile t = k_range_view(whole, w, k_bounds[s], k_bounds[s + 1]);
+        if (fold && s == 0) t.out = tile_sum;
         // Each range's call prefetches what follows it: the tile's next range, or after the last range of
         // the last rows the next tile.
         if (s + 1 < n_segments) {
@@ -442,16 +466,15 @@ void matmul_segments(float* y, const Activations& x, const PackedMatrix& w, std:
         kernel(t);
         if (!fold) {
           store_tile(tile_out, y + s * partial_floats, w.d, r, n_rows, p, n_panels);
-        } else if (s == 0) {
-          store_tile(tile_out, y, w.d, r, n_rows, p, n_panels);
-        } else {
-          // y += this range's products, feature by feature: one add per element, in segment order.
-          const int f0 = p * kPanelWidth, valid = std::min(n_panels * kPanelWidth, w.d - f0);
+        } else if (s > 0 && n_panels == tile::kTilePanels) {
+          add_row(tile_sum, tile_out, n_rows * tile::kTileStride);  // one add per element, in segment order
+        } else if (s > 0) {  // only the panels the kernel wrote (the rest of a row is stale)
           for (int row = 0; row < n_rows; ++row) {
-            add_inplace(y + static_cast<std::size_t>(r + row) * w.d + f0, tile_out + row * tile::kTileStride, valid);
+            add_row(tile_sum + row * tile::kTileStride, tile_out + row * tile::kTileStride, n_panels * kPanelWidth);
           }
         }
       }
+      if (fold) store_tile(tile_sum, y, w.d, r, n_rows, p, n_panels);
     }
   }
 }

@@ -72,6 +72,8 @@ using RopeRotate = void (*)(float* vec, int n_heads, int head_size, const float*
 using Softmax = void (*)(float* x, int n);
 // The SwiGLU gate, h = silu(h) * u over n values (ops.h swiglu), with the same exp.
 using SiluMul = void (*)(float* h, const float* u, int n);
+// y += x over n values (ops.h add_inplace's additions; matmul_segments' folds, a tile at a time).
+using AddRow = void (*)(float* y, const float* x, int n);
 // Index of the largest of n values, the first of equal maxima, NaNs skipped but for a NaN first value,
 // which nothing replaces (ops.h argmax, llama2.c's scan).
 using Argmax = int (*)(const float* x, int n);
@@ -106,6 +108,7 @@ struct RowKernels {
   FromInt8KvRow from_int8_kv = nullptr;
   Softmax softmax = nullptr;
   SiluMul silu_mul = nullptr;
+  AddRow add = nullptr;
   Argmax argmax = nullptr;
   FoldMax fold_max = nullptr;
 };

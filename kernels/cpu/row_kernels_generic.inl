@@ -187,6 +187,12 @@ void silu_mul(float* h, const float* u, int n) {
   }
 }
 
+// y += x. Compiled for AVX-512 in row_kernels_avx512.cpp, where GCC vectorizes it (the fold of a segment's
+// products in matmul_segments: a tile of 64 rows x 64 features at a time, once per segment).
+void add_row(float* __restrict y, const float* __restrict x, int n) {
+  for (int i = 0; i < n; ++i) y[i] += x[i];
+}
+
 // An int8 cache row's scale for one head: the floats after the row's n codes (unaligned: a row of n codes
 // need not end on a multiple of 4 bytes).
 inline float int8_row_scale(const std::int8_t* row, int n, int head) {
@@ -436,5 +442,5 @@ void fold_max(const float* x, int n, int first, RowMax& max) {
 
 RowKernels row_kernels() {
   return {quantize_int8_row, split_bf16_row, attention_heads, rope_rotate, to_half_row, from_half_row, to_int8_kv_row,
-          from_int8_kv_row, softmax_row, silu_mul, argmax_row, fold_max};
+          from_int8_kv_row, softmax_row, silu_mul, add_row, argmax_row, fold_max};
 }

@@ -41,6 +41,15 @@ struct Tile {
   float* out = nullptr;               // (n_rows, kTileStride): out[r * kTileStride + p * 16 + lane]
   // The next tile's panels (same stride and count), or null: see PrefetchPlan.
   const std::byte* prefetch = nullptr;
+  // Kernels that take reduction segments (TileKernels::int8_segments; null here: one segment): the tile's k
+  // in n_k_segments segments, segment s from k_segments[s] (int8: a multiple of int8_group) to
+  // k_segments[s + 1] (the last ends at k, with its padding). Each segment's products are summed from zero
+  // and added onto the sum of the segments before it, in order: matmul_segments' fold, in one call where a
+  // call per segment cost a pass per row block and group (a 15M int8 prefill ran a third slower).
+  // segment_scratch: (n_rows, kTileStride) floats for a segment's running sums.
+  const int* k_segments = nullptr;
+  int n_k_segments = 0;
+  float* segment_scratch = nullptr;
 };
 
 // Batched rows make a tile's later row blocks pure compute: the first pass over a tile's weights waits on
@@ -83,6 +92,7 @@ struct TileKernels {
   TileKernel f32 = nullptr;
   TileKernel bf16 = nullptr;
   TileKernel int8 = nullptr;
+  TileKernel int8_segments = nullptr;  // int8 if it takes Tile::k_segments, else null
 };
 
 // Plain C++ compiled for the baseline target, and the same source compiled for AVX2 + FMA.

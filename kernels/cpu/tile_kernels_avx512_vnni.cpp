@@ -53,25 +53,84 @@ inline void prefetch_share(const PrefetchPlan& plan, int& next_line, int block_e
   }
 }
 
-// Groups [g0, g1) of R rows x P panels; accumulate: continue the sums already in out.
+// A tile's reduction segments in groups (Tile::k_segments), or one segment of every group without them.
+struct GroupSegments {
+  const int* k_bounds = nullptr;  // Tile::k_segments
+  int n = 1;
+  int group = 0;
+  int groups = 0;
+  int bound(int s) const { return s == 0 ? 0 : s >= n ? groups : k_bounds[s] / group; }  // first group of s
+  int segment_of(int g) const {
+    int s = 0;
+    while (bound(s + 1) <= g) ++s;
+    return s;
+  }
+};
+
+// Where a group's fp32 sums go (R > 1): the running segment's in scratch, or a finished segment's into
+// out, stored there (the first segment) or added onto the segments' before it.
+enum class GroupEnd { kScratch, kStore, kAdd };
+
+// A group's exact integer dots scaled and added onto the running segment's sums (from zero for its first
+// group): R rows x P panels.
+template <int R, int P, bool kFirst, GroupEnd kEnd>
+[[gnu::always_inline]] inline void group_sums(const __m512i (&dot)[R][P], const __m512 (&ws)[P], const float* x_scales,
+                                              const std::int32_t* x_sums, int groups, int g, float* out, float* scratch) {
+#pragma GCC unroll 6
+  for (int r = 0; r < R; ++r) {
+    const __m512i offset = _mm512_set1_epi32(128 * x_sums[static_cast<std::size_t>(r) * groups + g]);
+    const __m512 xs = _mm512_set1_ps(x_scales[static_cast<std::size_t>(r) * groups + g]);
+#pragma GCC unroll 4
+    for (int p = 0; p < P; ++p) {
+      const __m512 exact = _mm512_cvtepi32_ps(_mm512_sub_epi32(dot[r][p], offset));
+      float* part = scratch + r * kTileStride + p * 16;
+      float* sum = out + r * kTileStride + p * 16;
+      const __m512 before = kFirst ? _mm512_setzero_ps() : _mm512_loadu_ps(part);
+      const __m512 value = _mm512_fmadd_ps(exact, _mm512_mul_ps(ws[p], xs), before);
+      if constexpr (kEnd == GroupEnd::kScratch) {
+        _mm512_storeu_ps(part, value);
+      } else if constexpr (kEnd == GroupEnd::kStore) {
+        _mm512_storeu_ps(sum, value);
+      } else {
+        _mm512_storeu_ps(sum, _mm512_add_ps(_mm512_loadu_ps(sum), value));
+      }
+    }
+  }
+}
+
+// Groups [g0, g1) of R rows x P panels, in segments: each segment's sums run in `scratch` from zero (from
+// its first group) and, after its last group, go into `out`, stored there for the first segment and added
+// onto what is there for the others. Between calls (k chunks) out holds the sum of the segments finished so
+// far and scratch the running segment's. One segment with scratch = out is a plain matmul, the sums in out.
 template <int R, int P>
 void int8_block(const Tile& t, const std::int8_t* x, const float* x_scales, const std::int32_t* x_sums, float* out,
-                int g0, int g1, bool accumulate, const PrefetchPlan& plan) {
+                float* scratch, const GroupSegments& segments, int g0, int g1, const PrefetchPlan& plan) {
   const std::uint8_t* w = reinterpret_cast<const std::uint8_t*>(t.panels);
   const std::size_t stride = t.panel_stride;
   const int groups = t.x_groups;  // x's scales and sums per row
   const int blocks_per_group = t.int8_group / 32;  // 32 k: 8 quads, 512 bytes of a panel
   const std::size_t scales_offset = t.int8_scales_offset;
-  // R = 1: the fp32 sums in registers; R > 1: in out, read back per group from the second on (or from the
-  // first when accumulate). The same FMA on the same values either way: a row's bits do not depend on R.
-  __m512 acc[R == 1 ? P : 1];
+  int s = segments.segment_of(g0), s_begin = segments.bound(s), s_end = segments.bound(s + 1);
+  // R = 1: the fp32 sums in registers (acc the running segment's, total the finished ones'); R > 1: in
+  // scratch and out, read back per group. The same FMAs and adds on the same values either way: a row's
+  // bits do not depend on R.
+  __m512 acc[R == 1 ? P : 1], total[R == 1 ? P : 1];
   if constexpr (R == 1) {
 #pragma GCC unroll 4
-    for (int p = 0; p < P; ++p) acc[p] = accumulate ? _mm512_loadu_ps(out + p * 16) : _mm512_setzero_ps();
+    for (int p = 0; p < P; ++p) {
+      acc[p] = g0 > s_begin ? _mm512_loadu_ps(scratch + p * 16) : _mm512_setzero_ps();
+      total[p] = s > 0 ? _mm512_loadu_ps(out + p * 16) : _mm512_setzero_ps();
+    }
   }
   // The next line of the next chunk this pass prefetches (PrefetchPlan); none without a plan.
   int next_line = plan.next != nullptr ? plan.phase : 1 << 30;
   for (int g = g0; g < g1; ++g) {
+    if (g == s_end) {  // the next segment
+      ++s;
+      s_begin = s_end;
+      s_end = segments.bound(s + 1);
+    }
+    const bool first = g == s_begin, last = g + 1 == s_end;
     __m512i dot[R][P];
 #pragma GCC unroll 6
     for (int r = 0; r < R; ++r) {
@@ -136,32 +195,45 @@ void int8_block(const Tile& t, const std::int8_t* x, const float* x_scales, cons
       ws[p] = _mm512_cvtph_ps(_mm256_load_si256(
           reinterpret_cast<const __m256i*>(w + p * stride + scales_offset + static_cast<std::size_t>(g) * 32)));
     }
-    const bool fresh = g == g0 && !accumulate;  // out holds no sums of these rows yet
-#pragma GCC unroll 6
-    for (int r = 0; r < R; ++r) {
-      const __m512i offset = _mm512_set1_epi32(128 * x_sums[static_cast<std::size_t>(r) * groups + g]);
-      const __m512 xs = _mm512_set1_ps(x_scales[static_cast<std::size_t>(r) * groups + g]);
+    if constexpr (R == 1) {
+      const __m512i offset = _mm512_set1_epi32(128 * x_sums[g]);
+      const __m512 xs = _mm512_set1_ps(x_scales[g]);
 #pragma GCC unroll 4
       for (int p = 0; p < P; ++p) {
-        const __m512 exact = _mm512_cvtepi32_ps(_mm512_sub_epi32(dot[r][p], offset));
-        if constexpr (R == 1) {
-          acc[p] = _mm512_fmadd_ps(exact, _mm512_mul_ps(ws[p], xs), acc[p]);
-        } else {
-          float* sum = out + r * kTileStride + p * 16;
-          const __m512 before = fresh ? _mm512_setzero_ps() : _mm512_loadu_ps(sum);
-          _mm512_storeu_ps(sum, _mm512_fmadd_ps(exact, _mm512_mul_ps(ws[p], xs), before));
+        const __m512 exact = _mm512_cvtepi32_ps(_mm512_sub_epi32(dot[0][p], offset));
+        acc[p] = _mm512_fmadd_ps(exact, _mm512_mul_ps(ws[p], xs), first ? _mm512_setzero_ps() : acc[p]);
+        if (last) total[p] = s == 0 ? acc[p] : _mm512_add_ps(total[p], acc[p]);
+      }
+    } else {
+      // One branch a group, not one per row and panel (24 of them cost about a tenth of a 16-row matmul).
+      const GroupEnd end = !last ? GroupEnd::kScratch : s == 0 ? GroupEnd::kStore : GroupEnd::kAdd;
+      const auto finish = [&]<bool kFirst>() {
+        switch (end) {
+          case GroupEnd::kScratch: group_sums<R, P, kFirst, GroupEnd::kScratch>(dot, ws, x_scales, x_sums, groups, g, out, scratch); break;
+          case GroupEnd::kStore: group_sums<R, P, kFirst, GroupEnd::kStore>(dot, ws, x_scales, x_sums, groups, g, out, scratch); break;
+          case GroupEnd::kAdd: group_sums<R, P, kFirst, GroupEnd::kAdd>(dot, ws, x_scales, x_sums, groups, g, out, scratch); break;
         }
+      };
+      if (first) {
+        finish.template operator()<true>();
+      } else {
+        finish.template operator()<false>();
       }
     }
   }
   if constexpr (R == 1) {
+    // The finished segments' sum, and the running segment's unless it finished here (scratch may be out).
+    const bool finished = g1 == s_end;
 #pragma GCC unroll 4
-    for (int p = 0; p < P; ++p) _mm512_storeu_ps(out + p * 16, acc[p]);
+    for (int p = 0; p < P; ++p) {
+      if (!finished) _mm512_storeu_ps(scratch + p * 16, acc[p]);
+      if (finished || s > 0) _mm512_storeu_ps(out + p * 16, total[p]);
+    }
   }
 }
 
-using Int8BlockFn = void (*)(const Tile&, const std::int8_t*, const float*, const std::int32_t*, float*, int, int, bool,
-                             const PrefetchPlan&);
+using Int8BlockFn = void (*)(const Tile&, const std::int8_t*, const float*, const std::int32_t*, float*, float*,
+                             const GroupSegments&, int, int, const PrefetchPlan&);
 
 template <int R>
 Int8BlockFn int8_block_for_panels(int n_panels) {
@@ -185,10 +257,13 @@ Int8BlockFn int8_block_for(int rows, int n_panels) {
 }
 
 // The tile in k chunks of up to kInt8ChunkLines lines (whole groups: 4, 1, 1 or 1 of them), every chunk in
-// passes of up to kInt8MaxRows rows; see PrefetchPlan in tile_kernels.h.
+// passes of up to kInt8MaxRows rows; see PrefetchPlan in tile_kernels.h. Chunks need not end on segments.
 void int8_tile(const Tile& t) {
   const std::int8_t* x = static_cast<const std::int8_t*>(t.x);
   const int groups = t.k / t.int8_group;
+  const bool segmented = t.k_segments != nullptr;
+  const GroupSegments segments{t.k_segments, segmented ? t.n_k_segments : 1, t.int8_group, groups};
+  float* const scratch = segmented ? t.segment_scratch : t.out;
   const int group_lines = t.int8_group / 4;  // 64-byte lines of a whole group in one panel
   const int total_lines = t.k / 4;
   const int chunk_groups = kInt8ChunkLines / group_lines > 0 ? kInt8ChunkLines / group_lines : 1;
@@ -214,8 +289,8 @@ void int8_tile(const Tile& t) {
       plan.phase = pass;
       int8_block_for(rows, t.n_panels)(t, x + static_cast<std::size_t>(r) * t.x_stride,
                                        t.x_scales + static_cast<std::size_t>(r) * t.x_groups,
-                                       t.x_sums + static_cast<std::size_t>(r) * t.x_groups, t.out + r * kTileStride, g0, g1,
-                                       g0 > 0, plan);
+                                       t.x_sums + static_cast<std::size_t>(r) * t.x_groups, t.out + r * kTileStride,
+                                       scratch + r * kTileStride, segments, g0, g1, plan);
     }
   }
 }

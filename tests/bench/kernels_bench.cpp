@@ -82,6 +82,60 @@ void packed_matmul_args(benchmark::internal::Benchmark* b) {
 }
 BENCHMARK(BM_PackedMatmul)->Apply(packed_matmul_args)->Unit(benchmark::kMicrosecond)->UseRealTime();
 
+// The same matmul in reduction segments (matmul_segments, folded in the tiles: how wo and w2 run on every
+// layout since session 28) against one matmul over the whole k, in one process, so the segments' cost reads
+// without the machine's swings. Args: dtype, n, k, d, segments (0: plain matmul()), int8 group, threads.
+// Segments are equal runs of whole blocks of `group` k (partition::hidden_segment's split).
+void BM_SegmentedMatmul(benchmark::State& state) {
+  const auto dtype = static_cast<WeightDtype>(state.range(0));
+  const int n = static_cast<int>(state.range(1));
+  const int k = static_cast<int>(state.range(2));
+  const int d = static_cast<int>(state.range(3));
+  const int segments = static_cast<int>(state.range(4));
+  const int group = static_cast<int>(state.range(5));
+  ScopedThreads threads(static_cast<int>(state.range(6)));
+  const std::vector<float> w = random_floats(static_cast<std::size_t>(d) * k, 1);
+  const std::vector<float> x = random_floats(static_cast<std::size_t>(n) * k, 2);
+  std::vector<float> y(static_cast<std::size_t>(n) * d);
+  const int int8_group = dtype == WeightDtype::kInt8 ? group : 0;
+  const std::size_t bytes = packed_size_bytes(dtype, d, k, int8_group);
+  std::unique_ptr<std::byte, decltype(&std::free)> packed(
+      static_cast<std::byte*>(std::aligned_alloc(kPackedAlignment, bytes)), &std::free);
+  pack_weights(dtype, w.data(), k, d, k, packed.get(), int8_group);
+  const PackedMatrix matrix{dtype, d, k, packed.get(), int8_group};
+  std::vector<int> bounds;
+  for (int s = 0; s <= segments; ++s) bounds.push_back(k / group * s / std::max(segments, 1) * group);
+  Activations activations;
+  activations.reserve(n, k);
+  activations.prepare(x.data(), n, matrix);
+  for (auto _ : state) {
+    if (segments == 0) {
+      matmul(y.data(), activations, matrix);
+    } else {
+      matmul_segments(y.data(), activations, matrix, bounds, /*fold=*/true);
+    }
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  state.counters["GFLOPS"] = benchmark::Counter(2.0 * n * k * d, benchmark::Counter::kIsIterationInvariantRate,
+                                                benchmark::Counter::kIs1000);
+  state.SetLabel(weight_dtype_name(dtype));
+}
+
+void segmented_matmul_args(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"dtype", "n", "k", "d", "segments", "group", "threads"});
+  // wo and w2 of the 15M shape (6 kv heads: wo's int8 heads padded to 64) and of the 110M one (12 kv heads).
+  const int shapes[][4] = {{384, 288, 6, 64}, {768, 288, 6, 128}, {768, 768, 12, 64}, {2048, 768, 12, 128}};
+  for (int dtype : {0, 2}) {
+    for (int n : {1, 16, 64}) {
+      for (const auto& s : shapes) {
+        for (int segments : {0, s[2]}) b->Args({dtype, n, s[0], s[1], segments, s[3], 2});
+      }
+    }
+  }
+}
+BENCHMARK(BM_SegmentedMatmul)->Apply(segmented_matmul_args)->Unit(benchmark::kMicrosecond)->UseRealTime();
+
 // Args: n_ctx, n_heads, n_kv_heads, threads. head_size 64 for both models.
 // The greedy pick from the classifier: n rows x a 32000-entry vocabulary, either the logits written and
 // each row's argmax() after (fused 0, what sampling needs) or matmul_argmax (fused 1, what greedy decoding
