@@ -430,13 +430,19 @@ void matmul_segments(float* y, const Activations& x, const PackedMatrix& w, std:
   const int n_segments = static_cast<int>(k_bounds.size()) - 1;
   const std::size_t partial_floats = static_cast<std::size_t>(rows) * w.d;
   const row::AddRow add_row = row::active_row_kernels().add;
-  // A kernel that takes the segments folds them in one call per tile (tile::Tile::k_segments), its segment
-  // sums in tile_out. The others take a call per segment: the first segment's products land in tile_sum and
-  // every later one's in tile_out, added onto tile_sum (one contiguous add of the tile, in L1), which is
-  // stored once after the last. (Folding each segment into y row by row, a call per row, was slower still.)
-  const tile::TileKernel in_one_call = fold && x.dtype() == WeightDtype::kInt8 ? active_tile_kernels().int8_segments : nullptr;
+  // A kernel that takes the segments computes them in one call per tile (tile::Tile::k_segments), its
+  // segment sums in tile_out, and folds them into tile_sum or leaves them apart (in `apart`, grown once per
+  // thread). The others take a call per segment: the first segment's products land in tile_sum and every
+  // later one's in tile_out, added onto tile_sum (one contiguous add of the tile, in L1), which is stored
+  // once after the last. (Folding each segment into y row by row, a call per row, was slower still.)
+  const tile::TileKernel in_one_call = x.dtype() == WeightDtype::kInt8 ? active_tile_kernels().int8_segments : nullptr;
   alignas(64) float tile_out[tile::kTileRows * tile::kTileStride];
   alignas(64) float tile_sum[tile::kTileRows * tile::kTileStride];
+  thread_local std::vector<float> apart;
+  if (in_one_call != nullptr && !fold) {
+    const std::size_t floats = static_cast<std::size_t>(n_segments) * tile::kSegmentTileFloats;
+    if (apart.size() < floats) apart.resize(floats);
+  }
   TileRuns tiles(w, rows, team);
   for (int p, n_panels; tiles.next(p, n_panels);) {
     for (int r = 0; r < rows; r += tile::kTileRows) {
@@ -448,9 +454,17 @@ void matmul_segments(float* y, const Activations& x, const PackedMatrix& w, std:
         t.k_segments = k_bounds.data();
         t.n_k_segments = n_segments;
         t.segment_scratch = tile_out;
+        if (!fold) t.segments_apart = apart.data();
         if (r + n_rows == rows) t.prefetch = tiles.likely_next_panels(n_panels);
         in_one_call(t);
-        store_tile(tile_sum, y, w.d, r, n_rows, p, n_panels);
+        if (fold) {
+          store_tile(tile_sum, y, w.d, r, n_rows, p, n_panels);
+        } else {
+          for (int s = 0; s < n_segments; ++s) {
+            store_tile(apart.data() + static_cast<std::size_t>(s) * tile::kSegmentTileFloats, y + s * partial_floats, w.d, r,
+                       n_rows, p, n_panels);
+          }
+        }
         continue;
       }
       for (int s = 0; s < n_segments; ++s) {

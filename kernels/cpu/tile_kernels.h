@@ -46,11 +46,15 @@ struct Tile {
   // k_segments[s + 1] (the last ends at k, with its padding). Each segment's products are summed from zero
   // and added onto the sum of the segments before it, in order: matmul_segments' fold, in one call where a
   // call per segment cost a pass per row block and group (a 15M int8 prefill ran a third slower).
-  // segment_scratch: (n_rows, kTileStride) floats for a segment's running sums.
+  // segment_scratch: (n_rows, kTileStride) floats for a segment's running sums. segments_apart (null: the
+  // fold, into out): each segment's products apart instead, segment s's (n_rows, kTileStride) at
+  // segments_apart + s * kSegmentTileFloats (a TP rank after the first passes them on one by one).
   const int* k_segments = nullptr;
   int n_k_segments = 0;
   float* segment_scratch = nullptr;
+  float* segments_apart = nullptr;
 };
+inline constexpr int kSegmentTileFloats = kTileRows * kTileStride;
 
 // Batched rows make a tile's later row blocks pure compute: the first pass over a tile's weights waits on
 // memory, the others find them in cache, and the memory bus idles. So the kernels walk k in chunks of

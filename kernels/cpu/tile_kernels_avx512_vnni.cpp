@@ -102,9 +102,11 @@ template <int R, int P, bool kFirst, GroupEnd kEnd>
 // its first group) and, after its last group, go into `out`, stored there for the first segment and added
 // onto what is there for the others. Between calls (k chunks) out holds the sum of the segments finished so
 // far and scratch the running segment's. One segment with scratch = out is a plain matmul, the sums in out.
+// apart (Tile::segments_apart): each finished segment's sums are stored at apart + s * kSegmentTileFloats
+// instead, none added.
 template <int R, int P>
 void int8_block(const Tile& t, const std::int8_t* x, const float* x_scales, const std::int32_t* x_sums, float* out,
-                float* scratch, const GroupSegments& segments, int g0, int g1, const PrefetchPlan& plan) {
+                float* scratch, float* apart, const GroupSegments& segments, int g0, int g1, const PrefetchPlan& plan) {
   const std::uint8_t* w = reinterpret_cast<const std::uint8_t*>(t.panels);
   const std::size_t stride = t.panel_stride;
   const int groups = t.x_groups;  // x's scales and sums per row
@@ -202,16 +204,21 @@ void int8_block(const Tile& t, const std::int8_t* x, const float* x_scales, cons
       for (int p = 0; p < P; ++p) {
         const __m512 exact = _mm512_cvtepi32_ps(_mm512_sub_epi32(dot[0][p], offset));
         acc[p] = _mm512_fmadd_ps(exact, _mm512_mul_ps(ws[p], xs), first ? _mm512_setzero_ps() : acc[p]);
-        if (last) total[p] = s == 0 ? acc[p] : _mm512_add_ps(total[p], acc[p]);
+        if (last && apart != nullptr) {
+          _mm512_storeu_ps(apart + s * kSegmentTileFloats + p * 16, acc[p]);
+        } else if (last) {
+          total[p] = s == 0 ? acc[p] : _mm512_add_ps(total[p], acc[p]);
+        }
       }
     } else {
       // One branch a group, not one per row and panel (24 of them cost about a tenth of a 16-row matmul).
-      const GroupEnd end = !last ? GroupEnd::kScratch : s == 0 ? GroupEnd::kStore : GroupEnd::kAdd;
+      const GroupEnd end = !last ? GroupEnd::kScratch : s == 0 || apart != nullptr ? GroupEnd::kStore : GroupEnd::kAdd;
+      float* const sums = apart != nullptr ? apart + s * kSegmentTileFloats : out;
       const auto finish = [&]<bool kFirst>() {
         switch (end) {
-          case GroupEnd::kScratch: group_sums<R, P, kFirst, GroupEnd::kScratch>(dot, ws, x_scales, x_sums, groups, g, out, scratch); break;
-          case GroupEnd::kStore: group_sums<R, P, kFirst, GroupEnd::kStore>(dot, ws, x_scales, x_sums, groups, g, out, scratch); break;
-          case GroupEnd::kAdd: group_sums<R, P, kFirst, GroupEnd::kAdd>(dot, ws, x_scales, x_sums, groups, g, out, scratch); break;
+          case GroupEnd::kScratch: group_sums<R, P, kFirst, GroupEnd::kScratch>(dot, ws, x_scales, x_sums, groups, g, sums, scratch); break;
+          case GroupEnd::kStore: group_sums<R, P, kFirst, GroupEnd::kStore>(dot, ws, x_scales, x_sums, groups, g, sums, scratch); break;
+          case GroupEnd::kAdd: group_sums<R, P, kFirst, GroupEnd::kAdd>(dot, ws, x_scales, x_sums, groups, g, sums, scratch); break;
         }
       };
       if (first) {
@@ -227,12 +234,12 @@ void int8_block(const Tile& t, const std::int8_t* x, const float* x_scales, cons
 #pragma GCC unroll 4
     for (int p = 0; p < P; ++p) {
       if (!finished) _mm512_storeu_ps(scratch + p * 16, acc[p]);
-      if (finished || s > 0) _mm512_storeu_ps(out + p * 16, total[p]);
+      if (apart == nullptr && (finished || s > 0)) _mm512_storeu_ps(out + p * 16, total[p]);
     }
   }
 }
 
-using Int8BlockFn = void (*)(const Tile&, const std::int8_t*, const float*, const std::int32_t*, float*, float*,
+using Int8BlockFn = void (*)(const Tile&, const std::int8_t*, const float*, const std::int32_t*, float*, float*, float*,
                              const GroupSegments&, int, int, const PrefetchPlan&);
 
 template <int R>
@@ -290,7 +297,9 @@ void int8_tile(const Tile& t) {
       int8_block_for(rows, t.n_panels)(t, x + static_cast<std::size_t>(r) * t.x_stride,
                                        t.x_scales + static_cast<std::size_t>(r) * t.x_groups,
                                        t.x_sums + static_cast<std::size_t>(r) * t.x_groups, t.out + r * kTileStride,
-                                       scratch + r * kTileStride, segments, g0, g1, plan);
+                                       scratch + r * kTileStride,
+                                       t.segments_apart != nullptr ? t.segments_apart + r * kTileStride : nullptr, segments,
+                                       g0, g1, plan);
     }
   }
 }
