@@ -126,7 +126,7 @@ void segmented_matmul_args(benchmark::internal::Benchmark* b) {
   b->ArgNames({"dtype", "n", "k", "d", "segments", "group", "threads"});
   // wo and w2 of the 15M shape (6 kv heads: wo's int8 heads padded to 64) and of the 110M one (12 kv heads).
   const int shapes[][4] = {{384, 288, 6, 64}, {768, 288, 6, 128}, {768, 768, 12, 64}, {2048, 768, 12, 128}};
-  for (int dtype : {0, 2}) {
+  for (int dtype : {0, 1, 2}) {
     for (int n : {1, 16, 64}) {
       for (const auto& s : shapes) {
         for (int segments : {0, s[2]}) b->Args({dtype, n, s[0], s[1], segments, s[3], 2});
