@@ -3,9 +3,10 @@
 #pragma once
 
 #include <cstddef>
-#include <functional>
 #include <memory>
 #include <vector>
+
+#include "common/function_ref.h"
 
 namespace shardline::comm {
 
@@ -34,8 +35,8 @@ class Communicator {
   // floats added in the same order whatever the members, so a caller that cuts a sum into more or fewer
   // members' parts, each added in order, gets the same bits (runtime::Stage's tensor-parallel sums).
   // This default passes the sum along by send and recv and broadcasts it from the last member.
-  using AddOwn = std::function<void(float* y, std::size_t offset, std::size_t n)>;
-  virtual void ordered_sum(float* data, std::size_t count, const AddOwn& add_own) {
+  using AddOwn = FunctionRef<void(float* y, std::size_t offset, std::size_t n)>;
+  virtual void ordered_sum(float* data, std::size_t count, AddOwn add_own) {
     constexpr int kOrderedSumTag = 0x5d1;
     const int last = size() - 1;
     if (rank() > 0) {

@@ -179,8 +179,21 @@ void HostCollectives::all_gather_v(const float* send, float* recv, const std::ve
   }
 }
 
+void HostCollectives::all_gather_bytes(const void* send, std::size_t bytes_each, void* recv) {
+  const auto* mine = static_cast<const std::byte*>(send);
+  auto* all = static_cast<std::byte*>(recv);
+  for (std::size_t offset = 0; offset < bytes_each; offset += kSlotBytes) {
+    const std::uint64_t call = calls_ + 1;
+    const std::size_t n = std::min(kSlotBytes, bytes_each - offset);
+    std::memcpy(slot(rank_, call), mine + offset, n);
+    publish_and_wait(call, "all-gather");
+    for (int r = 0; r < size_; ++r) std::memcpy(all + static_cast<std::size_t>(r) * bytes_each + offset, slot(r, call), n);
+    calls_ = call;
+  }
+}
+
 void HostCollectives::ordered_sum(float* data, std::size_t count,
-                                  const std::function<void(float* y, std::size_t offset, std::size_t n)>& add_own) {
+                                  FunctionRef<void(float* y, std::size_t offset, std::size_t n)> add_own) {
   const int last = size_ - 1;
   for (std::size_t offset = 0; offset < count; offset += kSlotFloats) {
     const std::size_t n = std::min(kSlotFloats, count - offset);

@@ -28,9 +28,10 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <vector>
+
+#include "common/function_ref.h"
 
 namespace shardline::comm {
 
@@ -50,12 +51,14 @@ class HostCollectives {
   void all_reduce_sum(float* data, std::size_t count);
   // counts[r] floats from every rank r into recv, in rank order; send holds counts[rank] floats.
   void all_gather_v(const float* send, float* recv, const std::vector<int>& counts);
+  // bytes_each bytes from every rank into recv (size * bytes_each), in rank order (Communicator's; the TP
+  // ranks' greedy picks, where MPI's nonblocking all-gather allocated on every call).
+  void all_gather_bytes(const void* send, std::size_t bytes_each, void* recv);
   // Communicator::ordered_sum: each rank waits for the one before to publish its sum, adds its own values,
   // publishes the result; every rank then reads the last one's. A rank publishes call s after reading the
   // slot before it and reads the last slot after; it writes its slot again at s + 2 only once the chain of
   // call s + 1 has passed every rank, so no slot is overwritten before it is read.
-  void ordered_sum(float* data, std::size_t count,
-                   const std::function<void(float* y, std::size_t offset, std::size_t n)>& add_own);
+  void ordered_sum(float* data, std::size_t count, FunctionRef<void(float* y, std::size_t offset, std::size_t n)> add_own);
 
  private:
   HostCollectives(MPI_Comm comm, void* segment, std::size_t bytes, double timeout_s);

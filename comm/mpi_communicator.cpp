@@ -46,7 +46,7 @@ class MpiCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
 
-  void ordered_sum(float* data, std::size_t count, const AddOwn& add_own) override {
+  void ordered_sum(float* data, std::size_t count, AddOwn add_own) override {
     if (host_) return host_->ordered_sum(data, count, add_own);
     Communicator::ordered_sum(data, count, add_own);
   }
@@ -73,6 +73,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   void all_gather_bytes(const void* send, std::size_t bytes_each, void* recv) override {
+    if (host_) return host_->all_gather_bytes(send, bytes_each, recv);
     MPI_Request request;
     check_mpi(MPI_Iallgather(send, checked_count(bytes_each), MPI_BYTE, recv, checked_count(bytes_each), MPI_BYTE,
                              comm_, &request),

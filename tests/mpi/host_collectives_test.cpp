@@ -4,7 +4,8 @@
 //    to several slots (rounds), call after call (the two slots alternate: a rank that runs ahead must not
 //    overwrite data a slower one still reads; a one-slot version fails every run);
 //  - the segment is mapped once per group and its name never stays in /dev/shm;
-//  - all-gather: every rank's part in rank order, uneven and empty parts, parts longer than a slot;
+//  - all-gather (floats and bytes): every rank's part in rank order, uneven and empty parts, parts longer
+//    than a slot;
 //  - a rank that never arrives: a CommError naming it after the timeout, never a hang;
 //  - ordered_sum: each rank's parts added onto the sum of the ranks before it, in order (both paths);
 //  - MpiCommunicator with host_collectives uses them (same bits as the direct calls) and without them
@@ -162,6 +163,27 @@ TEST(HostCollectives, AllGatherPutsEveryPartInRankOrder) {
   }
 }
 
+TEST(HostCollectives, AllGatherBytesPutsEveryRanksBytesInRankOrder) {
+  auto host = HostCollectives::create(MPI_COMM_WORLD, 60.0);
+  ASSERT_NE(host, nullptr);
+  // A few bytes (the greedy picks' value and index), an odd count, none, and more than a slot.
+  for (const std::size_t bytes : {std::size_t{12}, std::size_t{1001}, std::size_t{0}, HostCollectives::kSlotBytes + 5}) {
+    std::vector<unsigned char> want, mine;
+    for (int r = 0; r < world_size(); ++r) {
+      for (std::size_t i = 0; i < bytes; ++i) {
+        const auto byte = static_cast<unsigned char>((i * 7 + static_cast<std::size_t>(r) * 31 + bytes) & 0xff);
+        want.push_back(byte);
+        if (r == world_rank()) mine.push_back(byte);
+      }
+    }
+    std::vector<unsigned char> got(want.size() + 1, 0xa5);  // one guard past the end
+    host->all_gather_bytes(mine.data(), bytes, got.data());
+    EXPECT_EQ(got.back(), 0xa5) << "wrote past the parts, " << bytes << " bytes each";
+    got.pop_back();
+    EXPECT_EQ(got, want) << bytes << " bytes each";
+  }
+}
+
 // ordered_sum (tensor parallelism's sums in segment order): rank 0's values, then each rank's parts added
 // onto the sum in order, element by element; on the shared-memory path (slots, rounds, calls back to back
 // with ranks running ahead) and on MPI's send, recv and broadcast, with the same bits on every rank.
@@ -254,6 +276,12 @@ TEST(HostCollectives, MpiCommunicatorUsesThemAndAgreesWithMpi) {
   host->all_gather_v(mine.data(), x.data(), counts);
   mpi->all_gather_v(mine.data(), y.data(), counts);
   EXPECT_EQ(x, y);
+  const int tag[2] = {world_rank(), 1000 + world_rank()};
+  std::vector<int> tags_host(2 * world_size()), tags_mpi(tags_host.size());
+  host->all_gather_bytes(tag, sizeof tag, tags_host.data());
+  mpi->all_gather_bytes(tag, sizeof tag, tags_mpi.data());
+  EXPECT_EQ(tags_host, tags_mpi);
+  EXPECT_EQ(tags_host[2 * (world_size() - 1) + 1], 1000 + world_size() - 1);
 }
 
 }  // namespace
