@@ -192,8 +192,7 @@ void HostCollectives::all_gather_bytes(const void* send, std::size_t bytes_each,
   }
 }
 
-void HostCollectives::ordered_sum(float* data, std::size_t count,
-                                  FunctionRef<void(float* y, std::size_t offset, std::size_t n)> add_own) {
+void HostCollectives::ordered_sum(float* data, std::size_t count, Communicator::AddOwn add_own) {
   const int last = size_ - 1;
   for (std::size_t offset = 0; offset < count; offset += kSlotFloats) {
     const std::size_t n = std::min(kSlotFloats, count - offset);

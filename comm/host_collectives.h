@@ -31,7 +31,7 @@
 #include <memory>
 #include <vector>
 
-#include "common/function_ref.h"
+#include "comm/communicator.h"
 
 namespace shardline::comm {
 
@@ -58,7 +58,7 @@ class HostCollectives {
   // publishes the result; every rank then reads the last one's. A rank publishes call s after reading the
   // slot before it and reads the last slot after; it writes its slot again at s + 2 only once the chain of
   // call s + 1 has passed every rank, so no slot is overwritten before it is read.
-  void ordered_sum(float* data, std::size_t count, FunctionRef<void(float* y, std::size_t offset, std::size_t n)> add_own);
+  void ordered_sum(float* data, std::size_t count, Communicator::AddOwn add_own);
 
  private:
   HostCollectives(MPI_Comm comm, void* segment, std::size_t bytes, double timeout_s);

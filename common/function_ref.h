@@ -4,6 +4,7 @@
 #pragma once
 
 #include <concepts>
+#include <memory>
 #include <type_traits>
 #include <utility>
 

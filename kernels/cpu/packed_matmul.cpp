@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <vector>
@@ -436,12 +437,14 @@ void matmul_segments(float* y, const Activations& x, const PackedMatrix& w, std:
   // later one's in tile_out, added onto tile_sum (one contiguous add of the tile, in L1), which is stored
   // once after the last. (Folding each segment into y row by row, a call per row, was slower still.)
   const tile::TileKernel in_one_call = x.dtype() == WeightDtype::kInt8 ? active_tile_kernels().int8_segments : nullptr;
-  alignas(64) float tile_out[tile::kTileRows * tile::kTileStride];
-  alignas(64) float tile_sum[tile::kTileRows * tile::kTileStride];
-  thread_local std::vector<float> apart;
+  alignas(64) float tile_out[tile::kSegmentTileFloats];
+  alignas(64) float tile_sum[tile::kSegmentTileFloats];
+  thread_local std::vector<float> apart_storage;
+  float* apart = nullptr;  // 64-byte aligned, as the tiles on the stack: the kernel's stores split no line
   if (in_one_call != nullptr && !fold) {
-    const std::size_t floats = static_cast<std::size_t>(n_segments) * tile::kSegmentTileFloats;
-    if (apart.size() < floats) apart.resize(floats);
+    const std::size_t floats = static_cast<std::size_t>(n_segments) * tile::kSegmentTileFloats + 16;
+    if (apart_storage.size() < floats) apart_storage.resize(floats);
+    apart = reinterpret_cast<float*>((reinterpret_cast<std::uintptr_t>(apart_storage.data()) + 63) & ~std::uintptr_t{63});
   }
   TileRuns tiles(w, rows, team);
   for (int p, n_panels; tiles.next(p, n_panels);) {
@@ -454,14 +457,14 @@ void matmul_segments(float* y, const Activations& x, const PackedMatrix& w, std:
         t.k_segments = k_bounds.data();
         t.n_k_segments = n_segments;
         t.segment_scratch = tile_out;
-        if (!fold) t.segments_apart = apart.data();
+        if (!fold) t.segments_apart = apart;
         if (r + n_rows == rows) t.prefetch = tiles.likely_next_panels(n_panels);
         in_one_call(t);
         if (fold) {
           store_tile(tile_sum, y, w.d, r, n_rows, p, n_panels);
         } else {
           for (int s = 0; s < n_segments; ++s) {
-            store_tile(apart.data() + static_cast<std::size_t>(s) * tile::kSegmentTileFloats, y + s * partial_floats, w.d, r,
+            store_tile(apart + static_cast<std::size_t>(s) * tile::kSegmentTileFloats, y + s * partial_floats, w.d, r,
                        n_rows, p, n_panels);
           }
         }

@@ -102,7 +102,9 @@ int set_num_threads(int n_threads) {
 
 int num_threads() { return g_num_threads; }
 
-bool open_parallel_region(bool enough_work) { return g_num_threads > 1 && enough_work && !omp_in_parallel(); }
+// omp_get_level, not omp_in_parallel: the latter is false inside a region of one thread (an inactive one),
+// where a kernel's own region would still be a nested team.
+bool open_parallel_region(bool enough_work) { return g_num_threads > 1 && enough_work && omp_get_level() == 0; }
 
 void run_on_each_thread(void (*fn)(int thread, void* context), void* context) {
   const int n_threads = num_threads();
@@ -112,7 +114,7 @@ void run_on_each_thread(void (*fn)(int thread, void* context), void* context) {
 
 void run_team_impl(void (*body)(void* context, Team team), void* context) {
   const int n_threads = num_threads();
-  if (n_threads == 1 || omp_in_parallel()) {
+  if (n_threads == 1 || omp_get_level() > 0) {
     // One thread, or called from inside a parallel region (a pass of its own, or another kernel's): the
     // caller alone, which OpenMP would give a nested region anyway, with no barrier or claims of a pass
     // (an enclosing pass's are put back after, so its threads still meet at its barriers).
@@ -214,7 +216,7 @@ int StealingBands::likely_next() const {
 }
 
 void parallel_for_impl(int n, void (*body)(void* context, int item, int thread), void* context) {
-  if (n <= 1 || g_num_threads == 1) {
+  if (!open_parallel_region(n > 1)) {
     for (int i = 0; i < n; ++i) body(context, i, 0);
     return;
   }

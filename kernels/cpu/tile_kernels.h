@@ -42,7 +42,7 @@ struct Tile {
   // The next tile's panels (same stride and count), or null: see PrefetchPlan.
   const std::byte* prefetch = nullptr;
   // Kernels that take reduction segments (TileKernels::int8_segments; null here: one segment): the tile's k
-  // in n_k_segments segments, segment s from k_segments[s] (int8: a multiple of int8_group) to
+  // in n_k_segments non-empty segments, segment s from k_segments[s] (int8: a multiple of int8_group) to
   // k_segments[s + 1] (the last ends at k, with its padding). Each segment's products are summed from zero
   // and added onto the sum of the segments before it, in order: matmul_segments' fold, in one call where a
   // call per segment cost a pass per row block and group (a 15M int8 prefill ran a third slower).
@@ -83,7 +83,8 @@ struct PrefetchPlan {
 };
 
 // The single pass's prefetch for the line `line` of its chunk (PrefetchPlan::ahead) in each of n_panels.
-inline void prefetch_ahead(const PrefetchPlan& plan, int line, int n_panels, std::size_t panel_stride) {
+// static: each ISA file compiles its own copy with its own flags (see the top of this file).
+static inline void prefetch_ahead(const PrefetchPlan& plan, int line, int n_panels, std::size_t panel_stride) {
   if (plan.ahead == nullptr) return;
   for (int p = 0; p < n_panels; ++p) {
     __builtin_prefetch(plan.ahead + p * panel_stride + static_cast<std::size_t>(line + kAheadLines) * 64, 0, 3);

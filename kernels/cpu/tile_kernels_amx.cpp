@@ -283,7 +283,10 @@ void int8_rows(const Tile& t, int r0, int m) {
 // store and the epilogue through memory for every group); the results are identical either way.
 constexpr int kInt8AmxMinRows = 4;
 
+// No reduction segments (Tile::k_segments): TileKernels::int8_segments is null with AMX, so matmul_segments
+// calls it per segment (the VNNI kernel it hands short tiles to would take them, these tiles would not).
 void int8_tile(const Tile& t) {
+  if (t.k_segments != nullptr) __builtin_trap();
   if (t.n_rows < kInt8AmxMinRows) {
     avx512_vnni_int8_tile_kernel()(t);
     return;

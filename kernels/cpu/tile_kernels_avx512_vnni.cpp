@@ -4,8 +4,9 @@
 // int8 quad into int32. After each group (32, 64, 96 or 128 k) the exact integer dot, corrected for the +128 offset (128 *
 // the group's sum of x), is scaled by weight scale * x scale and added in fp32.
 // A batch's block of R rows x P panels keeps its R x P int32 group sums in registers (R x P <= 24, with the
-// P weight vectors and a broadcast: 29 of the 32 zmm) and its fp32 sums in the tile's output rows, which stay
-// in L1: a group of 128 k is 32 vpdpbusd per (row, panel) against one load, FMA and store of its fp32 sum.
+// P weight vectors and a broadcast: 29 of the 32 zmm) and its fp32 sums in the tile's output rows (and, in
+// reduction segments, a scratch tile), which stay in L1: a group of 128 k is 32 vpdpbusd per (row, panel)
+// against one load, FMA and store of its fp32 sum.
 // That frees the registers for six rows a pass (three when the fp32 sums took registers too): a 4-row int8
 // 768 -> 2048 matmul went 36-42 -> 27-30 us on one Zen 5 core when four rows fit one pass, and 16 rows take
 // three passes instead of four (BENCHMARKS.md, issue #7). A GEMV (R = 1) keeps its sums in registers.
@@ -103,8 +104,9 @@ template <int R, int P, bool kFirst, GroupEnd kEnd>
 // onto what is there for the others. Between calls (k chunks) out holds the sum of the segments finished so
 // far and scratch the running segment's. One segment with scratch = out is a plain matmul, the sums in out.
 // apart (Tile::segments_apart): each finished segment's sums are stored at apart + s * kSegmentTileFloats
-// instead, none added.
-template <int R, int P>
+// instead, none added. kSegmented = false: a plain matmul (scratch = out), compiled without the segments'
+// bookkeeping.
+template <int R, int P, bool kSegmented>
 void int8_block(const Tile& t, const std::int8_t* x, const float* x_scales, const std::int32_t* x_sums, float* out,
                 float* scratch, float* apart, const GroupSegments& segments, int g0, int g1, const PrefetchPlan& plan) {
   const std::uint8_t* w = reinterpret_cast<const std::uint8_t*>(t.panels);
@@ -116,23 +118,23 @@ void int8_block(const Tile& t, const std::int8_t* x, const float* x_scales, cons
   // R = 1: the fp32 sums in registers (acc the running segment's, total the finished ones'); R > 1: in
   // scratch and out, read back per group. The same FMAs and adds on the same values either way: a row's
   // bits do not depend on R.
-  __m512 acc[R == 1 ? P : 1], total[R == 1 ? P : 1];
+  __m512 acc[R == 1 ? P : 1], total[R == 1 && kSegmented ? P : 1];
   if constexpr (R == 1) {
 #pragma GCC unroll 4
     for (int p = 0; p < P; ++p) {
       acc[p] = g0 > s_begin ? _mm512_loadu_ps(scratch + p * 16) : _mm512_setzero_ps();
-      total[p] = s > 0 ? _mm512_loadu_ps(out + p * 16) : _mm512_setzero_ps();
+      if constexpr (kSegmented) total[p] = s > 0 && apart == nullptr ? _mm512_loadu_ps(out + p * 16) : _mm512_setzero_ps();
     }
   }
   // The next line of the next chunk this pass prefetches (PrefetchPlan); none without a plan.
   int next_line = plan.next != nullptr ? plan.phase : 1 << 30;
   for (int g = g0; g < g1; ++g) {
-    if (g == s_end) {  // the next segment
+    if (kSegmented && g == s_end) {  // the next segment
       ++s;
       s_begin = s_end;
       s_end = segments.bound(s + 1);
     }
-    const bool first = g == s_begin, last = g + 1 == s_end;
+    const bool first = g == s_begin, last = kSegmented && g + 1 == s_end;
     __m512i dot[R][P];
 #pragma GCC unroll 6
     for (int r = 0; r < R; ++r) {
@@ -204,17 +206,19 @@ void int8_block(const Tile& t, const std::int8_t* x, const float* x_scales, cons
       for (int p = 0; p < P; ++p) {
         const __m512 exact = _mm512_cvtepi32_ps(_mm512_sub_epi32(dot[0][p], offset));
         acc[p] = _mm512_fmadd_ps(exact, _mm512_mul_ps(ws[p], xs), first ? _mm512_setzero_ps() : acc[p]);
-        if (last && apart != nullptr) {
-          _mm512_storeu_ps(apart + s * kSegmentTileFloats + p * 16, acc[p]);
-        } else if (last) {
-          total[p] = s == 0 ? acc[p] : _mm512_add_ps(total[p], acc[p]);
+        if constexpr (kSegmented) {
+          if (last && apart != nullptr) {
+            _mm512_storeu_ps(apart + s * kSegmentTileFloats + p * 16, acc[p]);
+          } else if (last) {
+            total[p] = s == 0 ? acc[p] : _mm512_add_ps(total[p], acc[p]);
+          }
         }
       }
     } else {
       // One branch a group, not one per row and panel (24 of them cost about a tenth of a 16-row matmul).
       const GroupEnd end = !last ? GroupEnd::kScratch : s == 0 || apart != nullptr ? GroupEnd::kStore : GroupEnd::kAdd;
       float* const sums = apart != nullptr ? apart + s * kSegmentTileFloats : out;
-      const auto finish = [&]<bool kFirst>() {
+      const auto finish = [&]<bool kFirst>() __attribute__((always_inline)) {
         switch (end) {
           case GroupEnd::kScratch: group_sums<R, P, kFirst, GroupEnd::kScratch>(dot, ws, x_scales, x_sums, groups, g, sums, scratch); break;
           case GroupEnd::kStore: group_sums<R, P, kFirst, GroupEnd::kStore>(dot, ws, x_scales, x_sums, groups, g, sums, scratch); break;
@@ -228,8 +232,11 @@ void int8_block(const Tile& t, const std::int8_t* x, const float* x_scales, cons
       }
     }
   }
-  if constexpr (R == 1) {
-    // The finished segments' sum, and the running segment's unless it finished here (scratch may be out).
+  if constexpr (R == 1 && !kSegmented) {
+#pragma GCC unroll 4
+    for (int p = 0; p < P; ++p) _mm512_storeu_ps(out + p * 16, acc[p]);
+  } else if constexpr (R == 1) {
+    // The finished segments' sum, and the running segment's unless it finished here.
     const bool finished = g1 == s_end;
 #pragma GCC unroll 4
     for (int p = 0; p < P; ++p) {
@@ -242,28 +249,29 @@ void int8_block(const Tile& t, const std::int8_t* x, const float* x_scales, cons
 using Int8BlockFn = void (*)(const Tile&, const std::int8_t*, const float*, const std::int32_t*, float*, float*, float*,
                              const GroupSegments&, int, int, const PrefetchPlan&);
 
-template <int R>
+template <int R, bool kSegmented>
 Int8BlockFn int8_block_for_panels(int n_panels) {
   switch (n_panels) {
-    case 1: return int8_block<R, 1>;
-    case 2: return int8_block<R, 2>;
-    case 3: return int8_block<R, 3>;
-    default: return int8_block<R, 4>;
+    case 1: return int8_block<R, 1, kSegmented>;
+    case 2: return int8_block<R, 2, kSegmented>;
+    case 3: return int8_block<R, 3, kSegmented>;
+    default: return int8_block<R, 4, kSegmented>;
   }
 }
 
+template <bool kSegmented>
 Int8BlockFn int8_block_for(int rows, int n_panels) {
   switch (rows) {
-    case 1: return int8_block_for_panels<1>(n_panels);
-    case 2: return int8_block_for_panels<2>(n_panels);
-    case 3: return int8_block_for_panels<3>(n_panels);
-    case 4: return int8_block_for_panels<4>(n_panels);
-    case 5: return int8_block_for_panels<5>(n_panels);
-    default: return int8_block_for_panels<kInt8MaxRows>(n_panels);
+    case 1: return int8_block_for_panels<1, kSegmented>(n_panels);
+    case 2: return int8_block_for_panels<2, kSegmented>(n_panels);
+    case 3: return int8_block_for_panels<3, kSegmented>(n_panels);
+    case 4: return int8_block_for_panels<4, kSegmented>(n_panels);
+    case 5: return int8_block_for_panels<5, kSegmented>(n_panels);
+    default: return int8_block_for_panels<kInt8MaxRows, kSegmented>(n_panels);
   }
 }
 
-// The tile in k chunks of up to kInt8ChunkLines lines (whole groups: 4, 1, 1 or 1 of them), every chunk in
+// The tile in k chunks of up to kInt8ChunkLines lines (whole groups: 4, 2, 1 or 1 of them), every chunk in
 // passes of up to kInt8MaxRows rows; see PrefetchPlan in tile_kernels.h. Chunks need not end on segments.
 void int8_tile(const Tile& t) {
   const std::int8_t* x = static_cast<const std::int8_t*>(t.x);
@@ -294,12 +302,10 @@ void int8_tile(const Tile& t) {
     for (int r = 0, pass = 0; r < t.n_rows; r += kInt8MaxRows, ++pass) {
       const int rows = t.n_rows - r < kInt8MaxRows ? t.n_rows - r : kInt8MaxRows;
       plan.phase = pass;
-      int8_block_for(rows, t.n_panels)(t, x + static_cast<std::size_t>(r) * t.x_stride,
-                                       t.x_scales + static_cast<std::size_t>(r) * t.x_groups,
-                                       t.x_sums + static_cast<std::size_t>(r) * t.x_groups, t.out + r * kTileStride,
-                                       scratch + r * kTileStride,
-                                       t.segments_apart != nullptr ? t.segments_apart + r * kTileStride : nullptr, segments,
-                                       g0, g1, plan);
+      const Int8BlockFn block = segmented ? int8_block_for<true>(rows, t.n_panels) : int8_block_for<false>(rows, t.n_panels);
+      block(t, x + static_cast<std::size_t>(r) * t.x_stride, t.x_scales + static_cast<std::size_t>(r) * t.x_groups,
+            t.x_sums + static_cast<std::size_t>(r) * t.x_groups, t.out + r * kTileStride, scratch + r * kTileStride,
+            t.segments_apart != nullptr ? t.segments_apart + r * kTileStride : nullptr, segments, g0, g1, plan);
     }
   }
 }

@@ -1,7 +1,9 @@
 // "No per-token malloc in the decode loop" for a TP group under real mpirun (tp = the world size): the
 // segment products passed from rank to rank (Communicator::ordered_sum through the host's shared memory),
-// the TP ranks' greedy pick, each rank's kernels. Every allocation counts (tests/support/
-// counting_allocator.h), on every rank; tests/unit/runtime/decode_allocation_test.cpp is the one-rank twin.
+// the TP ranks' greedy pick and the logits' gather, each rank's kernels on one thread (the ranks share this
+// host's cores; tests/unit/runtime/decode_allocation_test.cpp, the one-rank twin, runs two kernel threads,
+// which is where OpenMP's nested teams would show). Every allocation counts (tests/support/
+// counting_allocator.h), on every rank.
 #include <string>
 
 #include <gtest/gtest.h>
@@ -23,23 +25,14 @@ namespace {
 
 using kernels::cpu::KvDtype;
 using kernels::cpu::WeightDtype;
+using test::DecodeCase;
+using test::Pick;
 
-struct Case {
-  WeightDtype dtype;
-  KvDtype kv_dtype;
-  int rows;
-};
-
-std::string case_name(const testing::TestParamInfo<Case>& info) {
-  return std::string(kernels::cpu::weight_dtype_name(info.param.dtype)) + "_kv" +
-         kernels::cpu::kv_dtype_name(info.param.kv_dtype) + "_" + std::to_string(info.param.rows) + "rows";
-}
-
-class TpDecodeLoop : public testing::TestWithParam<Case> {};
+class TpDecodeLoop : public testing::TestWithParam<DecodeCase> {};
 
 TEST_P(TpDecodeLoop, MakesNoHeapAllocationPerTokenOnAnyRank) {
   SHARDLINE_REQUIRE_MODEL_FILE(test::model_file("mini-gqa.bin"));
-  const Case c = GetParam();
+  const DecodeCase c = GetParam();
   const std::string path = test::model_file("mini-gqa.bin");
   const partition::Mesh mesh(test::world_size(), test::world_rank(), test::world_size(), 1);
   const partition::ModelShape shape = read_checkpoint_shape(path);
@@ -48,7 +41,7 @@ TEST_P(TpDecodeLoop, MakesNoHeapAllocationPerTokenOnAnyRank) {
   kernels::cpu::set_num_threads(1);  // the ranks share this host's cores
   ShardWeights weights(path, shape, shard, {.dtype = c.dtype});
   Stage stage(weights, *groups.tp, {.max_rows = 8, .kv_block_tokens = 16, .kv_dtype = c.kv_dtype});
-  test::GreedySteps steps(stage, c.rows, 120);
+  test::GreedySteps steps(stage, c.rows, 120, c.pick);
   for (int pos = 0; pos < 20; ++pos) steps.step(pos);  // warm-up: first blocks, grown scratch
   const long before = test::allocations();
   ASSERT_GT(before, 0) << "the counting allocator is not in use";
@@ -57,10 +50,11 @@ TEST_P(TpDecodeLoop, MakesNoHeapAllocationPerTokenOnAnyRank) {
 }
 
 INSTANTIATE_TEST_SUITE_P(WeightDtypes, TpDecodeLoop,
-                         testing::Values(Case{WeightDtype::kF32, KvDtype::kF32, 1}, Case{WeightDtype::kBf16, KvDtype::kF16, 4},
-                                         Case{WeightDtype::kInt8, KvDtype::kF16, 1},
-                                         Case{WeightDtype::kInt8, KvDtype::kInt8, 4}),
-                         case_name);
+                         testing::Values(DecodeCase{WeightDtype::kF32, KvDtype::kF32, 1}, DecodeCase{WeightDtype::kBf16, KvDtype::kF16, 4},
+                                         DecodeCase{WeightDtype::kInt8, KvDtype::kF16, 1},
+                                         DecodeCase{WeightDtype::kInt8, KvDtype::kInt8, 4},
+                                         DecodeCase{WeightDtype::kInt8, KvDtype::kF16, 2, Pick::kLogits}),
+                         test::decode_case_name);
 
 }  // namespace
 }  // namespace shardline::runtime

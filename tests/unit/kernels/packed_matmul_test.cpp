@@ -618,16 +618,25 @@ TEST(PackedMatmul, ARowsResultDoesNotDependOnItsBatchOrTheThreadCount) {
 // Reduction segments (tensor parallelism's exact sums): each segment's product is, bit for bit, the matmul
 // of its column slice packed on its own (as a TP rank packs it), and the fold adds them in order on any
 // thread count. k = 300: the last segment ends in the int8 and bf16 padding; 70 rows: more than a tile's.
-TEST(PackedMatmul, SegmentsEqualMatmulsOfTheirColumnSlicesAndFoldInOrder) {
+// The int8 kernels walk k in chunks of whole groups (the VNNI one: 4 groups of 32, 2 of 64, 1 of 128) and
+// carry a segment's sums across them: segments that end inside a chunk and on its edge, with each group
+// size the engine packs (wo's 64, w2's 128), and 1 to 4 panels (d = 16, 40, 50).
+struct SegmentCase {
+  int k, d, int8_group;
+  std::vector<int> bounds;
+};
+
+class PackedMatmulSegments : public ::testing::TestWithParam<SegmentCase> {};
+
+TEST_P(PackedMatmulSegments, EqualMatmulsOfTheirColumnSlicesAndFoldInOrder) {
   std::mt19937 rng(31);
-  const int k = 300, d = 50;
-  const std::vector<int> bounds = {0, 64, 96, 224, 300};
+  const auto& [k, d, int8_group, bounds] = GetParam();
   const int n_segments = static_cast<int>(bounds.size()) - 1;
   const std::vector<float> w = random_floats(rng, static_cast<std::size_t>(d) * k);
   for (const int n : {1, 7, 70}) {
     const std::vector<float> x = random_floats(rng, static_cast<std::size_t>(n) * k, -2.0f, 2.0f);
     for (WeightDtype dtype : kDtypes) {
-      const Packed packed = pack(dtype, w, d, k, kInt8Block);
+      const Packed packed = pack(dtype, w, d, k, int8_group);
       Activations a;
       a.reserve(n, k);
       a.prepare(x.data(), n, packed.matrix);
@@ -641,7 +650,7 @@ TEST(PackedMatmul, SegmentsEqualMatmulsOfTheirColumnSlicesAndFoldInOrder) {
           std::vector<float> w_slice(static_cast<std::size_t>(d) * ks), x_slice(static_cast<std::size_t>(n) * ks);
           for (int i = 0; i < d; ++i) std::copy_n(w.begin() + i * k + k0, ks, w_slice.begin() + i * ks);
           for (int r = 0; r < n; ++r) std::copy_n(x.begin() + r * k + k0, ks, x_slice.begin() + r * ks);
-          const Packed slice = pack(dtype, w_slice, d, ks, kInt8Block);
+          const Packed slice = pack(dtype, w_slice, d, ks, int8_group);
           Activations as;
           as.reserve(n, ks);
           as.prepare(x_slice.data(), n, slice.matrix);
@@ -673,7 +682,20 @@ TEST(PackedMatmul, SegmentsEqualMatmulsOfTheirColumnSlicesAndFoldInOrder) {
       }
     }
   }
-  // Borders the kernels cannot start at are refused.
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Borders, PackedMatmulSegments,
+    ::testing::Values(SegmentCase{300, 50, kInt8Block, {0, 64, 96, 224, 300}},   // inside chunks, into the padding
+                      SegmentCase{300, 40, kInt8Block, {0, 128, 256, 300}},      // on chunk edges (4 groups of 32)
+                      SegmentCase{640, 16, 64, {0, 64, 256, 448, 640}},          // groups of 64 (2 a chunk), one panel
+                      SegmentCase{768, 50, 128, {0, 128, 384, 768}}));           // groups of 128 (1 a chunk)
+
+TEST(PackedMatmul, SegmentBordersTheKernelsCannotStartAtAreRefused) {
+  std::mt19937 rng(31);
+  const int k = 300, d = 50;
+  const std::vector<float> w = random_floats(rng, static_cast<std::size_t>(d) * k);
+  const int n_segments = 2;
   const Packed packed = pack(WeightDtype::kInt8, w, d, k, kInt8Block);
   Activations a;
   a.reserve(1, k);

@@ -24,23 +24,14 @@ namespace {
 
 using kernels::cpu::KvDtype;
 using kernels::cpu::WeightDtype;
+using test::DecodeCase;
+using test::Pick;
 
-struct Case {
-  WeightDtype dtype;
-  KvDtype kv_dtype;
-  int rows;  // sequences decoding together, one row each a step
-};
-
-std::string case_name(const testing::TestParamInfo<Case>& info) {
-  return std::string(kernels::cpu::weight_dtype_name(info.param.dtype)) + "_kv" +
-         kernels::cpu::kv_dtype_name(info.param.kv_dtype) + "_" + std::to_string(info.param.rows) + "rows";
-}
-
-class DecodeLoop : public testing::TestWithParam<Case> {};
+class DecodeLoop : public testing::TestWithParam<DecodeCase> {};
 
 TEST_P(DecodeLoop, MakesNoHeapAllocationPerToken) {
   SHARDLINE_REQUIRE_MODEL_FILE(test::model_file("mini-gqa.bin"));
-  const Case c = GetParam();
+  const DecodeCase c = GetParam();
   const std::string path = test::model_file("mini-gqa.bin");
   const partition::ModelShape shape = read_checkpoint_shape(path);
   const auto stages = partition::stage_layer_ranges(shape, 1);
@@ -49,7 +40,7 @@ TEST_P(DecodeLoop, MakesNoHeapAllocationPerToken) {
   ShardWeights weights(path, shape, shard, {.dtype = c.dtype});
   auto comm = comm::make_solo_communicator();
   Stage stage(weights, *comm, {.max_rows = 8, .kv_block_tokens = 16, .kv_dtype = c.kv_dtype});
-  test::GreedySteps steps(stage, c.rows, 200);
+  test::GreedySteps steps(stage, c.rows, 200, c.pick);
   for (int pos = 0; pos < 20; ++pos) steps.step(pos);  // warm-up: OpenMP's thread pool, first blocks
   const long before = test::allocations();
   ASSERT_GT(before, 0) << "the counting allocator is not in use";  // loading allocated, so it counts
@@ -59,11 +50,13 @@ TEST_P(DecodeLoop, MakesNoHeapAllocationPerToken) {
 }
 
 INSTANTIATE_TEST_SUITE_P(WeightDtypes, DecodeLoop,
-                         testing::Values(Case{WeightDtype::kF32, KvDtype::kF32, 1}, Case{WeightDtype::kF32, KvDtype::kF32, 4},
-                                         Case{WeightDtype::kBf16, KvDtype::kF16, 4},
-                                         Case{WeightDtype::kInt8, KvDtype::kF16, 1},
-                                         Case{WeightDtype::kInt8, KvDtype::kInt8, 4}),
-                         case_name);
+                         testing::Values(DecodeCase{WeightDtype::kF32, KvDtype::kF32, 1}, DecodeCase{WeightDtype::kF32, KvDtype::kF32, 4},
+                                         DecodeCase{WeightDtype::kBf16, KvDtype::kF16, 4},
+                                         DecodeCase{WeightDtype::kInt8, KvDtype::kF16, 1},
+                                         DecodeCase{WeightDtype::kInt8, KvDtype::kInt8, 4},
+                                         DecodeCase{WeightDtype::kF32, KvDtype::kF32, 2, Pick::kLogits},
+                                         DecodeCase{WeightDtype::kInt8, KvDtype::kF16, 1, Pick::kLogits}),
+                         test::decode_case_name);
 
 }  // namespace
 }  // namespace shardline::runtime
