@@ -23,16 +23,11 @@
 namespace shardline::runtime {
 namespace {
 
-using kernels::cpu::KvDtype;
-using kernels::cpu::WeightDtype;
-using test::DecodeCase;
-using test::Pick;
-
-class TpDecodeLoop : public testing::TestWithParam<DecodeCase> {};
+class TpDecodeLoop : public testing::TestWithParam<test::DecodeCase> {};
 
 TEST_P(TpDecodeLoop, MakesNoHeapAllocationPerTokenOnAnyRank) {
   SHARDLINE_REQUIRE_MODEL_FILE(test::model_file("mini-gqa.bin"));
-  const DecodeCase c = GetParam();
+  const test::DecodeCase c = GetParam();
   const std::string path = test::model_file("mini-gqa.bin");
   const partition::Mesh mesh(test::world_size(), test::world_rank(), test::world_size(), 1);
   const partition::ModelShape shape = read_checkpoint_shape(path);
@@ -49,12 +44,7 @@ TEST_P(TpDecodeLoop, MakesNoHeapAllocationPerTokenOnAnyRank) {
   EXPECT_EQ(test::allocations() - before, 0) << "heap allocations in the decode loop on rank " << test::world_rank();
 }
 
-INSTANTIATE_TEST_SUITE_P(WeightDtypes, TpDecodeLoop,
-                         testing::Values(DecodeCase{WeightDtype::kF32, KvDtype::kF32, 1}, DecodeCase{WeightDtype::kBf16, KvDtype::kF16, 4},
-                                         DecodeCase{WeightDtype::kInt8, KvDtype::kF16, 1},
-                                         DecodeCase{WeightDtype::kInt8, KvDtype::kInt8, 4},
-                                         DecodeCase{WeightDtype::kInt8, KvDtype::kF16, 2, Pick::kLogits}),
-                         test::decode_case_name);
+INSTANTIATE_TEST_SUITE_P(WeightDtypes, TpDecodeLoop, testing::ValuesIn(test::decode_cases()), test::decode_case_name);
 
 }  // namespace
 }  // namespace shardline::runtime

@@ -75,6 +75,20 @@ struct DecodeCase {
   Pick pick = Pick::kGreedyTokens;
 };
 
+// What the decode loop tests run: one row and a batch, every weight dtype and cache dtype the CPU takes, both
+// picks.
+inline std::vector<DecodeCase> decode_cases() {
+  using kernels::cpu::KvDtype;
+  using kernels::cpu::WeightDtype;
+  return {{WeightDtype::kF32, KvDtype::kF32, 1},
+          {WeightDtype::kF32, KvDtype::kF32, 4},
+          {WeightDtype::kBf16, KvDtype::kF16, 4},
+          {WeightDtype::kInt8, KvDtype::kF16, 1},
+          {WeightDtype::kInt8, KvDtype::kInt8, 4},
+          {WeightDtype::kF32, KvDtype::kF32, 2, Pick::kLogits},
+          {WeightDtype::kInt8, KvDtype::kF16, 1, Pick::kLogits}};
+}
+
 inline std::string decode_case_name(const testing::TestParamInfo<DecodeCase>& info) {
   return std::string(kernels::cpu::weight_dtype_name(info.param.dtype)) + "_kv" +
          kernels::cpu::kv_dtype_name(info.param.kv_dtype) + "_" + std::to_string(info.param.rows) + "rows" +

@@ -22,16 +22,11 @@
 namespace shardline::runtime {
 namespace {
 
-using kernels::cpu::KvDtype;
-using kernels::cpu::WeightDtype;
-using test::DecodeCase;
-using test::Pick;
-
-class DecodeLoop : public testing::TestWithParam<DecodeCase> {};
+class DecodeLoop : public testing::TestWithParam<test::DecodeCase> {};
 
 TEST_P(DecodeLoop, MakesNoHeapAllocationPerToken) {
   SHARDLINE_REQUIRE_MODEL_FILE(test::model_file("mini-gqa.bin"));
-  const DecodeCase c = GetParam();
+  const test::DecodeCase c = GetParam();
   const std::string path = test::model_file("mini-gqa.bin");
   const partition::ModelShape shape = read_checkpoint_shape(path);
   const auto stages = partition::stage_layer_ranges(shape, 1);
@@ -49,14 +44,7 @@ TEST_P(DecodeLoop, MakesNoHeapAllocationPerToken) {
   for (const KvCache& cache : steps.caches()) EXPECT_EQ(cache.blocks_held(), 13);
 }
 
-INSTANTIATE_TEST_SUITE_P(WeightDtypes, DecodeLoop,
-                         testing::Values(DecodeCase{WeightDtype::kF32, KvDtype::kF32, 1}, DecodeCase{WeightDtype::kF32, KvDtype::kF32, 4},
-                                         DecodeCase{WeightDtype::kBf16, KvDtype::kF16, 4},
-                                         DecodeCase{WeightDtype::kInt8, KvDtype::kF16, 1},
-                                         DecodeCase{WeightDtype::kInt8, KvDtype::kInt8, 4},
-                                         DecodeCase{WeightDtype::kF32, KvDtype::kF32, 2, Pick::kLogits},
-                                         DecodeCase{WeightDtype::kInt8, KvDtype::kF16, 1, Pick::kLogits}),
-                         test::decode_case_name);
+INSTANTIATE_TEST_SUITE_P(WeightDtypes, DecodeLoop, testing::ValuesIn(test::decode_cases()), test::decode_case_name);
 
 }  // namespace
 }  // namespace shardline::runtime
