@@ -9,8 +9,11 @@
 #include <csignal>
 #include <cctype>
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <string>
 
 #include <fmt/format.h>
 
@@ -94,6 +97,45 @@ void refuse_xml_that_hwloc_cannot_take(const std::string& path, bool with_io) {
   throw ResourceError(fmt::format("reading topology XML '{}' was stopped by signal {} (out of memory?)", path, signal));
 }
 
+// Why hwloc rejects a synthetic description, or "" if it does not say: hwloc writes its parser's reason to
+// stderr only with HWLOC_SYNTHETIC_VERBOSE set, so the description is parsed again on a throwaway topology
+// with the variable set and stderr sent to a temporary file (at start-up, before any thread).
+std::string synthetic_rejection_reason(const std::string& description) {
+  std::FILE* captured = std::tmpfile();
+  if (captured == nullptr) return "";
+  const char* previous = std::getenv("HWLOC_SYNTHETIC_VERBOSE");
+  const std::string saved_setting = previous != nullptr ? previous : "";
+  std::fflush(stderr);
+  const int saved_stderr = ::dup(STDERR_FILENO);
+  if (saved_stderr >= 0 && ::dup2(::fileno(captured), STDERR_FILENO) >= 0) {
+    ::setenv("HWLOC_SYNTHETIC_VERBOSE", "1", 1);
+    hwloc_topology_t scratch = nullptr;
+    if (hwloc_topology_init(&scratch) == 0) {
+      hwloc_topology_set_synthetic(scratch, description.c_str());
+      hwloc_topology_destroy(scratch);
+    }
+    std::fflush(stderr);
+    ::dup2(saved_stderr, STDERR_FILENO);
+    if (previous != nullptr) {
+      ::setenv("HWLOC_SYNTHETIC_VERBOSE", saved_setting.c_str(), 1);
+    } else {
+      ::unsetenv("HWLOC_SYNTHETIC_VERBOSE");
+    }
+  }
+  if (saved_stderr >= 0) ::close(saved_stderr);
+  std::string reason;
+  std::rewind(captured);
+  char line[512];
+  while (std::fgets(line, sizeof line, captured) != nullptr && reason.size() < 2000) {
+    std::string text(line);
+    while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.pop_back();
+    if (text.empty()) continue;
+    reason += reason.empty() ? text : "; " + text;
+  }
+  std::fclose(captured);
+  return reason;
+}
+
 }  // namespace
 
 void check_hwloc(int code, const char* what) {
@@ -106,8 +148,9 @@ HwlocHandle::HwlocHandle(Source source, const std::string& argument, bool with_i
   check_hwloc(hwloc_topology_init(&topology_), "topology init");
   try {
     if (source == Source::kSynthetic && hwloc_topology_set_synthetic(topology_, argument.c_str()) < 0) {
-      throw ConfigError(fmt::format("hwloc rejects the synthetic topology '{}' (example: 'pack:2 numa:2 core:8 pu:2')",
-                                    argument));
+      const std::string reason = synthetic_rejection_reason(argument);
+      throw ConfigError(fmt::format("hwloc rejects the synthetic topology '{}'{} (example: 'pack:2 numa:2 core:8 pu:2')",
+                                    argument, reason.empty() ? "" : ": " + reason));
     }
     // A missing file is a missing resource (exit 4), an unreadable one a corrupt input (exit 3).
     if (source == Source::kXml) {

@@ -97,7 +97,9 @@ TEST_F(Placement, TopoBadInputIsOneLine) {
   std::ofstream(path("bad.xml")) << "<topology><object type=\"Banana\">";
   for (const Case& c : {Case{"--synthetic 'pack:1 numa:1 core:2 pu:1' --np 3 --bind core", "only 2 cores"},
                         Case{"--bind socket", "--bind expects auto, numa, core or none"},
-                        Case{"--synthetic 'pack:banana'", "hwloc rejects the synthetic topology"},
+                        // with hwloc's own reason, which it writes only with HWLOC_SYNTHETIC_VERBOSE set
+                        Case{"--synthetic 'pack:banana'", "hwloc rejects the synthetic topology 'pack:banana': "},
+                        Case{"--synthetic 'pack:2 bogus:4'", "at 'bogus:4'"},
                         // a description of millions of threads ran until killed
                         Case{"--synthetic 'pack:1000 core:1000 pu:10'", "has more than 16384 hardware threads"},
                         Case{"--synthetic '1000 1000 10'", "has more than 16384 hardware threads"},
