@@ -107,12 +107,9 @@ int launch_check_command(const std::vector<std::string>& args) {
     request.n_ranks = env.task_count();
   }
   const std::vector<int> split = layer_split.empty() ? std::vector<int>{} : parse_int_list("--layers-per-stage", layer_split);
-  if (!split.empty() && static_cast<int>(split.size()) != request.pp_size) {
-    throw ConfigError(fmt::format("--layers-per-stage {} names {} stage{} but --pp is {}", printable(layer_split), split.size(),
-                                  split.size() == 1 ? "" : "s", request.pp_size));
-  }
-  for (const int layers : split) {
-    if (layers < 1) throw ConfigError(fmt::format("--layers-per-stage {}: every stage needs at least one layer", printable(layer_split)));
+  // The split's own problems need no model (its sum is checked against one below, with --model).
+  if (auto problem = split.empty() ? std::nullopt : partition::layer_split_problem(split, request.pp_size)) {
+    throw ConfigError(fmt::format("--layers-per-stage {} {}", printable(layer_split), *problem));
   }
   if (!model.empty()) {
     const partition::ModelShape shape = runtime::read_checkpoint_shape(model);

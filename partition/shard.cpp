@@ -95,6 +95,21 @@ std::optional<std::string> find_layout_problem(const ModelShape& shape, int tp_s
   return std::nullopt;
 }
 
+std::optional<std::string> layer_split_problem(const std::vector<int>& layers_per_stage, int pp_size, int n_layers) {
+  const std::size_t stages = layers_per_stage.size();
+  if (static_cast<int>(stages) != pp_size) {
+    return fmt::format("names {} stage{} but pp={}", stages, stages == 1 ? "" : "s", pp_size);
+  }
+  for (std::size_t s = 0; s < stages; ++s) {
+    if (layers_per_stage[s] < 1) {
+      return fmt::format("gives stage {} {} layers; every stage needs at least one", s, layers_per_stage[s]);
+    }
+  }
+  const long total = std::accumulate(layers_per_stage.begin(), layers_per_stage.end(), 0L);
+  if (n_layers >= 0 && total != n_layers) return fmt::format("sums to {} but the model has {} layers", total, n_layers);
+  return std::nullopt;
+}
+
 std::vector<Range> stage_layer_ranges(const ModelShape& shape, int pp_size,
                                       const std::vector<int>& layers_per_stage) {
   std::vector<Range> ranges;
@@ -102,16 +117,11 @@ std::vector<Range> stage_layer_ranges(const ModelShape& shape, int pp_size,
     for (int s = 0; s < pp_size; ++s) ranges.push_back(split_evenly(shape.n_layers, pp_size, s));
     return ranges;
   }
-  if (static_cast<int>(layers_per_stage.size()) != pp_size) {
-    throw ConfigError(fmt::format("layer split names {} stages but pp={}", layers_per_stage.size(), pp_size));
-  }
-  const int total = std::accumulate(layers_per_stage.begin(), layers_per_stage.end(), 0);
-  if (total != shape.n_layers) {
-    throw ConfigError(fmt::format("layer split sums to {} but the model has {} layers", total, shape.n_layers));
+  if (auto problem = layer_split_problem(layers_per_stage, pp_size, shape.n_layers)) {
+    throw ConfigError("layer split " + *problem);
   }
   int begin = 0;
   for (int count : layers_per_stage) {
-    if (count < 1) throw ConfigError("every stage of a layer split needs at least one layer");
     ranges.push_back({begin, begin + count});
     begin += count;
   }

@@ -83,8 +83,14 @@ struct RankShard {
 // Why tp x pp cannot serve this model, or nullopt. E.g. "tp=3 does not divide n_kv_heads=4".
 std::optional<std::string> find_layout_problem(const ModelShape& shape, int tp_size, int pp_size);
 
+// What is wrong with an explicit layer split (one count per stage, each >= 1, summing to n_layers) for
+// pp_size stages, or nullopt; n_layers < 0: the model is not known yet (launch-check without --model), its
+// sum is not checked. E.g. "names 3 stages but pp=2".
+std::optional<std::string> layer_split_problem(const std::vector<int>& layers_per_stage, int pp_size, int n_layers = -1);
+
 // Layer ranges per stage. Without explicit counts: split evenly. With counts (one per stage, each >= 1,
-// summing to n_layers) the planner's balanced split is used. Throws ConfigError on bad counts.
+// summing to n_layers) the planner's balanced split is used. Throws ConfigError on bad counts
+// ("layer split " + layer_split_problem()).
 std::vector<Range> stage_layer_ranges(const ModelShape& shape, int pp_size,
                                       const std::vector<int>& layers_per_stage = {});
 

@@ -857,9 +857,9 @@ TEST_F(Cli, UnknownFlagsAndCommands) {
   expect_clean_failure("launch-check --tp 2 --pp 1 --np 99999", 2, "--np 99999 is not a rank count from 1 to 32768");
   // A layer split's stage count needs no model (it said ok, and run then refused the split).
   expect_clean_failure("launch-check --tp 1 --pp 2 --layers-per-stage 1,1,1", 2,
-                       "--layers-per-stage 1,1,1 names 3 stages but --pp is 2");
+                       "--layers-per-stage 1,1,1 names 3 stages but pp=2");
   expect_clean_failure("launch-check --tp 1 --pp 2 --layers-per-stage 3,0", 2,
-                       "--layers-per-stage 3,0: every stage needs at least one layer");
+                       "--layers-per-stage 3,0 gives stage 1 0 layers; every stage needs at least one");
   expect_clean_failure("run --stpes=3", 2, "unknown flag '--stpes' (did you mean '--steps'?)");
   expect_clean_failure("run --x=5", 2, "unknown flag '--x' (see");  // too short to guess from
   // run's flags parse as run parses them: a value that starts with a dash is still the flag's value.

@@ -117,6 +117,13 @@ TEST(StageLayerRanges, EvenUnevenAndExplicit) {
   EXPECT_THROW(stage_layer_ranges(s, 2, {3, 3}), ConfigError);
   EXPECT_THROW(stage_layer_ranges(s, 2, {7, 0}), ConfigError);
   EXPECT_THROW(stage_layer_ranges(s, 3, {3, 4}), ConfigError);
+  // What is wrong, one wording for run (with the model) and launch-check (without: no sum to check).
+  EXPECT_EQ(layer_split_problem({3, 4}, 3, 7), "names 2 stages but pp=3");
+  EXPECT_EQ(layer_split_problem({7}, 2), "names 1 stage but pp=2");
+  EXPECT_EQ(layer_split_problem({7, 0}, 2, 7), "gives stage 1 0 layers; every stage needs at least one");
+  EXPECT_EQ(layer_split_problem({3, 3}, 2, 7), "sums to 6 but the model has 7 layers");
+  EXPECT_EQ(layer_split_problem({3, 3}, 2), std::nullopt);
+  EXPECT_EQ(layer_split_problem({2, 5}, 2, 7), std::nullopt);
 }
 
 TEST(LayoutProblem, NamesTheReason) {
