@@ -49,15 +49,6 @@ WoInput wo_input(const partition::ModelShape& shape, WeightDtype dtype) {
   return {segment, padded, group};
 }
 
-bool int8_slices_match_one_rank(const partition::ModelShape& shape, int tp) {
-  // wo's always do (WoInput); w2's where each rank's hidden slice starts on one of its groups, which is
-  // split_hidden's own answer, not a second copy of its rule.
-  for (int rank = 0; rank < tp; ++rank) {
-    if (partition::split_hidden(shape, tp, rank).begin % w2_int8_group(shape) != 0) return false;
-  }
-  return true;
-}
-
 void WoInput::spread(float* row, int q_columns) const {
   if (!padded()) return;
   // From the last segment back: each moves to a place at or after its own, so none overwrites one not yet moved.

@@ -66,11 +66,6 @@ struct WoInput {
   std::vector<int> bounds(int q_columns) const;
 };
 WoInput wo_input(const partition::ModelShape& shape, WeightDtype dtype);
-// Whether tp ranks' int8 slices of wo and w2 all fall on one rank's scale groups (WoInput; w2 where every
-// rank's partition::split_hidden slice starts on a group, which a hidden dim of more than 32 x (tp - 1)
-// features gives): false only for toy widths, whose TP layouts then differ from one rank by int8
-// quantisation noise.
-bool int8_slices_match_one_rank(const partition::ModelShape& shape, int tp);
 
 struct ShardWeightsOptions {
   WeightDtype dtype = WeightDtype::kF32;  // what every weight matrix is converted to
