@@ -1,3 +1,5 @@
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <utility>
@@ -111,12 +113,16 @@ void add_inplace(float* y, const float* x, int size) {
   // A batch's residual (rows x dim) is split over the kernel threads; one row stays on the caller's, and so
   // does a call from inside a parallel pass (matmul_segments' folds, a tile at a time).
   constexpr int kMinParallelValues = 8192;
-  if (open_parallel_region(size >= kMinParallelValues)) {
-#pragma omp parallel for num_threads(num_threads())
-    for (int i = 0; i < size; ++i) y[i] += x[i];
+  const row::AddRow add = row::active_row_kernels().add;
+  if (!open_parallel_region(size >= kMinParallelValues)) {
+    add(y, x, size);
     return;
   }
-  row::active_row_kernels().add(y, x, size);
+#pragma omp parallel num_threads(num_threads())
+  {
+    const Band band = thread_band(size, omp_get_thread_num(), omp_get_num_threads());
+    add(y + band.begin, x + band.begin, band.end - band.begin);
+  }
 }
 
 int argmax(const float* x, int size) { return row::active_row_kernels().argmax(x, size); }

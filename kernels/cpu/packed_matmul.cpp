@@ -342,9 +342,7 @@ void Activations::normalise_rows(float* out, const float* x, float* x_add, const
   if (r0 >= r1) return;
   const int dim = k_;
   const std::size_t at = static_cast<std::size_t>(r0) * dim, values = static_cast<std::size_t>(r1 - r0) * dim;
-  if (residual != nullptr) {
-    for (std::size_t i = at; i < at + values; ++i) x_add[i] += residual[i];  // add_inplace()'s additions
-  }
+  if (residual != nullptr) row::active_row_kernels().add(x_add + at, residual + at, static_cast<int>(values));
   rmsnorm_serial(out + at, x + at, weight, r1 - r0, dim, eps);
   prepare_rows(out, r0, r1);
 }
