@@ -48,7 +48,7 @@ int n_reduction_segments(const ModelShape& shape);
 // Rows of segment products a TP rank holds and sums at once: a batch-16 decode step in one ordered sum; a
 // prefill chunk of 512 rows in eight, each computing its rows' products again from the weights (the
 // products of a whole chunk would take n_kv_heads / tp times its rows of memory).
-inline constexpr int kSegmentGatherRows = 64;
+inline constexpr int kSegmentSumRows = 64;
 
 // The hidden dim's unit for w2's segments and TP slices: 128 features where hidden is a multiple of 128 with
 // a block for each of the n_kv_heads segments, else 32 (the last block short where hidden is no multiple of

@@ -25,7 +25,7 @@ namespace shardline::runtime {
 // reserved up front; blocks are committed as sequences reach them.
 inline constexpr int kDefaultKvContexts = 64;
 // Rows of segment products a TP rank sums at once (Stage::reduce_segments; partition/shard.h).
-inline constexpr int kPartialRows = partition::kSegmentGatherRows;
+inline constexpr int kPartialRows = partition::kSegmentSumRows;
 
 struct StageOptions {
   int max_rows = 64;  // most rows one forward call takes; sizes the scratch buffers
