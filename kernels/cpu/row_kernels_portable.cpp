@@ -13,8 +13,11 @@ RowKernels portable_row_kernels() { return row_kernels(); }
 
 const RowKernels& active_row_kernels() {
   static const RowKernels portable = portable_row_kernels();
+  if (active_isa() < Isa::kAvx512) return portable;
+  // Built only once AVX-512 is known to be there: avx512_row_kernels() is compiled with -mavx512f and the
+  // compiler fills the table with AVX-512 stores (it raised SIGILL on an AVX2-only EPYC, session 30).
   static const RowKernels avx512 = avx512_row_kernels();
-  return active_isa() >= Isa::kAvx512 ? avx512 : portable;
+  return avx512;
 }
 
 }  // namespace shardline::kernels::cpu::row
