@@ -19,6 +19,7 @@ packages=(
   coreutils procps                      # timeout, ps (used by tests)
   munge slurmctld slurmd slurm-client   # real Slurm for the `slurm` tests (they start their own daemons)
   iproute2 util-linux                   # ip netns / unshare: two hosts for the `multihost` tests
+  qemu-user                             # qemu-x86_64: the binary on an emulated AVX2 CPU and the x86-64 baseline
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -52,9 +53,16 @@ tile::TileKernels tile_kernels_for(Isa isa) {
 }
 
 const tile::TileKernels& active_tile_kernels() {
-  static const tile::TileKernels by_isa[] = {tile_kernels_for(Isa::kPortable), tile_kernels_for(Isa::kAvx2),
-                                             tile_kernels_for(Isa::kAvx512), tile_kernels_for(Isa::kAvx512Vnni),
-                                             tile_kernels_for(Isa::kAvx512Bf16), tile_kernels_for(Isa::kAmx)};
+  // Only the levels this CPU has (set_isa never goes above best_isa()): each ISA file's factory is compiled
+  // with that ISA's flags, and the compiler fills the table it returns with its instructions (the AVX2
+  // table's vmovq raised SIGILL on the x86-64 baseline, session 30).
+  static const auto by_isa = [] {
+    std::array<tile::TileKernels, static_cast<int>(Isa::kAmx) + 1> kernels{};
+    for (int level = 0; level <= static_cast<int>(best_isa()); ++level) {
+      kernels[level] = tile_kernels_for(static_cast<Isa>(level));
+    }
+    return kernels;
+  }();
   return by_isa[static_cast<int>(active_isa())];
 }
 
