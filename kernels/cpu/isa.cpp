@@ -41,7 +41,10 @@ Isa detect_isa() {
     return __builtin_cpu_supports("avx512bf16") ? Isa::kAvx512Bf16 : Isa::kAvx512Vnni;
   }
   if (avx512) return Isa::kAvx512;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::kAvx2;
+  // The AVX2 int8 kernel reads its fp16 scales with F16C (every AVX2 CPU has it; GCC 12 cannot ask for it).
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c) return Isa::kAvx2;
   return Isa::kPortable;
 }
 

@@ -13,7 +13,7 @@ namespace shardline::kernels::cpu {
 // Ordered: each level includes the ones before it.
 enum class Isa : int {
   kPortable = 0,    // plain C++ (whatever the compiler's baseline target vectorises)
-  kAvx2 = 1,        // AVX2 + FMA: the portable code compiled for 256-bit vectors
+  kAvx2 = 1,        // AVX2 + FMA + F16C: hand-written 256-bit fp32, bf16 (widened) and int8 (vpmaddubsw) kernels
   kAvx512 = 2,      // AVX-512 F/BW/VL/DQ: hand-written fp32 and bf16 kernels (int8 as kAvx2)
   kAvx512Vnni = 3,  // + AVX512_VNNI: vpdpbusd for int8
   kAvx512Bf16 = 4,  // + AVX512_BF16: vdpbf16ps for bf16 (x as two bf16 halves, as on AMX)

@@ -1,13 +1,319 @@
-// The portable tile kernels compiled with -mavx2 -mfma (see kernels/CMakeLists.txt): 256-bit vectors and
-// fused multiply-adds for CPUs without AVX-512, and for bf16 / int8 on AVX-512 CPUs without BF16 / VNNI.
+// The AVX2 + FMA tile kernels (compiled with -mavx2 -mfma -mf16c): CPUs without AVX-512, such as AMD Zen 2
+// and 3 and Intel before Skylake-SP. Until session 30 this level ran the portable source compiled for
+// AVX2; on an EPYC (Zen 3) its batched fp32 decode ran no faster than batch 1 and int8 at a third of fp32
+// (BENCHMARKS.md, session 30).
+//
+// 16 ymm registers, a panel's 16 features in two of them. A block of R rows x P panels keeps 2 R P fp32
+// accumulators (int8: int32 group dots) in registers; per k step the P panels' weight vectors are loaded
+// once and each is multiplied by R broadcast activations. The shapes (kPanelsForRows) keep 8 to 12
+// independent chains for FMA's latency and leave room for the weights and a broadcast.
+//
+// Every output is one FMA chain along k from zero, whatever the block shape, so a row's result does not
+// depend on its batch, and fp32 and bf16 give the bits of the AVX-512 kernels. int8 computes each group's
+// exact integer dot (the signed weight q = stored - 128 times x), then scales and adds it in fp32 as the
+// VNNI kernel does: the same bits.
+#include <immintrin.h>
+
 #include "kernels/cpu/tile_kernels.h"
 
 namespace shardline::kernels::cpu::tile {
 
 namespace {
-#define SHARDLINE_TILE_HAS_FMA 1
-#include "kernels/cpu/tile_kernels_generic.inl"
-#undef SHARDLINE_TILE_HAS_FMA
+
+// Rows per pass and the panels a block takes for them: 2 R P accumulators of the 16 registers.
+constexpr int kMaxRows = 6;
+constexpr int kPanelsForRows[kMaxRows + 1] = {0, 4, 2, 2, 1, 1, 1};
+// k chunk in 64-byte lines per panel: 16 KiB of fp32 for four panels, so the passes after the first read
+// the chunk from L1 (32 KiB on Zen 2/3 and Haswell).
+constexpr int kChunkLinesAvx2 = 64;
+
+inline void prefetch_panels_ahead(const char* panels, std::size_t stride, int n_panels, int line) {
+  for (int p = 0; p < n_panels; ++p) _mm_prefetch(panels + p * stride + static_cast<std::size_t>(line + kAheadLines) * 64, _MM_HINT_T0);
+}
+
+// ---- fp32 -------------------------------------------------------------------------------------------
+
+// k steps [k0, k1) of R rows x P panels (w: the first panel, stride floats apart); accumulate: continue the
+// sums in out. ahead: prefetch the panels kAheadLines ahead (a single pass, which waits on memory).
+template <int R, int P>
+void f32_block(const float* w, std::size_t stride, const float* x, int x_stride, float* out, int k0, int k1,
+               bool accumulate, bool ahead) {
+  __m256 acc[R][2 * P];
+#pragma GCC unroll 6
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 8
+    for (int v = 0; v < 2 * P; ++v) acc[r][v] = accumulate ? _mm256_loadu_ps(out + r * kTileStride + v * 8) : _mm256_setzero_ps();
+  }
+  for (int kk = k0; kk < k1; ++kk) {
+    if (ahead) prefetch_panels_ahead(reinterpret_cast<const char*>(w), stride * sizeof(float), P, kk);
+    __m256 wv[2 * P];
+#pragma GCC unroll 4
+    for (int p = 0; p < P; ++p) {
+      wv[2 * p] = _mm256_load_ps(w + p * stride + static_cast<std::size_t>(kk) * 16);
+      wv[2 * p + 1] = _mm256_load_ps(w + p * stride + static_cast<std::size_t>(kk) * 16 + 8);
+    }
+#pragma GCC unroll 6
+    for (int r = 0; r < R; ++r) {
+      const __m256 xb = _mm256_broadcast_ss(x + static_cast<std::size_t>(r) * x_stride + kk);
+#pragma GCC unroll 8
+      for (int v = 0; v < 2 * P; ++v) acc[r][v] = _mm256_fmadd_ps(wv[v], xb, acc[r][v]);
+    }
+  }
+#pragma GCC unroll 6
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 8
+    for (int v = 0; v < 2 * P; ++v) _mm256_storeu_ps(out + r * kTileStride + v * 8, acc[r][v]);
+  }
+}
+
+using F32BlockFn = void (*)(const float*, std::size_t, const float*, int, float*, int, int, bool, bool);
+
+template <int R>
+F32BlockFn f32_block_for_panels(int panels) {
+  switch (panels) {
+    case 1: return f32_block<R, 1>;
+    case 2: return f32_block<R, 2>;
+    case 3: return f32_block<R, 3>;
+    default: return f32_block<R, 4>;
+  }
+}
+
+F32BlockFn f32_block_for(int rows, int panels) {
+  switch (rows) {
+    case 1: return f32_block_for_panels<1>(panels);
+    case 2: return f32_block_for_panels<2>(panels);
+    case 3: return f32_block_for_panels<3>(panels);
+    case 4: return f32_block_for_panels<4>(panels);
+    case 5: return f32_block_for_panels<5>(panels);
+    default: return f32_block_for_panels<6>(panels);
+  }
+}
+
+// k steps [k0, k1) of every row and panel of a tile-shaped problem: passes of up to kMaxRows rows, each
+// over the panels in blocks of kPanelsForRows.
+void f32_chunk(const float* w, std::size_t stride, int n_panels, const float* x, int x_stride, int n_rows, float* out,
+               int k0, int k1, bool accumulate) {
+  for (int r = 0; r < n_rows; r += kMaxRows) {
+    const int rows = n_rows - r < kMaxRows ? n_rows - r : kMaxRows;
+    const int panels_per_block = kPanelsForRows[rows];
+    for (int p = 0; p < n_panels; p += panels_per_block) {
+      const int panels = n_panels - p < panels_per_block ? n_panels - p : panels_per_block;
+      f32_block_for(rows, panels)(w + p * stride, stride, x + static_cast<std::size_t>(r) * x_stride, x_stride,
+                                  out + r * kTileStride + p * 16, k0, k1, accumulate, n_rows == 1);
+    }
+  }
+}
+
+void f32_tile(const Tile& t) {
+  const float* w = reinterpret_cast<const float*>(t.panels);
+  const std::size_t stride = t.panel_stride / sizeof(float);
+  for (int k0 = 0; k0 < t.k; k0 += kChunkLinesAvx2) {
+    const int k1 = k0 + kChunkLinesAvx2 < t.k ? k0 + kChunkLinesAvx2 : t.k;
+    f32_chunk(w, stride, t.n_panels, static_cast<const float*>(t.x), t.x_stride, t.n_rows, t.out, k0, k1, k0 > 0);
+  }
+}
+
+// ---- bf16 -------------------------------------------------------------------------------------------
+
+// A bf16 is the top half of a float: a pair's even k widens with a shift, its odd k with a mask.
+inline __m256 widen_even(__m256i pairs) { return _mm256_castsi256_ps(_mm256_slli_epi32(pairs, 16)); }
+inline __m256 widen_odd(__m256i pairs) {
+  return _mm256_castsi256_ps(_mm256_and_si256(pairs, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
+}
+
+// A decode GEMV (one row) of k steps [k0, k1) (k0 even) over P panels, widening in registers.
+template <int P>
+void bf16_row_block(const std::uint32_t* w, std::size_t stride, const float* x, int k, float* out, int k0, int k1,
+                    bool accumulate) {
+  __m256 acc[2 * P];
+#pragma GCC unroll 8
+  for (int v = 0; v < 2 * P; ++v) acc[v] = accumulate ? _mm256_loadu_ps(out + v * 8) : _mm256_setzero_ps();
+  for (int kk = k0; kk < k1; kk += 2) {
+    prefetch_panels_ahead(reinterpret_cast<const char*>(w), stride * sizeof(std::uint32_t), P, kk / 2);
+    __m256i pairs[2 * P];
+#pragma GCC unroll 4
+    for (int p = 0; p < P; ++p) {
+      const std::uint32_t* line = w + p * stride + static_cast<std::size_t>(kk / 2) * 16;
+      pairs[2 * p] = _mm256_load_si256(reinterpret_cast<const __m256i*>(line));
+      pairs[2 * p + 1] = _mm256_load_si256(reinterpret_cast<const __m256i*>(line + 8));
+    }
+    const __m256 x0 = _mm256_broadcast_ss(x + kk);
+#pragma GCC unroll 8
+    for (int v = 0; v < 2 * P; ++v) acc[v] = _mm256_fmadd_ps(widen_even(pairs[v]), x0, acc[v]);
+    if (kk + 1 == k) break;  // an odd k: the last pair's odd half is padding with no activation
+    const __m256 x1 = _mm256_broadcast_ss(x + kk + 1);
+#pragma GCC unroll 8
+    for (int v = 0; v < 2 * P; ++v) acc[v] = _mm256_fmadd_ps(widen_odd(pairs[v]), x1, acc[v]);
+  }
+#pragma GCC unroll 8
+  for (int v = 0; v < 2 * P; ++v) _mm256_storeu_ps(out + v * 8, acc[v]);
+}
+
+// Pairs per chunk that a batch widens once into L1: 64 k, 4 KiB of fp32 a panel, 16 KiB for four.
+constexpr int kWideChunkPairs = 32;
+
+// A batch: each chunk of the panels is widened once into fp32 in L1 and the fp32 blocks run over it (the
+// same FMAs in the same order: the same bits), so the passes neither widen again nor read bf16 from L2.
+void bf16_tile_widened(const Tile& t) {
+  alignas(64) float wide[kTilePanels * kWideChunkPairs * 32];
+  const std::uint32_t* w = reinterpret_cast<const std::uint32_t*>(t.panels);
+  const std::size_t stride = t.panel_stride / sizeof(std::uint32_t);
+  const float* x = static_cast<const float*>(t.x);
+  const int total_pairs = (t.k + 1) / 2;
+  for (int j0 = 0; j0 < total_pairs; j0 += kWideChunkPairs) {
+    const int j1 = j0 + kWideChunkPairs < total_pairs ? j0 + kWideChunkPairs : total_pairs;
+    for (int p = 0; p < t.n_panels; ++p) {
+      const std::uint32_t* src = w + p * stride + static_cast<std::size_t>(j0) * 16;
+      float* dst = wide + p * kWideChunkPairs * 32;
+      for (int j = 0; j < j1 - j0; ++j) {
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; ++h) {
+          const __m256i pairs = _mm256_load_si256(reinterpret_cast<const __m256i*>(src + j * 16 + h * 8));
+          _mm256_store_ps(dst + j * 32 + h * 8, widen_even(pairs));        // W(f, 2j)
+          _mm256_store_ps(dst + j * 32 + 16 + h * 8, widen_odd(pairs));    // W(f, 2j + 1)
+        }
+      }
+    }
+    const int k0 = 2 * j0;
+    const int k1 = 2 * j1 < t.k ? 2 * j1 : t.k;  // an odd k's last pair has no partner activation
+    f32_chunk(wide, kWideChunkPairs * 32, t.n_panels, x + k0, t.x_stride, t.n_rows, t.out, 0, k1 - k0, j0 > 0);
+  }
+}
+
+void bf16_tile(const Tile& t) {
+  if (t.n_rows > 1) return bf16_tile_widened(t);
+  const std::uint32_t* w = reinterpret_cast<const std::uint32_t*>(t.panels);
+  const std::size_t stride = t.panel_stride / sizeof(std::uint32_t);
+  const float* x = static_cast<const float*>(t.x);
+  constexpr int kChunkK = 2 * kChunkLinesAvx2;
+  for (int k0 = 0; k0 < t.k; k0 += kChunkK) {
+    const int k1 = k0 + kChunkK < t.k ? k0 + kChunkK : t.k;
+    switch (t.n_panels) {
+      case 1: bf16_row_block<1>(w, stride, x, t.k, t.out, k0, k1, k0 > 0); break;
+      case 2: bf16_row_block<2>(w, stride, x, t.k, t.out, k0, k1, k0 > 0); break;
+      case 3: bf16_row_block<3>(w, stride, x, t.k, t.out, k0, k1, k0 > 0); break;
+      default: bf16_row_block<4>(w, stride, x, t.k, t.out, k0, k1, k0 > 0); break;
+    }
+  }
+}
+
+// ---- int8 -------------------------------------------------------------------------------------------
+//
+// AVX2 has no vpdpbusd. vpmaddubsw multiplies unsigned by signed bytes and adds pairs into int16, which
+// saturates for the stored weights (255 * 127 * 2 > 32767). So each k quad multiplies |x| (0..127) by the
+// signed weight q (stored ^ 0x80) with x's sign moved onto it (vpsignb): q * x exactly, a pair at most
+// 2 * 127 * 127 = 32258, never saturating. vpmaddwd against ones adds the pairs into a lane's int32. The
+// group's dot is then q . x exactly, the VNNI kernel's dot less its +128 offset.
+
+inline std::int32_t load_i32(const void* p) {
+  std::int32_t v;
+  __builtin_memcpy(&v, p, sizeof v);
+  return v;
+}
+
+// Rows per pass and panels per block for int8: 2 R P int32 dots, the weights, x, |x| and the ones in 16.
+constexpr int kInt8MaxRows = 4;
+constexpr int kInt8PanelsForRows[kInt8MaxRows + 1] = {0, 4, 2, 1, 1};
+
+// Groups [g0, g1) of R rows x P panels. Each group's dot is summed in registers, then scaled and added
+// onto the row's fp32 sums in out (stored there for group 0), which stay in L1.
+template <int R, int P>
+void int8_block(const Tile& t, const std::uint8_t* w, const std::int8_t* x, const float* x_scales, float* out, int g0,
+                int g1) {
+  const std::size_t stride = t.panel_stride;
+  const std::size_t x_stride = static_cast<std::size_t>(t.x_stride);
+  const int quads_per_group = t.int8_group / 4;  // one 64-byte line of a panel each
+  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int g = g0; g < g1; ++g) {
+    __m256i dot[R][2 * P];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 8
+      for (int v = 0; v < 2 * P; ++v) dot[r][v] = _mm256_setzero_si256();
+    }
+    const std::uint8_t* wq = w + static_cast<std::size_t>(g) * quads_per_group * 64;
+    const std::int8_t* xq = x + g * t.int8_group;
+#pragma GCC unroll 1
+    for (int q = 0; q < quads_per_group; ++q, wq += 64, xq += 4) {
+      if constexpr (R == 1) prefetch_panels_ahead(reinterpret_cast<const char*>(w), stride, P, g * quads_per_group + q);
+      __m256i xs[R], xa[R];
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        xs[r] = _mm256_set1_epi32(load_i32(xq + r * x_stride));
+        xa[r] = _mm256_abs_epi8(xs[r]);
+      }
+#pragma GCC unroll 8
+      for (int v = 0; v < 2 * P; ++v) {
+        const __m256i q8 = _mm256_xor_si256(
+            _mm256_load_si256(reinterpret_cast<const __m256i*>(wq + (v / 2) * stride + (v % 2) * 32)), flip);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) {
+          const __m256i pairs = _mm256_maddubs_epi16(xa[r], _mm256_sign_epi8(q8, xs[r]));
+          dot[r][v] = _mm256_add_epi32(dot[r][v], _mm256_madd_epi16(pairs, ones));
+        }
+      }
+    }
+    // dot * (weight scale * x scale), added in fp32 as the VNNI kernel adds it.
+#pragma GCC unroll 8
+    for (int v = 0; v < 2 * P; ++v) {
+      const __m256 ws = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(
+          w + (v / 2) * stride + t.int8_scales_offset + static_cast<std::size_t>(g) * 32 + (v % 2) * 16)));
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        const __m256 scale = _mm256_mul_ps(ws, _mm256_set1_ps(x_scales[static_cast<std::size_t>(r) * t.x_groups + g]));
+        float* sum = out + r * kTileStride + v * 8;
+        const __m256 before = g == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(sum);
+        _mm256_storeu_ps(sum, _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[r][v]), scale, before));
+      }
+    }
+  }
+}
+
+using Int8BlockFn = void (*)(const Tile&, const std::uint8_t*, const std::int8_t*, const float*, float*, int, int);
+
+template <int R>
+Int8BlockFn int8_block_for_panels(int panels) {
+  switch (panels) {
+    case 1: return int8_block<R, 1>;
+    case 2: return int8_block<R, 2>;
+    case 3: return int8_block<R, 3>;
+    default: return int8_block<R, 4>;
+  }
+}
+
+Int8BlockFn int8_block_for(int rows, int panels) {
+  switch (rows) {
+    case 1: return int8_block_for_panels<1>(panels);
+    case 2: return int8_block_for_panels<2>(panels);
+    case 3: return int8_block_for_panels<3>(panels);
+    default: return int8_block_for_panels<4>(panels);
+  }
+}
+
+// The tile in chunks of whole groups (about kChunkLinesAvx2 / 2 lines a panel: 8 KiB for four panels, in
+// L1 for the passes after the first), each chunk in passes of up to kInt8MaxRows rows.
+void int8_tile(const Tile& t) {
+  const std::uint8_t* w = reinterpret_cast<const std::uint8_t*>(t.panels);
+  const std::int8_t* x = static_cast<const std::int8_t*>(t.x);
+  const int groups = t.k / t.int8_group;
+  const int group_lines = t.int8_group / 4;
+  const int chunk_groups = kChunkLinesAvx2 / 2 / group_lines > 0 ? kChunkLinesAvx2 / 2 / group_lines : 1;
+  for (int g0 = 0; g0 < groups; g0 += chunk_groups) {
+    const int g1 = g0 + chunk_groups < groups ? g0 + chunk_groups : groups;
+    for (int r = 0; r < t.n_rows; r += kInt8MaxRows) {
+      const int rows = t.n_rows - r < kInt8MaxRows ? t.n_rows - r : kInt8MaxRows;
+      const int panels_per_block = kInt8PanelsForRows[rows];
+      for (int p = 0; p < t.n_panels; p += panels_per_block) {
+        const int panels = t.n_panels - p < panels_per_block ? t.n_panels - p : panels_per_block;
+        int8_block_for(rows, panels)(t, w + p * t.panel_stride, x + static_cast<std::size_t>(r) * t.x_stride,
+                                     t.x_scales + static_cast<std::size_t>(r) * t.x_groups,
+                                     t.out + r * kTileStride + p * 16, g0, g1);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 TileKernels avx2_tile_kernels() { return {f32_tile, bf16_tile, int8_tile}; }
