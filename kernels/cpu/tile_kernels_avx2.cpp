@@ -31,13 +31,22 @@ inline void prefetch_panels_ahead(const char* panels, std::size_t stride, int n_
   for (int p = 0; p < n_panels; ++p) _mm_prefetch(panels + p * stride + static_cast<std::size_t>(line + kAheadLines) * 64, _MM_HINT_T0);
 }
 
+// A batch's first pass over a chunk also fetches line `line` of the next chunk (or the next tile's first)
+// in each of its panels: a chunk of a panel is 2-4 KiB, and the hardware prefetchers, which stop at 4 KiB
+// pages, had not caught up before the chunk ended (fp32 at 16 and 64 rows waited on a fifth of its weight
+// loads and ran at half the rate of bf16, whose widening loop streams).
+inline void prefetch_next_chunk(const char* next, std::size_t stride, int n_panels, int line) {
+  if (next == nullptr) return;
+  for (int p = 0; p < n_panels; ++p) _mm_prefetch(next + p * stride + static_cast<std::size_t>(line) * 64, _MM_HINT_T0);
+}
+
 // ---- fp32 -------------------------------------------------------------------------------------------
 
 // k steps [k0, k1) of R rows x P panels (w: the first panel, stride floats apart); accumulate: continue the
 // sums in out. ahead: prefetch the panels kAheadLines ahead (a single pass, which waits on memory).
 template <int R, int P>
 void f32_block(const float* w, std::size_t stride, const float* x, int x_stride, float* out, int k0, int k1,
-               bool accumulate, bool ahead) {
+               bool accumulate, bool ahead, const char* next) {
   __m256 acc[R][2 * P];
 #pragma GCC unroll 6
   for (int r = 0; r < R; ++r) {
@@ -46,6 +55,7 @@ void f32_block(const float* w, std::size_t stride, const float* x, int x_stride,
   }
   for (int kk = k0; kk < k1; ++kk) {
     if (ahead) prefetch_panels_ahead(reinterpret_cast<const char*>(w), stride * sizeof(float), P, kk);
+    prefetch_next_chunk(next, stride * sizeof(float), P, kk - k0);
     __m256 wv[2 * P];
 #pragma GCC unroll 4
     for (int p = 0; p < P; ++p) {
@@ -66,7 +76,7 @@ void f32_block(const float* w, std::size_t stride, const float* x, int x_stride,
   }
 }
 
-using F32BlockFn = void (*)(const float*, std::size_t, const float*, int, float*, int, int, bool, bool);
+using F32BlockFn = void (*)(const float*, std::size_t, const float*, int, float*, int, int, bool, bool, const char*);
 
 template <int R>
 F32BlockFn f32_block_for_panels(int panels) {
@@ -90,18 +100,27 @@ F32BlockFn f32_block_for(int rows, int panels) {
 }
 
 // k steps [k0, k1) of every row and panel of a tile-shaped problem: passes of up to kMaxRows rows, each
-// over the panels in blocks of kPanelsForRows.
+// over the panels in blocks of kPanelsForRows. next: the next chunk's first panel, next_stride bytes
+// between its panels (prefetch_next_chunk; null: none).
 void f32_chunk(const float* w, std::size_t stride, int n_panels, const float* x, int x_stride, int n_rows, float* out,
-               int k0, int k1, bool accumulate) {
+               int k0, int k1, bool accumulate, const char* next = nullptr, std::size_t next_stride = 0) {
   for (int r = 0; r < n_rows; r += kMaxRows) {
     const int rows = n_rows - r < kMaxRows ? n_rows - r : kMaxRows;
     const int panels_per_block = kPanelsForRows[rows];
     for (int p = 0; p < n_panels; p += panels_per_block) {
       const int panels = n_panels - p < panels_per_block ? n_panels - p : panels_per_block;
       f32_block_for(rows, panels)(w + p * stride, stride, x + static_cast<std::size_t>(r) * x_stride, x_stride,
-                                  out + r * kTileStride + p * 16, k0, k1, accumulate, n_rows == 1);
+                                  out + r * kTileStride + p * 16, k0, k1, accumulate, n_rows == 1,
+                                  r == 0 && n_rows > 1 && next != nullptr ? next + p * next_stride : nullptr);
     }
   }
+}
+
+// The first line of the chunk after the one ending at line `end` of a tile of total_lines lines a panel:
+// in the tile, or the next tile's first (Tile::prefetch, null where none).
+inline const char* next_chunk(const Tile& t, int end, int total_lines) {
+  if (end < total_lines) return reinterpret_cast<const char*>(t.panels) + static_cast<std::size_t>(end) * 64;
+  return reinterpret_cast<const char*>(t.prefetch);
 }
 
 void f32_tile(const Tile& t) {
@@ -109,7 +128,8 @@ void f32_tile(const Tile& t) {
   const std::size_t stride = t.panel_stride / sizeof(float);
   for (int k0 = 0; k0 < t.k; k0 += kChunkLinesAvx2) {
     const int k1 = k0 + kChunkLinesAvx2 < t.k ? k0 + kChunkLinesAvx2 : t.k;
-    f32_chunk(w, stride, t.n_panels, static_cast<const float*>(t.x), t.x_stride, t.n_rows, t.out, k0, k1, k0 > 0);
+    f32_chunk(w, stride, t.n_panels, static_cast<const float*>(t.x), t.x_stride, t.n_rows, t.out, k0, k1, k0 > 0,
+              next_chunk(t, k1, t.k), t.panel_stride);
   }
 }
 
@@ -162,10 +182,12 @@ void bf16_tile_widened(const Tile& t) {
   const int total_pairs = (t.k + 1) / 2;
   for (int j0 = 0; j0 < total_pairs; j0 += kWideChunkPairs) {
     const int j1 = j0 + kWideChunkPairs < total_pairs ? j0 + kWideChunkPairs : total_pairs;
+    const char* next = next_chunk(t, j1, total_pairs);
     for (int p = 0; p < t.n_panels; ++p) {
       const std::uint32_t* src = w + p * stride + static_cast<std::size_t>(j0) * 16;
       float* dst = wide + p * kWideChunkPairs * 32;
       for (int j = 0; j < j1 - j0; ++j) {
+        if (next != nullptr) _mm_prefetch(next + p * t.panel_stride + static_cast<std::size_t>(j) * 64, _MM_HINT_T0);
 #pragma GCC unroll 2
         for (int h = 0; h < 2; ++h) {
           const __m256i pairs = _mm256_load_si256(reinterpret_cast<const __m256i*>(src + j * 16 + h * 8));
@@ -219,7 +241,7 @@ constexpr int kInt8PanelsForRows[kInt8MaxRows + 1] = {0, 4, 2, 1, 1};
 // onto the row's fp32 sums in out (stored there for group 0), which stay in L1.
 template <int R, int P>
 void int8_block(const Tile& t, const std::uint8_t* w, const std::int8_t* x, const float* x_scales, float* out, int g0,
-                int g1) {
+                int g1, const char* next) {
   const std::size_t stride = t.panel_stride;
   const std::size_t x_stride = static_cast<std::size_t>(t.x_stride);
   const int quads_per_group = t.int8_group / 4;  // one 64-byte line of a panel each
@@ -237,6 +259,7 @@ void int8_block(const Tile& t, const std::uint8_t* w, const std::int8_t* x, cons
 #pragma GCC unroll 1
     for (int q = 0; q < quads_per_group; ++q, wq += 64, xq += 4) {
       if constexpr (R == 1) prefetch_panels_ahead(reinterpret_cast<const char*>(w), stride, P, g * quads_per_group + q);
+      prefetch_next_chunk(next, stride, P, (g - g0) * quads_per_group + q);
       __m256i xs[R], xa[R];
 #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) {
@@ -270,7 +293,8 @@ void int8_block(const Tile& t, const std::uint8_t* w, const std::int8_t* x, cons
   }
 }
 
-using Int8BlockFn = void (*)(const Tile&, const std::uint8_t*, const std::int8_t*, const float*, float*, int, int);
+using Int8BlockFn = void (*)(const Tile&, const std::uint8_t*, const std::int8_t*, const float*, float*, int, int,
+                             const char*);
 
 template <int R>
 Int8BlockFn int8_block_for_panels(int panels) {
@@ -301,6 +325,7 @@ void int8_tile(const Tile& t) {
   const int chunk_groups = kChunkLinesAvx2 / 2 / group_lines > 0 ? kChunkLinesAvx2 / 2 / group_lines : 1;
   for (int g0 = 0; g0 < groups; g0 += chunk_groups) {
     const int g1 = g0 + chunk_groups < groups ? g0 + chunk_groups : groups;
+    const char* next = t.n_rows > 1 ? next_chunk(t, g1 * group_lines, groups * group_lines) : nullptr;
     for (int r = 0; r < t.n_rows; r += kInt8MaxRows) {
       const int rows = t.n_rows - r < kInt8MaxRows ? t.n_rows - r : kInt8MaxRows;
       const int panels_per_block = kInt8PanelsForRows[rows];
@@ -308,7 +333,8 @@ void int8_tile(const Tile& t) {
         const int panels = t.n_panels - p < panels_per_block ? t.n_panels - p : panels_per_block;
         int8_block_for(rows, panels)(t, w + p * t.panel_stride, x + static_cast<std::size_t>(r) * t.x_stride,
                                      t.x_scales + static_cast<std::size_t>(r) * t.x_groups,
-                                     t.out + r * kTileStride + p * 16, g0, g1);
+                                     t.out + r * kTileStride + p * 16, g0, g1,
+                                     r == 0 && next != nullptr ? next + p * t.panel_stride : nullptr);
       }
     }
   }
