@@ -104,8 +104,12 @@ F32BlockFn f32_block_for(int rows, int panels) {
 // between its panels (prefetch_next_chunk; null: none).
 void f32_chunk(const float* w, std::size_t stride, int n_panels, const float* x, int x_stride, int n_rows, float* out,
                int k0, int k1, bool accumulate, const char* next = nullptr, std::size_t next_stride = 0) {
-  for (int r = 0; r < n_rows; r += kMaxRows) {
-    const int rows = n_rows - r < kMaxRows ? n_rows - r : kMaxRows;
+  // Passes of equal rows (16: 6 + 5 + 5, not 6 + 6 + 4): a 4-row block has 8 FMA chains, too few for
+  // FMA's latency on two pipes.
+  const int passes = (n_rows + kMaxRows - 1) / kMaxRows;
+  const int pass_rows = (n_rows + passes - 1) / passes;
+  for (int r = 0; r < n_rows; r += pass_rows) {
+    const int rows = n_rows - r < pass_rows ? n_rows - r : pass_rows;
     const int panels_per_block = kPanelsForRows[rows];
     for (int p = 0; p < n_panels; p += panels_per_block) {
       const int panels = n_panels - p < panels_per_block ? n_panels - p : panels_per_block;
