@@ -1,12 +1,12 @@
 // Internal to kernels/cpu: per-row loops that run on every matmul's input and every token's attention:
 // int8 quantisation of activations, the bf16 split for the bf16-dot kernels, attention over the cached rows
 // and the rotary embedding of q and k. Like the tile kernels (tile_kernels.h), one source
-// (row_kernels_generic.inl) is compiled for the baseline target and for AVX-512, and the level is chosen at
-// run time. Where the compiler's vectorisation fell short (attention, RoPE, softmax, SwiGLU, the int8
-// quantisation), the AVX-512 build replaces a kernel with intrinsics that perform the generic code's
+// (row_kernels_generic.inl) is compiled for the baseline target, for AVX2 and for AVX-512, and the level is
+// chosen at run time. Where the compiler's vectorisation fell short (attention, RoPE, softmax, SwiGLU, the
+// int8 quantisation), the AVX-512 build replaces a kernel with intrinsics that perform the generic code's
 // operations in the generic code's order.
 //
-// Both builds give bit-identical results (tests: every ISA against the portable build): both are compiled
+// Every build gives bit-identical results (tests: every ISA against the portable build): all are compiled
 // with -ffp-contract=off (a multiply and an add are never fused into an FMA), and every loop keeps its
 // order of additions (the attention dot product spells out its 16 partial sums).
 //
@@ -114,9 +114,11 @@ struct RowKernels {
 };
 
 RowKernels portable_row_kernels();
+RowKernels avx2_row_kernels();  // the generic source compiled for AVX2: the portable kernels' bits
 RowKernels avx512_row_kernels();
 
-// The kernels of the active ISA level (isa.h: AVX-512 from kAvx512 up, else the baseline build).
+// The kernels of the active ISA level (isa.h: AVX-512 from kAvx512 up, the AVX2 build of the generic source
+// from kAvx2, else the baseline build).
 const RowKernels& active_row_kernels();
 
 }  // namespace shardline::kernels::cpu::row
