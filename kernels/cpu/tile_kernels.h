@@ -91,6 +91,24 @@ static inline void prefetch_ahead(const PrefetchPlan& plan, int line, int n_pane
   }
 }
 
+// A tile's reduction segments in groups (Tile::k_segments), or one segment of every group without them: for
+// the int8 kernels that take segments. In an anonymous namespace: each ISA file compiles its own copy with
+// its own flags (see the top of this file).
+namespace {
+struct GroupSegments {
+  const int* k_bounds = nullptr;  // Tile::k_segments
+  int n = 1;
+  int group = 0;
+  int groups = 0;
+  int bound(int s) const { return s == 0 ? 0 : s >= n ? groups : k_bounds[s] / group; }  // first group of s
+  int segment_of(int g) const {
+    int s = 0;
+    while (bound(s + 1) <= g) ++s;
+    return s;
+  }
+};
+}  // namespace
+
 using TileKernel = void (*)(const Tile&);
 
 struct TileKernels {

@@ -241,11 +241,15 @@ inline std::int32_t load_i32(const void* p) {
 constexpr int kInt8MaxRows = 4;
 constexpr int kInt8PanelsForRows[kInt8MaxRows + 1] = {0, 4, 2, 1, 1};
 
-// Groups [g0, g1) of R rows x P panels. Each group's dot is summed in registers, then scaled and added
-// onto the row's fp32 sums in out (stored there for group 0), which stay in L1.
+// Groups [g0, g1) of R rows x P panels, in reduction segments as the VNNI kernel takes them. Each group's
+// dot is summed in registers, then scaled and added onto the running segment's fp32 sums in scratch (from
+// zero at the segment's first group), which stay in L1. After a segment's last group its sums go into out:
+// stored there for the first segment and added onto what is there for the others, or, with apart
+// (Tile::segments_apart), stored apart at apart + s * kSegmentTileFloats. One segment with scratch = out
+// is a plain matmul.
 template <int R, int P>
-void int8_block(const Tile& t, const std::uint8_t* w, const std::int8_t* x, const float* x_scales, float* out, int g0,
-                int g1, const char* next) {
+void int8_block(const Tile& t, const std::uint8_t* w, const std::int8_t* x, const float* x_scales, float* out,
+                float* scratch, float* apart, const GroupSegments& segments, int g0, int g1, const char* next) {
   const std::size_t stride = t.panel_stride;
   const std::size_t x_stride = static_cast<std::size_t>(t.x_stride);
   const int quads_per_group = t.int8_group / 4;  // one 64-byte line of a panel each
@@ -282,6 +286,11 @@ void int8_block(const Tile& t, const std::uint8_t* w, const std::int8_t* x, cons
       }
     }
     // dot * (weight scale * x scale), added in fp32 as the VNNI kernel adds it.
+    const int s = segments.segment_of(g);
+    const bool first = g == segments.bound(s), last = g + 1 == segments.bound(s + 1);
+    // Where a finished segment goes: stored (the first, or apart) or added onto the segments before it.
+    const bool add = last && s > 0 && apart == nullptr;
+    float* const finished = apart != nullptr ? apart + s * kSegmentTileFloats : out;
 #pragma GCC unroll 8
     for (int v = 0; v < 2 * P; ++v) {
       const __m256 ws = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(
@@ -289,16 +298,24 @@ void int8_block(const Tile& t, const std::uint8_t* w, const std::int8_t* x, cons
 #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) {
         const __m256 scale = _mm256_mul_ps(ws, _mm256_set1_ps(x_scales[static_cast<std::size_t>(r) * t.x_groups + g]));
-        float* sum = out + r * kTileStride + v * 8;
-        const __m256 before = g == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(sum);
-        _mm256_storeu_ps(sum, _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[r][v]), scale, before));
+        float* part = scratch + r * kTileStride + v * 8;
+        const __m256 before = first ? _mm256_setzero_ps() : _mm256_loadu_ps(part);
+        const __m256 value = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[r][v]), scale, before);
+        float* sum = finished + r * kTileStride + v * 8;
+        if (!last) {
+          _mm256_storeu_ps(part, value);
+        } else if (add) {
+          _mm256_storeu_ps(sum, _mm256_add_ps(_mm256_loadu_ps(sum), value));
+        } else {
+          _mm256_storeu_ps(sum, value);
+        }
       }
     }
   }
 }
 
-using Int8BlockFn = void (*)(const Tile&, const std::uint8_t*, const std::int8_t*, const float*, float*, int, int,
-                             const char*);
+using Int8BlockFn = void (*)(const Tile&, const std::uint8_t*, const std::int8_t*, const float*, float*, float*,
+                             float*, const GroupSegments&, int, int, const char*);
 
 template <int R>
 Int8BlockFn int8_block_for_panels(int panels) {
@@ -325,6 +342,9 @@ void int8_tile(const Tile& t) {
   const std::uint8_t* w = reinterpret_cast<const std::uint8_t*>(t.panels);
   const std::int8_t* x = static_cast<const std::int8_t*>(t.x);
   const int groups = t.k / t.int8_group;
+  const bool segmented = t.k_segments != nullptr;
+  const GroupSegments segments{t.k_segments, segmented ? t.n_k_segments : 1, t.int8_group, groups};
+  float* const scratch = segmented ? t.segment_scratch : t.out;
   const int group_lines = t.int8_group / 4;
   const int chunk_groups = kChunkLinesAvx2 / 2 / group_lines > 0 ? kChunkLinesAvx2 / 2 / group_lines : 1;
   for (int g0 = 0; g0 < groups; g0 += chunk_groups) {
@@ -335,9 +355,10 @@ void int8_tile(const Tile& t) {
       const int panels_per_block = kInt8PanelsForRows[rows];
       for (int p = 0; p < t.n_panels; p += panels_per_block) {
         const int panels = t.n_panels - p < panels_per_block ? t.n_panels - p : panels_per_block;
+        const int at = r * kTileStride + p * 16;
         int8_block_for(rows, panels)(t, w + p * t.panel_stride, x + static_cast<std::size_t>(r) * t.x_stride,
-                                     t.x_scales + static_cast<std::size_t>(r) * t.x_groups,
-                                     t.out + r * kTileStride + p * 16, g0, g1,
+                                     t.x_scales + static_cast<std::size_t>(r) * t.x_groups, t.out + at, scratch + at,
+                                     t.segments_apart != nullptr ? t.segments_apart + at : nullptr, segments, g0, g1,
                                      r == 0 && next != nullptr ? next + p * t.panel_stride : nullptr);
       }
     }
@@ -346,6 +367,6 @@ void int8_tile(const Tile& t) {
 
 }  // namespace
 
-TileKernels avx2_tile_kernels() { return {f32_tile, bf16_tile, int8_tile}; }
+TileKernels avx2_tile_kernels() { return {f32_tile, bf16_tile, int8_tile, int8_tile}; }
 
 }  // namespace shardline::kernels::cpu::tile

@@ -54,20 +54,6 @@ inline void prefetch_share(const PrefetchPlan& plan, int& next_line, int block_e
   }
 }
 
-// A tile's reduction segments in groups (Tile::k_segments), or one segment of every group without them.
-struct GroupSegments {
-  const int* k_bounds = nullptr;  // Tile::k_segments
-  int n = 1;
-  int group = 0;
-  int groups = 0;
-  int bound(int s) const { return s == 0 ? 0 : s >= n ? groups : k_bounds[s] / group; }  // first group of s
-  int segment_of(int g) const {
-    int s = 0;
-    while (bound(s + 1) <= g) ++s;
-    return s;
-  }
-};
-
 // Where a group's fp32 sums go (R > 1): the running segment's in scratch, or a finished segment's into
 // out, stored there (the first segment) or added onto the segments' before it.
 enum class GroupEnd { kScratch, kStore, kAdd };
