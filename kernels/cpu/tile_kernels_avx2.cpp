@@ -27,8 +27,36 @@ constexpr int kPanelsForRows[kMaxRows + 1] = {0, 4, 2, 2, 1, 1, 1};
 // the chunk from L1 (32 KiB on Zen 2/3 and Haswell).
 constexpr int kChunkLinesAvx2 = 64;
 
-inline void prefetch_panels_ahead(const char* panels, std::size_t stride, int n_panels, int line) {
-  for (int p = 0; p < n_panels; ++p) _mm_prefetch(panels + p * stride + static_cast<std::size_t>(line + kAheadLines) * 64, _MM_HINT_T0);
+// A single pass streams its panels kAheadLines ahead (tile_kernels.h prefetch_ahead): this plan, or none.
+inline PrefetchPlan ahead_of(const void* panels, bool single_pass) {
+  PrefetchPlan plan;
+  if (single_pass) plan.ahead = static_cast<const char*>(panels);
+  return plan;
+}
+
+// Block<R, P>::fn for rows and panels known only at run time (template arguments, so that the accumulators
+// live in registers): rows up to MaxRows and panels up to kTilePanels; more take the largest.
+template <template <int, int> class Block, int MaxRows, int R = 1, int P = 1>
+auto block_for(int rows, int panels) {
+  if constexpr (R < MaxRows) {
+    if (rows > R) return block_for<Block, MaxRows, R + 1, P>(rows, panels);
+  }
+  if constexpr (P < kTilePanels) {
+    if (panels > P) return block_for<Block, MaxRows, R, P + 1>(rows, panels);
+  }
+  return Block<R, P>::fn;
+}
+
+// fn(r, rows, p, panels) for each block of a tile-shaped problem: passes of pass_rows rows (the last may
+// have fewer), each over the panels in blocks of panels_for_rows[rows].
+template <typename Fn>
+void for_each_block(int n_rows, int n_panels, int pass_rows, const int* panels_for_rows, const Fn& fn) {
+  for (int r = 0; r < n_rows; r += pass_rows) {
+    const int rows = n_rows - r < pass_rows ? n_rows - r : pass_rows;
+    for (int p = 0; p < n_panels; p += panels_for_rows[rows]) {
+      fn(r, rows, p, n_panels - p < panels_for_rows[rows] ? n_panels - p : panels_for_rows[rows]);
+    }
+  }
 }
 
 // A batch's first pass over a chunk also fetches line `line` of the next chunk (or the next tile's first)
@@ -53,8 +81,9 @@ void f32_block(const float* w, std::size_t stride, const float* x, int x_stride,
 #pragma GCC unroll 8
     for (int v = 0; v < 2 * P; ++v) acc[r][v] = accumulate ? _mm256_loadu_ps(out + r * kTileStride + v * 8) : _mm256_setzero_ps();
   }
+  const PrefetchPlan plan = ahead_of(w, ahead);
   for (int kk = k0; kk < k1; ++kk) {
-    if (ahead) prefetch_panels_ahead(reinterpret_cast<const char*>(w), stride * sizeof(float), P, kk);
+    prefetch_ahead(plan, kk, P, stride * sizeof(float));
     prefetch_next_chunk(next, stride * sizeof(float), P, kk - k0);
     __m256 wv[2 * P];
 #pragma GCC unroll 4
@@ -76,28 +105,10 @@ void f32_block(const float* w, std::size_t stride, const float* x, int x_stride,
   }
 }
 
-using F32BlockFn = void (*)(const float*, std::size_t, const float*, int, float*, int, int, bool, bool, const char*);
-
-template <int R>
-F32BlockFn f32_block_for_panels(int panels) {
-  switch (panels) {
-    case 1: return f32_block<R, 1>;
-    case 2: return f32_block<R, 2>;
-    case 3: return f32_block<R, 3>;
-    default: return f32_block<R, 4>;
-  }
-}
-
-F32BlockFn f32_block_for(int rows, int panels) {
-  switch (rows) {
-    case 1: return f32_block_for_panels<1>(panels);
-    case 2: return f32_block_for_panels<2>(panels);
-    case 3: return f32_block_for_panels<3>(panels);
-    case 4: return f32_block_for_panels<4>(panels);
-    case 5: return f32_block_for_panels<5>(panels);
-    default: return f32_block_for_panels<6>(panels);
-  }
-}
+template <int R, int P>
+struct F32Block {
+  static constexpr auto fn = f32_block<R, P>;
+};
 
 // k steps [k0, k1) of every row and panel of a tile-shaped problem: passes of up to kMaxRows rows, each
 // over the panels in blocks of kPanelsForRows. next: the next chunk's first panel, next_stride bytes
@@ -107,17 +118,12 @@ void f32_chunk(const float* w, std::size_t stride, int n_panels, const float* x,
   // Passes of equal rows (16: 6 + 5 + 5, not 6 + 6 + 4): a 4-row block has 8 FMA chains, too few for
   // FMA's latency on two pipes.
   const int passes = (n_rows + kMaxRows - 1) / kMaxRows;
-  const int pass_rows = (n_rows + passes - 1) / passes;
-  for (int r = 0; r < n_rows; r += pass_rows) {
-    const int rows = n_rows - r < pass_rows ? n_rows - r : pass_rows;
-    const int panels_per_block = kPanelsForRows[rows];
-    for (int p = 0; p < n_panels; p += panels_per_block) {
-      const int panels = n_panels - p < panels_per_block ? n_panels - p : panels_per_block;
-      f32_block_for(rows, panels)(w + p * stride, stride, x + static_cast<std::size_t>(r) * x_stride, x_stride,
-                                  out + r * kTileStride + p * 16, k0, k1, accumulate, n_rows == 1,
-                                  r == 0 && n_rows > 1 && next != nullptr ? next + p * next_stride : nullptr);
-    }
-  }
+  for_each_block(n_rows, n_panels, (n_rows + passes - 1) / passes, kPanelsForRows, [&](int r, int rows, int p, int panels) {
+    block_for<F32Block, kMaxRows>(rows, panels)(w + p * stride, stride, x + static_cast<std::size_t>(r) * x_stride,
+                                                x_stride, out + r * kTileStride + p * 16, k0, k1, accumulate,
+                                                n_rows == 1,
+                                                r == 0 && n_rows > 1 && next != nullptr ? next + p * next_stride : nullptr);
+  });
 }
 
 // The first line of the chunk after the one ending at line `end` of a tile of total_lines lines a panel:
@@ -152,8 +158,9 @@ void bf16_row_block(const std::uint32_t* w, std::size_t stride, const float* x, 
   __m256 acc[2 * P];
 #pragma GCC unroll 8
   for (int v = 0; v < 2 * P; ++v) acc[v] = accumulate ? _mm256_loadu_ps(out + v * 8) : _mm256_setzero_ps();
+  const PrefetchPlan plan = ahead_of(w, true);
   for (int kk = k0; kk < k1; kk += 2) {
-    prefetch_panels_ahead(reinterpret_cast<const char*>(w), stride * sizeof(std::uint32_t), P, kk / 2);
+    prefetch_ahead(plan, kk / 2, P, stride * sizeof(std::uint32_t));
     __m256i pairs[2 * P];
 #pragma GCC unroll 4
     for (int p = 0; p < P; ++p) {
@@ -172,6 +179,11 @@ void bf16_row_block(const std::uint32_t* w, std::size_t stride, const float* x, 
 #pragma GCC unroll 8
   for (int v = 0; v < 2 * P; ++v) _mm256_storeu_ps(out + v * 8, acc[v]);
 }
+
+template <int R, int P>  // one row: R is 1
+struct Bf16RowBlock {
+  static constexpr auto fn = bf16_row_block<P>;
+};
 
 // Pairs per chunk that a batch widens once into L1: 64 k, 4 KiB of fp32 a panel, 16 KiB for four.
 constexpr int kWideChunkPairs = 32;
@@ -214,12 +226,7 @@ void bf16_tile(const Tile& t) {
   constexpr int kChunkK = 2 * kChunkLinesAvx2;
   for (int k0 = 0; k0 < t.k; k0 += kChunkK) {
     const int k1 = k0 + kChunkK < t.k ? k0 + kChunkK : t.k;
-    switch (t.n_panels) {
-      case 1: bf16_row_block<1>(w, stride, x, t.k, t.out, k0, k1, k0 > 0); break;
-      case 2: bf16_row_block<2>(w, stride, x, t.k, t.out, k0, k1, k0 > 0); break;
-      case 3: bf16_row_block<3>(w, stride, x, t.k, t.out, k0, k1, k0 > 0); break;
-      default: bf16_row_block<4>(w, stride, x, t.k, t.out, k0, k1, k0 > 0); break;
-    }
+    block_for<Bf16RowBlock, 1>(1, t.n_panels)(w, stride, x, t.k, t.out, k0, k1, k0 > 0);
   }
 }
 
@@ -255,6 +262,7 @@ void int8_block(const Tile& t, const std::uint8_t* w, const std::int8_t* x, cons
   const int quads_per_group = t.int8_group / 4;  // one 64-byte line of a panel each
   const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
   const __m256i ones = _mm256_set1_epi16(1);
+  const PrefetchPlan plan = ahead_of(w, R == 1);
   for (int g = g0; g < g1; ++g) {
     __m256i dot[R][2 * P];
 #pragma GCC unroll 4
@@ -266,7 +274,7 @@ void int8_block(const Tile& t, const std::uint8_t* w, const std::int8_t* x, cons
     const std::int8_t* xq = x + g * t.int8_group;
 #pragma GCC unroll 1
     for (int q = 0; q < quads_per_group; ++q, wq += 64, xq += 4) {
-      if constexpr (R == 1) prefetch_panels_ahead(reinterpret_cast<const char*>(w), stride, P, g * quads_per_group + q);
+      prefetch_ahead(plan, g * quads_per_group + q, P, stride);
       prefetch_next_chunk(next, stride, P, (g - g0) * quads_per_group + q);
       __m256i xs[R], xa[R];
 #pragma GCC unroll 4
@@ -314,27 +322,10 @@ void int8_block(const Tile& t, const std::uint8_t* w, const std::int8_t* x, cons
   }
 }
 
-using Int8BlockFn = void (*)(const Tile&, const std::uint8_t*, const std::int8_t*, const float*, float*, float*,
-                             float*, const GroupSegments&, int, int, const char*);
-
-template <int R>
-Int8BlockFn int8_block_for_panels(int panels) {
-  switch (panels) {
-    case 1: return int8_block<R, 1>;
-    case 2: return int8_block<R, 2>;
-    case 3: return int8_block<R, 3>;
-    default: return int8_block<R, 4>;
-  }
-}
-
-Int8BlockFn int8_block_for(int rows, int panels) {
-  switch (rows) {
-    case 1: return int8_block_for_panels<1>(panels);
-    case 2: return int8_block_for_panels<2>(panels);
-    case 3: return int8_block_for_panels<3>(panels);
-    default: return int8_block_for_panels<4>(panels);
-  }
-}
+template <int R, int P>
+struct Int8Block {
+  static constexpr auto fn = int8_block<R, P>;
+};
 
 // The tile in chunks of whole groups (about kChunkLinesAvx2 / 2 lines a panel: 8 KiB for four panels, in
 // L1 for the passes after the first), each chunk in passes of up to kInt8MaxRows rows.
@@ -350,18 +341,14 @@ void int8_tile(const Tile& t) {
   for (int g0 = 0; g0 < groups; g0 += chunk_groups) {
     const int g1 = g0 + chunk_groups < groups ? g0 + chunk_groups : groups;
     const char* next = t.n_rows > 1 ? next_chunk(t, g1 * group_lines, groups * group_lines) : nullptr;
-    for (int r = 0; r < t.n_rows; r += kInt8MaxRows) {
-      const int rows = t.n_rows - r < kInt8MaxRows ? t.n_rows - r : kInt8MaxRows;
-      const int panels_per_block = kInt8PanelsForRows[rows];
-      for (int p = 0; p < t.n_panels; p += panels_per_block) {
-        const int panels = t.n_panels - p < panels_per_block ? t.n_panels - p : panels_per_block;
-        const int at = r * kTileStride + p * 16;
-        int8_block_for(rows, panels)(t, w + p * t.panel_stride, x + static_cast<std::size_t>(r) * t.x_stride,
-                                     t.x_scales + static_cast<std::size_t>(r) * t.x_groups, t.out + at, scratch + at,
-                                     t.segments_apart != nullptr ? t.segments_apart + at : nullptr, segments, g0, g1,
-                                     r == 0 && next != nullptr ? next + p * t.panel_stride : nullptr);
-      }
-    }
+    for_each_block(t.n_rows, t.n_panels, kInt8MaxRows, kInt8PanelsForRows, [&](int r, int rows, int p, int panels) {
+      const int at = r * kTileStride + p * 16;
+      block_for<Int8Block, kInt8MaxRows>(rows, panels)(
+          t, w + p * t.panel_stride, x + static_cast<std::size_t>(r) * t.x_stride,
+          t.x_scales + static_cast<std::size_t>(r) * t.x_groups, t.out + at, scratch + at,
+          t.segments_apart != nullptr ? t.segments_apart + at : nullptr, segments, g0, g1,
+          r == 0 && next != nullptr ? next + p * t.panel_stride : nullptr);
+    });
   }
 }
 
