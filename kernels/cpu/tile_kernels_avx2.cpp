@@ -47,25 +47,43 @@ auto block_for(int rows, int panels) {
   return Block<R, P>::fn;
 }
 
-// fn(r, rows, p, panels) for each block of a tile-shaped problem: passes of pass_rows rows (the last may
-// have fewer), each over the panels in blocks of panels_for_rows[rows].
+// fn(pass, passes, r, rows, p, panels) for each block of a tile-shaped problem: the fewest passes of at most
+// max_rows rows, their rows as equal as they divide (16 of 6: 6 + 5 + 5, not 6 + 6 + 4, whose 4-row block
+// would have too few FMA chains), each pass over the panels in blocks of panels_for_rows[rows].
 template <typename Fn>
-void for_each_block(int n_rows, int n_panels, int pass_rows, const int* panels_for_rows, const Fn& fn) {
-  for (int r = 0; r < n_rows; r += pass_rows) {
-    const int rows = n_rows - r < pass_rows ? n_rows - r : pass_rows;
+void for_each_block(int n_rows, int n_panels, int max_rows, const int* panels_for_rows, const Fn& fn) {
+  const int passes = (n_rows + max_rows - 1) / max_rows;
+  for (int pass = 0, r = 0; pass < passes; ++pass) {
+    const int rows = n_rows / passes + (pass < n_rows % passes ? 1 : 0);
     for (int p = 0; p < n_panels; p += panels_for_rows[rows]) {
-      fn(r, rows, p, n_panels - p < panels_for_rows[rows] ? n_panels - p : panels_for_rows[rows]);
+      fn(pass, passes, r, rows, p, n_panels - p < panels_for_rows[rows] ? n_panels - p : panels_for_rows[rows]);
     }
+    r += rows;
   }
 }
 
-// A batch's first pass over a chunk also fetches line `line` of the next chunk (or the next tile's first)
-// in each of its panels: a chunk of a panel is 2-4 KiB, and the hardware prefetchers, which stop at 4 KiB
-// pages, had not caught up before the chunk ended (fp32 at 16 and 64 rows waited on a fifth of its weight
-// loads and ran at half the rate of bf16, whose widening loop streams).
-inline void prefetch_next_chunk(const char* next, std::size_t stride, int n_panels, int line) {
-  if (next == nullptr) return;
-  for (int p = 0; p < n_panels; ++p) _mm_prefetch(next + p * stride + static_cast<std::size_t>(line) * 64, _MM_HINT_T0);
+// A batch's passes over a chunk fetch the next chunk (or the next tile's first) a share each: pass `phase`
+// of `passes` takes every passes-th line of each of its panels. A chunk of a panel is 2-4 KiB, and the
+// hardware prefetchers, which stop at 4 KiB pages, had not caught up before the chunk ended (fp32 at 16 and
+// 64 rows waited on a fifth of its weight loads and ran at half the rate of bf16, whose widening loop
+// streams). Until session 31 the first pass fetched the whole next chunk and the others none, so the memory
+// bus idled while they computed; spread over every pass, 16 rows of 2048 -> 5632 on two threads went from
+// 5.8-6.1 to 5.1-5.2 ms (best of 6-7) and 110M int8 decode at batch 16 from 387-394 to 463-473 tok/s
+// (BENCHMARKS.md, session 31). Weights already in L3 run 10-15% slower with it than with no prefetch: a
+// model's weights are not.
+struct NextChunk {
+  const char* at = nullptr;  // panel 0 of the next chunk's lines for this block (null: none)
+  std::size_t stride = 0;    // bytes between its panels
+  int phase = 0;
+  int passes = 1;
+};
+
+// Prefetches line `line` of the next chunk in each of n_panels when it is this pass's share (countdown:
+// lines until the next share, from next.phase at the chunk's first line).
+inline void prefetch_next_chunk(const NextChunk& next, int& countdown, int n_panels, int line) {
+  if (next.at == nullptr || countdown-- != 0) return;
+  countdown = next.passes - 1;
+  for (int p = 0; p < n_panels; ++p) _mm_prefetch(next.at + p * next.stride + static_cast<std::size_t>(line) * 64, _MM_HINT_T0);
 }
 
 // ---- fp32 -------------------------------------------------------------------------------------------
@@ -74,7 +92,7 @@ inline void prefetch_next_chunk(const char* next, std::size_t stride, int n_pane
 // sums in out. ahead: prefetch the panels kAheadLines ahead (a single pass, which waits on memory).
 template <int R, int P>
 void f32_block(const float* w, std::size_t stride, const float* x, int x_stride, float* out, int k0, int k1,
-               bool accumulate, bool ahead, const char* next) {
+               bool accumulate, bool ahead, const NextChunk& next) {
   __m256 acc[R][2 * P];
 #pragma GCC unroll 6
   for (int r = 0; r < R; ++r) {
@@ -82,9 +100,10 @@ void f32_block(const float* w, std::size_t stride, const float* x, int x_stride,
     for (int v = 0; v < 2 * P; ++v) acc[r][v] = accumulate ? _mm256_loadu_ps(out + r * kTileStride + v * 8) : _mm256_setzero_ps();
   }
   const PrefetchPlan plan = ahead_of(w, ahead);
+  int countdown = next.phase;
   for (int kk = k0; kk < k1; ++kk) {
     prefetch_ahead(plan, kk, P, stride * sizeof(float));
-    prefetch_next_chunk(next, stride * sizeof(float), P, kk - k0);
+    prefetch_next_chunk(next, countdown, P, kk - k0);
     __m256 wv[2 * P];
 #pragma GCC unroll 4
     for (int p = 0; p < P; ++p) {
@@ -115,14 +134,12 @@ struct F32Block {
 // between its panels (prefetch_next_chunk; null: none).
 void f32_chunk(const float* w, std::size_t stride, int n_panels, const float* x, int x_stride, int n_rows, float* out,
                int k0, int k1, bool accumulate, const char* next = nullptr, std::size_t next_stride = 0) {
-  // Passes of equal rows (16: 6 + 5 + 5, not 6 + 6 + 4): a 4-row block has 8 FMA chains, too few for
-  // FMA's latency on two pipes.
-  const int passes = (n_rows + kMaxRows - 1) / kMaxRows;
-  for_each_block(n_rows, n_panels, (n_rows + passes - 1) / passes, kPanelsForRows, [&](int r, int rows, int p, int panels) {
+  for_each_block(n_rows, n_panels, kMaxRows, kPanelsForRows, [&](int pass, int passes, int r, int rows, int p, int panels) {
+    NextChunk ahead;
+    if (n_rows > 1 && next != nullptr) ahead = {next + p * next_stride, next_stride, pass, passes};
     block_for<F32Block, kMaxRows>(rows, panels)(w + p * stride, stride, x + static_cast<std::size_t>(r) * x_stride,
                                                 x_stride, out + r * kTileStride + p * 16, k0, k1, accumulate,
-                                                n_rows == 1,
-                                                r == 0 && n_rows > 1 && next != nullptr ? next + p * next_stride : nullptr);
+                                                n_rows == 1, ahead);
   });
 }
 
@@ -256,13 +273,14 @@ constexpr int kInt8PanelsForRows[kInt8MaxRows + 1] = {0, 4, 2, 1, 1};
 // is a plain matmul.
 template <int R, int P>
 void int8_block(const Tile& t, const std::uint8_t* w, const std::int8_t* x, const float* x_scales, float* out,
-                float* scratch, float* apart, const GroupSegments& segments, int g0, int g1, const char* next) {
+                float* scratch, float* apart, const GroupSegments& segments, int g0, int g1, const NextChunk& next) {
   const std::size_t stride = t.panel_stride;
   const std::size_t x_stride = static_cast<std::size_t>(t.x_stride);
   const int quads_per_group = t.int8_group / 4;  // one 64-byte line of a panel each
   const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
   const __m256i ones = _mm256_set1_epi16(1);
   const PrefetchPlan plan = ahead_of(w, R == 1);
+  int countdown = next.phase;
   for (int g = g0; g < g1; ++g) {
     __m256i dot[R][2 * P];
 #pragma GCC unroll 4
@@ -275,7 +293,7 @@ void int8_block(const Tile& t, const std::uint8_t* w, const std::int8_t* x, cons
 #pragma GCC unroll 1
     for (int q = 0; q < quads_per_group; ++q, wq += 64, xq += 4) {
       prefetch_ahead(plan, g * quads_per_group + q, P, stride);
-      prefetch_next_chunk(next, stride, P, (g - g0) * quads_per_group + q);
+      prefetch_next_chunk(next, countdown, P, (g - g0) * quads_per_group + q);
       __m256i xs[R], xa[R];
 #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) {
@@ -341,13 +359,15 @@ void int8_tile(const Tile& t) {
   for (int g0 = 0; g0 < groups; g0 += chunk_groups) {
     const int g1 = g0 + chunk_groups < groups ? g0 + chunk_groups : groups;
     const char* next = t.n_rows > 1 ? next_chunk(t, g1 * group_lines, groups * group_lines) : nullptr;
-    for_each_block(t.n_rows, t.n_panels, kInt8MaxRows, kInt8PanelsForRows, [&](int r, int rows, int p, int panels) {
+    for_each_block(t.n_rows, t.n_panels, kInt8MaxRows, kInt8PanelsForRows,
+                   [&](int pass, int passes, int r, int rows, int p, int panels) {
       const int at = r * kTileStride + p * 16;
+      NextChunk ahead;
+      if (next != nullptr) ahead = {next + p * t.panel_stride, t.panel_stride, pass, passes};
       block_for<Int8Block, kInt8MaxRows>(rows, panels)(
           t, w + p * t.panel_stride, x + static_cast<std::size_t>(r) * t.x_stride,
           t.x_scales + static_cast<std::size_t>(r) * t.x_groups, t.out + at, scratch + at,
-          t.segments_apart != nullptr ? t.segments_apart + at : nullptr, segments, g0, g1,
-          r == 0 && next != nullptr ? next + p * t.panel_stride : nullptr);
+          t.segments_apart != nullptr ? t.segments_apart + at : nullptr, segments, g0, g1, ahead);
     });
   }
 }
