@@ -59,7 +59,9 @@ TEST_F(OlderCpu, Fp32ReproducesTheGoldensOnEachKernelLevel) {
 TEST_F(OlderCpu, Bf16AndInt8GiveTheTokensOfTheSameLevelOnTheHost) {
   const GoldenRun golden = prepare_golden_run(kModel, path("prompts"));
   std::string flags = golden.flags;
-  flags.replace(flags.find("--steps 64"), 10, "--steps 12");
+  const std::size_t steps = flags.find("--steps 64");
+  ASSERT_NE(steps, std::string::npos) << "golden_run.h's flags no longer say --steps 64: " << flags;
+  flags.replace(steps, 10, "--steps 12");
   const std::string base = shardline_binary() + " run " + flags + " --device cpu --weights-dtype ";
   for (const EmulatedCpu& cpu : kCpus) {
     for (const char* dtype : {"bf16", "int8"}) {
