@@ -69,8 +69,8 @@ void for_each_block(int n_rows, int n_panels, int max_rows, const int* panels_fo
 // streams). Until session 31 the first pass fetched the whole next chunk and the others none, so the memory
 // bus idled while they computed; spread over every pass, 16 rows of 2048 -> 5632 on two threads went from
 // 5.8-6.1 to 5.1-5.2 ms (best of 6-7) and 110M int8 decode at batch 16 from 387-394 to 463-473 tok/s
-// (BENCHMARKS.md, session 31). Weights already in L3 run 10-15% slower with it than with no prefetch: a
-// model's weights are not.
+// (BENCHMARKS.md, session 31). Weights already in L3 (768 -> 2048, 6 MiB) run 6-9% slower than with the
+// first pass's prefetch and 15-30% slower than with none; a model's weights are not in L3.
 struct NextChunk {
   const char* at = nullptr;  // panel 0 of the next chunk's lines for this block (null: none)
   std::size_t stride = 0;    // bytes between its panels
