@@ -2,11 +2,14 @@
 // contraction; kernels/CMakeLists.txt): 256-bit vectors for softmax, SwiGLU, attention and the int8
 // quantisation on CPUs without AVX-512, where the baseline build ran them 128 bits wide. The same source and
 // the same operations in the same order as the portable build: the same bits (row_kernels.h).
+#include <immintrin.h>
+
 #include "kernels/cpu/row_kernels.h"
 
 namespace shardline::kernels::cpu::row {
 
 namespace {
+#define SHARDLINE_ROW_KERNELS_F16C 1  // an fp16 cache read with F16C's VCVTPH2PS (-mf16c)
 #include "kernels/cpu/row_kernels_generic.inl"
 }  // namespace
 
