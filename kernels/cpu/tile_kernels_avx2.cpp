@@ -27,10 +27,10 @@ constexpr int kPanelsForRows[kMaxRows + 1] = {0, 4, 2, 2, 1, 1, 1};
 // the chunk from L1 (32 KiB on Zen 2/3 and Haswell).
 constexpr int kChunkLinesAvx2 = 64;
 
-// A single pass streams its panels kAheadLines ahead (tile_kernels.h prefetch_ahead): this plan, or none.
-inline PrefetchPlan ahead_of(const void* panels, bool single_pass) {
+// A single pass streams its panels kAheadLines ahead (tile_kernels.h prefetch_ahead): this plan.
+inline PrefetchPlan ahead_of(const void* panels) {
   PrefetchPlan plan;
-  if (single_pass) plan.ahead = static_cast<const char*>(panels);
+  plan.ahead = static_cast<const char*>(panels);
   return plan;
 }
 
@@ -71,39 +71,46 @@ void for_each_block(int n_rows, int n_panels, int max_rows, const int* panels_fo
 // 5.8-6.1 to 5.1-5.2 ms (best of 6-7) and 110M int8 decode at batch 16 from 387-394 to 463-473 tok/s
 // (BENCHMARKS.md, session 31). Weights already in L3 (768 -> 2048, 6 MiB) run 6-9% slower than with the
 // first pass's prefetch and 15-30% slower than with none; a model's weights are not in L3.
-struct NextChunk {
-  const char* at = nullptr;  // panel 0 of the next chunk's lines for this block (null: none)
-  std::size_t stride = 0;    // bytes between its panels
-  int phase = 0;
-  int passes = 1;
-};
+//
+// The plan of a block's pass (PrefetchPlan::next: the next chunk's line 0 in the block's first panel, its
+// panels next_stride apart): every line up to the current chunk's length, into L1.
+inline PrefetchPlan next_chunk_share(const char* next, std::size_t next_stride, int pass, int passes) {
+  PrefetchPlan plan;
+  plan.next = next;
+  plan.next_stride = next_stride;
+  plan.phase = pass;
+  plan.passes = passes;
+  return plan;
+}
 
 // Prefetches line `line` of the next chunk in each of n_panels when it is this pass's share (countdown:
-// lines until the next share, from next.phase at the chunk's first line).
-inline void prefetch_next_chunk(const NextChunk& next, int& countdown, int n_panels, int line) {
-  if (next.at == nullptr || countdown-- != 0) return;
-  countdown = next.passes - 1;
-  for (int p = 0; p < n_panels; ++p) _mm_prefetch(next.at + p * next.stride + static_cast<std::size_t>(line) * 64, _MM_HINT_T0);
+// lines until the next share, from plan.phase at the chunk's first line).
+inline void prefetch_next_chunk(const PrefetchPlan& plan, int& countdown, int n_panels, int line) {
+  if (plan.next == nullptr || countdown-- != 0) return;
+  countdown = plan.passes - 1;
+  for (int p = 0; p < n_panels; ++p) {
+    _mm_prefetch(plan.next + p * plan.next_stride + static_cast<std::size_t>(line) * 64, _MM_HINT_T0);
+  }
 }
 
 // ---- fp32 -------------------------------------------------------------------------------------------
 
 // k steps [k0, k1) of R rows x P panels (w: the first panel, stride floats apart); accumulate: continue the
-// sums in out. ahead: prefetch the panels kAheadLines ahead (a single pass, which waits on memory).
+// sums in out. plan: the panels' own lines kAheadLines ahead (a single pass, which waits on memory; ahead is
+// w), or this pass's share of the next chunk.
 template <int R, int P>
 void f32_block(const float* w, std::size_t stride, const float* x, int x_stride, float* out, int k0, int k1,
-               bool accumulate, bool ahead, const NextChunk& next) {
+               bool accumulate, const PrefetchPlan& plan) {
   __m256 acc[R][2 * P];
 #pragma GCC unroll 6
   for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 8
     for (int v = 0; v < 2 * P; ++v) acc[r][v] = accumulate ? _mm256_loadu_ps(out + r * kTileStride + v * 8) : _mm256_setzero_ps();
   }
-  const PrefetchPlan plan = ahead_of(w, ahead);
-  int countdown = next.phase;
+  int countdown = plan.phase;
   for (int kk = k0; kk < k1; ++kk) {
     prefetch_ahead(plan, kk, P, stride * sizeof(float));
-    prefetch_next_chunk(next, countdown, P, kk - k0);
+    prefetch_next_chunk(plan, countdown, P, kk - k0);
     __m256 wv[2 * P];
 #pragma GCC unroll 4
     for (int p = 0; p < P; ++p) {
@@ -135,11 +142,14 @@ struct F32Block {
 void f32_chunk(const float* w, std::size_t stride, int n_panels, const float* x, int x_stride, int n_rows, float* out,
                int k0, int k1, bool accumulate, const char* next = nullptr, std::size_t next_stride = 0) {
   for_each_block(n_rows, n_panels, kMaxRows, kPanelsForRows, [&](int pass, int passes, int r, int rows, int p, int panels) {
-    NextChunk ahead;
-    if (n_rows > 1 && next != nullptr) ahead = {next + p * next_stride, next_stride, pass, passes};
+    PrefetchPlan plan;
+    if (n_rows == 1) {
+      plan = ahead_of(w + p * stride);
+    } else if (next != nullptr) {
+      plan = next_chunk_share(next + p * next_stride, next_stride, pass, passes);
+    }
     block_for<F32Block, kMaxRows>(rows, panels)(w + p * stride, stride, x + static_cast<std::size_t>(r) * x_stride,
-                                                x_stride, out + r * kTileStride + p * 16, k0, k1, accumulate,
-                                                n_rows == 1, ahead);
+                                                x_stride, out + r * kTileStride + p * 16, k0, k1, accumulate, plan);
   });
 }
 
@@ -175,7 +185,7 @@ void bf16_row_block(const std::uint32_t* w, std::size_t stride, const float* x, 
   __m256 acc[2 * P];
 #pragma GCC unroll 8
   for (int v = 0; v < 2 * P; ++v) acc[v] = accumulate ? _mm256_loadu_ps(out + v * 8) : _mm256_setzero_ps();
-  const PrefetchPlan plan = ahead_of(w, true);
+  const PrefetchPlan plan = ahead_of(w);
   for (int kk = k0; kk < k1; kk += 2) {
     prefetch_ahead(plan, kk / 2, P, stride * sizeof(std::uint32_t));
     __m256i pairs[2 * P];
@@ -273,14 +283,13 @@ constexpr int kInt8PanelsForRows[kInt8MaxRows + 1] = {0, 4, 2, 1, 1};
 // is a plain matmul.
 template <int R, int P>
 void int8_block(const Tile& t, const std::uint8_t* w, const std::int8_t* x, const float* x_scales, float* out,
-                float* scratch, float* apart, const GroupSegments& segments, int g0, int g1, const NextChunk& next) {
+                float* scratch, float* apart, const GroupSegments& segments, int g0, int g1, const PrefetchPlan& plan) {
   const std::size_t stride = t.panel_stride;
   const std::size_t x_stride = static_cast<std::size_t>(t.x_stride);
   const int quads_per_group = t.int8_group / 4;  // one 64-byte line of a panel each
   const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
   const __m256i ones = _mm256_set1_epi16(1);
-  const PrefetchPlan plan = ahead_of(w, R == 1);
-  int countdown = next.phase;
+  int countdown = plan.phase;
   // The running segment, followed group by group as the VNNI kernel does (segment_of for each group divided
   // once per segment before it; five alternations of BM_SegmentedMatmul/dtype:2 read the same either way).
   int s = segments.segment_of(g0), s_begin = segments.bound(s), s_end = segments.bound(s + 1);
@@ -301,7 +310,7 @@ void int8_block(const Tile& t, const std::uint8_t* w, const std::int8_t* x, cons
 #pragma GCC unroll 1
     for (int q = 0; q < quads_per_group; ++q, wq += 64, xq += 4) {
       prefetch_ahead(plan, g * quads_per_group + q, P, stride);
-      prefetch_next_chunk(next, countdown, P, (g - g0) * quads_per_group + q);
+      prefetch_next_chunk(plan, countdown, P, (g - g0) * quads_per_group + q);
       __m256i xs[R], xa[R];
 #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) {
@@ -369,12 +378,16 @@ void int8_tile(const Tile& t) {
     for_each_block(t.n_rows, t.n_panels, kInt8MaxRows, kInt8PanelsForRows,
                    [&](int pass, int passes, int r, int rows, int p, int panels) {
       const int at = r * kTileStride + p * 16;
-      NextChunk ahead;
-      if (next != nullptr) ahead = {next + p * t.panel_stride, t.panel_stride, pass, passes};
+      PrefetchPlan plan;
+      if (rows == 1) {
+        plan = ahead_of(w + p * t.panel_stride);
+      } else if (next != nullptr) {
+        plan = next_chunk_share(next + p * t.panel_stride, t.panel_stride, pass, passes);
+      }
       block_for<Int8Block, kInt8MaxRows>(rows, panels)(
           t, w + p * t.panel_stride, x + static_cast<std::size_t>(r) * t.x_stride,
           t.x_scales + static_cast<std::size_t>(r) * t.x_groups, t.out + at, scratch + at,
-          t.segments_apart != nullptr ? t.segments_apart + at : nullptr, segments, g0, g1, ahead);
+          t.segments_apart != nullptr ? t.segments_apart + at : nullptr, segments, g0, g1, plan);
     });
   }
 }
