@@ -4,8 +4,8 @@
 // sit in L2/L3 when run in a loop, TinyLlama's w1 (46 MB) does not.
 //
 //   kernels_bench --benchmark_filter=Matmul --benchmark_min_time=0.5
-#include <cstddef>
 #include <algorithm>
+#include <cstddef>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -230,6 +230,38 @@ void BM_Rmsnorm(benchmark::State& state) {
                           static_cast<std::int64_t>(sizeof(float)));
 }
 BENCHMARK(BM_Rmsnorm)->ArgName("dim")->Arg(768)->Arg(2048);
+
+// Args: n. The row kernels with an exp in them, single-threaded: SwiGLU's gate over one token's hidden
+// row (2048 for 110M, 5632 for 1.1B), softmax over one head's scores at a context of n positions.
+// items_per_second: values a second.
+void BM_Swiglu(benchmark::State& state) {
+  const int n = static_cast<int>(state.range(0));
+  const std::vector<float> gate = random_floats(n, 8);
+  const std::vector<float> up = random_floats(n, 9);
+  std::vector<float> h = gate;
+  for (auto _ : state) {
+    std::copy(gate.begin(), gate.end(), h.begin());  // the gate is overwritten in place
+    swiglu(h.data(), up.data(), n);
+    benchmark::DoNotOptimize(h.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetItemsProcessed(state.iterations() * n);
+}
+BENCHMARK(BM_Swiglu)->ArgName("n")->Arg(2048)->Arg(5632);
+
+void BM_Softmax(benchmark::State& state) {
+  const int n = static_cast<int>(state.range(0));
+  const std::vector<float> scores = random_floats(n, 10);
+  std::vector<float> x = scores;
+  for (auto _ : state) {
+    std::copy(scores.begin(), scores.end(), x.begin());
+    softmax(x.data(), n);
+    benchmark::DoNotOptimize(x.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetItemsProcessed(state.iterations() * n);
+}
+BENCHMARK(BM_Softmax)->ArgName("n")->Arg(40)->Arg(512);
 
 // The fixed costs a decode step pays per parallel step (what kernels/cpu/ops.h's Team comment cites).
 // Args: threads. BM_TeamPass: one empty run_team() pass (fork and join); BM_TeamBarrier: one team_barrier()

@@ -4,8 +4,10 @@
 // the runtime uses (packed weights) has its own test: packed_matmul_test.cpp.
 #include "kernels/cpu/ops.h"
 
+#include <bit>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <limits>
 #include <numbers>
 #include <random>
@@ -381,6 +383,39 @@ TEST(CpuSwiglu, SoftmaxAndSwigluBitIdenticalOnEveryIsa) {
       EXPECT_EQ(got_softmax, want_softmax);
       EXPECT_EQ(got_swiglu, want_swiglu);
     }
+  }
+}
+
+// The exp's clamp and NaN pass-through are selects, not branches, so the generic loops vectorise (session
+// 32): NaN, the infinities, signed zeros and the clamps' own bounds must still give the portable bits on every
+// level, in and after whole vectors of lanes. Compared as bits, a NaN as any NaN: NaN == NaN is false, and
+// which operand's NaN an instruction passes on (its sign) is the compiler's choice of operand order.
+TEST(CpuSwiglu, SpecialValuesBitIdenticalOnEveryIsa) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<float> specials = {nan, inf, -inf, 0.0f, -0.0f, 104.0f, -104.0f, 89.0f, -89.0f, 88.72f,
+                                       -87.3f, 1e-30f, -1e-30f, 3.0e38f, -3.0e38f, 1.0f, -1.0f};
+  std::vector<float> x;
+  for (int copy = 0; copy < 3; ++copy) x.insert(x.end(), specials.begin(), specials.end());  // 51: a tail
+  const std::vector<float> u(x.size(), 1.5f);
+  auto bits = [](const std::vector<float>& v) {
+    std::vector<std::uint32_t> b(v.size());
+    for (std::size_t i = 0; i < v.size(); ++i) b[i] = std::isnan(v[i]) ? 0x7fc00000u : std::bit_cast<std::uint32_t>(v[i]);
+    return b;
+  };
+  std::vector<float> want = x;
+  {
+    test::ScopedIsa portable(Isa::kPortable);
+    swiglu(want.data(), u.data(), static_cast<int>(want.size()));
+  }
+  EXPECT_TRUE(std::isnan(want[0]));  // NaN in, NaN out
+  EXPECT_EQ(want[3], 0.0f);
+  for (Isa isa : test::runnable_isas()) {
+    SCOPED_TRACE(isa_name(isa));
+    test::ScopedIsa scoped(isa);
+    std::vector<float> got = x;
+    swiglu(got.data(), u.data(), static_cast<int>(got.size()));
+    EXPECT_EQ(bits(got), bits(want));
   }
 }
 
