@@ -80,14 +80,24 @@ struct PrefetchPlan {
   std::size_t next_stride = 0;  // bytes between the next chunk's panels where not the tile's (0: the tile's)
   // A single pass: panel 0 of this chunk, whose lines the pass prefetches kAheadLines ahead (null: none).
   const char* ahead = nullptr;
+  // A single pass past line ahead_lines of ahead (the panel's last) goes on into ahead_then's lines (the
+  // next tile's panel 0, Tile::prefetch), where non-null; null: on past the panel, into what follows it.
+  int ahead_lines = 0;
+  const char* ahead_then = nullptr;
 };
 
 // The single pass's prefetch for the line `line` of its chunk (PrefetchPlan::ahead) in each of n_panels.
 // static: each ISA file compiles its own copy with its own flags (see the top of this file).
 static inline void prefetch_ahead(const PrefetchPlan& plan, int line, int n_panels, std::size_t panel_stride) {
   if (plan.ahead == nullptr) return;
+  const char* panel = plan.ahead;
+  int ahead = line + kAheadLines;
+  if (plan.ahead_then != nullptr && ahead >= plan.ahead_lines) {
+    panel = plan.ahead_then;
+    ahead -= plan.ahead_lines;
+  }
   for (int p = 0; p < n_panels; ++p) {
-    __builtin_prefetch(plan.ahead + p * panel_stride + static_cast<std::size_t>(line + kAheadLines) * 64, 0, 3);
+    __builtin_prefetch(panel + p * panel_stride + static_cast<std::size_t>(ahead) * 64, 0, 3);
   }
 }
 

@@ -27,11 +27,23 @@ constexpr int kPanelsForRows[kMaxRows + 1] = {0, 4, 2, 2, 1, 1, 1};
 // the chunk from L1 (32 KiB on Zen 2/3 and Haswell).
 constexpr int kChunkLinesAvx2 = 64;
 
-// A single pass streams its panels kAheadLines ahead (tile_kernels.h prefetch_ahead): this plan.
-inline PrefetchPlan ahead_of(const void* panels) {
+// A single pass streams its panels kAheadLines ahead (tile_kernels.h prefetch_ahead): this plan. Past the
+// panel's `lines` lines it goes on into the next tile's (then: Tile::prefetch at the same panel; null where
+// none), so a tile does not start on lines nothing fetched (before, only the last panel's ran on into the
+// next tile, the others' into panels this tile had already read). 110M int8 decode on two threads went from
+// 127-144 to 141-162 tok/s, up in 4 of 4 alternations, with one thread in 7 of 8, bf16 in 3 of 4
+// (BENCHMARKS.md, session 32). fp32 keeps the old prefetch (f32_chunk).
+inline PrefetchPlan ahead_of(const void* panels, int lines = 0, const void* then = nullptr) {
   PrefetchPlan plan;
   plan.ahead = static_cast<const char*>(panels);
+  plan.ahead_lines = lines;
+  plan.ahead_then = static_cast<const char*>(then);
   return plan;
+}
+
+// Panel p of the next tile (Tile::prefetch), or null.
+inline const char* next_tile_panel(const Tile& t, int p) {
+  return t.prefetch != nullptr ? reinterpret_cast<const char*>(t.prefetch) + p * t.panel_stride : nullptr;
 }
 
 // Block<R, P>::fn for rows and panels known only at run time (template arguments, so that the accumulators
@@ -139,6 +151,9 @@ struct F32Block {
 // k steps [k0, k1) of every row and panel of a tile-shaped problem: passes of up to kMaxRows rows, each
 // over the panels in blocks of kPanelsForRows. next: the next chunk's first panel, next_stride bytes
 // between its panels (prefetch_next_chunk; null: none).
+// One row prefetches kAheadLines ahead on past the panels' end, not into the next tile as bf16 and int8 do
+// (ahead_of): for fp32, whose tiles are 2-4 times theirs in bytes, that read 1-14% slower in 8 of 10
+// alternations of 110M decode with one thread and with tp=2 (BENCHMARKS.md, session 32).
 void f32_chunk(const float* w, std::size_t stride, int n_panels, const float* x, int x_stride, int n_rows, float* out,
                int k0, int k1, bool accumulate, const char* next = nullptr, std::size_t next_stride = 0) {
   for_each_block(n_rows, n_panels, kMaxRows, kPanelsForRows, [&](int pass, int passes, int r, int rows, int p, int panels) {
@@ -179,13 +194,14 @@ inline __m256 widen_odd(__m256i pairs) {
 }
 
 // A decode GEMV (one row) of k steps [k0, k1) (k0 even) over P panels, widening in registers.
+// then: the next tile's first panel (null: none), where the prefetch goes on past the panels' pairs.
 template <int P>
 void bf16_row_block(const std::uint32_t* w, std::size_t stride, const float* x, int k, float* out, int k0, int k1,
-                    bool accumulate) {
+                    bool accumulate, const char* then) {
   __m256 acc[2 * P];
 #pragma GCC unroll 8
   for (int v = 0; v < 2 * P; ++v) acc[v] = accumulate ? _mm256_loadu_ps(out + v * 8) : _mm256_setzero_ps();
-  const PrefetchPlan plan = ahead_of(w);
+  const PrefetchPlan plan = ahead_of(w, (k + 1) / 2, then);
   for (int kk = k0; kk < k1; kk += 2) {
     prefetch_ahead(plan, kk / 2, P, stride * sizeof(std::uint32_t));
     __m256i pairs[2 * P];
@@ -253,7 +269,7 @@ void bf16_tile(const Tile& t) {
   constexpr int kChunkK = 2 * kChunkLinesAvx2;
   for (int k0 = 0; k0 < t.k; k0 += kChunkK) {
     const int k1 = k0 + kChunkK < t.k ? k0 + kChunkK : t.k;
-    block_for<Bf16RowBlock, 1>(1, t.n_panels)(w, stride, x, t.k, t.out, k0, k1, k0 > 0);
+    block_for<Bf16RowBlock, 1>(1, t.n_panels)(w, stride, x, t.k, t.out, k0, k1, k0 > 0, next_tile_panel(t, 0));
   }
 }
 
@@ -380,7 +396,7 @@ void int8_tile(const Tile& t) {
       const int at = r * kTileStride + p * 16;
       PrefetchPlan plan;
       if (rows == 1) {
-        plan = ahead_of(w + p * t.panel_stride);
+        plan = ahead_of(w + p * t.panel_stride, groups * group_lines, t.n_rows == 1 ? next_tile_panel(t, p) : nullptr);
       } else if (next != nullptr) {
         plan = next_chunk_share(next + p * t.panel_stride, t.panel_stride, pass, passes);
       }
