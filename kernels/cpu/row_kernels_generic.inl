@@ -87,13 +87,14 @@ void quantize_int8_row(const float* x, int k, int kp, int group, std::int8_t* q,
     const float amax = group_amax(v, group);
     const float inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
     std::int32_t sum = 0;
-    bool finite = true;
+    std::uint32_t non_finite = 0;  // an integer, not a bool &=, which kept the loop scalar
     for (int i = 0; i < group; ++i) {
       const std::int32_t code = int8_code(v[i], inverse);
       q[j0 + i] = static_cast<std::int8_t>(code);
       sum += code;
-      finite &= __builtin_fabsf(v[i]) <= __FLT_MAX__;  // false for NaN and Inf
+      non_finite |= (__builtin_bit_cast(std::uint32_t, v[i]) & 0x7f800000u) == 0x7f800000u ? 1u : 0u;  // NaN, Inf
     }
+    const bool finite = non_finite == 0;
     // A group holding a NaN or an Inf (a damaged model's activations) gets a NaN scale, so its products
     // stay NaN as fp32's would and the run's warning about non-finite hidden states fires; its codes alone
     // would have made finite numbers of them (a NaN's code is -127).

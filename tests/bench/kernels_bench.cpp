@@ -263,6 +263,21 @@ void BM_Softmax(benchmark::State& state) {
 }
 BENCHMARK(BM_Softmax)->ArgName("n")->Arg(40)->Arg(512);
 
+// Args: k. One decode row quantised for int8 weights (groups of 32, a scale and a sum each): what every
+// int8 matmul's input costs before the kernel runs, on one thread while the others wait at b=1.
+void BM_QuantizeRow(benchmark::State& state) {
+  const int k = static_cast<int>(state.range(0));
+  const std::vector<float> x = random_floats(k, 11);
+  Activations act;
+  act.reserve(1, k);
+  for (auto _ : state) {
+    act.prepare(x.data(), 1, k, WeightDtype::kInt8, 32);
+    benchmark::ClobberMemory();
+  }
+  state.SetItemsProcessed(state.iterations() * k);
+}
+BENCHMARK(BM_QuantizeRow)->ArgName("k")->Arg(768)->Arg(2048);
+
 // The fixed costs a decode step pays per parallel step (what kernels/cpu/ops.h's Team comment cites).
 // Args: threads. BM_TeamPass: one empty run_team() pass (fork and join); BM_TeamBarrier: one team_barrier()
 // inside a pass, the pass's own cost spread over kBarriersPerPass barriers.
