@@ -95,11 +95,15 @@ inline PrefetchPlan next_chunk_share(const char* next, std::size_t next_stride, 
   return plan;
 }
 
-// Prefetches line `line` of the next chunk in each of n_panels when it is this pass's share (countdown:
-// lines until the next share, from plan.phase at the chunk's first line).
-inline void prefetch_next_chunk(const PrefetchPlan& plan, int& countdown, int n_panels, int line) {
-  if (plan.next == nullptr || countdown-- != 0) return;
-  countdown = plan.passes - 1;
+// This pass's share of the next chunk (PrefetchPlan::next), prefetched as the pass walks its own chunk: line
+// `line` of the next chunk in each of n_panels when the pass reaches line `line` of this one and it is the
+// pass's (share: the next such line, from plan.phase; passes apart). No plan.next: share starts past any
+// line, a compare that never holds. One compare per line, where a countdown behind null checks of the plan
+// (a dozen instructions beside a 6-row block's 12 FMAs) held the fp32 block's loop to the front end's rate.
+inline int first_share(const PrefetchPlan& plan) { return plan.next != nullptr ? plan.phase : 1 << 30; }
+inline void prefetch_share(const PrefetchPlan& plan, int& share, int n_panels, int line) {
+  if (line != share) return;
+  share += plan.passes;
   for (int p = 0; p < n_panels; ++p) {
     _mm_prefetch(plan.next + p * plan.next_stride + static_cast<std::size_t>(line) * 64, _MM_HINT_T0);
   }
@@ -110,19 +114,24 @@ inline void prefetch_next_chunk(const PrefetchPlan& plan, int& countdown, int n_
 // k steps [k0, k1) of R rows x P panels (w: the first panel, stride floats apart); accumulate: continue the
 // sums in out. plan: the panels' own lines kAheadLines ahead (a single pass, which waits on memory; ahead is
 // w), or this pass's share of the next chunk.
-template <int R, int P>
-void f32_block(const float* w, std::size_t stride, const float* x, int x_stride, float* out, int k0, int k1,
-               bool accumulate, const PrefetchPlan& plan) {
+// kAhead: the plan is a single pass's (plan.ahead), else a share of the next chunk's (or none): two loops, so
+// each step checks one plan, not both.
+template <int R, int P, bool kAhead>
+void f32_block_loop(const float* w, std::size_t stride, const float* x, int x_stride, float* out, int k0, int k1,
+                    bool accumulate, const PrefetchPlan& plan) {
   __m256 acc[R][2 * P];
 #pragma GCC unroll 6
   for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 8
     for (int v = 0; v < 2 * P; ++v) acc[r][v] = accumulate ? _mm256_loadu_ps(out + r * kTileStride + v * 8) : _mm256_setzero_ps();
   }
-  int countdown = plan.phase;
+  int share = first_share(plan);
   for (int kk = k0; kk < k1; ++kk) {
-    prefetch_ahead(plan, kk, P, stride * sizeof(float));
-    prefetch_next_chunk(plan, countdown, P, kk - k0);
+    if constexpr (kAhead) {
+      prefetch_ahead(plan, kk, P, stride * sizeof(float));
+    } else {
+      prefetch_share(plan, share, P, kk - k0);
+    }
     __m256 wv[2 * P];
 #pragma GCC unroll 4
     for (int p = 0; p < P; ++p) {
@@ -144,13 +153,23 @@ void f32_block(const float* w, std::size_t stride, const float* x, int x_stride,
 }
 
 template <int R, int P>
+void f32_block(const float* w, std::size_t stride, const float* x, int x_stride, float* out, int k0, int k1,
+               bool accumulate, const PrefetchPlan& plan) {
+  if (plan.ahead != nullptr) {
+    f32_block_loop<R, P, true>(w, stride, x, x_stride, out, k0, k1, accumulate, plan);
+  } else {
+    f32_block_loop<R, P, false>(w, stride, x, x_stride, out, k0, k1, accumulate, plan);
+  }
+}
+
+template <int R, int P>
 struct F32Block {
   static constexpr auto fn = f32_block<R, P>;
 };
 
 // k steps [k0, k1) of every row and panel of a tile-shaped problem: passes of up to kMaxRows rows, each
 // over the panels in blocks of kPanelsForRows. next: the next chunk's first panel, next_stride bytes
-// between its panels (prefetch_next_chunk; null: none).
+// between its panels (prefetch_share; null: none).
 // One row prefetches kAheadLines ahead on past the panels' end, not into the next tile as bf16 and int8 do
 // (ahead_of): for fp32, whose tiles are 2-4 times theirs in bytes, that read 1-14% slower in 8 of 10
 // alternations of 110M decode with one thread and with tp=2 (BENCHMARKS.md, session 32).
@@ -305,7 +324,7 @@ void int8_block(const Tile& t, const std::uint8_t* w, const std::int8_t* x, cons
   const int quads_per_group = t.int8_group / 4;  // one 64-byte line of a panel each
   const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
   const __m256i ones = _mm256_set1_epi16(1);
-  int countdown = plan.phase;
+  int share = first_share(plan);
   // The running segment, followed group by group as the VNNI kernel does (segment_of for each group divided
   // once per segment before it; five alternations of BM_SegmentedMatmul/dtype:2 read the same either way).
   int s = segments.segment_of(g0), s_begin = segments.bound(s), s_end = segments.bound(s + 1);
@@ -326,7 +345,7 @@ void int8_block(const Tile& t, const std::uint8_t* w, const std::int8_t* x, cons
 #pragma GCC unroll 1
     for (int q = 0; q < quads_per_group; ++q, wq += 64, xq += 4) {
       prefetch_ahead(plan, g * quads_per_group + q, P, stride);
-      prefetch_next_chunk(plan, countdown, P, (g - g0) * quads_per_group + q);
+      prefetch_share(plan, share, P, (g - g0) * quads_per_group + q);
       __m256i xs[R], xa[R];
 #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) {
