@@ -33,12 +33,14 @@ constexpr int kChunkLinesAvx2 = 64;
 // next tile, the others' into panels this tile had already read). 110M int8 decode on two threads went from
 // 127-144 to 141-162 tok/s, up in 4 of 4 alternations, with one thread in 7 of 8, bf16 in 3 of 4
 // (BENCHMARKS.md, session 32). fp32 keeps the old prefetch (f32_chunk).
-inline PrefetchPlan ahead_of(const void* panels, int lines = 0, const void* then = nullptr) {
-  PrefetchPlan plan;
+//
+// The plan helpers fill a plan in place rather than return one: GCC copied a returned plan through the stack
+// with 16-byte loads of fields just stored 8 and 4 bytes at a time, which store forwarding cannot serve, and
+// the stalls put a tenth of a batch's time in the code around the block calls (perf, session 32).
+inline void plan_ahead(PrefetchPlan& plan, const void* panels, int lines = 0, const void* then = nullptr) {
   plan.ahead = static_cast<const char*>(panels);
   plan.ahead_lines = lines;
   plan.ahead_then = static_cast<const char*>(then);
-  return plan;
 }
 
 // Panel p of the next tile (Tile::prefetch), or null.
@@ -86,13 +88,11 @@ void for_each_block(int n_rows, int n_panels, int max_rows, const int* panels_fo
 //
 // The plan of a block's pass (PrefetchPlan::next: the next chunk's line 0 in the block's first panel, its
 // panels next_stride apart): every line up to the current chunk's length, into L1.
-inline PrefetchPlan next_chunk_share(const char* next, std::size_t next_stride, int pass, int passes) {
-  PrefetchPlan plan;
+inline void plan_next_chunk_share(PrefetchPlan& plan, const char* next, std::size_t next_stride, int pass, int passes) {
   plan.next = next;
   plan.next_stride = next_stride;
   plan.phase = pass;
   plan.passes = passes;
-  return plan;
 }
 
 // This pass's share of the next chunk (PrefetchPlan::next), prefetched as the pass walks its own chunk: line
@@ -171,16 +171,16 @@ struct F32Block {
 // over the panels in blocks of kPanelsForRows. next: the next chunk's first panel, next_stride bytes
 // between its panels (prefetch_share; null: none).
 // One row prefetches kAheadLines ahead on past the panels' end, not into the next tile as bf16 and int8 do
-// (ahead_of): for fp32, whose tiles are 2-4 times theirs in bytes, that read 1-14% slower in 8 of 10
+// (plan_ahead): for fp32, whose tiles are 2-4 times theirs in bytes, that read 1-14% slower in 8 of 10
 // alternations of 110M decode with one thread and with tp=2 (BENCHMARKS.md, session 32).
 void f32_chunk(const float* w, std::size_t stride, int n_panels, const float* x, int x_stride, int n_rows, float* out,
                int k0, int k1, bool accumulate, const char* next = nullptr, std::size_t next_stride = 0) {
   for_each_block(n_rows, n_panels, kMaxRows, kPanelsForRows, [&](int pass, int passes, int r, int rows, int p, int panels) {
     PrefetchPlan plan;
     if (n_rows == 1) {
-      plan = ahead_of(w + p * stride);
+      plan_ahead(plan, w + p * stride);
     } else if (next != nullptr) {
-      plan = next_chunk_share(next + p * next_stride, next_stride, pass, passes);
+      plan_next_chunk_share(plan, next + p * next_stride, next_stride, pass, passes);
     }
     block_for<F32Block, kMaxRows>(rows, panels)(w + p * stride, stride, x + static_cast<std::size_t>(r) * x_stride,
                                                 x_stride, out + r * kTileStride + p * 16, k0, k1, accumulate, plan);
@@ -220,7 +220,8 @@ void bf16_row_block(const std::uint32_t* w, std::size_t stride, const float* x, 
   __m256 acc[2 * P];
 #pragma GCC unroll 8
   for (int v = 0; v < 2 * P; ++v) acc[v] = accumulate ? _mm256_loadu_ps(out + v * 8) : _mm256_setzero_ps();
-  const PrefetchPlan plan = ahead_of(w, (k + 1) / 2, then);
+  PrefetchPlan plan;
+  plan_ahead(plan, w, (k + 1) / 2, then);
   for (int kk = k0; kk < k1; kk += 2) {
     prefetch_ahead(plan, kk / 2, P, stride * sizeof(std::uint32_t));
     __m256i pairs[2 * P];
@@ -415,9 +416,9 @@ void int8_tile(const Tile& t) {
       const int at = r * kTileStride + p * 16;
       PrefetchPlan plan;
       if (rows == 1) {
-        plan = ahead_of(w + p * t.panel_stride, groups * group_lines, t.n_rows == 1 ? next_tile_panel(t, p) : nullptr);
+        plan_ahead(plan, w + p * t.panel_stride, groups * group_lines, t.n_rows == 1 ? next_tile_panel(t, p) : nullptr);
       } else if (next != nullptr) {
-        plan = next_chunk_share(next + p * t.panel_stride, t.panel_stride, pass, passes);
+        plan_next_chunk_share(plan, next + p * t.panel_stride, t.panel_stride, pass, passes);
       }
       block_for<Int8Block, kInt8MaxRows>(rows, panels)(
           t, w + p * t.panel_stride, x + static_cast<std::size_t>(r) * t.x_stride,
