@@ -26,6 +26,7 @@ constexpr int kPanelsForRows[kMaxRows + 1] = {0, 4, 2, 2, 1, 1, 1};
 // k chunk in 64-byte lines per panel: 16 KiB of fp32 for four panels, so the passes after the first read
 // the chunk from L1 (32 KiB on Zen 2/3 and Haswell).
 constexpr int kChunkLinesAvx2 = 64;
+constexpr int kNoLine = 1 << 30;  // a line index past any chunk
 
 // A single pass streams its panels kAheadLines ahead (tile_kernels.h prefetch_ahead): this plan. Past the
 // panel's `lines` lines it goes on into the next tile's (then: Tile::prefetch at the same panel; null where
@@ -88,11 +89,14 @@ void for_each_block(int n_rows, int n_panels, int max_rows, const int* panels_fo
 //
 // The plan of a block's pass (PrefetchPlan::next: the next chunk's line 0 in the block's first panel, its
 // panels next_stride apart): every line up to the current chunk's length, into L1.
-inline void plan_next_chunk_share(PrefetchPlan& plan, const char* next, std::size_t next_stride, int pass, int passes) {
+// lines: the next chunk's lines a panel where it has fewer than this chunk's k steps (bf16's pairs).
+inline void plan_next_chunk_share(PrefetchPlan& plan, const char* next, std::size_t next_stride, int pass, int passes,
+                                  int lines = kNoLine) {
   plan.next = next;
   plan.next_stride = next_stride;
   plan.phase = pass;
   plan.passes = passes;
+  plan.lines = lines;
 }
 
 // This pass's share of the next chunk (PrefetchPlan::next), prefetched as the pass walks its own chunk: line
@@ -100,10 +104,12 @@ inline void plan_next_chunk_share(PrefetchPlan& plan, const char* next, std::siz
 // pass's (share: the next such line, from plan.phase; passes apart). No plan.next: share starts past any
 // line, a compare that never holds. One compare per line, where a countdown behind null checks of the plan
 // (a dozen instructions beside a 6-row block's 12 FMAs) held the fp32 block's loop to the front end's rate.
-inline int first_share(const PrefetchPlan& plan) { return plan.next != nullptr ? plan.phase : 1 << 30; }
+// Past plan.lines, none either.
+inline int first_share(const PrefetchPlan& plan) { return plan.next != nullptr ? plan.phase : kNoLine; }
 inline void prefetch_share(const PrefetchPlan& plan, int& share, int n_panels, int line) {
   if (line != share) return;
   share += plan.passes;
+  if (share >= plan.lines) share = kNoLine;
   for (int p = 0; p < n_panels; ++p) {
     _mm_prefetch(plan.next + p * plan.next_stride + static_cast<std::size_t>(line) * 64, _MM_HINT_T0);
   }
@@ -174,13 +180,14 @@ struct F32Block {
 // (plan_ahead): for fp32, whose tiles are 2-4 times theirs in bytes, that read 1-14% slower in 8 of 10
 // alternations of 110M decode with one thread and with tp=2 (BENCHMARKS.md, session 32).
 void f32_chunk(const float* w, std::size_t stride, int n_panels, const float* x, int x_stride, int n_rows, float* out,
-               int k0, int k1, bool accumulate, const char* next = nullptr, std::size_t next_stride = 0) {
+               int k0, int k1, bool accumulate, const char* next = nullptr, std::size_t next_stride = 0,
+               int next_lines = kNoLine) {
   for_each_block(n_rows, n_panels, kMaxRows, kPanelsForRows, [&](int pass, int passes, int r, int rows, int p, int panels) {
     PrefetchPlan plan;
     if (n_rows == 1) {
       plan_ahead(plan, w + p * stride);
     } else if (next != nullptr) {
-      plan_next_chunk_share(plan, next + p * next_stride, next_stride, pass, passes);
+      plan_next_chunk_share(plan, next + p * next_stride, next_stride, pass, passes, next_lines);
     }
     block_for<F32Block, kMaxRows>(rows, panels)(w + p * stride, stride, x + static_cast<std::size_t>(r) * x_stride,
                                                 x_stride, out + r * kTileStride + p * 16, k0, k1, accumulate, plan);
@@ -266,7 +273,6 @@ void bf16_tile_widened(const Tile& t) {
       const std::uint32_t* src = w + p * stride + static_cast<std::size_t>(j0) * 16;
       float* dst = wide + p * kWideChunkPairs * 32;
       for (int j = 0; j < j1 - j0; ++j) {
-        if (next != nullptr) _mm_prefetch(next + p * t.panel_stride + static_cast<std::size_t>(j) * 64, _MM_HINT_T0);
 #pragma GCC unroll 2
         for (int h = 0; h < 2; ++h) {
           const __m256i pairs = _mm256_load_si256(reinterpret_cast<const __m256i*>(src + j * 16 + h * 8));
@@ -277,7 +283,12 @@ void bf16_tile_widened(const Tile& t) {
     }
     const int k0 = 2 * j0;
     const int k1 = 2 * j1 < t.k ? 2 * j1 : t.k;  // an odd k's last pair has no partner activation
-    f32_chunk(wide, kWideChunkPairs * 32, t.n_panels, x + k0, t.x_stride, t.n_rows, t.out, 0, k1 - k0, j0 > 0);
+    // The fp32 passes fetch the next bf16 chunk a share each (its kWideChunkPairs lines a panel over their 2x
+    // as many k steps), behind their FMAs: the widening loop that fetched it all ran a burst of a hundred
+    // prefetches the miss buffers could not hold and waited on its own loads for half its time (perf, 4 rows
+    // of 2048 -> 5632, session 32).
+    f32_chunk(wide, kWideChunkPairs * 32, t.n_panels, x + k0, t.x_stride, t.n_rows, t.out, 0, k1 - k0, j0 > 0,
+              next, t.panel_stride, kWideChunkPairs);
   }
 }
 
