@@ -328,9 +328,12 @@ constexpr int kInt8PanelsForRows[kInt8MaxRows + 1] = {0, 4, 2, 1, 1};
 // stored there for the first segment and added onto what is there for the others, or, with apart
 // (Tile::segments_apart), stored apart at apart + s * kSegmentTileFloats. One segment with scratch = out
 // is a plain matmul.
-template <int R, int P>
-void int8_block(const Tile& t, const std::uint8_t* w, const std::int8_t* x, const float* x_scales, float* out,
-                float* scratch, float* apart, const GroupSegments& segments, int g0, int g1, const PrefetchPlan& plan) {
+// kAhead: the plan is a single pass's (plan.ahead), else a batch's share of the next chunk (or none), as
+// f32_block_loop.
+template <int R, int P, bool kAhead>
+void int8_block_loop(const Tile& t, const std::uint8_t* w, const std::int8_t* x, const float* x_scales, float* out,
+                     float* scratch, float* apart, const GroupSegments& segments, int g0, int g1,
+                     const PrefetchPlan& plan) {
   const std::size_t stride = t.panel_stride;
   const std::size_t x_stride = static_cast<std::size_t>(t.x_stride);
   const int quads_per_group = t.int8_group / 4;  // one 64-byte line of a panel each
@@ -356,8 +359,11 @@ void int8_block(const Tile& t, const std::uint8_t* w, const std::int8_t* x, cons
     const std::int8_t* xq = x + g * t.int8_group;
 #pragma GCC unroll 1
     for (int q = 0; q < quads_per_group; ++q, wq += 64, xq += 4) {
-      prefetch_ahead(plan, g * quads_per_group + q, P, stride);
-      prefetch_share(plan, share, P, (g - g0) * quads_per_group + q);
+      if constexpr (kAhead) {
+        prefetch_ahead(plan, g * quads_per_group + q, P, stride);
+      } else {
+        prefetch_share(plan, share, P, (g - g0) * quads_per_group + q);
+      }
       __m256i xs[R], xa[R];
 #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) {
@@ -400,6 +406,16 @@ void int8_block(const Tile& t, const std::uint8_t* w, const std::int8_t* x, cons
         }
       }
     }
+  }
+}
+
+template <int R, int P>
+void int8_block(const Tile& t, const std::uint8_t* w, const std::int8_t* x, const float* x_scales, float* out,
+                float* scratch, float* apart, const GroupSegments& segments, int g0, int g1, const PrefetchPlan& plan) {
+  if (plan.ahead != nullptr) {
+    int8_block_loop<R, P, true>(t, w, x, x_scales, out, scratch, apart, segments, g0, g1, plan);
+  } else {
+    int8_block_loop<R, P, false>(t, w, x, x_scales, out, scratch, apart, segments, g0, g1, plan);
   }
 }
 
