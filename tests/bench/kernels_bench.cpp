@@ -234,32 +234,29 @@ BENCHMARK(BM_Rmsnorm)->ArgName("dim")->Arg(768)->Arg(2048);
 // Args: n. The row kernels with an exp in them, single-threaded: SwiGLU's gate over one token's hidden
 // row (2048 for 110M, 5632 for 1.1B), softmax over one head's scores at a context of n positions.
 // items_per_second: values a second.
-void BM_Swiglu(benchmark::State& state) {
+// Times kernel(x, n) on a fresh copy of n random values each iteration (both kernels work in place).
+template <typename Kernel>
+void time_in_place(benchmark::State& state, std::uint32_t seed, const Kernel& kernel) {
   const int n = static_cast<int>(state.range(0));
-  const std::vector<float> gate = random_floats(n, 8);
-  const std::vector<float> up = random_floats(n, 9);
-  std::vector<float> h = gate;
+  const std::vector<float> input = random_floats(n, seed);
+  std::vector<float> x = input;
   for (auto _ : state) {
-    std::copy(gate.begin(), gate.end(), h.begin());  // the gate is overwritten in place
-    swiglu(h.data(), up.data(), n);
-    benchmark::DoNotOptimize(h.data());
-    benchmark::ClobberMemory();
-  }
-  state.SetItemsProcessed(state.iterations() * n);
-}
-BENCHMARK(BM_Swiglu)->ArgName("n")->Arg(2048)->Arg(5632);
-
-void BM_Softmax(benchmark::State& state) {
-  const int n = static_cast<int>(state.range(0));
-  const std::vector<float> scores = random_floats(n, 10);
-  std::vector<float> x = scores;
-  for (auto _ : state) {
-    std::copy(scores.begin(), scores.end(), x.begin());
-    softmax(x.data(), n);
+    std::copy(input.begin(), input.end(), x.begin());
+    kernel(x.data(), n);
     benchmark::DoNotOptimize(x.data());
     benchmark::ClobberMemory();
   }
   state.SetItemsProcessed(state.iterations() * n);
+}
+
+void BM_Swiglu(benchmark::State& state) {
+  const std::vector<float> up = random_floats(static_cast<int>(state.range(0)), 9);
+  time_in_place(state, 8, [&](float* gate, int n) { swiglu(gate, up.data(), n); });
+}
+BENCHMARK(BM_Swiglu)->ArgName("n")->Arg(2048)->Arg(5632);
+
+void BM_Softmax(benchmark::State& state) {
+  time_in_place(state, 10, [](float* scores, int n) { softmax(scores, n); });
 }
 BENCHMARK(BM_Softmax)->ArgName("n")->Arg(40)->Arg(512);
 
