@@ -117,6 +117,38 @@ inline void prefetch_share(const PrefetchPlan& plan, int& share, int n_panels, i
 
 // ---- fp32 -------------------------------------------------------------------------------------------
 
+// The 2 R P fp32 sums of an R-row, P-panel block, in registers (every loop below unrolled): loaded from out
+// (accumulate) or zero, one k step's FMAs, stored back. Shared by the fp32 block and bf16's register-widening
+// one, so both make the same chains.
+template <int R, int P>
+struct BlockSums {
+  __m256 acc[R][2 * P];
+
+  __attribute__((always_inline)) BlockSums(const float* out, bool accumulate) {
+#pragma GCC unroll 6
+    for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 8
+      for (int v = 0; v < 2 * P; ++v) acc[r][v] = accumulate ? _mm256_loadu_ps(out + r * kTileStride + v * 8) : _mm256_setzero_ps();
+    }
+  }
+  // acc[r][v] += w[v] * x[r * x_stride]: one k step of every row (x at the step's k in row 0).
+  __attribute__((always_inline)) void fma(const __m256 (&w)[2 * P], const float* x, std::size_t x_stride) {
+#pragma GCC unroll 6
+    for (int r = 0; r < R; ++r) {
+      const __m256 xb = _mm256_broadcast_ss(x + r * x_stride);
+#pragma GCC unroll 8
+      for (int v = 0; v < 2 * P; ++v) acc[r][v] = _mm256_fmadd_ps(w[v], xb, acc[r][v]);
+    }
+  }
+  __attribute__((always_inline)) void store(float* out) const {
+#pragma GCC unroll 6
+    for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 8
+      for (int v = 0; v < 2 * P; ++v) _mm256_storeu_ps(out + r * kTileStride + v * 8, acc[r][v]);
+    }
+  }
+};
+
 // k steps [k0, k1) of R rows x P panels (w: the first panel, stride floats apart); accumulate: continue the
 // sums in out. plan: the panels' own lines kAheadLines ahead (a single pass, which waits on memory; ahead is
 // w), or this pass's share of the next chunk.
@@ -125,12 +157,7 @@ inline void prefetch_share(const PrefetchPlan& plan, int& share, int n_panels, i
 template <int R, int P, bool kAhead>
 void f32_block_loop(const float* w, std::size_t stride, const float* x, int x_stride, float* out, int k0, int k1,
                     bool accumulate, const PrefetchPlan& plan) {
-  __m256 acc[R][2 * P];
-#pragma GCC unroll 6
-  for (int r = 0; r < R; ++r) {
-#pragma GCC unroll 8
-    for (int v = 0; v < 2 * P; ++v) acc[r][v] = accumulate ? _mm256_loadu_ps(out + r * kTileStride + v * 8) : _mm256_setzero_ps();
-  }
+  BlockSums<R, P> sums(out, accumulate);
   int share = first_share(plan);
   for (int kk = k0; kk < k1; ++kk) {
     if constexpr (kAhead) {
@@ -144,18 +171,9 @@ void f32_block_loop(const float* w, std::size_t stride, const float* x, int x_st
       wv[2 * p] = _mm256_load_ps(w + p * stride + static_cast<std::size_t>(kk) * 16);
       wv[2 * p + 1] = _mm256_load_ps(w + p * stride + static_cast<std::size_t>(kk) * 16 + 8);
     }
-#pragma GCC unroll 6
-    for (int r = 0; r < R; ++r) {
-      const __m256 xb = _mm256_broadcast_ss(x + static_cast<std::size_t>(r) * x_stride + kk);
-#pragma GCC unroll 8
-      for (int v = 0; v < 2 * P; ++v) acc[r][v] = _mm256_fmadd_ps(wv[v], xb, acc[r][v]);
-    }
+    sums.fma(wv, x + kk, static_cast<std::size_t>(x_stride));
   }
-#pragma GCC unroll 6
-  for (int r = 0; r < R; ++r) {
-#pragma GCC unroll 8
-    for (int v = 0; v < 2 * P; ++v) _mm256_storeu_ps(out + r * kTileStride + v * 8, acc[r][v]);
-  }
+  sums.store(out);
 }
 
 template <int R, int P>
@@ -263,12 +281,7 @@ struct Bf16RowBlock {
 template <int R, int P>
 void bf16_rows_block(const std::uint32_t* w, std::size_t stride, const float* x, int x_stride, int k, float* out,
                      int k0, int k1, bool accumulate, const char* then) {
-  __m256 acc[R][2 * P];
-#pragma GCC unroll 6
-  for (int r = 0; r < R; ++r) {
-#pragma GCC unroll 8
-    for (int v = 0; v < 2 * P; ++v) acc[r][v] = accumulate ? _mm256_loadu_ps(out + r * kTileStride + v * 8) : _mm256_setzero_ps();
-  }
+  BlockSums<R, P> sums(out, accumulate);
   PrefetchPlan plan;
   plan_ahead(plan, w, (k + 1) / 2, then);
   for (int kk = k0; kk < k1; kk += 2) {
@@ -283,19 +296,10 @@ void bf16_rows_block(const std::uint32_t* w, std::size_t stride, const float* x,
             reinterpret_cast<const __m256i*>(w + (v / 2) * stride + static_cast<std::size_t>(kk / 2) * 16 + (v % 2) * 8));
         wide[v] = half == 0 ? widen_even(pairs) : widen_odd(pairs);
       }
-#pragma GCC unroll 6
-      for (int r = 0; r < R; ++r) {
-        const __m256 xb = _mm256_broadcast_ss(x + static_cast<std::size_t>(r) * x_stride + kk + half);
-#pragma GCC unroll 8
-        for (int v = 0; v < 2 * P; ++v) acc[r][v] = _mm256_fmadd_ps(wide[v], xb, acc[r][v]);
-      }
+      sums.fma(wide, x + kk + half, static_cast<std::size_t>(x_stride));
     }
   }
-#pragma GCC unroll 6
-  for (int r = 0; r < R; ++r) {
-#pragma GCC unroll 8
-    for (int v = 0; v < 2 * P; ++v) _mm256_storeu_ps(out + r * kTileStride + v * 8, acc[r][v]);
-  }
+  sums.store(out);
 }
 
 template <int R, int P>
