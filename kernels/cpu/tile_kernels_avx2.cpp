@@ -503,8 +503,8 @@ void int8_tile(const Tile& t) {
                    [&](int pass, int passes, int r, int rows, int p, int panels) {
       const int at = r * kTileStride + p * 16;
       PrefetchPlan plan;
-      if (rows == 1) {
-        plan_ahead(plan, w + p * t.panel_stride, groups * group_lines, t.n_rows == 1 ? next_tile_panel(t, p) : nullptr);
+      if (rows == 1) {  // a single row: for_each_block splits more rows into passes of two or more
+        plan_ahead(plan, w + p * t.panel_stride, groups * group_lines, next_tile_panel(t, p));
       } else if (next != nullptr) {
         plan_next_chunk_share(plan, next + p * t.panel_stride, t.panel_stride, pass, passes);
       }
