@@ -1006,47 +1006,75 @@ TEST(PackedMatmul, ArgmaxEqualsTheArgmaxOfTheMatmulForEveryDtypeIsaAndThreadCoun
   }
 }
 
+// The fold's definition, one value at a time: a NaN sets nan and is skipped, the first value or a greater one
+// becomes the maximum (so of equal maxima the first stays).
+void fold_one_by_one(const std::vector<float>& x, row::RowMax& max) {
+  for (int i = 0; i < static_cast<int>(x.size()); ++i) {
+    if (std::isnan(x[i])) {
+      max.nan = true;
+    } else if (max.index < 0 || x[i] > max.value) {
+      max = {x[i], i, max.nan};
+    }
+  }
+}
+
 // merge_row_max(): a row cut into pieces, each folded on its own (fold_max, as a tile is) and the pieces'
 // maxima merged in a random order (as threads that took tiles from each other's bands merge them), gives
 // what one fold over the row in order does: the first of equal maxima (values from a small set, so ties
-// abound), NaNs skipped but flagged, and argmax()'s NaN first value, which beats everything.
+// abound), NaNs skipped but flagged, and argmax()'s NaN first value, which beats everything. And each ISA's
+// fold (the AVX2 and AVX-512 ones skip blocks that cannot win) gives the definition's maximum: rows with
+// NaNs in most blocks and rows with one or none, rising runs (a new maximum in many blocks) and flat ones.
 TEST(PackedMatmul, MergedMaximaOfARowsPiecesInAnyOrderEqualOneFoldInOrder) {
-  std::mt19937 rng(17);
-  const float nan = std::numeric_limits<float>::quiet_NaN();
-  const row::FoldMax fold_max = row::active_row_kernels().fold_max;
-  const row::RowMax none{nan, -1};
-  for (int trial = 0; trial < 2000; ++trial) {
-    const int n = 1 + static_cast<int>(rng() % 200);
-    std::vector<float> x(n);
-    for (float& v : x) {
-      const unsigned pick = rng() % 10;
-      v = pick == 0 ? nan : pick == 1 ? -0.0f : static_cast<float>(static_cast<int>(rng() % 5) - 2);
-    }
-    const bool first_nan_wins = rng() % 2 == 0;
-    row::RowMax whole = none;
-    if (first_nan_wins && std::isnan(x[0])) whole = {x[0], 0};
-    fold_max(x.data(), n, 0, whole);
-    // Pieces [cuts[i], cuts[i + 1]), merged in a shuffled order.
-    std::vector<int> cuts = {0, n};
-    for (int c = static_cast<int>(rng() % 6); c > 0; --c) cuts.push_back(static_cast<int>(rng() % (n + 1)));
-    std::sort(cuts.begin(), cuts.end());
-    std::vector<row::RowMax> pieces;
-    for (std::size_t i = 0; i + 1 < cuts.size(); ++i) {
-      row::RowMax piece = none;
-      if (first_nan_wins && cuts[i] == 0 && cuts[i + 1] > 0 && std::isnan(x[0])) piece = {x[0], 0};
-      fold_max(x.data() + cuts[i], cuts[i + 1] - cuts[i], cuts[i], piece);
-      pieces.push_back(piece);
-    }
-    std::shuffle(pieces.begin(), pieces.end(), rng);
-    row::RowMax merged = none;
-    for (const row::RowMax& piece : pieces) merged = row::merge_row_max(merged, piece);
-    ASSERT_EQ(merged.index, whole.index) << "trial " << trial;
-    ASSERT_EQ(merged.nan, whole.nan) << "trial " << trial;
-    if (whole.index >= 0 && !std::isnan(whole.value)) {
-      ASSERT_EQ(std::signbit(merged.value), std::signbit(whole.value)) << "trial " << trial;
-      ASSERT_EQ(merged.value, whole.value) << "trial " << trial;
-    } else {
-      ASSERT_TRUE(std::isnan(merged.value)) << "trial " << trial;
+  for (Isa isa : runnable_isas()) {
+    SCOPED_TRACE(isa_name(isa));
+    ScopedIsa scoped(isa);
+    std::mt19937 rng(17);
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    const row::FoldMax fold_max = row::active_row_kernels().fold_max;
+    const row::RowMax none{nan, -1};
+    for (int trial = 0; trial < 2000; ++trial) {
+      const int n = 1 + static_cast<int>(rng() % 200);
+      const unsigned nan_odds = trial % 3 == 0 ? 10 : 400;  // a NaN in most blocks, or in few rows at all
+      const bool rising = trial % 5 == 0;
+      std::vector<float> x(n);
+      for (int i = 0; i < n; ++i) {
+        const unsigned pick = rng() % nan_odds;
+        const float value = rising ? static_cast<float>(i / 7) : static_cast<float>(static_cast<int>(rng() % 5) - 2);
+        x[i] = pick == 0 ? nan : pick == 1 ? -0.0f : value;
+      }
+      const bool first_nan_wins = rng() % 2 == 0;
+      row::RowMax whole = none;
+      if (first_nan_wins && std::isnan(x[0])) whole = {x[0], 0};
+      row::RowMax want = whole;
+      fold_max(x.data(), n, 0, whole);
+      fold_one_by_one(x, want);
+      ASSERT_EQ(whole.index, want.index) << "trial " << trial;
+      ASSERT_EQ(whole.nan, want.nan) << "trial " << trial;
+      if (want.index >= 0 && !std::isnan(want.value)) {
+        ASSERT_EQ(std::signbit(whole.value), std::signbit(want.value)) << "trial " << trial;
+      }
+      // Pieces [cuts[i], cuts[i + 1]), merged in a shuffled order.
+      std::vector<int> cuts = {0, n};
+      for (int c = static_cast<int>(rng() % 6); c > 0; --c) cuts.push_back(static_cast<int>(rng() % (n + 1)));
+      std::sort(cuts.begin(), cuts.end());
+      std::vector<row::RowMax> pieces;
+      for (std::size_t i = 0; i + 1 < cuts.size(); ++i) {
+        row::RowMax piece = none;
+        if (first_nan_wins && cuts[i] == 0 && cuts[i + 1] > 0 && std::isnan(x[0])) piece = {x[0], 0};
+        fold_max(x.data() + cuts[i], cuts[i + 1] - cuts[i], cuts[i], piece);
+        pieces.push_back(piece);
+      }
+      std::shuffle(pieces.begin(), pieces.end(), rng);
+      row::RowMax merged = none;
+      for (const row::RowMax& piece : pieces) merged = row::merge_row_max(merged, piece);
+      ASSERT_EQ(merged.index, whole.index) << "trial " << trial;
+      ASSERT_EQ(merged.nan, whole.nan) << "trial " << trial;
+      if (whole.index >= 0 && !std::isnan(whole.value)) {
+        ASSERT_EQ(std::signbit(merged.value), std::signbit(whole.value)) << "trial " << trial;
+        ASSERT_EQ(merged.value, whole.value) << "trial " << trial;
+      } else {
+        ASSERT_TRUE(std::isnan(merged.value)) << "trial " << trial;
+      }
     }
   }
 }
