@@ -9,7 +9,7 @@
 namespace shardline::kernels::cpu::row {
 
 namespace {
-#define SHARDLINE_ROW_KERNELS_F16C 1  // an fp16 cache read with F16C's VCVTPH2PS (-mf16c)
+#define SHARDLINE_ROW_KERNELS_AVX2 1  // the attention's lanes in registers, an fp16 cache read with VCVTPH2PS
 #include "kernels/cpu/row_kernels_generic.inl"
 }  // namespace
 

@@ -16,7 +16,9 @@ inline float round_to_nearest_even(float v) { return (v + kRoundShift) - kRoundS
 // The sum of 16 partial sums in a fixed order: lane l gets lane l + 8, then l + 4, l + 2, l + 1 (the AVX-512
 // build does the same in registers).
 inline float fold_lanes(float (&partial)[kLanes]) {
+#pragma GCC unroll 4
   for (int width = kLanes / 2; width > 0; width /= 2) {
+#pragma GCC unroll 8
     for (int l = 0; l < width; ++l) partial[l] += partial[l + width];
   }
   return partial[0];
@@ -170,11 +172,31 @@ void from_half_row(const std::uint16_t* h, int n, float* x) {
   for (int i = 0; i < n; ++i) x[i] = from_half(h[i]);
 }
 
+// The largest of x[0, n) as the one-by-one scan x[i] > max ? x[i] : max from x[0] finds it, in kLanes lane
+// maxima folded in halves (as the AVX-512 build's softmax does): max is exact in any order, a NaN never wins a
+// compare (and a NaN x[0] stays), and of +0 and -0 either may come out, which x - max does not tell apart. The
+// scan was one chain of dependent compares, most of a 512-value softmax on AVX2 (session 33).
+inline float row_max(const float* x, int n) {
+  float m[kLanes];
+  for (int l = 0; l < kLanes; ++l) m[l] = x[0];
+  int i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+#pragma GCC unroll 1  // so that it vectorises (fold_max_in_blocks())
+    for (int l = 0; l < kLanes; ++l) m[l] = x[i + l] > m[l] ? x[i + l] : m[l];
+  }
+  for (; i < n; ++i) m[i % kLanes] = x[i] > m[i % kLanes] ? x[i] : m[i % kLanes];
+#pragma GCC unroll 4
+  for (int width = kLanes / 2; width > 0; width /= 2) {
+#pragma GCC unroll 8
+    for (int l = 0; l < width; ++l) m[l] = m[l + width] > m[l] ? m[l + width] : m[l];
+  }
+  return m[0];
+}
+
 // x = exp(x - max) / sum, in place. The sum gathers the values in 16 interleaved partial sums, folded as
 // dot() folds them (which the AVX-512 build keeps in one register).
 void softmax_row(float* x, int n) {
-  float max_val = x[0];
-  for (int i = 1; i < n; ++i) max_val = x[i] > max_val ? x[i] : max_val;
+  const float max_val = row_max(x, n);
   float partial[kLanes] = {};
   int i = 0;
   for (; i + kLanes <= n; i += kLanes) {  // whole vectors of lanes: vectorised
@@ -356,72 +378,113 @@ void attention_heads_with(const AttentionHeads& a, int h0, int h1, Dot&& dot, So
   softmax_and_values(a, h0, h1, softmax, values);
 }
 
+#ifdef SHARDLINE_ROW_KERNELS_AVX2
+// The AVX2 build (row_kernels_avx2.cpp) keeps the attention's 16 lanes in two registers itself, with
+// intrinsics: GCC kept dot()'s partial sums in registers but folded them through the stack, and split a
+// slice of values' 16 sums 8 + 4 + 2 + 1 + 1 (weighted_lanes()); both took a 32-position attention 8.4 us
+// where these take 5.8 (session 33). The same operations in the same order: the same bits.
+//
+// kLanes cached values as floats (cached_value()'s values: the conversions are exact). An fp16 cache reads
+// with F16C's VCVTPH2PS, 8 halves an instruction, where the compiler turned from_half's bit operations
+// into some eight instructions a vector.
+inline void load_lanes(const float* p, __m256& lo, __m256& hi) {
+  lo = _mm256_loadu_ps(p);
+  hi = _mm256_loadu_ps(p + 8);
+}
+inline void load_lanes(const std::uint16_t* p, __m256& lo, __m256& hi) {
+  lo = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  hi = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)));
+}
+inline void load_lanes(const std::int8_t* p, __m256& lo, __m256& hi) {
+  lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8))));
+}
+
+// fold_lanes() of lanes 0-7 in lo and 8-15 in hi: l + 8, then l + 4, l + 2, l + 1.
+inline float fold_lanes(__m256 lo, __m256 hi) {
+  const __m256 s8 = _mm256_add_ps(lo, hi);
+  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+}
+#endif
+
 // q . k over head_size floats in 16 interleaved partial sums, added up in a fixed order at the end. One
 // running sum is a chain of dependent multiply-adds the compiler may not reorder (no -ffast-math). The
 // order is fixed, so every layout, batch and ISA computes the same score.
 template <typename T>
 inline float dot(const float* a, const T* b, int n) {
-  float partial[kLanes] = {};
   int i = 0;
+#ifdef SHARDLINE_ROW_KERNELS_AVX2
+  __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+  for (; i + kLanes <= n; i += kLanes) {
+    __m256 b_lo, b_hi;
+    load_lanes(b + i, b_lo, b_hi);
+    lo = _mm256_add_ps(lo, _mm256_mul_ps(_mm256_loadu_ps(a + i), b_lo));
+    hi = _mm256_add_ps(hi, _mm256_mul_ps(_mm256_loadu_ps(a + i + 8), b_hi));
+  }
+  if (i == n) return fold_lanes(lo, hi);
+  float partial[kLanes];
+  _mm256_storeu_ps(partial, lo);
+  _mm256_storeu_ps(partial + 8, hi);
+#else
+  float partial[kLanes] = {};
   for (; i + kLanes <= n; i += kLanes) {
     for (int l = 0; l < kLanes; ++l) partial[l] += a[i + l] * cached_value(b + i + l);
   }
+#endif
   for (; i < n; ++i) partial[i % kLanes] += a[i] * cached_value(b + i);
   return fold_lanes(partial);
 }
-
-#ifdef SHARDLINE_ROW_KERNELS_F16C
-// The AVX2 build (row_kernels_avx2.cpp) reads an fp16 cache with F16C's VCVTPH2PS, 8 halves an instruction:
-// the compiler turns from_half's bit operations into some eight instructions a vector, and its own _Float16
-// conversion into one VPINSRW and VCVTPH2PS per value. Both conversions are exact, so these are the same
-// values in the same order as the generic loops: the same bits.
-inline void halves_to_floats(const std::uint16_t* h, float (&v)[kLanes]) {
-  _mm256_storeu_ps(v, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h))));
-  _mm256_storeu_ps(v + 8, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + 8))));
-}
-
-template <>
-inline float dot(const float* a, const std::uint16_t* b, int n) {
-  float partial[kLanes] = {};
-  int i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    float v[kLanes];
-    halves_to_floats(b + i, v);
-    for (int l = 0; l < kLanes; ++l) partial[l] += a[i + l] * v[l];
-  }
-  for (; i < n; ++i) partial[i % kLanes] += a[i] * from_half(b[i]);
-  return fold_lanes(partial);
-}
-#endif
 
 // out[0, n) += weight times a cached row's n values.
 template <typename T>
 inline void add_weighted_row(float* out, float weight, const T* row, int n) {
   for (int i = 0; i < n; ++i) out[i] += weight * cached_value(row + i);
 }
-#ifdef SHARDLINE_ROW_KERNELS_F16C
-template <>
-inline void add_weighted_row(float* out, float weight, const std::uint16_t* row, int n) {
-  int i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    float v[kLanes];
-    halves_to_floats(row + i, v);
-    for (int l = 0; l < kLanes; ++l) out[i + l] += weight * v[l];
-  }
-  for (; i < n; ++i) out[i] += weight * from_half(row[i]);
-}
+
+// out[0, kLanes) = the sum over positions t in order, from zero, of weights[t] (scaled_by_row) times values
+// [first, first + kLanes) of position t's row in a.v_blocks: a slice of a head's output, its sums in
+// registers across the positions (two of them in the AVX2 build).
+template <typename T>
+void weighted_lanes(float* out, const AttentionHeads& a, const float* weights, int kv_head, int first, int stride) {
+#ifdef SHARDLINE_ROW_KERNELS_AVX2
+  __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+  for_each_cached_row<T>(a.v_blocks, a.block_tokens, a.n_ctx, stride, [&](int t, const T* v_row) {
+    const __m256 weight = _mm256_set1_ps(scaled_by_row(weights[t], v_row, a.kv_stride, kv_head));
+    __m256 v_lo, v_hi;
+    load_lanes(v_row + first, v_lo, v_hi);
+    lo = _mm256_add_ps(lo, _mm256_mul_ps(weight, v_lo));
+    hi = _mm256_add_ps(hi, _mm256_mul_ps(weight, v_hi));
+  });
+  _mm256_storeu_ps(out, lo);
+  _mm256_storeu_ps(out + 8, hi);
+#else
+  float sums[kLanes] = {};
+  for_each_cached_row<T>(a.v_blocks, a.block_tokens, a.n_ctx, stride, [&](int t, const T* v_row) {
+    const float weight = scaled_by_row(weights[t], v_row, a.kv_stride, kv_head);
+    for (int l = 0; l < kLanes; ++l) sums[l] += weight * cached_value(v_row + first + l);
+  });
+  for (int l = 0; l < kLanes; ++l) out[l] = sums[l];
 #endif
+}
 
 template <typename T>
 void attention_heads_of(const AttentionHeads& a, int h0, int h1) {
   const int hs = a.head_size;
+  // A head's values in slices of kLanes outputs, each slice's sums kept in registers across the positions
+  // (the last, narrower slice in out). Summed in out, every position waited on the previous one's stores: 40%
+  // of a 32-position attention on AVX2 (session 33). Each output is still the sum over the positions in
+  // order from zero: the same bits.
   attention_heads_with<T>(a, h0, h1, dot<T>, softmax_row, [&](float* out, const float* weights, int h) {
-    for (int i = 0; i < hs; ++i) out[i] = 0.0f;
     const int kv_head = h / a.group, offset = kv_head * hs;
     const int stride = row_stride(static_cast<const T*>(nullptr), a.kv_stride, hs);
+    int i0 = 0;
+    for (; i0 + kLanes <= hs; i0 += kLanes) weighted_lanes<T>(out + i0, a, weights, kv_head, offset + i0, stride);
+    if (i0 == hs) return;
+    for (int i = i0; i < hs; ++i) out[i] = 0.0f;
     for_each_cached_row<T>(a.v_blocks, a.block_tokens, a.n_ctx, stride, [&](int t, const T* v_row) {
-      const float weight = scaled_by_row(weights[t], v_row, a.kv_stride, kv_head);
-      add_weighted_row(out, weight, v_row + offset, hs);
+      add_weighted_row(out + i0, scaled_by_row(weights[t], v_row, a.kv_stride, kv_head), v_row + offset + i0, hs - i0);
     });
   });
 }

@@ -205,6 +205,7 @@ void BM_Attention(benchmark::State& state) {
 
 void attention_args(benchmark::internal::Benchmark* b) {
   b->ArgNames({"n_ctx", "n_heads", "n_kv_heads", "threads"});
+  b->Args({32, 12, 12, 1});  // a decode's short context (shardline bench's: 8-40 positions), one thread: no team
   for (int n_ctx : {256, 1024}) {
     for (int threads : {1, 2}) {
       b->Args({n_ctx, 12, 12, threads});  // 110M: multi-head
