@@ -7,6 +7,8 @@
 // BM_FmaPeak: 12 independent vfmadd231ps chains on registers, no loads: the FMA peak (items_per_second:
 // flop/s, all threads together). Divided by 32 flop a cycle (two 256-bit FMA pipes), it is the cores' clock.
 //
+// BM_Int8DotPeak/sign:S: the AVX2 int8 kernel's integer products on registers (below), as BM_FmaPeak.
+//
 // BM_StreamBehindFma/fmas_per_line:F/prefetch:P: each thread streams its own 128 MiB (far past any L3) and
 // makes F FMAs on registers per 64-byte line, prefetching kAheadLines ahead when P is 1 (bytes_per_second:
 // the streams together; items_per_second: flop/s). F = 0 is a plain read stream. If the memory system can hide a stream behind compute, F = 48 runs as fast as
@@ -52,6 +54,54 @@ void BM_FmaPeak(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations() * 2 * 8 * kChains * kRounds);  // items_per_second: flop/s
 }
 BENCHMARK(BM_FmaPeak)->Threads(1)->Threads(2)->UseRealTime();
+
+// BM_Int8DotPeak/sign:S: the AVX2 int8 kernel's products on registers, no loads: per 32 byte products
+// vpmaddubsw (|x| times the weight with x's sign moved onto it by vpsignb when S is 1, as
+// tile_kernels_avx2.cpp makes them exact; without it, what a kernel with unsigned-safe operands would pay),
+// vpmaddwd against ones into int32 and vpaddd, in 2 rows x 4 weight vectors of independent dots
+// (items_per_second: multiply-adds a second, all threads together; BM_FmaPeak's flop/s / 2 are fp32's).
+template <bool kSign>
+__attribute__((target("avx2"))) int int8_dot_chains(long rounds, int seed) {
+  constexpr int kRows = 2, kVectors = 4;
+  __m256i dot[kRows][kVectors], x[kRows], x_abs[kRows], w[kVectors];
+  for (int r = 0; r < kRows; ++r) {
+    x[r] = _mm256_set1_epi32(seed + 0x01fe03fd * (r + 1));
+    x_abs[r] = _mm256_abs_epi8(x[r]);
+    for (int v = 0; v < kVectors; ++v) dot[r][v] = _mm256_setzero_si256();
+  }
+  for (int v = 0; v < kVectors; ++v) w[v] = _mm256_set1_epi32(seed + 0x05060708 * (v + 1));
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (long i = 0; i < rounds; ++i) {
+#pragma GCC unroll 4
+    for (int v = 0; v < kVectors; ++v) {
+#pragma GCC unroll 2
+      for (int r = 0; r < kRows; ++r) {
+        const __m256i pairs = _mm256_maddubs_epi16(x_abs[r], kSign ? _mm256_sign_epi8(w[v], x[r]) : w[v]);
+        dot[r][v] = _mm256_add_epi32(dot[r][v], _mm256_madd_epi16(pairs, ones));
+      }
+    }
+    // The weights as if loaded anew each round: the compiler may not hoist the products out of the loop.
+    for (int v = 0; v < kVectors; ++v) asm volatile("" : "+x"(w[v]));
+  }
+  __m256i sum = dot[0][0];
+  for (int r = 0; r < kRows; ++r) {
+    for (int v = 0; v < kVectors; ++v) sum = _mm256_add_epi32(sum, dot[r][v]);
+  }
+  return _mm256_extract_epi32(sum, 0);
+}
+
+void BM_Int8DotPeak(benchmark::State& state) {
+  if (!__builtin_cpu_supports("avx2")) return state.SkipWithError("this CPU has no AVX2");
+  const bool sign = state.range(0) != 0;
+  constexpr long kRounds = 1 << 20;
+  for (auto _ : state) {
+    int seed = 3;
+    benchmark::DoNotOptimize(seed);
+    benchmark::DoNotOptimize(sign ? int8_dot_chains<true>(kRounds, seed) : int8_dot_chains<false>(kRounds, seed));
+  }
+  state.SetItemsProcessed(state.iterations() * 2 * 4 * 32 * kRounds);  // items_per_second: multiply-adds/s
+}
+BENCHMARK(BM_Int8DotPeak)->ArgName("sign")->Arg(1)->Arg(0)->Threads(1)->Threads(2)->UseRealTime();
 
 constexpr std::size_t kStreamBytes = std::size_t{128} << 20;
 constexpr int kAheadLines = 64;  // 4 KiB: 64-256 measured the same on a Zen 3 VM
