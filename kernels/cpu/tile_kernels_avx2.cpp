@@ -23,8 +23,8 @@ namespace {
 // Rows per pass and the panels a block takes for them: 2 R P accumulators of the 16 registers.
 constexpr int kMaxRows = 6;
 constexpr int kPanelsForRows[kMaxRows + 1] = {0, 4, 2, 2, 1, 1, 1};
-// k chunk in 64-byte lines per panel: 16 KiB of fp32 for four panels, so the passes after the first read
-// the chunk from L1 (32 KiB on Zen 2/3 and Haswell).
+// k chunk in 64-byte lines per panel (bf16's widened chunk and int8's; fp32 takes kF32ChunkLines): 16 KiB of
+// fp32 for four panels, so the passes after the first read the chunk from L1 (32 KiB on Zen 2/3 and Haswell).
 constexpr int kChunkLinesAvx2 = 64;
 constexpr int kNoLine = 1 << 30;  // a line index past any chunk
 
@@ -219,11 +219,18 @@ inline const char* next_chunk(const Tile& t, int end, int total_lines) {
   return reinterpret_cast<const char*>(t.prefetch);
 }
 
+// fp32 takes chunks of 48 lines, not kChunkLinesAvx2: 12 KiB for four panels, so that the chunk, the next one
+// its passes prefetch, 16 rows' x (3 KiB) and the tile's sums (4 KiB) fit the 32 KiB of L1 together (with 64
+// lines they need 40). 16 rows of 2048 -> 5632 on two threads ran faster in 10 of 12 alternations (medians
+// 3967 -> 3795 us), 64 rows of 768 -> 2048 in 8 of 10, 110M decode at batch 16 in 6 of 9 (BENCHMARKS.md,
+// session 33).
+constexpr int kF32ChunkLines = 48;
+
 void f32_tile(const Tile& t) {
   const float* w = reinterpret_cast<const float*>(t.panels);
   const std::size_t stride = t.panel_stride / sizeof(float);
-  for (int k0 = 0; k0 < t.k; k0 += kChunkLinesAvx2) {
-    const int k1 = k0 + kChunkLinesAvx2 < t.k ? k0 + kChunkLinesAvx2 : t.k;
+  for (int k0 = 0; k0 < t.k; k0 += kF32ChunkLines) {
+    const int k1 = k0 + kF32ChunkLines < t.k ? k0 + kF32ChunkLines : t.k;
     f32_chunk(w, stride, t.n_panels, static_cast<const float*>(t.x), t.x_stride, t.n_rows, t.out, k0, k1, k0 > 0,
               next_chunk(t, k1, t.k), t.panel_stride);
   }
