@@ -381,8 +381,9 @@ void attention_heads_with(const AttentionHeads& a, int h0, int h1, Dot&& dot, So
 #ifdef SHARDLINE_ROW_KERNELS_AVX2
 // The AVX2 build (row_kernels_avx2.cpp) keeps the attention's 16 lanes in two registers itself, with
 // intrinsics: GCC kept dot()'s partial sums in registers but folded them through the stack, and split a
-// slice of values' 16 sums 8 + 4 + 2 + 1 + 1 (weighted_lanes()); both took a 32-position attention 8.4 us
-// where these take 5.8 (session 33). The same operations in the same order: the same bits.
+// slice of values' 16 sums 8 + 4 + 2 + 1 + 1 (weighted_lanes()); a 32-position attention took 8.2-8.4 us
+// with them and takes 4.4-4.5 now, dot() inlined (session 33). The same operations in the same order: the
+// same bits.
 //
 // kLanes cached values as floats (cached_value()'s values: the conversions are exact). An fp16 cache reads
 // with F16C's VCVTPH2PS, 8 halves an instruction, where the compiler turned from_half's bit operations
