@@ -381,9 +381,9 @@ void attention_heads_with(const AttentionHeads& a, int h0, int h1, Dot&& dot, So
 #ifdef SHARDLINE_ROW_KERNELS_AVX2
 // The AVX2 build (row_kernels_avx2.cpp) keeps the attention's 16 lanes in two registers itself, with
 // intrinsics: GCC kept dot()'s partial sums in registers but folded them through the stack, and split a
-// slice of values' 16 sums 8 + 4 + 2 + 1 + 1 (weighted_lanes()); a 32-position attention took 8.2-8.4 us
-// with them and takes 4.4-4.5 now, dot() inlined (session 33). The same operations in the same order: the
-// same bits.
+// slice of values' 16 sums 8 + 4 + 2 + 1 + 1 (weighted_slices()); a 32-position attention took 8.2-8.4 us
+// with them and 4.4-4.5 with intrinsics, dot() inlined (session 33), 3.2 with scores_by_8_positions() and
+// four slices a walk (session 34). The same operations in the same order: the same bits.
 //
 // kLanes cached values as floats (cached_value()'s values: the conversions are exact). An fp16 cache reads
 // with F16C's VCVTPH2PS, 8 halves an instruction, where the compiler turned from_half's bit operations
@@ -444,31 +444,160 @@ inline void add_weighted_row(float* out, float weight, const T* row, int n) {
   for (int i = 0; i < n; ++i) out[i] += weight * cached_value(row + i);
 }
 
-// out[0, kLanes) = the sum over positions t in order, from zero, of weights[t] (scaled_by_row) times values
-// [first, first + kLanes) of position t's row in a.v_blocks: a slice of a head's output, its sums in
-// registers across the positions (two of them in the AVX2 build).
-template <typename T>
-void weighted_lanes(float* out, const AttentionHeads& a, const float* weights, int kv_head, int first, int stride) {
+// out[0, S kLanes) = the sum over positions t in order, from zero, of weights[t] (scaled_by_row) times values
+// [first, first + S kLanes) of position t's row in a.v_blocks: S slices of a head's output, their sums in
+// registers across the positions (two a slice in the AVX2 build). The AVX2 build takes up to
+// kSlicesAtOnce slices a walk: each output is still one chain of adds along the positions, but a walk of one
+// slice had only two of them in flight, and waited on the add's latency at every position.
+template <typename T, int S>
+void weighted_slices(float* out, const AttentionHeads& a, const float* weights, int kv_head, int first, int stride) {
 #ifdef SHARDLINE_ROW_KERNELS_AVX2
-  __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+  __m256 lo[S], hi[S];
+#pragma GCC unroll 4
+  for (int s = 0; s < S; ++s) lo[s] = hi[s] = _mm256_setzero_ps();
   for_each_cached_row<T>(a.v_blocks, a.block_tokens, a.n_ctx, stride, [&](int t, const T* v_row) {
     const __m256 weight = _mm256_set1_ps(scaled_by_row(weights[t], v_row, a.kv_stride, kv_head));
-    __m256 v_lo, v_hi;
-    load_lanes(v_row + first, v_lo, v_hi);
-    lo = _mm256_add_ps(lo, _mm256_mul_ps(weight, v_lo));
-    hi = _mm256_add_ps(hi, _mm256_mul_ps(weight, v_hi));
+#pragma GCC unroll 4
+    for (int s = 0; s < S; ++s) {
+      __m256 v_lo, v_hi;
+      load_lanes(v_row + first + s * kLanes, v_lo, v_hi);
+      lo[s] = _mm256_add_ps(lo[s], _mm256_mul_ps(weight, v_lo));
+      hi[s] = _mm256_add_ps(hi[s], _mm256_mul_ps(weight, v_hi));
+    }
   });
-  _mm256_storeu_ps(out, lo);
-  _mm256_storeu_ps(out + 8, hi);
+#pragma GCC unroll 4
+  for (int s = 0; s < S; ++s) {
+    _mm256_storeu_ps(out + s * kLanes, lo[s]);
+    _mm256_storeu_ps(out + s * kLanes + 8, hi[s]);
+  }
 #else
-  float sums[kLanes] = {};
+  float sums[S * kLanes] = {};
   for_each_cached_row<T>(a.v_blocks, a.block_tokens, a.n_ctx, stride, [&](int t, const T* v_row) {
     const float weight = scaled_by_row(weights[t], v_row, a.kv_stride, kv_head);
-    for (int l = 0; l < kLanes; ++l) sums[l] += weight * cached_value(v_row + first + l);
+    for (int l = 0; l < S * kLanes; ++l) sums[l] += weight * cached_value(v_row + first + l);
   });
-  for (int l = 0; l < kLanes; ++l) out[l] = sums[l];
+  for (int l = 0; l < S * kLanes; ++l) out[l] = sums[l];
 #endif
 }
+
+#ifdef SHARDLINE_ROW_KERNELS_AVX2
+constexpr int kSlicesAtOnce = 4;  // 8 sums, a weight and a slice's values: 11 of the 16 ymm registers
+#else
+constexpr int kSlicesAtOnce = 1;
+#endif
+
+// weighted_slices() over n_slices slices from value `first`, up to kSlicesAtOnce a walk.
+template <typename T>
+void weighted_head_slices(float* out, const AttentionHeads& a, const float* weights, int kv_head, int first,
+                          int n_slices, int stride) {
+  for (; n_slices >= kSlicesAtOnce; n_slices -= kSlicesAtOnce, first += kSlicesAtOnce * kLanes, out += kSlicesAtOnce * kLanes) {
+    weighted_slices<T, kSlicesAtOnce>(out, a, weights, kv_head, first, stride);
+  }
+  if constexpr (kSlicesAtOnce > 1) {
+    switch (n_slices) {
+      case 3: weighted_slices<T, 3>(out, a, weights, kv_head, first, stride); break;
+      case 2: weighted_slices<T, 2>(out, a, weights, kv_head, first, stride); break;
+      case 1: weighted_slices<T, 1>(out, a, weights, kv_head, first, stride); break;
+      default: break;
+    }
+  }
+}
+
+#ifdef SHARDLINE_ROW_KERNELS_AVX2
+// fold_lanes() of 8 positions' dot products at once: s8[p] = position p's lanes l + l + 8 (fold_lanes()'s first
+// step); lane p of the result = position p's l + 4, then l + 2, l + 1, each add with the operands of
+// fold_lanes()'s: the same bits as 8 calls. Positions p and p + 4 share a register for the first step (their
+// halves by permute2f128), and two shuffles of two such registers line up the next step's operands.
+inline __m256 fold8x8(const __m256 (&s8)[8]) {
+  __m256 s4[4];  // [position p's l + 4 | position p + 4's]
+#pragma GCC unroll 4
+  for (int p = 0; p < 4; ++p) {
+    s4[p] = _mm256_add_ps(_mm256_permute2f128_ps(s8[p], s8[p + 4], 0x20), _mm256_permute2f128_ps(s8[p], s8[p + 4], 0x31));
+  }
+  // [p's l + 2 (2 lanes), p + 1's | p + 4's, p + 5's] for p = 0 and 2
+  const __m256 s2a = _mm256_add_ps(_mm256_shuffle_ps(s4[0], s4[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm256_shuffle_ps(s4[0], s4[1], _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m256 s2b = _mm256_add_ps(_mm256_shuffle_ps(s4[2], s4[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm256_shuffle_ps(s4[2], s4[3], _MM_SHUFFLE(3, 2, 3, 2)));
+  return _mm256_add_ps(_mm256_shuffle_ps(s2a, s2b, _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm256_shuffle_ps(s2a, s2b, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// The scores of heads [h0, h1) over all positions, 8 positions at a time, for heads of 16 R values: per
+// head, each position's dot() in two registers (the head's q loaded once for the 8), folded 8 positions
+// together by fold8x8(), then scaled as attention_heads_with() scales a score: the same bits. One position at
+// a time, each score waited on its own fold's dependent adds and a store; here 8 positions' chains are in
+// flight together (as in the AVX-512 build's 16-position version). With weighted_slices(), a 32-position
+// attention of 12 heads went from 4.4-4.5 to 3.2 us, 256 positions from 46 to 35 us, 1024 positions of
+// 32 heads over 4 kv heads from 510 to 300 us (BENCHMARKS.md, session 34).
+template <typename T, int R>
+void scores_by_8_positions(const AttentionHeads& a, int h0, int h1) {
+  constexpr int hs = 16 * R;
+  const int n_ctx = a.n_ctx;
+  const int stride = row_stride(static_cast<const T*>(nullptr), a.kv_stride, hs);
+  const HeadSpan<T> span(a, h0, h1);
+  for (int p = 0; p < 8 && p < n_ctx; ++p) span.prefetch(cached_row<T>(a.k_blocks, a.block_tokens, p, stride));
+  for (int t0 = 0; t0 < n_ctx; t0 += 8) {
+    const int m = n_ctx - t0 < 8 ? n_ctx - t0 : 8;
+    const T* rows[8];
+    // Positions past n_ctx read position t0's row again: their sums are never stored.
+    for (int p = 0; p < 8; ++p) rows[p] = cached_row<T>(a.k_blocks, a.block_tokens, t0 + (p < m ? p : 0), stride);
+    for (int p = 0; p < 8 && t0 + 8 + p < n_ctx; ++p) {  // the next 8 keys, and these positions' values
+      span.prefetch(cached_row<T>(a.k_blocks, a.block_tokens, t0 + 8 + p, stride));
+    }
+    for (int p = 0; p < m; ++p) span.prefetch(cached_row<T>(a.v_blocks, a.block_tokens, t0 + p, stride));
+    for (int h = h0; h < h1; ++h) {
+      const int kv_head = h / a.group;
+      const float* q = a.q + static_cast<std::size_t>(h) * hs;
+      __m256 s8[8];
+#pragma GCC unroll 8
+      for (int p = 0; p < 8; ++p) {
+        const T* k = rows[p] + kv_head * hs;
+        __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+#pragma GCC unroll 8
+        for (int i = 0; i < R; ++i) {
+          __m256 k_lo, k_hi;
+          load_lanes(k + 16 * i, k_lo, k_hi);
+          lo = _mm256_add_ps(lo, _mm256_mul_ps(_mm256_loadu_ps(q + 16 * i), k_lo));
+          hi = _mm256_add_ps(hi, _mm256_mul_ps(_mm256_loadu_ps(q + 16 * i + 8), k_hi));
+        }
+        s8[p] = _mm256_add_ps(lo, hi);
+      }
+      __m256 scores = fold8x8(s8);
+      if constexpr (sizeof(T) == 1) {  // int8: times each key row's scale for this head (scaled_by_row())
+        float scale[8];
+        for (int p = 0; p < 8; ++p) scale[p] = int8_row_scale(rows[p], a.kv_stride, kv_head);
+        scores = _mm256_mul_ps(scores, _mm256_loadu_ps(scale));
+      }
+      scores = _mm256_mul_ps(scores, _mm256_set1_ps(a.inv_sqrt));
+      float* out = a.scratch + static_cast<std::size_t>(h) * n_ctx + t0;
+      if (m == 8) {
+        _mm256_storeu_ps(out, scores);
+      } else {
+        const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        _mm256_maskstore_ps(out, _mm256_cmpgt_epi32(_mm256_set1_epi32(m), lanes), scores);
+      }
+    }
+  }
+}
+
+// scores_by_8_positions() for heads of 16 R values, R up to 8; false (nothing done) for other heads.
+template <typename T>
+bool scores_by_8_positions(const AttentionHeads& a, int h0, int h1) {
+  if (a.head_size % 16 != 0) return false;
+  switch (a.head_size / 16) {
+    case 1: scores_by_8_positions<T, 1>(a, h0, h1); return true;
+    case 2: scores_by_8_positions<T, 2>(a, h0, h1); return true;
+    case 3: scores_by_8_positions<T, 3>(a, h0, h1); return true;
+    case 4: scores_by_8_positions<T, 4>(a, h0, h1); return true;
+    case 5: scores_by_8_positions<T, 5>(a, h0, h1); return true;
+    case 6: scores_by_8_positions<T, 6>(a, h0, h1); return true;
+    case 7: scores_by_8_positions<T, 7>(a, h0, h1); return true;
+    case 8: scores_by_8_positions<T, 8>(a, h0, h1); return true;
+    default: return false;
+  }
+}
+#endif
 
 template <typename T>
 void attention_heads_of(const AttentionHeads& a, int h0, int h1) {
@@ -480,17 +609,24 @@ void attention_heads_of(const AttentionHeads& a, int h0, int h1) {
   // (the last, narrower slice in out). Summed in out, every position waited on the previous one's stores: 40%
   // of a 32-position attention on AVX2 (session 33). Each output is still the sum over the positions in
   // order from zero: the same bits.
-  attention_heads_with<T>(a, h0, h1, score, softmax_row, [&](float* out, const float* weights, int h) {
+  const auto values = [&](float* out, const float* weights, int h) {
     const int kv_head = h / a.group, offset = kv_head * hs;
     const int stride = row_stride(static_cast<const T*>(nullptr), a.kv_stride, hs);
-    int i0 = 0;
-    for (; i0 + kLanes <= hs; i0 += kLanes) weighted_lanes<T>(out + i0, a, weights, kv_head, offset + i0, stride);
+    const int i0 = hs / kLanes * kLanes;
+    weighted_head_slices<T>(out, a, weights, kv_head, offset, hs / kLanes, stride);
     if (i0 == hs) return;
     for (int i = i0; i < hs; ++i) out[i] = 0.0f;
     for_each_cached_row<T>(a.v_blocks, a.block_tokens, a.n_ctx, stride, [&](int t, const T* v_row) {
       add_weighted_row(out + i0, scaled_by_row(weights[t], v_row, a.kv_stride, kv_head), v_row + offset + i0, hs - i0);
     });
-  });
+  };
+#ifdef SHARDLINE_ROW_KERNELS_AVX2
+  if (scores_by_8_positions<T>(a, h0, h1)) {
+    softmax_and_values(a, h0, h1, softmax_row, values);
+    return;
+  }
+#endif
+  attention_heads_with<T>(a, h0, h1, score, softmax_row, values);
 }
 
 void attention_heads(const AttentionHeads& a, int h0, int h1) {
