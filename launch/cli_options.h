@@ -63,8 +63,8 @@ kernels::cpu::WeightDtype parse_weights_dtype_flag(const std::string& text, cons
 std::optional<kernels::cpu::KvDtype> parse_kv_dtype_flag(const std::string& text);
 // What --kv-dtype's help says.
 inline constexpr const char* kKvDtypeFlagHelp =
-    "the KV cache's values: auto (fp32 with fp32 weights; fp16 with bf16 and int8 weights on AVX-512 CPUs; fp32 "
-    "on CUDA)|fp32|fp16 (half the cache memory and attention traffic)|int8 (a quarter, plus a scale per head; "
+    "the KV cache's values: auto (fp32 with fp32 weights; fp16 with bf16 and int8 weights on AVX2 and AVX-512 "
+    "CPUs; fp32 on CUDA)|fp32|fp16 (half the cache memory and attention traffic)|int8 (a quarter, plus a scale per head; "
     "CPU only, opt-in: it costs accuracy; see docs/kv-cache.md)";
 // --isa: "auto" keeps the best kernels this CPU has; a named level (kernels/cpu/isa.h) steps down to it.
 // ConfigError for an unknown name, ResourceError for a level this CPU lacks.

@@ -20,9 +20,12 @@ kernels::cpu::KvDtype resolve_kv_dtype(std::optional<kernels::cpu::KvDtype> requ
     return KvDtype::kF32;
   }
   if (requested) return *requested;
-  // fp16 only where the kernels read it with F16C (the AVX-512 row kernels): the portable ones convert with
-  // integer code, and attention over an fp16 cache measured 2.1-2.3x slower than over fp32 there.
-  const bool reads_half_fast = kernels::cpu::active_isa() >= kernels::cpu::Isa::kAvx512;
+  // fp16 only where the row kernels read it with F16C (the AVX2 and AVX-512 builds): the portable ones
+  // convert with integer code, and attention over an fp16 cache measured 2.1-2.3x slower than over fp32
+  // there. On AVX2 (Zen 3) fp16 became the faster cache once attention kept its sums in registers: 110M int8
+  // and bf16 decode at batch 16 ran 5-10% faster with it at 32 and 400 steps, batch 1 within -4..+10%
+  // (docs/kv-cache.md, session 34).
+  const bool reads_half_fast = kernels::cpu::active_isa() >= kernels::cpu::Isa::kAvx2;
   return weights == kernels::cpu::WeightDtype::kF32 || !reads_half_fast ? KvDtype::kF32 : KvDtype::kF16;
 }
 

@@ -175,13 +175,13 @@ TEST(KvCache, Fp16RowsHaveHalfTheBytesAndTheSameLayout) {
 }
 
 // --kv-dtype auto: fp32 keeps fp32 weights on the reference arithmetic; bf16 and int8 take fp16 on the
-// AVX-512 kernels. The CUDA backend has an fp32 cache only.
+// AVX2 and AVX-512 kernels. The CUDA backend has an fp32 cache only.
 TEST(KvCache, ResolvesTheDefaultDtypePerWeightsAndBackend) {
   using kernels::cpu::KvDtype;
   using kernels::cpu::WeightDtype;
-  // fp16 where the AVX-512 kernels read it (this machine's best ISA decides what auto can give here).
+  // fp16 where the AVX2 and AVX-512 kernels read it (this machine's best ISA decides what auto can give here).
   const KvDtype half_if_fast =
-      kernels::cpu::active_isa() >= kernels::cpu::Isa::kAvx512 ? KvDtype::kF16 : KvDtype::kF32;
+      kernels::cpu::active_isa() >= kernels::cpu::Isa::kAvx2 ? KvDtype::kF16 : KvDtype::kF32;
   EXPECT_EQ(resolve_kv_dtype(std::nullopt, WeightDtype::kF32, false), KvDtype::kF32);
   EXPECT_EQ(resolve_kv_dtype(std::nullopt, WeightDtype::kBf16, false), half_if_fast);
   EXPECT_EQ(resolve_kv_dtype(std::nullopt, WeightDtype::kInt8, false), half_if_fast);
@@ -192,8 +192,8 @@ TEST(KvCache, ResolvesTheDefaultDtypePerWeightsAndBackend) {
   EXPECT_THROW(resolve_kv_dtype(KvDtype::kF16, WeightDtype::kF32, true), ConfigError);
   EXPECT_THROW(resolve_kv_dtype(KvDtype::kInt8, WeightDtype::kInt8, true), ConfigError);
   EXPECT_EQ(resolve_kv_dtype(KvDtype::kInt8, WeightDtype::kF32, false), KvDtype::kInt8);  // only when asked
-  // Below the AVX-512 kernels fp16 is read through integer conversions: auto keeps fp32 there.
-  const kernels::cpu::Isa previous = kernels::cpu::set_isa(kernels::cpu::Isa::kAvx2);
+  // The portable kernels read fp16 through integer conversions: auto keeps fp32 there.
+  const kernels::cpu::Isa previous = kernels::cpu::set_isa(kernels::cpu::Isa::kPortable);
   EXPECT_EQ(resolve_kv_dtype(std::nullopt, WeightDtype::kInt8, false), KvDtype::kF32);
   EXPECT_EQ(resolve_kv_dtype(KvDtype::kF16, WeightDtype::kInt8, false), KvDtype::kF16);
   kernels::cpu::set_isa(previous);
