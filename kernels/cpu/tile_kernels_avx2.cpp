@@ -244,47 +244,15 @@ inline __m256 widen_odd(__m256i pairs) {
   return _mm256_castsi256_ps(_mm256_and_si256(pairs, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
 }
 
-// A decode GEMV (one row) of k steps [k0, k1) (k0 even) over P panels, widening in registers.
-// then: the next tile's first panel (null: none), where the prefetch goes on past the panels' pairs.
-template <int P>
-void bf16_row_block(const std::uint32_t* w, std::size_t stride, const float* x, int k, float* out, int k0, int k1,
-                    bool accumulate, const char* then) {
-  __m256 acc[2 * P];
-#pragma GCC unroll 8
-  for (int v = 0; v < 2 * P; ++v) acc[v] = accumulate ? _mm256_loadu_ps(out + v * 8) : _mm256_setzero_ps();
-  PrefetchPlan plan;
-  plan_ahead(plan, w, (k + 1) / 2, then);
-  for (int kk = k0; kk < k1; kk += 2) {
-    prefetch_ahead(plan, kk / 2, P, stride * sizeof(std::uint32_t));
-    __m256i pairs[2 * P];
-#pragma GCC unroll 4
-    for (int p = 0; p < P; ++p) {
-      const std::uint32_t* line = w + p * stride + static_cast<std::size_t>(kk / 2) * 16;
-      pairs[2 * p] = _mm256_load_si256(reinterpret_cast<const __m256i*>(line));
-      pairs[2 * p + 1] = _mm256_load_si256(reinterpret_cast<const __m256i*>(line + 8));
-    }
-    const __m256 x0 = _mm256_broadcast_ss(x + kk);
-#pragma GCC unroll 8
-    for (int v = 0; v < 2 * P; ++v) acc[v] = _mm256_fmadd_ps(widen_even(pairs[v]), x0, acc[v]);
-    if (kk + 1 == k) break;  // an odd k: the last pair's odd half is padding with no activation
-    const __m256 x1 = _mm256_broadcast_ss(x + kk + 1);
-#pragma GCC unroll 8
-    for (int v = 0; v < 2 * P; ++v) acc[v] = _mm256_fmadd_ps(widen_odd(pairs[v]), x1, acc[v]);
-  }
-#pragma GCC unroll 8
-  for (int v = 0; v < 2 * P; ++v) _mm256_storeu_ps(out + v * 8, acc[v]);
-}
-
-template <int R, int P>  // one row: R is 1
-struct Bf16RowBlock {
-  static constexpr auto fn = bf16_row_block<P>;
-};
-
-// A small batch's single pass (2 to kMaxRows rows) of k steps [k0, k1) (k0 even) over P panels: each pair
-// of k widened in registers, the even half and then the odd half multiplied into every row, so each output
-// is the fp32 blocks' FMA chain along k (the same bits as bf16_tile_widened). Widening a chunk into L1
-// first stored and reloaded every value for a single pass over it; 4 rows read 0.55-0.61 of the roofline
-// there against fp32's 0.89-1.01 (session 32). then: as bf16_row_block.
+// A single pass (decode of 1 to kMaxRows rows) of k steps [k0, k1) (k0 even) over P panels: each pair of k
+// widened in registers, the even half and then the odd half multiplied into every row, so each output is the
+// fp32 blocks' FMA chain along k (the same bits as bf16_tile_widened). Widening a chunk into L1 first stored
+// and reloaded every value for a single pass over it; 4 rows read 0.55-0.61 of the roofline there against
+// fp32's 0.89-1.01 (session 32). One row took a block of its own until session 34; this one ran it 27-30%
+// faster with the weights in L3 (BM_PackedMatmul, 15M bf16 decode 1538-1548 -> 1869-1959 tok/s) and the
+// same from memory (110M and 1.1B within the noise; BENCHMARKS.md, session 34).
+// The prefetch runs kAheadLines ahead and on into the next tile's first panel (then: Tile::prefetch), as
+// plan_ahead describes.
 template <int R, int P>
 void bf16_rows_block(const std::uint32_t* w, std::size_t stride, const float* x, int x_stride, int k, float* out,
                      int k0, int k1, bool accumulate, const char* then) {
@@ -360,10 +328,6 @@ void bf16_tile(const Tile& t) {
   constexpr int kChunkK = 2 * kChunkLinesAvx2;
   for (int k0 = 0; k0 < t.k; k0 += kChunkK) {
     const int k1 = k0 + kChunkK < t.k ? k0 + kChunkK : t.k;
-    if (t.n_rows == 1) {
-      block_for<Bf16RowBlock, 1>(1, t.n_panels)(w, stride, x, t.k, t.out, k0, k1, k0 > 0, next_tile_panel(t, 0));
-      continue;
-    }
     for_each_block(t.n_rows, t.n_panels, kMaxRows, kPanelsForRows, [&](int, int, int r, int rows, int p, int panels) {
       block_for<Bf16RowsBlock, kMaxRows>(rows, panels)(w + p * stride, stride, x + static_cast<std::size_t>(r) * t.x_stride,
                                                        t.x_stride, t.k, t.out + r * kTileStride + p * 16, k0, k1,
