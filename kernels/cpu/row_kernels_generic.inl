@@ -381,7 +381,7 @@ void attention_heads_with(const AttentionHeads& a, int h0, int h1, Dot&& dot, So
 #ifdef SHARDLINE_ROW_KERNELS_AVX2
 // The AVX2 build (row_kernels_avx2.cpp) keeps the attention's 16 lanes in two registers itself, with
 // intrinsics: GCC kept dot()'s partial sums in registers but folded them through the stack, and split a
-// slice of values' 16 sums 8 + 4 + 2 + 1 + 1 (weighted_slices()); a 32-position attention took 8.2-8.4 us
+// slice of values' 16 sums 8 + 4 + 2 + 1 + 1 (weighted_heads()); a 32-position attention took 8.2-8.4 us
 // with them and 4.4-4.5 with intrinsics, dot() inlined (session 33), 3.2 with scores_by_8_positions() and
 // four slices a walk (session 34). The same operations in the same order: the same bits.
 //
@@ -444,60 +444,81 @@ inline void add_weighted_row(float* out, float weight, const T* row, int n) {
   for (int i = 0; i < n; ++i) out[i] += weight * cached_value(row + i);
 }
 
-// out[0, S kLanes) = the sum over positions t in order, from zero, of weights[t] (scaled_by_row) times values
-// [first, first + S kLanes) of position t's row in a.v_blocks: S slices of a head's output, their sums in
-// registers across the positions (two a slice in the AVX2 build). The AVX2 build takes up to
-// kSlicesAtOnce slices a walk: each output is still one chain of adds along the positions, but a walk of one
-// slice had only two of them in flight, and waited on the add's latency at every position.
-template <typename T, int S>
-void weighted_slices(float* out, const AttentionHeads& a, const float* weights, int kv_head, int first, int stride) {
+// Values [first, first + S kLanes) of the outputs of heads h .. h + H - 1, which share a kv head (a.group):
+// head j's out[i] = the sum over positions t in order, from zero, of its weight (a.scratch, scaled_by_row)
+// times value i of position t's row in a.v_blocks. The sums stay in registers across the positions (two a
+// slice of kLanes in the AVX2 build), each a chain of adds along the positions; a walk sums H S slices, so
+// that several chains are in flight (one slice had two, and waited on the add's latency at every position),
+// and the H heads of a GQA group read each position's values once (from L2 for long contexts) instead of H
+// times. The same bits whatever H and S.
+template <typename T, int H, int S>
+void weighted_heads(const AttentionHeads& a, int h, int first, int stride) {
+  const int kv_head = h / a.group, offset = kv_head * a.head_size + first;
+  const float* weights = a.scratch + static_cast<std::size_t>(h) * a.n_ctx;
+  float* out = a.out + static_cast<std::size_t>(h) * a.head_size + first;
 #ifdef SHARDLINE_ROW_KERNELS_AVX2
-  __m256 lo[S], hi[S];
+  __m256 lo[H][S], hi[H][S];
 #pragma GCC unroll 4
-  for (int s = 0; s < S; ++s) lo[s] = hi[s] = _mm256_setzero_ps();
+  for (int j = 0; j < H; ++j) {
+#pragma GCC unroll 4
+    for (int s = 0; s < S; ++s) lo[j][s] = hi[j][s] = _mm256_setzero_ps();
+  }
   for_each_cached_row<T>(a.v_blocks, a.block_tokens, a.n_ctx, stride, [&](int t, const T* v_row) {
-    const __m256 weight = _mm256_set1_ps(scaled_by_row(weights[t], v_row, a.kv_stride, kv_head));
+    __m256 v_lo[S], v_hi[S];
 #pragma GCC unroll 4
-    for (int s = 0; s < S; ++s) {
-      __m256 v_lo, v_hi;
-      load_lanes(v_row + first + s * kLanes, v_lo, v_hi);
-      lo[s] = _mm256_add_ps(lo[s], _mm256_mul_ps(weight, v_lo));
-      hi[s] = _mm256_add_ps(hi[s], _mm256_mul_ps(weight, v_hi));
+    for (int s = 0; s < S; ++s) load_lanes(v_row + offset + s * kLanes, v_lo[s], v_hi[s]);
+#pragma GCC unroll 4
+    for (int j = 0; j < H; ++j) {
+      const __m256 weight = _mm256_set1_ps(scaled_by_row(weights[j * a.n_ctx + t], v_row, a.kv_stride, kv_head));
+#pragma GCC unroll 4
+      for (int s = 0; s < S; ++s) {
+        lo[j][s] = _mm256_add_ps(lo[j][s], _mm256_mul_ps(weight, v_lo[s]));
+        hi[j][s] = _mm256_add_ps(hi[j][s], _mm256_mul_ps(weight, v_hi[s]));
+      }
     }
   });
 #pragma GCC unroll 4
-  for (int s = 0; s < S; ++s) {
-    _mm256_storeu_ps(out + s * kLanes, lo[s]);
-    _mm256_storeu_ps(out + s * kLanes + 8, hi[s]);
+  for (int j = 0; j < H; ++j) {
+#pragma GCC unroll 4
+    for (int s = 0; s < S; ++s) {
+      _mm256_storeu_ps(out + j * a.head_size + s * kLanes, lo[j][s]);
+      _mm256_storeu_ps(out + j * a.head_size + s * kLanes + 8, hi[j][s]);
+    }
   }
 #else
-  float sums[S * kLanes] = {};
+  float sums[H][S * kLanes] = {};
   for_each_cached_row<T>(a.v_blocks, a.block_tokens, a.n_ctx, stride, [&](int t, const T* v_row) {
-    const float weight = scaled_by_row(weights[t], v_row, a.kv_stride, kv_head);
-    for (int l = 0; l < S * kLanes; ++l) sums[l] += weight * cached_value(v_row + first + l);
+    for (int j = 0; j < H; ++j) {
+      const float weight = scaled_by_row(weights[j * a.n_ctx + t], v_row, a.kv_stride, kv_head);
+      for (int l = 0; l < S * kLanes; ++l) sums[j][l] += weight * cached_value(v_row + offset + l);
+    }
   });
-  for (int l = 0; l < S * kLanes; ++l) out[l] = sums[l];
+  for (int j = 0; j < H; ++j) {
+    for (int l = 0; l < S * kLanes; ++l) out[j * a.head_size + l] = sums[j][l];
+  }
 #endif
 }
 
+// Slices (of kLanes values) a walk of weighted_heads() sums: 4 in the AVX2 build (8 sums, a weight and a
+// slice's values: 11 of the 16 ymm registers), over 1 to 4 heads.
 #ifdef SHARDLINE_ROW_KERNELS_AVX2
-constexpr int kSlicesAtOnce = 4;  // 8 sums, a weight and a slice's values: 11 of the 16 ymm registers
+constexpr int kSlicesAtOnce = 4;
 #else
 constexpr int kSlicesAtOnce = 1;
 #endif
 
-// weighted_slices() over n_slices slices from value `first`, up to kSlicesAtOnce a walk.
-template <typename T>
-void weighted_head_slices(float* out, const AttentionHeads& a, const float* weights, int kv_head, int first,
-                          int n_slices, int stride) {
-  for (; n_slices >= kSlicesAtOnce; n_slices -= kSlicesAtOnce, first += kSlicesAtOnce * kLanes, out += kSlicesAtOnce * kLanes) {
-    weighted_slices<T, kSlicesAtOnce>(out, a, weights, kv_head, first, stride);
-  }
-  if constexpr (kSlicesAtOnce > 1) {
-    switch (n_slices) {
-      case 3: weighted_slices<T, 3>(out, a, weights, kv_head, first, stride); break;
-      case 2: weighted_slices<T, 2>(out, a, weights, kv_head, first, stride); break;
-      case 1: weighted_slices<T, 1>(out, a, weights, kv_head, first, stride); break;
+// Every whole slice of heads h .. h + H - 1 (a.head_size / kLanes of them), kSlicesAtOnce / H a walk.
+template <typename T, int H>
+void weighted_heads_slices(const AttentionHeads& a, int h, int stride) {
+  constexpr int kS = kSlicesAtOnce / H > 0 ? kSlicesAtOnce / H : 1;
+  const int slices = a.head_size / kLanes;
+  int s = 0;
+  for (; s + kS <= slices; s += kS) weighted_heads<T, H, kS>(a, h, s * kLanes, stride);
+  if constexpr (kS > 1) {
+    switch (slices - s) {
+      case 3: weighted_heads<T, H, (kS > 3 ? 3 : 1)>(a, h, s * kLanes, stride); break;
+      case 2: weighted_heads<T, H, (kS > 2 ? 2 : 1)>(a, h, s * kLanes, stride); break;
+      case 1: weighted_heads<T, H, 1>(a, h, s * kLanes, stride); break;
       default: break;
     }
   }
@@ -527,9 +548,10 @@ inline __m256 fold8x8(const __m256 (&s8)[8]) {
 // head, each position's dot() in two registers (the head's q loaded once for the 8), folded 8 positions
 // together by fold8x8(), then scaled as attention_heads_with() scales a score: the same bits. One position at
 // a time, each score waited on its own fold's dependent adds and a store; here 8 positions' chains are in
-// flight together (as in the AVX-512 build's 16-position version). With weighted_slices(), a 32-position
+// flight together (as in the AVX-512 build's 16-position version). With weighted_heads(), a 32-position
 // attention of 12 heads went from 4.4-4.5 to 3.2 us, 256 positions from 46 to 35 us, 1024 positions of
-// 32 heads over 4 kv heads from 510 to 300 us (BENCHMARKS.md, session 34).
+// 32 heads over 4 kv heads from 510 to 300 us, and to 246 with a GQA group's heads summing their values
+// together (BENCHMARKS.md, session 34).
 template <typename T, int R>
 void scores_by_8_positions(const AttentionHeads& a, int h0, int h1) {
   constexpr int hs = 16 * R;
@@ -609,11 +631,11 @@ void attention_heads_of(const AttentionHeads& a, int h0, int h1) {
   // (the last, narrower slice in out). Summed in out, every position waited on the previous one's stores: 40%
   // of a 32-position attention on AVX2 (session 33). Each output is still the sum over the positions in
   // order from zero: the same bits.
+  const int stride = row_stride(static_cast<const T*>(nullptr), a.kv_stride, hs);
   const auto values = [&](float* out, const float* weights, int h) {
     const int kv_head = h / a.group, offset = kv_head * hs;
-    const int stride = row_stride(static_cast<const T*>(nullptr), a.kv_stride, hs);
     const int i0 = hs / kLanes * kLanes;
-    weighted_head_slices<T>(out, a, weights, kv_head, offset, hs / kLanes, stride);
+    weighted_heads_slices<T, 1>(a, h, stride);
     if (i0 == hs) return;
     for (int i = i0; i < hs; ++i) out[i] = 0.0f;
     for_each_cached_row<T>(a.v_blocks, a.block_tokens, a.n_ctx, stride, [&](int t, const T* v_row) {
@@ -621,8 +643,22 @@ void attention_heads_of(const AttentionHeads& a, int h0, int h1) {
     });
   };
 #ifdef SHARDLINE_ROW_KERNELS_AVX2
-  if (scores_by_8_positions<T>(a, h0, h1)) {
-    softmax_and_values(a, h0, h1, softmax_row, values);
+  if (scores_by_8_positions<T>(a, h0, h1)) {  // heads of whole slices: no tail
+    for (int h = h0; h < h1; ++h) softmax_row(a.scratch + static_cast<std::size_t>(h) * a.n_ctx, a.n_ctx);
+    // The values 4, 2 or 1 heads of a kv head at a time.
+    for (int h = h0; h < h1;) {
+      const int left = ((h / a.group + 1) * a.group < h1 ? (h / a.group + 1) * a.group : h1) - h;
+      if (left >= 4) {
+        weighted_heads_slices<T, 4>(a, h, stride);
+        h += 4;
+      } else if (left >= 2) {
+        weighted_heads_slices<T, 2>(a, h, stride);
+        h += 2;
+      } else {
+        weighted_heads_slices<T, 1>(a, h, stride);
+        h += 1;
+      }
+    }
     return;
   }
 #endif

@@ -27,7 +27,7 @@ TEST(AttentionPaged, BitIdenticalToContiguousForEveryBlockSize) {
   for (auto* buffer : {&q, &k, &v}) {
     for (float& x : *buffer) x = dist(rng);
   }
-  for (int threads : {1, 2}) {
+  for (int threads : {1, 2, 3}) {  // 3: a thread's heads can start and end inside a kv head's group
     const int previous = set_num_threads(threads);
     std::vector<float> want(n_heads * head_size), scratch(n_heads * n_ctx);
     attention(want.data(), q.data(), k.data(), v.data(), scratch.data(), n_ctx, n_heads, n_kv_heads, head_size,
@@ -76,10 +76,11 @@ std::vector<std::uint8_t> to_rows(const std::vector<float>& x, int kv_stride, in
 // pass the AVX-512 kernel's 64-float value registers) and one that is not (40: the generic code on both),
 // on a contiguous cache and on blocks of 7 and 16 positions, for fp32, fp16 and int8 caches.
 void expect_bit_identical_on_every_isa(int head_size, int block_tokens, KvDtype dtype, std::mt19937& rng,
-                                       int n_ctx = 130) {
+                                       int n_ctx = 130, int n_heads = 6, int n_kv_heads = 3) {
   SCOPED_TRACE(::testing::Message() << "head_size " << head_size << ", block_tokens " << block_tokens << ", "
-                                    << kv_dtype_name(dtype) << ", n_ctx " << n_ctx);
-  const int n_heads = 6, n_kv_heads = 3, kv_stride = n_kv_heads * head_size;
+                                    << kv_dtype_name(dtype) << ", n_ctx " << n_ctx << ", heads " << n_heads << "/"
+                                    << n_kv_heads);
+  const int kv_stride = n_kv_heads * head_size;
   const std::vector<float> q = test::random_floats(rng, static_cast<std::size_t>(n_heads) * head_size);
   const std::vector<float> k = test::random_floats(rng, static_cast<std::size_t>(n_ctx) * kv_stride);
   const std::vector<float> v = test::random_floats(rng, static_cast<std::size_t>(n_ctx) * kv_stride);
@@ -108,7 +109,7 @@ void expect_bit_identical_on_every_isa(int head_size, int block_tokens, KvDtype 
     attention_paged(out.data(), q.data(), k_blocks.data(), v_blocks.data(), dtype, block_tokens, scratch.data(), n_ctx,
                     n_heads, n_kv_heads, head_size, kv_stride);
   };
-  for (int threads : {1, 2}) {
+  for (int threads : {1, 2, 3}) {  // 3: a thread's heads can start and end inside a kv head's group
     test::ScopedThreads scoped_threads(threads);
     std::vector<float> want(n_heads * head_size), got(n_heads * head_size);
     {
@@ -134,6 +135,11 @@ TEST(AttentionPaged, BitIdenticalOnEveryIsa) {
     // one group of 16, one position past it, and a group and a half.
     for (int head_size : {16, 32, 48, 96, 112, 144}) expect_bit_identical_on_every_isa(head_size, 16, dtype, rng);
     for (int n_ctx : {1, 5, 16, 17, 24}) expect_bit_identical_on_every_isa(64, 7, dtype, rng, n_ctx);
+    // GQA groups of 5 and 6 query heads: the AVX2 build sums the values of 4, 2 or 1 heads of a kv head at once.
+    for (int head_size : {48, 64, 128}) {
+      expect_bit_identical_on_every_isa(head_size, 16, dtype, rng, 130, 10, 2);
+      expect_bit_identical_on_every_isa(head_size, 16, dtype, rng, 130, 12, 2);
+    }
   }
 }
 
