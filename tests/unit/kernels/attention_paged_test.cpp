@@ -8,6 +8,7 @@
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -135,11 +136,15 @@ TEST(AttentionPaged, BitIdenticalOnEveryIsa) {
     // one group of 16, one position past it, and a group and a half.
     for (int head_size : {16, 32, 48, 96, 112, 144}) expect_bit_identical_on_every_isa(head_size, 16, dtype, rng);
     for (int n_ctx : {1, 5, 16, 17, 24}) expect_bit_identical_on_every_isa(64, 7, dtype, rng, n_ctx);
-    // GQA groups of 5 and 6 query heads: the AVX2 build sums the values of 4, 2 or 1 heads of a kv head at once.
+    // GQA groups of 3 to 8 query heads: the AVX2 build sums the values of 4, 2 or 1 heads of a kv head at once
+    // (8: 4 + 4, 6: 4 + 2, 5: 4 + 1, 3: 2 + 1), also over ranges of heads that start and end inside a group
+    // (2 and 3 threads), and with the last 8 positions cut at each length.
     for (int head_size : {48, 64, 128}) {
-      expect_bit_identical_on_every_isa(head_size, 16, dtype, rng, 130, 10, 2);
-      expect_bit_identical_on_every_isa(head_size, 16, dtype, rng, 130, 12, 2);
+      for (const auto& [heads, kv_heads] : {std::pair{16, 2}, {12, 2}, {10, 2}, {12, 4}, {4, 1}}) {
+        expect_bit_identical_on_every_isa(head_size, 16, dtype, rng, 130, heads, kv_heads);
+      }
     }
+    for (int n_ctx : {129, 131, 133, 135, 136}) expect_bit_identical_on_every_isa(64, 16, dtype, rng, n_ctx, 12, 2);
   }
 }
 

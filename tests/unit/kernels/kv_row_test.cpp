@@ -117,15 +117,19 @@ TEST(KvRowFp16, ReadsEveryHalfBackExactly) {
   }
 }
 
-// Odd lengths (the AVX-512 kernels' masked tails) write exactly n values and nothing past them.
+// Odd lengths (the AVX-512 kernels' masked tails, the AVX2 ones' scalar tails) write and read exactly n
+// values and nothing past them.
 TEST(KvRowFp16, WritesExactlyNValues) {
   for (Isa isa : test::runnable_isas()) {
     test::ScopedIsa scoped(isa);
-    for (int n : {1, 15, 16, 17, 40}) {
+    for (int n : {1, 7, 9, 15, 16, 17, 40}) {
       std::vector<float> x(n, 2.0f);
       std::vector<std::uint16_t> h(n + 16, 0xabcd);
       store_kv_row(h.data(), x.data(), n, 1, KvDtype::kF16);
       for (int i = 0; i < n + 16; ++i) EXPECT_EQ(h[i], i < n ? 0x4000 : 0xabcd) << isa_name(isa) << " n " << n;
+      std::vector<float> back(n + 16, -1.0f);
+      load_kv_row(back.data(), h.data(), n, 1, KvDtype::kF16);
+      for (int i = 0; i < n + 16; ++i) EXPECT_EQ(back[i], i < n ? 2.0f : -1.0f) << isa_name(isa) << " n " << n;
     }
   }
 }
