@@ -645,9 +645,10 @@ void attention_heads_of(const AttentionHeads& a, int h0, int h1) {
 #ifdef SHARDLINE_ROW_KERNELS_AVX2
   if (scores_by_8_positions<T>(a, h0, h1)) {  // heads of whole slices: no tail
     for (int h = h0; h < h1; ++h) softmax_row(a.scratch + static_cast<std::size_t>(h) * a.n_ctx, a.n_ctx);
-    // The values 4, 2 or 1 heads of a kv head at a time.
+    // The values 4, 2 or 1 heads of a kv head at a time: `left` of h's kv head's heads are in [h, h1).
     for (int h = h0; h < h1;) {
-      const int left = ((h / a.group + 1) * a.group < h1 ? (h / a.group + 1) * a.group : h1) - h;
+      const int group_end = (h / a.group + 1) * a.group;
+      const int left = (group_end < h1 ? group_end : h1) - h;
       if (left >= 4) {
         weighted_heads_slices<T, 4>(a, h, stride);
         h += 4;
