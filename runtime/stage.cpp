@@ -21,6 +21,7 @@ Stage::Stage(const ShardWeights& weights, comm::Communicator& tp_comm, const Sta
   wo_input_ = weights.wo_input();
   SL_CHECK(q_dim_ % wo_input_.segment == 0);  // whole kv heads (find_layout_problem: tp divides n_kv_heads)
   att_stride_ = wo_input_.packed_k(q_dim_);
+  attention_rows_ = attention_rows_at_once(s, shard);
   wo_bounds_ = wo_input_.bounds(q_dim_);
   w2_bounds_ = partition::local_hidden_bounds(s, tp_comm.size(), tp_comm.rank());
   w2_segmented_ = partition::hidden_segments_nest(s, tp_comm.size());
@@ -39,7 +40,7 @@ Stage::Stage(const ShardWeights& weights, comm::Communicator& tp_comm, const Sta
       KvCache::block_bytes(n_layers, kv_dim_, s.head_size(), options.kv_block_tokens, options.kv_dtype), kv_blocks, options.numa_node,
       /*transparent_huge_pages=*/true});
   scores_ = arena_->allocate_array<float>(static_cast<std::size_t>(shard.heads.size()) * s.seq_len *
-                                          cpu::num_threads());
+                                          attention_rows_ * cpu::num_threads());
   reserve_rows(options.max_rows);
   if (shard.has_classifier) {
     for (int t = 0; t < tp_comm.size(); ++t) {
@@ -62,9 +63,15 @@ std::size_t Stage::scratch_bytes(const partition::ModelShape& s, const partition
   const std::size_t partial_rows = std::min<std::size_t>(rows, kPartialRows);
   const std::size_t floats = rows * (3 * s.dim + q_dim + att + 2 * kv_dim + 2 * hidden + s.head_size()) +
                              partial_rows * partials * s.dim +
-                             static_cast<std::size_t>(shard.heads.size()) * s.seq_len +
+                             static_cast<std::size_t>(shard.heads.size()) * s.seq_len * attention_rows_at_once(s, shard) +
                              (shard.has_classifier ? shard.vocab.size() : 0);
   return floats * sizeof(float) + rows * sizeof(Row) + 18 * 64;  // + one alignment pad per buffer
+}
+
+int Stage::attention_rows_at_once(const partition::ModelShape& s, const partition::RankShard& shard) {
+  const std::size_t row_bytes = shard.heads.size() * static_cast<std::size_t>(s.seq_len) * sizeof(float);
+  const std::size_t fit = row_bytes > 0 ? kScoresBudgetBytes / row_bytes : 1;
+  return static_cast<int>(std::clamp<std::size_t>(fit, 1, cpu::kAttentionRowsAtOnce));
 }
 
 void Stage::reserve_rows(int max_rows) {
@@ -135,7 +142,9 @@ void Stage::attention_block(const LayerWeights& w, float* x, const float* residu
   const int hs = s.head_size();
   const int n_local_heads = q_dim_ / hs;
   const int n_local_kv = kv_dim_ / hs;
-  const std::size_t scores_per_thread = static_cast<std::size_t>(n_local_heads) * s.seq_len;
+  // (threads, attention_rows_, n_local_heads, seq_len): the softmax weights of each thread's rows
+  const std::size_t scores_per_row = static_cast<std::size_t>(n_local_heads) * s.seq_len;
+  const std::size_t scores_per_thread = scores_per_row * attention_rows_;
   if (scores_.size() < scores_per_thread * cpu::num_threads()) {
     scores_ = arena_->allocate_array<float>(scores_per_thread * cpu::num_threads());  // threads grew: once
   }
@@ -194,11 +203,24 @@ void Stage::attention_block(const LayerWeights& w, float* x, const float* residu
     } else {
       // Rows in bands of about equal attention work (context lengths), not of equal counts: a prefill
       // chunk's later rows see more positions than its first, and a batch mixes long and short sequences.
+      // A prefill chunk's rows (one sequence, consecutive positions) attend a few at a time, reading the
+      // cache once for them (attention_rows_paged); a decode batch's rows, of different sequences, one by one.
       const cpu::Band attended = team.share_by_cost(n, [&](int t) { return rows[t].pos + 1; });
-      for (int t = attended.begin; t < attended.end; ++t) {
-        attend(t, cpu::Team{});
-        wo_input_.spread(att_.data() + static_cast<std::size_t>(t) * att_stride_, q_dim_);
-        act_inner_.prepare_rows(att_.data(), t, t + 1);
+      for (int t = attended.begin; t < attended.end;) {
+        int run = 1;
+        while (run < attention_rows_ && t + run < attended.end && rows[t + run].cache == rows[t].cache &&
+               rows[t + run].pos == rows[t].pos + run) {
+          ++run;
+        }
+        const KvCache& cache = *rows[t].cache;
+        cpu::attention_rows_paged(att_.data() + static_cast<std::size_t>(t) * att_stride_, att_stride_,
+                                  q_.data() + static_cast<std::size_t>(t) * q_dim_, q_dim_,
+                                  cache.key_blocks(local_layer), cache.value_blocks(local_layer), cache.kv_dtype(),
+                                  cache.block_tokens(), scratch, scores_per_row, rows[t].pos + 1, run, n_local_heads,
+                                  n_local_kv, hs, kv_dim_, cpu::Team{});
+        for (int r = t; r < t + run; ++r) wo_input_.spread(att_.data() + static_cast<std::size_t>(r) * att_stride_, q_dim_);
+        act_inner_.prepare_rows(att_.data(), t, t + run);
+        t += run;
       }
     }
     cpu::team_barrier();

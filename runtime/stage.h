@@ -26,6 +26,10 @@ namespace shardline::runtime {
 inline constexpr int kDefaultKvContexts = 64;
 // Rows of segment products a TP rank sums at once (Stage::reduce_segments; partition/shard.h).
 inline constexpr int kPartialRows = partition::kSegmentSumRows;
+// A kernel thread's softmax weights for the rows it attends at once: 16 rows of a 110M shape's 12 heads at
+// 1024 positions take 768 KiB, a 7B shape's 32 heads at 4096 positions take 8 rows, and a 128K context's
+// one row alone takes more (Stage::attention_rows_at_once).
+inline constexpr std::size_t kScoresBudgetBytes = std::size_t{4} << 20;
 
 struct StageOptions {
   int max_rows = 64;  // most rows one forward call takes; sizes the scratch buffers
@@ -54,6 +58,10 @@ class Stage : public StageBackend {
 
   // Arena bytes the scratch buffers take for max_rows rows (for sizing an arena up front).
   static std::size_t scratch_bytes(const partition::ModelShape& shape, const partition::RankShard& shard, int max_rows);
+  // Rows of one sequence a kernel thread attends at once (a prefill chunk's, reading the cache once for
+  // them): up to kernels::cpu::kAttentionRowsAtOnce, as many as kScoresBudgetBytes of softmax weights
+  // (local heads x seq_len floats a row) hold, and at least one.
+  static int attention_rows_at_once(const partition::ModelShape& shape, const partition::RankShard& shard);
 
   // First stage: x[t] = embedding[tokens[t]].   x: (n, dim)
   void embed(const int* tokens, int n, float* x) override;
@@ -110,6 +118,7 @@ class Stage : public StageBackend {
   int hidden_;      // local hidden features
   WoInput wo_input_;  // how wo's packed k holds the heads' output (bf16 and int8 may pad it: shard_weights.h)
   int att_stride_;    // floats per row of att_: wo's k
+  int attention_rows_;  // rows a kernel thread attends at once (attention_rows_at_once)
   std::vector<int> wo_bounds_;  // wo's reduction segments along att_'s k (WoInput::bounds)
   std::vector<int> w2_bounds_;  // w2's along this rank's hidden slice (partition::local_hidden_bounds)
   bool w2_segmented_;           // each rank holds whole segments of w2 (always with tp=1; else TP all-reduces them)
@@ -129,7 +138,7 @@ class Stage : public StageBackend {
   memory::ArenaArray<float> v_;      // (max_rows, kv_dim)
   memory::ArenaArray<float> att_;    // (max_rows, att_stride_): the heads' output, spread as wo reads it
   memory::ArenaArray<float> rope_;   // (max_rows, head_size): each row's rotary cos/sin, once per forward
-  memory::ArenaArray<float> scores_; // (kernel threads, local heads, seq_len): one scratch per thread
+  memory::ArenaArray<float> scores_; // (kernel threads, attention_rows_, local heads, seq_len): softmax weights
   memory::ArenaArray<float> hb_;     // (max_rows, hidden)
   memory::ArenaArray<float> out_;    // (max_rows, dim)
   // TP ranks after the first: their segment products, of up to kPartialRows rows (a prefill chunk goes in

@@ -4,6 +4,7 @@
 
 #include <omp.h>
 
+#include "common/error.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/row_kernels.h"
 
@@ -53,26 +54,63 @@ void load_kv_row(float* x, const void* src, int n, int head_size, KvDtype dtype)
   }
 }
 
+namespace {
+// The row kernels' arguments for one query row.
+row::AttentionHeads heads_of_row(float* out, const float* q, const void* const* k_blocks, const void* const* v_blocks,
+                                 KvDtype dtype, int block_tokens, float* scratch, int n_ctx, int n_heads,
+                                 int n_kv_heads, int head_size, int kv_stride) {
+  return {out,
+          q,
+          k_blocks,
+          v_blocks,
+          dtype == KvDtype::kF16    ? row::CachedAs::kF16
+          : dtype == KvDtype::kInt8 ? row::CachedAs::kInt8
+                                    : row::CachedAs::kF32,
+          block_tokens,
+          scratch,
+          n_ctx,
+          n_heads / n_kv_heads,  // query heads per kv head (GQA)
+          head_size,
+          kv_stride,
+          1.0f / std::sqrt(static_cast<float>(head_size))};
+}
+}  // namespace
+
 void attention_paged(float* out, const float* q, const void* const* k_blocks, const void* const* v_blocks,
                      KvDtype dtype, int block_tokens, float* scratch, int n_ctx, int n_heads, int n_kv_heads,
                      int head_size, int kv_stride, Team team) {
   const Band heads = team.share(n_heads);
   if (heads.begin == heads.end) return;
-  const row::AttentionHeads args{out,
-                                 q,
-                                 k_blocks,
-                                 v_blocks,
-                                 dtype == KvDtype::kF16    ? row::CachedAs::kF16
-                                 : dtype == KvDtype::kInt8 ? row::CachedAs::kInt8
-                                                           : row::CachedAs::kF32,
-                                 block_tokens,
-                                 scratch,
-                                 n_ctx,
-                                 n_heads / n_kv_heads,  // query heads per kv head (GQA)
-                                 head_size,
-                                 kv_stride,
-                                 1.0f / std::sqrt(static_cast<float>(head_size))};
-  row::active_row_kernels().attention_heads(args, heads.begin, heads.end);
+  row::active_row_kernels().attention_heads(heads_of_row(out, q, k_blocks, v_blocks, dtype, block_tokens, scratch,
+                                                         n_ctx, n_heads, n_kv_heads, head_size, kv_stride),
+                                            heads.begin, heads.end);
+}
+
+static_assert(kAttentionRowsAtOnce == row::kMaxAttentionRows);
+
+void attention_rows_paged(float* out, std::size_t out_stride, const float* q, std::size_t q_stride,
+                          const void* const* k_blocks, const void* const* v_blocks, KvDtype dtype, int block_tokens,
+                          float* scratch, std::size_t scratch_stride, int n_ctx, int rows, int n_heads,
+                          int n_kv_heads, int head_size, int kv_stride, Team team) {
+  SL_CHECK_MSG(rows >= 1 && rows <= kAttentionRowsAtOnce, "attention of {} rows at once (1 to {})", rows,
+               kAttentionRowsAtOnce);
+  const Band heads = team.share(n_heads);
+  if (heads.begin == heads.end) return;
+  const row::RowKernels& kernels = row::active_row_kernels();
+  row::AttentionRows args{heads_of_row(out, q, k_blocks, v_blocks, dtype, block_tokens, scratch, n_ctx, n_heads,
+                                       n_kv_heads, head_size, kv_stride),
+                          rows, out_stride, q_stride, scratch_stride};
+  if (kernels.attention_rows != nullptr && rows > 1) {
+    kernels.attention_rows(args, heads.begin, heads.end);
+    return;
+  }
+  for (int r = 0; r < rows; ++r) {  // one row, or no kernel for several in this build: row by row
+    kernels.attention_heads(args.first, heads.begin, heads.end);
+    args.first.out += out_stride;
+    args.first.q += q_stride;
+    args.first.scratch += scratch_stride;
+    ++args.first.n_ctx;
+  }
 }
 
 void attention_paged(float* out, const float* q, const void* const* k_blocks, const void* const* v_blocks,

@@ -64,6 +64,21 @@ struct AttentionHeads {
 };
 using AttentionHeadsKernel = void (*)(const AttentionHeads& a, int h0, int h1);
 
+// Query rows an AttentionRows kernel takes at most (ops.h kAttentionRowsAtOnce).
+inline constexpr int kMaxAttentionRows = 16;
+
+// Query rows of one sequence at consecutive positions that attend together (a prefill chunk's rows): row r
+// is `first` with out + r out_stride, q + r q_stride, scratch + r scratch_stride and n_ctx + r positions,
+// rows <= kMaxAttentionRows. What attention_heads() gives each row, bit for bit; a kernel that reads
+// each key and value once for all the rows instead of once per row. Null in the RowKernels of builds that
+// have none (attention_rows_paged() then runs attention_heads() row by row).
+struct AttentionRows {
+  AttentionHeads first;
+  int rows;
+  std::size_t out_stride, q_stride, scratch_stride;
+};
+using AttentionRowsKernel = void (*)(const AttentionRows& a, int h0, int h1);
+
 // Rotary embedding of pairs [i0, i1) (float indices, even) of every head of vec (n_heads, head_size), by
 // cos_sin[i - i0] and cos_sin[i - i0 + 1] (the layout of ops.h rope_angles), as llama2.c computes it.
 using RopeRotate = void (*)(float* vec, int n_heads, int head_size, const float* cos_sin, int i0, int i1);
@@ -111,6 +126,7 @@ struct RowKernels {
   AddRow add = nullptr;
   Argmax argmax = nullptr;
   FoldMax fold_max = nullptr;
+  AttentionRowsKernel attention_rows = nullptr;
 };
 
 RowKernels portable_row_kernels();

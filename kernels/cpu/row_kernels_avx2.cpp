@@ -41,6 +41,7 @@ RowKernels avx2_row_kernels() {
   RowKernels kernels = row_kernels();
   kernels.to_half = to_half_row_avx2;
   kernels.from_half = from_half_row_avx2;
+  kernels.attention_rows = attention_rows;
   return kernels;
 }
 

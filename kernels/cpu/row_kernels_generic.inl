@@ -288,14 +288,22 @@ inline const T* cached_row(const void* const* blocks, int block_tokens, int t, i
   return static_cast<const T*>(blocks[t / block_tokens]) + static_cast<std::size_t>(t % block_tokens) * stride;
 }
 
-// fn(t, row) for positions t = 0 .. n_ctx - 1 in order, row = position t's cached row (of T).
+// fn(t, row) for positions t = t_begin .. t_end - 1 in order, row = position t's cached row (of T).
+template <typename T, typename Fn>
+inline void for_each_cached_row(const void* const* blocks, int block_tokens, int t_begin, int t_end, int stride,
+                                Fn&& fn) {
+  int b = t_begin / block_tokens, first = t_begin % block_tokens;  // the first block's first row
+  for (int t = t_begin; t < t_end; ++b, first = 0) {
+    const int rows = t_end - t < block_tokens - first ? t_end - t : block_tokens - first;
+    const T* block = static_cast<const T*>(blocks[b]) + static_cast<std::size_t>(first) * stride;
+    for (int r = 0; r < rows; ++r) fn(t + r, block + static_cast<std::size_t>(r) * stride);
+    t += rows;
+  }
+}
+// Positions 0 .. n_ctx - 1.
 template <typename T, typename Fn>
 inline void for_each_cached_row(const void* const* blocks, int block_tokens, int n_ctx, int stride, Fn&& fn) {
-  for (int b = 0, t0 = 0; t0 < n_ctx; ++b, t0 += block_tokens) {
-    const int rows = n_ctx - t0 < block_tokens ? n_ctx - t0 : block_tokens;
-    const T* block = static_cast<const T*>(blocks[b]);
-    for (int r = 0; r < rows; ++r) fn(t0 + r, block + static_cast<std::size_t>(r) * stride);
-  }
+  for_each_cached_row<T>(blocks, block_tokens, 0, n_ctx, stride, fn);
 }
 
 // Every 64-byte line of [p, p + n) (p need not be aligned: the walk starts at its line).
@@ -444,32 +452,49 @@ inline void add_weighted_row(float* out, float weight, const T* row, int n) {
   for (int i = 0; i < n; ++i) out[i] += weight * cached_value(row + i);
 }
 
-// Values [first, first + S kLanes) of the outputs of heads h .. h + H - 1, which share a kv head (a.group):
-// head j's out[i] = the sum over positions t in order, from zero, of its weight (a.scratch, scaled_by_row)
-// times value i of position t's row in a.v_blocks. The sums stay in registers across the positions (two a
-// slice of kLanes in the AVX2 build), each a chain of adds along the positions; a walk sums H S slices, so
-// that several chains are in flight (one slice had two, and waited on the add's latency at every position),
-// and the H heads of a GQA group read each position's values once (from L2 for long contexts) instead of H
-// times. The same bits whatever H and S.
-template <typename T, int H, int S>
-void weighted_heads(const AttentionHeads& a, int h, int first, int stride) {
-  const int kv_head = h / a.group, offset = kv_head * a.head_size + first;
-  const float* weights = a.scratch + static_cast<std::size_t>(h) * a.n_ctx;
-  float* out = a.out + static_cast<std::size_t>(h) * a.head_size + first;
-#ifdef SHARDLINE_ROW_KERNELS_AVX2
-  __m256 lo[H][S], hi[H][S];
+// One weighted sum over a kv head's cached values: out (head_size) = the sum over positions t in order, from
+// zero, of weights[t] (scaled_by_row()) times position t's values. A head of one query row (weights: its
+// softmax, in scratch), and the heads of a GQA group, or the rows of a prefill chunk, read the same values.
+struct ValueSum {
+  const float* weights;
+  float* out;
+};
+
+// Values [first, first + S kLanes) of J weighted sums of kv head kv_head's values over positions [t_begin,
+// t_end), from zero, or (resume) on from what out holds, the sums so far over the positions before t_begin.
+// The sums stay in registers across the positions (two a slice of kLanes in the AVX2 build), each a chain
+// of adds along the positions; a walk sums J S slices, so that several chains are in flight (one slice had
+// two, and waited on the add's latency at every position), and the J sums read each position's values once
+// (from L2 or L3 for long contexts) instead of J times. The same bits whatever J, S and the split of the
+// positions.
+template <typename T, int J, int S>
+void weighted_sums(const AttentionHeads& a, int kv_head, int first, int stride, const ValueSum* sums, int t_begin,
+                   int t_end, bool resume) {
+  const int offset = kv_head * a.head_size + first;
+  const float* weights[J];
+  float* out[J];
 #pragma GCC unroll 4
-  for (int j = 0; j < H; ++j) {
-#pragma GCC unroll 4
-    for (int s = 0; s < S; ++s) lo[j][s] = hi[j][s] = _mm256_setzero_ps();
+  for (int j = 0; j < J; ++j) {
+    weights[j] = sums[j].weights;
+    out[j] = sums[j].out + first;
   }
-  for_each_cached_row<T>(a.v_blocks, a.block_tokens, a.n_ctx, stride, [&](int t, const T* v_row) {
+#ifdef SHARDLINE_ROW_KERNELS_AVX2
+  __m256 lo[J][S], hi[J][S];
+#pragma GCC unroll 4
+  for (int j = 0; j < J; ++j) {
+#pragma GCC unroll 4
+    for (int s = 0; s < S; ++s) {
+      lo[j][s] = resume ? _mm256_loadu_ps(out[j] + s * kLanes) : _mm256_setzero_ps();
+      hi[j][s] = resume ? _mm256_loadu_ps(out[j] + s * kLanes + 8) : _mm256_setzero_ps();
+    }
+  }
+  for_each_cached_row<T>(a.v_blocks, a.block_tokens, t_begin, t_end, stride, [&](int t, const T* v_row) {
     __m256 v_lo[S], v_hi[S];
 #pragma GCC unroll 4
     for (int s = 0; s < S; ++s) load_lanes(v_row + offset + s * kLanes, v_lo[s], v_hi[s]);
 #pragma GCC unroll 4
-    for (int j = 0; j < H; ++j) {
-      const __m256 weight = _mm256_set1_ps(scaled_by_row(weights[j * a.n_ctx + t], v_row, a.kv_stride, kv_head));
+    for (int j = 0; j < J; ++j) {
+      const __m256 weight = _mm256_set1_ps(scaled_by_row(weights[j][t], v_row, a.kv_stride, kv_head));
 #pragma GCC unroll 4
       for (int s = 0; s < S; ++s) {
         lo[j][s] = _mm256_add_ps(lo[j][s], _mm256_mul_ps(weight, v_lo[s]));
@@ -478,49 +503,99 @@ void weighted_heads(const AttentionHeads& a, int h, int first, int stride) {
     }
   });
 #pragma GCC unroll 4
-  for (int j = 0; j < H; ++j) {
+  for (int j = 0; j < J; ++j) {
 #pragma GCC unroll 4
     for (int s = 0; s < S; ++s) {
-      _mm256_storeu_ps(out + j * a.head_size + s * kLanes, lo[j][s]);
-      _mm256_storeu_ps(out + j * a.head_size + s * kLanes + 8, hi[j][s]);
+      _mm256_storeu_ps(out[j] + s * kLanes, lo[j][s]);
+      _mm256_storeu_ps(out[j] + s * kLanes + 8, hi[j][s]);
     }
   }
 #else
-  float sums[H][S * kLanes] = {};
-  for_each_cached_row<T>(a.v_blocks, a.block_tokens, a.n_ctx, stride, [&](int t, const T* v_row) {
-    for (int j = 0; j < H; ++j) {
-      const float weight = scaled_by_row(weights[j * a.n_ctx + t], v_row, a.kv_stride, kv_head);
-      for (int l = 0; l < S * kLanes; ++l) sums[j][l] += weight * cached_value(v_row + offset + l);
+  float partial[J][S * kLanes];
+  for (int j = 0; j < J; ++j) {
+    for (int l = 0; l < S * kLanes; ++l) partial[j][l] = resume ? out[j][l] : 0.0f;
+  }
+  for_each_cached_row<T>(a.v_blocks, a.block_tokens, t_begin, t_end, stride, [&](int t, const T* v_row) {
+    for (int j = 0; j < J; ++j) {
+      const float weight = scaled_by_row(weights[j][t], v_row, a.kv_stride, kv_head);
+      for (int l = 0; l < S * kLanes; ++l) partial[j][l] += weight * cached_value(v_row + offset + l);
     }
   });
-  for (int j = 0; j < H; ++j) {
-    for (int l = 0; l < S * kLanes; ++l) out[j * a.head_size + l] = sums[j][l];
+  for (int j = 0; j < J; ++j) {
+    for (int l = 0; l < S * kLanes; ++l) out[j][l] = partial[j][l];
   }
 #endif
 }
 
-// Slices (of kLanes values) a walk of weighted_heads() sums: 4 in the AVX2 build (8 sums, a weight and a
-// slice's values: 11 of the 16 ymm registers), over 1 to 4 heads.
+// Slices (of kLanes values) a walk of weighted_sums() sums: 4 in the AVX2 build (8 sums, a weight and a
+// slice's values: 11 of the 16 ymm registers), over 1 to 4 sums.
 #ifdef SHARDLINE_ROW_KERNELS_AVX2
 constexpr int kSlicesAtOnce = 4;
 #else
 constexpr int kSlicesAtOnce = 1;
 #endif
 
-// Every whole slice of heads h .. h + H - 1 (a.head_size / kLanes of them), kSlicesAtOnce / H a walk.
-template <typename T, int H>
-void weighted_heads_slices(const AttentionHeads& a, int h, int stride) {
-  constexpr int kS = kSlicesAtOnce / H > 0 ? kSlicesAtOnce / H : 1;
+// Every whole slice of J weighted sums (a.head_size / kLanes slices), kSlicesAtOnce / J a walk.
+template <typename T, int J>
+void weighted_sums_slices(const AttentionHeads& a, int kv_head, int stride, const ValueSum* sums, int t_begin, int t_end,
+                          bool resume) {
+  constexpr int kS = kSlicesAtOnce / J > 0 ? kSlicesAtOnce / J : 1;
   const int slices = a.head_size / kLanes;
   int s = 0;
-  for (; s + kS <= slices; s += kS) weighted_heads<T, H, kS>(a, h, s * kLanes, stride);
+  for (; s + kS <= slices; s += kS) weighted_sums<T, J, kS>(a, kv_head, s * kLanes, stride, sums, t_begin, t_end, resume);
   if constexpr (kS > 1) {
+    const int first = s * kLanes;
     switch (slices - s) {
-      case 3: weighted_heads<T, H, (kS > 3 ? 3 : 1)>(a, h, s * kLanes, stride); break;
-      case 2: weighted_heads<T, H, (kS > 2 ? 2 : 1)>(a, h, s * kLanes, stride); break;
-      case 1: weighted_heads<T, H, 1>(a, h, s * kLanes, stride); break;
+      case 3: weighted_sums<T, J, (kS > 3 ? 3 : 1)>(a, kv_head, first, stride, sums, t_begin, t_end, resume); break;
+      case 2: weighted_sums<T, J, (kS > 2 ? 2 : 1)>(a, kv_head, first, stride, sums, t_begin, t_end, resume); break;
+      case 1: weighted_sums<T, J, 1>(a, kv_head, first, stride, sums, t_begin, t_end, resume); break;
       default: break;
     }
+  }
+}
+
+// The whole slices of n weighted sums of kv head kv_head's values, sum i over its positions in [t_begin,
+// t_end) (of [0, n_ctx[i])), on from out where t_begin > 0: 4, 2 or 1 at a time over the positions they all
+// have, then each on alone over the positions only it has.
+template <typename T>
+void weighted_sums_of(const AttentionHeads& a, int kv_head, int stride, const ValueSum* sums, const int* n_ctx, int n,
+                      int t_begin, int t_end) {
+  for (int i = 0; i < n;) {
+    const int take = n - i >= 4 ? 4 : n - i >= 2 ? 2 : 1;
+    int shared = t_end;
+    for (int j = 0; j < take; ++j) shared = n_ctx[i + j] < shared ? n_ctx[i + j] : shared;
+    if (shared > t_begin) {
+      const bool resume = t_begin > 0;
+      switch (take) {
+        case 4: weighted_sums_slices<T, 4>(a, kv_head, stride, sums + i, t_begin, shared, resume); break;
+        case 2: weighted_sums_slices<T, 2>(a, kv_head, stride, sums + i, t_begin, shared, resume); break;
+        default: weighted_sums_slices<T, 1>(a, kv_head, stride, sums + i, t_begin, shared, resume); break;
+      }
+    }
+    const int alone = shared > t_begin ? shared : t_begin;  // where each goes on alone
+    for (int j = 0; j < take; ++j) {
+      const int end = n_ctx[i + j] < t_end ? n_ctx[i + j] : t_end;
+      if (end > alone) weighted_sums_slices<T, 1>(a, kv_head, stride, sums + i + j, alone, end, alone > 0);
+    }
+    i += take;
+  }
+}
+
+// Positions in a tile of the values that several rows' sums walk (attention_rows_by_8_positions()): every
+// sum walks one tile before any walks the next, so that the tile (a kv head's values at 64 positions, 16 KiB
+// in fp32) stays in L2 for all of them. Walked a sum's whole context at a time, a long context's slice of one
+// head is a column of lines a cache row apart, and those fall into a few of L2's sets: a 110M cache row of
+// 3 KiB hits 64 of the 1024, so a column of more than 512 positions never stayed in L2 for the next walk.
+constexpr int kValueTile = 64;
+
+// weighted_sums_of() the n sums over all their positions, a tile of positions at a time.
+template <typename T>
+void weighted_sums_in_tiles(const AttentionHeads& a, int kv_head, int stride, const ValueSum* sums, const int* n_ctx,
+                            int n) {
+  int longest = 0;
+  for (int i = 0; i < n; ++i) longest = n_ctx[i] > longest ? n_ctx[i] : longest;
+  for (int t0 = 0; t0 < longest; t0 += kValueTile) {
+    weighted_sums_of<T>(a, kv_head, stride, sums, n_ctx, n, t0, t0 + kValueTile);
   }
 }
 
@@ -544,60 +619,67 @@ inline __m256 fold8x8(const __m256 (&s8)[8]) {
                        _mm256_shuffle_ps(s2a, s2b, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
-// The scores of heads [h0, h1) over all positions, 8 positions at a time, for heads of 16 R values: per
-// head, each position's dot() in two registers (the head's q loaded once for the 8), folded 8 positions
+// The scores of heads [h0, h1) over all positions, 8 positions at a time, for heads of 16 R values, of n
+// query rows that share a cache (rows[r]: its q, scratch and n_ctx; one row but in attention_rows()): per
+// head, each position's dot() in two registers (the row's q loaded once for the 8), folded 8 positions
 // together by fold8x8(), then scaled as attention_heads_with() scales a score: the same bits. One position at
 // a time, each score waited on its own fold's dependent adds and a store; here 8 positions' chains are in
-// flight together (as in the AVX-512 build's 16-position version). With weighted_heads(), a 32-position
+// flight together (as in the AVX-512 build's 16-position version). With weighted_sums(), a 32-position
 // attention of 12 heads went from 4.4-4.5 to 3.2 us, 256 positions from 46 to 35 us, 1024 positions of
 // 32 heads over 4 kv heads from 510 to 300 us, and to 246 with a GQA group's heads summing their values
-// together (BENCHMARKS.md, session 34).
+// together (BENCHMARKS.md, session 34). The rows take a head's 8 keys in turn, the later ones from L1.
 template <typename T, int R>
-void scores_by_8_positions(const AttentionHeads& a, int h0, int h1) {
+void scores_by_8_positions(const AttentionHeads* rows, int n, int h0, int h1) {
   constexpr int hs = 16 * R;
-  const int n_ctx = a.n_ctx;
+  const AttentionHeads& a = rows[0];  // the cache, the same for every row
+  int n_ctx = 0;  // positions of the longest row
+  for (int r = 0; r < n; ++r) n_ctx = rows[r].n_ctx > n_ctx ? rows[r].n_ctx : n_ctx;
   const int stride = row_stride(static_cast<const T*>(nullptr), a.kv_stride, hs);
   const HeadSpan<T> span(a, h0, h1);
   for (int p = 0; p < 8 && p < n_ctx; ++p) span.prefetch(cached_row<T>(a.k_blocks, a.block_tokens, p, stride));
   for (int t0 = 0; t0 < n_ctx; t0 += 8) {
     const int m = n_ctx - t0 < 8 ? n_ctx - t0 : 8;
-    const T* rows[8];
+    const T* keys[8];
     // Positions past n_ctx read position t0's row again: their sums are never stored.
-    for (int p = 0; p < 8; ++p) rows[p] = cached_row<T>(a.k_blocks, a.block_tokens, t0 + (p < m ? p : 0), stride);
+    for (int p = 0; p < 8; ++p) keys[p] = cached_row<T>(a.k_blocks, a.block_tokens, t0 + (p < m ? p : 0), stride);
     for (int p = 0; p < 8 && t0 + 8 + p < n_ctx; ++p) {  // the next 8 keys, and these positions' values
       span.prefetch(cached_row<T>(a.k_blocks, a.block_tokens, t0 + 8 + p, stride));
     }
     for (int p = 0; p < m; ++p) span.prefetch(cached_row<T>(a.v_blocks, a.block_tokens, t0 + p, stride));
     for (int h = h0; h < h1; ++h) {
       const int kv_head = h / a.group;
-      const float* q = a.q + static_cast<std::size_t>(h) * hs;
-      __m256 s8[8];
+      for (int r = 0; r < n; ++r) {
+        const int row_m = rows[r].n_ctx - t0 < 8 ? rows[r].n_ctx - t0 : 8;  // this row's positions of the 8
+        if (row_m <= 0) continue;
+        const float* q = rows[r].q + static_cast<std::size_t>(h) * hs;
+        __m256 s8[8];
 #pragma GCC unroll 8
-      for (int p = 0; p < 8; ++p) {
-        const T* k = rows[p] + kv_head * hs;
-        __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+        for (int p = 0; p < 8; ++p) {
+          const T* k = keys[p] + kv_head * hs;
+          __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
 #pragma GCC unroll 8
-        for (int i = 0; i < R; ++i) {
-          __m256 k_lo, k_hi;
-          load_lanes(k + 16 * i, k_lo, k_hi);
-          lo = _mm256_add_ps(lo, _mm256_mul_ps(_mm256_loadu_ps(q + 16 * i), k_lo));
-          hi = _mm256_add_ps(hi, _mm256_mul_ps(_mm256_loadu_ps(q + 16 * i + 8), k_hi));
+          for (int i = 0; i < R; ++i) {
+            __m256 k_lo, k_hi;
+            load_lanes(k + 16 * i, k_lo, k_hi);
+            lo = _mm256_add_ps(lo, _mm256_mul_ps(_mm256_loadu_ps(q + 16 * i), k_lo));
+            hi = _mm256_add_ps(hi, _mm256_mul_ps(_mm256_loadu_ps(q + 16 * i + 8), k_hi));
+          }
+          s8[p] = _mm256_add_ps(lo, hi);
         }
-        s8[p] = _mm256_add_ps(lo, hi);
-      }
-      __m256 scores = fold8x8(s8);
-      if constexpr (sizeof(T) == 1) {  // int8: times each key row's scale for this head (scaled_by_row())
-        float scale[8];
-        for (int p = 0; p < 8; ++p) scale[p] = int8_row_scale(rows[p], a.kv_stride, kv_head);
-        scores = _mm256_mul_ps(scores, _mm256_loadu_ps(scale));
-      }
-      scores = _mm256_mul_ps(scores, _mm256_set1_ps(a.inv_sqrt));
-      float* out = a.scratch + static_cast<std::size_t>(h) * n_ctx + t0;
-      if (m == 8) {
-        _mm256_storeu_ps(out, scores);
-      } else {
-        const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-        _mm256_maskstore_ps(out, _mm256_cmpgt_epi32(_mm256_set1_epi32(m), lanes), scores);
+        __m256 scores = fold8x8(s8);
+        if constexpr (sizeof(T) == 1) {  // int8: times each key row's scale for this head (scaled_by_row())
+          float scale[8];
+          for (int p = 0; p < 8; ++p) scale[p] = int8_row_scale(keys[p], a.kv_stride, kv_head);
+          scores = _mm256_mul_ps(scores, _mm256_loadu_ps(scale));
+        }
+        scores = _mm256_mul_ps(scores, _mm256_set1_ps(a.inv_sqrt));
+        float* out = rows[r].scratch + static_cast<std::size_t>(h) * rows[r].n_ctx + t0;
+        if (row_m == 8) {
+          _mm256_storeu_ps(out, scores);
+        } else {
+          const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+          _mm256_maskstore_ps(out, _mm256_cmpgt_epi32(_mm256_set1_epi32(row_m), lanes), scores);
+        }
       }
     }
   }
@@ -605,24 +687,84 @@ void scores_by_8_positions(const AttentionHeads& a, int h0, int h1) {
 
 // scores_by_8_positions() for heads of 16 R values, R up to 8; false (nothing done) for other heads.
 template <typename T>
-bool scores_by_8_positions(const AttentionHeads& a, int h0, int h1) {
-  if (a.head_size % 16 != 0) return false;
-  switch (a.head_size / 16) {
-    case 1: scores_by_8_positions<T, 1>(a, h0, h1); return true;
-    case 2: scores_by_8_positions<T, 2>(a, h0, h1); return true;
-    case 3: scores_by_8_positions<T, 3>(a, h0, h1); return true;
-    case 4: scores_by_8_positions<T, 4>(a, h0, h1); return true;
-    case 5: scores_by_8_positions<T, 5>(a, h0, h1); return true;
-    case 6: scores_by_8_positions<T, 6>(a, h0, h1); return true;
-    case 7: scores_by_8_positions<T, 7>(a, h0, h1); return true;
-    case 8: scores_by_8_positions<T, 8>(a, h0, h1); return true;
+bool scores_by_8_positions(const AttentionHeads* rows, int n, int h0, int h1) {
+  const int head_size = rows[0].head_size;
+  if (head_size % 16 != 0) return false;
+  switch (head_size / 16) {
+    case 1: scores_by_8_positions<T, 1>(rows, n, h0, h1); return true;
+    case 2: scores_by_8_positions<T, 2>(rows, n, h0, h1); return true;
+    case 3: scores_by_8_positions<T, 3>(rows, n, h0, h1); return true;
+    case 4: scores_by_8_positions<T, 4>(rows, n, h0, h1); return true;
+    case 5: scores_by_8_positions<T, 5>(rows, n, h0, h1); return true;
+    case 6: scores_by_8_positions<T, 6>(rows, n, h0, h1); return true;
+    case 7: scores_by_8_positions<T, 7>(rows, n, h0, h1); return true;
+    case 8: scores_by_8_positions<T, 8>(rows, n, h0, h1); return true;
     default: return false;
+  }
+}
+
+// Attention of heads [h0, h1) of n query rows that share a cache (rows[r]), heads of whole slices, after
+// their scores (scores_by_8_positions()): each row's softmax, then, kv head by kv head, the weighted sums of
+// its heads' values for every row, 4, 2 or 1 a walk (the sums row by row, so that a GQA group's heads of one
+// row walk together, and rows of one head otherwise) and a tile of positions at a time: the 16 rows of
+// BM_AttentionRows over 1024 positions read a kv head's values from L3 once per tile instead of once per
+// row and head, and took 1.5-1.6 ms instead of 3.4 row by row (BENCHMARKS.md, session 35).
+template <typename T>
+void attention_rows_by_8_positions(const AttentionHeads* rows, int n, int h0, int h1) {
+  const AttentionHeads& a = rows[0];
+  const int stride = row_stride(static_cast<const T*>(nullptr), a.kv_stride, a.head_size);
+  for (int r = 0; r < n; ++r) {
+    for (int h = h0; h < h1; ++h) softmax_row(rows[r].scratch + static_cast<std::size_t>(h) * rows[r].n_ctx, rows[r].n_ctx);
+  }
+  if (n == 1) {  // one row (decode): its heads of a kv head 4, 2 or 1 a walk, straight over its context
+    for (int h = h0; h < h1;) {
+      const int group_end = (h / a.group + 1) * a.group;  // `left` of h's kv head's heads are in [h, h1)
+      const int left = (group_end < h1 ? group_end : h1) - h;
+      const int take = left >= 4 ? 4 : left >= 2 ? 2 : 1;
+      ValueSum heads[4];
+      for (int j = 0; j < take; ++j) {
+        heads[j] = {a.scratch + static_cast<std::size_t>(h + j) * a.n_ctx, a.out + static_cast<std::size_t>(h + j) * a.head_size};
+      }
+      switch (take) {
+        case 4: weighted_sums_slices<T, 4>(a, h / a.group, stride, heads, 0, a.n_ctx, false); break;
+        case 2: weighted_sums_slices<T, 2>(a, h / a.group, stride, heads, 0, a.n_ctx, false); break;
+        default: weighted_sums_slices<T, 1>(a, h / a.group, stride, heads, 0, a.n_ctx, false); break;
+      }
+      h += take;
+    }
+    return;
+  }
+  constexpr int kMostSums = kMaxAttentionRows * 8;  // a walk's sums come 4 at a time from at most this many
+  ValueSum sums[kMostSums];
+  int n_ctx[kMostSums];
+  for (int kv_head = h0 / a.group; kv_head * a.group < h1; ++kv_head) {
+    const int begin = kv_head * a.group > h0 ? kv_head * a.group : h0;
+    const int end = (kv_head + 1) * a.group < h1 ? (kv_head + 1) * a.group : h1;
+    int count = 0;
+    for (int r = 0; r < n; ++r) {
+      for (int h = begin; h < end; ++h) {
+        if (count == kMostSums) {
+          weighted_sums_in_tiles<T>(a, kv_head, stride, sums, n_ctx, count);
+          count = 0;
+        }
+        sums[count] = {rows[r].scratch + static_cast<std::size_t>(h) * rows[r].n_ctx,
+                       rows[r].out + static_cast<std::size_t>(h) * a.head_size};
+        n_ctx[count++] = rows[r].n_ctx;
+      }
+    }
+    weighted_sums_in_tiles<T>(a, kv_head, stride, sums, n_ctx, count);
   }
 }
 #endif
 
 template <typename T>
 void attention_heads_of(const AttentionHeads& a, int h0, int h1) {
+#ifdef SHARDLINE_ROW_KERNELS_AVX2
+  if (scores_by_8_positions<T>(&a, 1, h0, h1)) {  // heads of whole slices: no tail
+    attention_rows_by_8_positions<T>(&a, 1, h0, h1);
+    return;
+  }
+#endif
   const int hs = a.head_size;
   // dot() in a lambda inlines into the position loop, where passed as a function GCC kept a call per position
   // and head (3% of a 32-position attention).
@@ -635,34 +777,14 @@ void attention_heads_of(const AttentionHeads& a, int h0, int h1) {
   const auto values = [&](float* out, const float* weights, int h) {
     const int kv_head = h / a.group, offset = kv_head * hs;
     const int i0 = hs / kLanes * kLanes;
-    weighted_heads_slices<T, 1>(a, h, stride);
+    const ValueSum sum{weights, out};
+    weighted_sums_slices<T, 1>(a, kv_head, stride, &sum, 0, a.n_ctx, false);
     if (i0 == hs) return;
     for (int i = i0; i < hs; ++i) out[i] = 0.0f;
     for_each_cached_row<T>(a.v_blocks, a.block_tokens, a.n_ctx, stride, [&](int t, const T* v_row) {
       add_weighted_row(out + i0, scaled_by_row(weights[t], v_row, a.kv_stride, kv_head), v_row + offset + i0, hs - i0);
     });
   };
-#ifdef SHARDLINE_ROW_KERNELS_AVX2
-  if (scores_by_8_positions<T>(a, h0, h1)) {  // heads of whole slices: no tail
-    for (int h = h0; h < h1; ++h) softmax_row(a.scratch + static_cast<std::size_t>(h) * a.n_ctx, a.n_ctx);
-    // The values 4, 2 or 1 heads of a kv head at a time: `left` of h's kv head's heads are in [h, h1).
-    for (int h = h0; h < h1;) {
-      const int group_end = (h / a.group + 1) * a.group;
-      const int left = (group_end < h1 ? group_end : h1) - h;
-      if (left >= 4) {
-        weighted_heads_slices<T, 4>(a, h, stride);
-        h += 4;
-      } else if (left >= 2) {
-        weighted_heads_slices<T, 2>(a, h, stride);
-        h += 2;
-      } else {
-        weighted_heads_slices<T, 1>(a, h, stride);
-        h += 1;
-      }
-    }
-    return;
-  }
-#endif
   attention_heads_with<T>(a, h0, h1, score, softmax_row, values);
 }
 
@@ -673,6 +795,35 @@ void attention_heads(const AttentionHeads& a, int h0, int h1) {
     default: attention_heads_of<float>(a, h0, h1); break;
   }
 }
+
+#ifdef SHARDLINE_ROW_KERNELS_AVX2
+template <typename T>
+void attention_rows_of(const AttentionRows& a, int h0, int h1) {
+  AttentionHeads rows[kMaxAttentionRows];
+  rows[0] = a.first;
+  for (int r = 1; r < a.rows; ++r) {
+    rows[r] = a.first;
+    rows[r].out += r * a.out_stride;
+    rows[r].q += r * a.q_stride;
+    rows[r].scratch += r * a.scratch_stride;
+    rows[r].n_ctx += r;
+  }
+  if (scores_by_8_positions<T>(rows, a.rows, h0, h1)) {
+    attention_rows_by_8_positions<T>(rows, a.rows, h0, h1);
+    return;
+  }
+  for (int r = 0; r < a.rows; ++r) attention_heads_of<T>(rows[r], h0, h1);  // heads of a narrower slice
+}
+
+// The AVX2 build's attention of several rows (row_kernels.h AttentionRows).
+void attention_rows(const AttentionRows& a, int h0, int h1) {
+  switch (a.first.cached) {
+    case CachedAs::kF16: attention_rows_of<std::uint16_t>(a, h0, h1); break;
+    case CachedAs::kInt8: attention_rows_of<std::int8_t>(a, h0, h1); break;
+    default: attention_rows_of<float>(a, h0, h1); break;
+  }
+}
+#endif
 
 // llama2.c recomputes the rotation per head; the values are identical for every head. Not vectorised: where
 // the build may use FMA (the AVX-512 file, or a baseline built with -march=native), GCC 12's vectoriser

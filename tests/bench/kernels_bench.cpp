@@ -215,6 +215,57 @@ void attention_args(benchmark::internal::Benchmark* b) {
 }
 BENCHMARK(BM_Attention)->Apply(attention_args)->Unit(benchmark::kMicrosecond)->UseRealTime();
 
+// A prefill chunk's rows attending over a long context, one thread: kAttentionRowsAtOnce rows of one
+// sequence at consecutive positions (the last at n_ctx), at once (attention_rows_paged) or row by row. The
+// cache in blocks of 16 positions laid out as a 12-layer KvCache lays them out (a block holds every layer's
+// keys and values), so that the rows of one layer are as far apart, and fall into the same cache sets, as in
+// a real cache.
+void BM_AttentionRows(benchmark::State& state) {
+  const int n_ctx = static_cast<int>(state.range(0));
+  const int n_heads = static_cast<int>(state.range(1));
+  const int n_kv_heads = static_cast<int>(state.range(2));
+  const bool at_once = state.range(3) != 0;
+  constexpr int kRows = kAttentionRowsAtOnce, kBlockTokens = 16, kLayers = 12, head_size = 64;
+  const int kv_stride = n_kv_heads * head_size, first_ctx = n_ctx - kRows + 1;
+  const std::size_t q_dim = static_cast<std::size_t>(n_heads) * head_size;
+  const std::size_t block_floats = static_cast<std::size_t>(kBlockTokens) * kv_stride;  // one layer's keys
+  const int n_blocks = (n_ctx + kBlockTokens - 1) / kBlockTokens;
+  // (n_blocks, kLayers, 2, kBlockTokens, kv_stride): layer 0's keys and values of each block
+  std::vector<float> pool = random_floats(static_cast<std::size_t>(n_blocks) * kLayers * 2 * block_floats, 4);
+  std::vector<const void*> k_blocks(n_blocks), v_blocks(n_blocks);
+  for (int b = 0; b < n_blocks; ++b) {
+    k_blocks[b] = pool.data() + static_cast<std::size_t>(b) * kLayers * 2 * block_floats;
+    v_blocks[b] = pool.data() + (static_cast<std::size_t>(b) * kLayers * 2 + 1) * block_floats;
+  }
+  const std::vector<float> q = random_floats(kRows * q_dim, 3);  // (kRows, n_heads, head_size)
+  std::vector<float> out(kRows * q_dim);                         // (kRows, n_heads, head_size)
+  const std::size_t scratch_stride = static_cast<std::size_t>(n_heads) * n_ctx;
+  std::vector<float> scratch(kRows * scratch_stride);  // (kRows, n_heads, n_ctx)
+  for (auto _ : state) {
+    if (at_once) {
+      attention_rows_paged(out.data(), q_dim, q.data(), q_dim, k_blocks.data(), v_blocks.data(), KvDtype::kF32,
+                           kBlockTokens, scratch.data(), scratch_stride, first_ctx, kRows, n_heads, n_kv_heads,
+                           head_size, kv_stride, Team{});
+    } else {
+      for (int r = 0; r < kRows; ++r) {
+        attention_paged(out.data() + r * q_dim, q.data() + r * q_dim, k_blocks.data(), v_blocks.data(), KvDtype::kF32,
+                        kBlockTokens, scratch.data(), first_ctx + r, n_heads, n_kv_heads, head_size, kv_stride, Team{});
+      }
+    }
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetItemsProcessed(state.iterations() * kRows);
+  state.SetLabel(at_once ? "rows at once" : "row by row");
+}
+BENCHMARK(BM_AttentionRows)
+    ->ArgNames({"n_ctx", "n_heads", "n_kv_heads", "at_once"})
+    ->ArgsProduct({{256, 1024}, {12}, {12}, {0, 1}})
+    ->Args({1024, 32, 4, 0})
+    ->Args({1024, 32, 4, 1})
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
+
 // Args: dim. rmsnorm is single-threaded; one token row as in decode.
 void BM_Rmsnorm(benchmark::State& state) {
   const int dim = static_cast<int>(state.range(0));

@@ -281,5 +281,78 @@ TEST(AttentionPaged, TeamSharesOfTheHeadsEqualOneThread) {
   }
 }
 
+// Several query rows of one sequence at consecutive positions at once (a prefill chunk's rows: row r sees
+// n_ctx + r positions): every ISA, every row count up to kAttentionRowsAtOnce and each thread's band of the
+// heads of a team of 1 to 3 must give what attention_paged gives each row alone, bit for bit. The rows' sums
+// share a walk over the positions all of them see and go on alone over the rest, so contexts around the
+// 8-position groups of the scores, GQA groups that do and do not fill a walk of 4, head sizes the AVX2
+// kernel takes (multiples of 16) and one it leaves to the row-by-row code (40), and the three cache dtypes.
+void expect_rows_equal_each_row(int head_size, int n_heads, int n_kv_heads, int n_ctx, KvDtype dtype, std::mt19937& rng) {
+  SCOPED_TRACE(::testing::Message() << "head_size " << head_size << ", heads " << n_heads << "/" << n_kv_heads
+                                    << ", n_ctx " << n_ctx << ", " << kv_dtype_name(dtype));
+  constexpr int kRows = kAttentionRowsAtOnce, kBlockTokens = 16;
+  const int kv_stride = n_kv_heads * head_size, positions = n_ctx + kRows - 1;
+  const std::size_t q_dim = static_cast<std::size_t>(n_heads) * head_size;
+  const std::vector<float> q = test::random_floats(rng, kRows * q_dim);
+  std::vector<std::uint8_t> k_rows, v_rows;
+  {
+    test::ScopedIsa portable(Isa::kPortable);
+    k_rows = to_rows(test::random_floats(rng, static_cast<std::size_t>(positions) * kv_stride), kv_stride, head_size, dtype);
+    v_rows = to_rows(test::random_floats(rng, static_cast<std::size_t>(positions) * kv_stride), kv_stride, head_size, dtype);
+  }
+  const std::size_t row_bytes = kv_row_bytes(dtype, kv_stride, head_size);
+  std::vector<const void*> k_blocks, v_blocks;
+  for (int t0 = 0; t0 < positions; t0 += kBlockTokens) {
+    k_blocks.push_back(k_rows.data() + static_cast<std::size_t>(t0) * row_bytes);
+    v_blocks.push_back(v_rows.data() + static_cast<std::size_t>(t0) * row_bytes);
+  }
+  const std::size_t scratch_stride = static_cast<std::size_t>(n_heads) * positions;
+  std::vector<float> want(kRows * q_dim), scratch(kRows * scratch_stride);
+  {
+    test::ScopedIsa portable(Isa::kPortable);
+    for (int r = 0; r < kRows; ++r) {
+      attention_paged(want.data() + r * q_dim, q.data() + r * q_dim, k_blocks.data(), v_blocks.data(), dtype,
+                      kBlockTokens, scratch.data(), n_ctx + r, n_heads, n_kv_heads, head_size, kv_stride, Team{});
+    }
+  }
+  for (Isa isa : test::runnable_isas()) {
+    test::ScopedIsa scoped(isa);
+    for (int rows = 1; rows <= kRows; ++rows) {
+      for (int threads : {1, 2, 3}) {
+        // Rows [kRows - rows, kRows): the last rows, whose contexts start at n_ctx + kRows - rows.
+        const int r0 = kRows - rows;
+        std::vector<float> got(kRows * q_dim, -1.0f);
+        for (int thread = 0; thread < threads; ++thread) {
+          attention_rows_paged(got.data() + r0 * q_dim, q_dim, q.data() + r0 * q_dim, q_dim, k_blocks.data(),
+                               v_blocks.data(), dtype, kBlockTokens, scratch.data(), scratch_stride, n_ctx + r0, rows,
+                               n_heads, n_kv_heads, head_size, kv_stride, Team{thread, threads});
+        }
+        EXPECT_EQ(std::memcmp(got.data() + r0 * q_dim, want.data() + r0 * q_dim, rows * q_dim * sizeof(float)), 0)
+            << isa_name(isa) << ", " << rows << " rows, " << threads << " threads";
+      }
+    }
+  }
+}
+
+TEST(AttentionRows, EachRowAsAttentionPagedGivesIt) {
+  std::mt19937 rng(13);
+  for (KvDtype dtype : {KvDtype::kF32, KvDtype::kF16, KvDtype::kInt8}) {
+    for (int n_ctx : {1, 5, 6, 8, 9, 16, 30, 125}) expect_rows_equal_each_row(64, 6, 6, n_ctx, dtype, rng);
+    for (int head_size : {16, 40, 48, 80, 128}) expect_rows_equal_each_row(head_size, 4, 4, 37, dtype, rng);
+    for (const auto& [heads, kv_heads] : {std::pair{6, 3}, {12, 2}, {16, 2}, {10, 2}, {12, 4}, {4, 1}}) {
+      expect_rows_equal_each_row(64, heads, kv_heads, 45, dtype, rng);
+    }
+  }
+}
+
+// More rows than a kernel takes at once is a bug in the caller: a CHECK, not a silent truncation.
+TEST(AttentionRowsDeathTest, MoreRowsThanAtOnceAborts) {
+  std::vector<float> x(64 * kAttentionRowsAtOnce * 2);
+  const void* block = x.data();
+  EXPECT_DEATH(attention_rows_paged(x.data(), 16, x.data(), 16, &block, &block, KvDtype::kF32, 16, x.data(), 16, 1,
+                                    kAttentionRowsAtOnce + 1, 1, 1, 16, 16, Team{}),
+               "rows at once");
+}
+
 }  // namespace
 }  // namespace shardline::kernels::cpu
