@@ -286,7 +286,8 @@ TEST(AttentionPaged, TeamSharesOfTheHeadsEqualOneThread) {
 // heads of a team of 1 to 3 must give what attention_paged gives each row alone, bit for bit. The rows' sums
 // share a walk over the positions all of them see and go on alone over the rest, so contexts around the
 // 8-position groups of the scores, GQA groups that do and do not fill a walk of 4, head sizes the AVX2
-// kernel takes (multiples of 16) and one it leaves to the row-by-row code (40), and the three cache dtypes.
+// kernel takes (multiples of 16 up to 128) and ones it leaves to the row-by-row code (40, 144), and the three
+// cache dtypes.
 void expect_rows_equal_each_row(int head_size, int n_heads, int n_kv_heads, int n_ctx, KvDtype dtype, std::mt19937& rng) {
   SCOPED_TRACE(::testing::Message() << "head_size " << head_size << ", heads " << n_heads << "/" << n_kv_heads
                                     << ", n_ctx " << n_ctx << ", " << kv_dtype_name(dtype));
@@ -338,7 +339,7 @@ TEST(AttentionRows, EachRowAsAttentionPagedGivesIt) {
   std::mt19937 rng(13);
   for (KvDtype dtype : {KvDtype::kF32, KvDtype::kF16, KvDtype::kInt8}) {
     for (int n_ctx : {1, 5, 6, 8, 9, 16, 30, 125}) expect_rows_equal_each_row(64, 6, 6, n_ctx, dtype, rng);
-    for (int head_size : {16, 40, 48, 80, 128}) expect_rows_equal_each_row(head_size, 4, 4, 37, dtype, rng);
+    for (int head_size : {16, 40, 48, 80, 128, 144}) expect_rows_equal_each_row(head_size, 4, 4, 37, dtype, rng);
     for (const auto& [heads, kv_heads] : {std::pair{6, 3}, {12, 2}, {16, 2}, {10, 2}, {12, 4}, {4, 1}}) {
       expect_rows_equal_each_row(64, heads, kv_heads, 45, dtype, rng);
     }
