@@ -63,7 +63,8 @@ std::size_t Stage::scratch_bytes(const partition::ModelShape& s, const partition
   const std::size_t partial_rows = std::min<std::size_t>(rows, kPartialRows);
   const std::size_t floats = rows * (3 * s.dim + q_dim + att + 2 * kv_dim + 2 * hidden + s.head_size()) +
                              partial_rows * partials * s.dim +
-                             static_cast<std::size_t>(shard.heads.size()) * s.seq_len * attention_rows_at_once(s, shard) +
+                             static_cast<std::size_t>(shard.heads.size()) * s.seq_len * attention_rows_at_once(s, shard) *
+                                 kernels::cpu::num_threads() +
                              (shard.has_classifier ? shard.vocab.size() : 0);
   return floats * sizeof(float) + rows * sizeof(Row) + 18 * 64;  // + one alignment pad per buffer
 }
@@ -71,7 +72,7 @@ std::size_t Stage::scratch_bytes(const partition::ModelShape& s, const partition
 int Stage::attention_rows_at_once(const partition::ModelShape& s, const partition::RankShard& shard) {
   const std::size_t row_bytes = shard.heads.size() * static_cast<std::size_t>(s.seq_len) * sizeof(float);
   const std::size_t fit = row_bytes > 0 ? kScoresBudgetBytes / row_bytes : 1;
-  return static_cast<int>(std::clamp<std::size_t>(fit, 1, cpu::kAttentionRowsAtOnce));
+  return static_cast<int>(std::clamp<std::size_t>(fit, 1, cpu::attention_rows_at_once()));
 }
 
 void Stage::reserve_rows(int max_rows) {

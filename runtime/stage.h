@@ -59,8 +59,8 @@ class Stage : public StageBackend {
   // Arena bytes the scratch buffers take for max_rows rows (for sizing an arena up front).
   static std::size_t scratch_bytes(const partition::ModelShape& shape, const partition::RankShard& shard, int max_rows);
   // Rows of one sequence a kernel thread attends at once (a prefill chunk's, reading the cache once for
-  // them): up to kernels::cpu::kAttentionRowsAtOnce, as many as kScoresBudgetBytes of softmax weights
-  // (local heads x seq_len floats a row) hold, and at least one.
+  // them): up to kernels::cpu::attention_rows_at_once() (1 where the ISA has no kernel for several rows),
+  // as many as kScoresBudgetBytes of softmax weights (local heads x seq_len floats a row) hold, at least one.
   static int attention_rows_at_once(const partition::ModelShape& shape, const partition::RankShard& shard);
 
   // First stage: x[t] = embedding[tokens[t]].   x: (n, dim)

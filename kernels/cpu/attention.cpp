@@ -88,12 +88,21 @@ void attention_paged(float* out, const float* q, const void* const* k_blocks, co
 
 static_assert(kAttentionRowsAtOnce == row::kMaxAttentionRows);
 
+int attention_rows_at_once() {
+  return row::active_row_kernels().attention_rows != nullptr ? kAttentionRowsAtOnce : 1;
+}
+
 void attention_rows_paged(float* out, std::size_t out_stride, const float* q, std::size_t q_stride,
                           const void* const* k_blocks, const void* const* v_blocks, KvDtype dtype, int block_tokens,
                           float* scratch, std::size_t scratch_stride, int n_ctx, int rows, int n_heads,
                           int n_kv_heads, int head_size, int kv_stride, Team team) {
   SL_CHECK_MSG(rows >= 1 && rows <= kAttentionRowsAtOnce, "attention of {} rows at once (1 to {})", rows,
                kAttentionRowsAtOnce);
+  const std::size_t q_floats = static_cast<std::size_t>(n_heads) * head_size;
+  SL_CHECK_MSG(out_stride >= q_floats && q_stride >= q_floats &&
+                   scratch_stride >= static_cast<std::size_t>(n_heads) * (n_ctx + rows - 1),
+               "attention rows overlap: strides out {} q {} scratch {} for {} heads of {} and {} positions",
+               out_stride, q_stride, scratch_stride, n_heads, head_size, n_ctx + rows - 1);
   const Band heads = team.share(n_heads);
   if (heads.begin == heads.end) return;
   const row::RowKernels& kernels = row::active_row_kernels();

@@ -208,12 +208,17 @@ void attention_paged(float* out, const float* q, const void* const* k_blocks, co
 
 // Query rows attention_rows_paged takes at once.
 inline constexpr int kAttentionRowsAtOnce = 16;
+// The rows worth passing to attention_rows_paged at once with the active ISA's kernels: kAttentionRowsAtOnce
+// where they have a kernel for several rows (AVX2), 1 where they go row by row anyway.
+int attention_rows_at_once();
 
 // Query tokens of one sequence at consecutive positions at once (a prefill chunk's rows): row r of `rows`
 // (1 to kAttentionRowsAtOnce) attends over n_ctx + r positions, with q + r q_stride, out + r out_stride and
 // scratch + r scratch_stride (each (n_heads, n_ctx + r)); this thread's band of the heads (Team). What
-// attention_paged gives each row, bit for bit. Where the build has a kernel for it (AVX2), each key and value
-// is read once for the rows: a long prompt's cache comes from L3 once per few rows instead of once per row.
+// attention_paged gives each row, bit for bit. Where the build has a kernel for it (AVX2, heads of 16 to
+// 128 values in multiples of 16), the rows take each key from L1 in turn and walk each kv head's values a
+// tile at a time, 4 sums a walk, from L2: a long prompt's cache comes from L3 once for the rows instead of
+// once per row.
 void attention_rows_paged(float* out, std::size_t out_stride, const float* q, std::size_t q_stride,
                           const void* const* k_blocks, const void* const* v_blocks, KvDtype dtype, int block_tokens,
                           float* scratch, std::size_t scratch_stride, int n_ctx, int rows, int n_heads,

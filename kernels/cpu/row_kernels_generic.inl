@@ -708,7 +708,7 @@ bool scores_by_8_positions(const AttentionHeads* rows, int n, int h0, int h1) {
 // its heads' values for every row, 4, 2 or 1 a walk (the sums row by row, so that a GQA group's heads of one
 // row walk together, and rows of one head otherwise) and a tile of positions at a time: the 16 rows of
 // BM_AttentionRows over 1024 positions read a kv head's values from L3 once per tile instead of once per
-// row and head, and took 1.5-1.6 ms instead of 3.4 row by row (BENCHMARKS.md, session 35).
+// row and head, and took 1.6 ms instead of 3.1 row by row (BENCHMARKS.md, session 35).
 template <typename T>
 void attention_rows_by_8_positions(const AttentionHeads* rows, int n, int h0, int h1) {
   const AttentionHeads& a = rows[0];

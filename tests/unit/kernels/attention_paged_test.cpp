@@ -288,10 +288,12 @@ TEST(AttentionPaged, TeamSharesOfTheHeadsEqualOneThread) {
 // 8-position groups of the scores, GQA groups that do and do not fill a walk of 4, head sizes the AVX2
 // kernel takes (multiples of 16 up to 128) and ones it leaves to the row-by-row code (40, 144), and the three
 // cache dtypes.
-void expect_rows_equal_each_row(int head_size, int n_heads, int n_kv_heads, int n_ctx, KvDtype dtype, std::mt19937& rng) {
+void expect_rows_equal_each_row(int head_size, int n_heads, int n_kv_heads, int n_ctx, KvDtype dtype, std::mt19937& rng,
+                                int block_tokens = 16) {
   SCOPED_TRACE(::testing::Message() << "head_size " << head_size << ", heads " << n_heads << "/" << n_kv_heads
-                                    << ", n_ctx " << n_ctx << ", " << kv_dtype_name(dtype));
-  constexpr int kRows = kAttentionRowsAtOnce, kBlockTokens = 16;
+                                    << ", n_ctx " << n_ctx << ", " << kv_dtype_name(dtype) << ", block_tokens "
+                                    << block_tokens);
+  constexpr int kRows = kAttentionRowsAtOnce;
   const int kv_stride = n_kv_heads * head_size, positions = n_ctx + kRows - 1;
   const std::size_t q_dim = static_cast<std::size_t>(n_heads) * head_size;
   const std::vector<float> q = test::random_floats(rng, kRows * q_dim);
@@ -303,7 +305,7 @@ void expect_rows_equal_each_row(int head_size, int n_heads, int n_kv_heads, int 
   }
   const std::size_t row_bytes = kv_row_bytes(dtype, kv_stride, head_size);
   std::vector<const void*> k_blocks, v_blocks;
-  for (int t0 = 0; t0 < positions; t0 += kBlockTokens) {
+  for (int t0 = 0; t0 < positions; t0 += block_tokens) {
     k_blocks.push_back(k_rows.data() + static_cast<std::size_t>(t0) * row_bytes);
     v_blocks.push_back(v_rows.data() + static_cast<std::size_t>(t0) * row_bytes);
   }
@@ -313,7 +315,7 @@ void expect_rows_equal_each_row(int head_size, int n_heads, int n_kv_heads, int 
     test::ScopedIsa portable(Isa::kPortable);
     for (int r = 0; r < kRows; ++r) {
       attention_paged(want.data() + r * q_dim, q.data() + r * q_dim, k_blocks.data(), v_blocks.data(), dtype,
-                      kBlockTokens, scratch.data(), n_ctx + r, n_heads, n_kv_heads, head_size, kv_stride, Team{});
+                      block_tokens, scratch.data(), n_ctx + r, n_heads, n_kv_heads, head_size, kv_stride, Team{});
     }
   }
   for (Isa isa : test::runnable_isas()) {
@@ -325,7 +327,7 @@ void expect_rows_equal_each_row(int head_size, int n_heads, int n_kv_heads, int 
         std::vector<float> got(kRows * q_dim, -1.0f);
         for (int thread = 0; thread < threads; ++thread) {
           attention_rows_paged(got.data() + r0 * q_dim, q_dim, q.data() + r0 * q_dim, q_dim, k_blocks.data(),
-                               v_blocks.data(), dtype, kBlockTokens, scratch.data(), scratch_stride, n_ctx + r0, rows,
+                               v_blocks.data(), dtype, block_tokens, scratch.data(), scratch_stride, n_ctx + r0, rows,
                                n_heads, n_kv_heads, head_size, kv_stride, Team{thread, threads});
         }
         EXPECT_EQ(std::memcmp(got.data() + r0 * q_dim, want.data() + r0 * q_dim, rows * q_dim * sizeof(float)), 0)
@@ -343,16 +345,28 @@ TEST(AttentionRows, EachRowAsAttentionPagedGivesIt) {
     for (const auto& [heads, kv_heads] : {std::pair{6, 3}, {12, 2}, {16, 2}, {10, 2}, {12, 4}, {4, 1}}) {
       expect_rows_equal_each_row(64, heads, kv_heads, 45, dtype, rng);
     }
+    // Across the 64-position value tiles: groups of 12 and 16 heads (16 rows of them are more sums than the
+    // kernel collects at once), a group of 6 whose walks of 4 mix two rows' heads, and blocks of 5 and 48
+    // positions, which the tiles start inside of.
+    for (const auto& [heads, kv_heads] : {std::pair{12, 1}, {16, 1}, {12, 2}}) {
+      expect_rows_equal_each_row(32, heads, kv_heads, 100, dtype, rng);
+    }
+    for (int block_tokens : {5, 48}) expect_rows_equal_each_row(32, 12, 2, 100, dtype, rng, block_tokens);
   }
 }
 
-// More rows than a kernel takes at once is a bug in the caller: a CHECK, not a silent truncation.
+// More rows than a kernel takes at once, or rows whose buffers overlap, are a bug in the caller: a CHECK,
+// not a silent truncation or a race.
 TEST(AttentionRowsDeathTest, MoreRowsThanAtOnceAborts) {
   std::vector<float> x(64 * kAttentionRowsAtOnce * 2);
   const void* block = x.data();
   EXPECT_DEATH(attention_rows_paged(x.data(), 16, x.data(), 16, &block, &block, KvDtype::kF32, 16, x.data(), 16, 1,
                                     kAttentionRowsAtOnce + 1, 1, 1, 16, 16, Team{}),
                "rows at once");
+  // A scratch stride shorter than the last row's scores would have the rows overwrite each other's.
+  EXPECT_DEATH(attention_rows_paged(x.data(), 16, x.data(), 16, &block, &block, KvDtype::kF32, 16, x.data(), 16, 16, 2,
+                                    1, 1, 16, 16, Team{}),
+               "attention rows overlap");
 }
 
 }  // namespace
