@@ -101,10 +101,11 @@ int probe_command(const std::vector<std::string>& args, const MpiSession& mpi) {
   const auto& d = cluster.domain;
   std::cout << fmt::format(
       "  host: {} cores, {:.1f} GiB available, cache {:.0f} MiB (as streamed weights get it), kernel call {:.1f} us, "
-      "step in a pass {:.2f} us, row work {:.2f} ns/element, attention {:.2f} us/head, memory and compute "
-      "overlap loss {:.2f}\n",
+      "step in a pass {:.2f} us, row work {:.2f} ns/element, attention {:.2f} us/head and {:.1f} GFLOP/s a core "
+      "({} rows of a prompt at once), memory and compute overlap loss {:.2f}\n",
       d.cores, d.memory_bytes / (1 << 30), d.cache_bytes / (1 << 20), d.op_overhead_s * 1e6,
-      std::max(0.0, d.step_overhead_s) * 1e6, d.row_element_s * 1e9, d.attention_head_s * 1e6, d.overlap_loss);
+      std::max(0.0, d.step_overhead_s) * 1e6, d.row_element_s * 1e9, d.attention_head_s * 1e6,
+      d.attention_flops / 1e9, d.attention_rows, d.overlap_loss);
   std::cout << fmt::format("  {:<6} {:>22} {:>22} {:>22} {:>20} {:>20}\n", "format", "GEMV 1 core (memory)",
                            "GEMV all (memory)", "GEMV 1 core (cache)", "GEMM 1 core, 64 rows", "16 rows");
   using partition::WeightFormat;

@@ -244,7 +244,7 @@ ClusterSpec cluster_from_json(const nlohmann::json& j) {
   check_keys(d, "domain", {"cores", "memory_bytes", "core_bandwidth_bytes_per_s", "domain_bandwidth_bytes_per_s",
                            "core_flops", "cache_bytes", "cache_bandwidth_bytes_per_s", "op_overhead_s",
                            "step_overhead_s", "small_batch_flops", "row_element_s", "attention_head_s",
-                           "overlap_loss", "formats"});
+                           "attention_rows", "attention_flops", "overlap_loss", "formats"});
   c.domain.cores = count(d, "cores", "domain");
   c.domain.memory_bytes = positive(d, "memory_bytes", "domain");
   c.domain.core_bandwidth_bytes_per_s = positive(d, "core_bandwidth_bytes_per_s", "domain");
@@ -257,6 +257,8 @@ ClusterSpec cluster_from_json(const nlohmann::json& j) {
   read_optional(d, "small_batch_flops", "domain", c.domain.small_batch_flops);
   read_optional(d, "row_element_s", "domain", c.domain.row_element_s);
   read_optional(d, "attention_head_s", "domain", c.domain.attention_head_s);
+  if (d.contains("attention_rows")) c.domain.attention_rows = count(d, "attention_rows", "domain");
+  read_optional(d, "attention_flops", "domain", c.domain.attention_flops);
   read_optional(d, "overlap_loss", "domain", c.domain.overlap_loss);
   if (c.domain.overlap_loss > 1) {
     throw ConfigError(fmt::format("cluster file: domain.overlap_loss must be from 0 to 1, got {}", c.domain.overlap_loss));
@@ -303,6 +305,8 @@ nlohmann::json cluster_to_json(const ClusterSpec& c) {
   j["domain"]["small_batch_flops"] = c.domain.small_batch_flops;
   j["domain"]["row_element_s"] = c.domain.row_element_s;
   j["domain"]["attention_head_s"] = c.domain.attention_head_s;
+  j["domain"]["attention_rows"] = c.domain.attention_rows;
+  j["domain"]["attention_flops"] = c.domain.attention_flops;
   j["domain"]["overlap_loss"] = c.domain.overlap_loss;
   j["domain"]["formats"] = {{"bf16", format_rates_to_json(c.domain.bf16)},
                             {"int8", format_rates_to_json(c.domain.int8)}};

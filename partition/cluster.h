@@ -56,6 +56,11 @@ struct DomainSpec {
   // writes) and per attention head beyond its bytes and FLOPs (softmax, folding the scores).
   double row_element_s = 0;
   double attention_head_s = 0;
+  // Attention's own rates: the rows of one sequence (a prefill chunk's) a kernel thread attends at once,
+  // reading the cache once for them (1 = each row reads it: the GPU, and CPUs without such a kernel), and
+  // one core's attention FLOP rate over a long context (0 = core_flops, the fp32 GEMM's).
+  int attention_rows = 1;
+  double attention_flops = 0;
   // How much of an op's shorter bound (memory or compute) its time adds to the longer: 0 = they overlap
   // fully (the plain roofline, max), 1 = not at all (their sum).
   double overlap_loss = 0;

@@ -138,7 +138,7 @@ RankRates rank_rates(const LayoutGeometry& g, int s, double busy) {
   r.flops = threads * weights.core_flops * core_share;
   r.small_flops = threads * weights.small_batch_rate() * core_share;
   r.kv_bandwidth = stream(fp32);
-  r.kv_flops = threads * fp32.core_flops * core_share;
+  r.kv_flops = threads * (d.attention_flops > 0 ? d.attention_flops : fp32.core_flops) * core_share;
   r.row_element_s = weights.row_element_s;
   r.row_threads = threads * core_share;
   return r;
@@ -177,9 +177,11 @@ double layer_overhead_s(const DomainSpec& d) {
   return (7 + 1 + kSmallOpsPerLayer) * d.op_overhead_s;
 }
 
-// One pass of `rows` rows through stage s (logits for `logit_rows` of them), attention over `context`.
+// One pass of `rows` rows through stage s (logits for `logit_rows` of them), attention over `context`;
+// `sequence_rows` of them at a time are one sequence's (a prefill chunk's: its rows can share their reads of
+// the cache; 1 for a decode batch).
 TimeBreakdown stage_pass(const LayoutGeometry& g, int s, double rows, double logit_rows, double context,
-                         const RankRates& rates) {
+                         const RankRates& rates, double sequence_rows = 1) {
   const Workload& w = g.w;
   const double d = w.shape.dim, wb = w.weight_bytes_per_param, overhead = g.cluster.domain.op_overhead_s;
   const double q = g.q_local(), kv = g.kv_local(), h = g.hidden_local();
@@ -191,8 +193,12 @@ TimeBreakdown stage_pass(const LayoutGeometry& g, int s, double rows, double log
   for (const auto& m : mats) {
     roofline(m[0] * m[1] * wb, 2.0 * rows * m[0] * m[1], rates.bandwidth, flop_rate, 0, loss, layer);
   }
-  // Attention reads each cached key and value row once per kv head group and does 4 FLOPs per element.
-  roofline(rows * context * 2.0 * kv * w.kv_bytes_per_value, 4.0 * rows * context * q, rates.kv_bandwidth,
+  // Attention reads each cached key and value row once per kv head group and does 4 FLOPs per element; a
+  // sequence's rows on one thread read the cache once for up to attention_rows of them (the CPU's prefill
+  // kernel: runtime/stage.cpp), the rest from the core's caches.
+  const double sharing = std::clamp(std::floor(sequence_rows / std::max(1.0, rates.row_threads)), 1.0,
+                                    static_cast<double>(std::max(1, g.cluster.domain.attention_rows)));
+  roofline(rows * context * 2.0 * kv * w.kv_bytes_per_value / sharing, 4.0 * rows * context * q, rates.kv_bandwidth,
            rates.kv_flops, 0, loss, layer);
   layer.compute_s += layer_overhead_s(g.cluster.domain);
   // Row-wise work: the two residual adds, RMSNorms and rows prepared for the matrices (2 dim), q and k
@@ -245,10 +251,11 @@ double reply_s(const LayoutGeometry& g, double max_rows) {
 // `items` passes of `rows` rows each through all stages in order (pipelined): the last item leaves after
 // the first item's trip plus (items - 1) passes of the slowest stage.
 double pipelined_s(const LayoutGeometry& g, double items, double rows, double context, double max_rows,
-                   const std::vector<RankRates>& rates) {
+                   const std::vector<RankRates>& rates, double sequence_rows) {
   double trip = 0, slowest = 0;
   for (int s = 0; s < g.layout.pp; ++s) {
-    const double t = stage_pass(g, s, rows, s == g.layout.pp - 1 ? 1.0 : 0.0, context, rates[s]).total_s();
+    const double t =
+        stage_pass(g, s, rows, s == g.layout.pp - 1 ? 1.0 : 0.0, context, rates[s], sequence_rows).total_s();
     trip += t + (s + 1 < g.layout.pp ? send_s(g, s, rows, max_rows) : 0.0);
     slowest = std::max(slowest, t);
   }
@@ -384,7 +391,7 @@ PlanEstimate estimate_plan(const ClusterSpec& cluster, const Workload& w, const 
   auto prefill_rates = [&](double items) { return items >= pp ? prefilling : rates_when_filled(items / pp); };
   auto ttft_for = [&](int chunk) {
     const double chunks = std::ceil(static_cast<double>(prompt) / chunk);
-    return pipelined_s(g, chunks * m, rows * chunk, prompt / 2.0, max_rows, prefill_rates(chunks * m));
+    return pipelined_s(g, chunks * m, rows * chunk, prompt / 2.0, max_rows, prefill_rates(chunks * m), chunk);
   };
   int best_chunk = cap;
   if (layout.chunk_tokens > 0) {
@@ -409,7 +416,7 @@ PlanEstimate estimate_plan(const ClusterSpec& cluster, const Workload& w, const 
   double per_pass = 0, per_token = 0;
   for (int s = 0; s < pp; ++s) {
     const double one = stage_pass(g, s, 1, 0, prompt / 2.0, prefilling[s]).total_s();
-    const double many = stage_pass(g, s, 65, 0, prompt / 2.0, prefilling[s]).total_s();
+    const double many = stage_pass(g, s, 65, 0, prompt / 2.0, prefilling[s], 65).total_s();
     if (many > per_pass + 65 * per_token) {
       per_token = (many - one) / 64.0;
       per_pass = std::max(0.0, one - per_token);
@@ -418,7 +425,7 @@ PlanEstimate estimate_plan(const ClusterSpec& cluster, const Workload& w, const 
   plan.chunk_policy = ChunkPolicy{per_pass, per_token, pp, w.max_chunk_tokens};
   // W: the prompt's work on all p ranks (one rank's share, the first stage's, times p); α: the link between
   // stages, or between the TP ranks of the one stage.
-  const double work_s = stage_pass(g, 0, prompt, 0, prompt / 2.0, prefilling[0]).total_s() * layout.world();
+  const double work_s = stage_pass(g, 0, prompt, 0, prompt / 2.0, prefilling[0], prompt).total_s() * layout.world();
   const double alpha_s = pp > 1 ? cluster.link(g.pp_link(0)).alpha_s : cluster.link(g.tp_link(0)).alpha_s;
   plan.design_split_tokens = design_split_granularity(work_s, alpha_s, layout.world());
 

@@ -200,6 +200,30 @@ double attention_head_s() {
   return best / kHeads;
 }
 
+// One core's attention FLOP rate over a prefill chunk's long context: kAttentionRowsAtOnce rows of one
+// sequence at 512 positions and on (fp32 cache, 12 heads of 64, a 110M layer's), attention_rows_at_once()
+// of them a call, 4 FLOPs per cached element a row reads.
+double attention_flops() {
+  constexpr int kHeads = 12, kHeadSize = 64, kStride = kHeads * kHeadSize, kRows = cpu::kAttentionRowsAtOnce;
+  constexpr int kFirstContext = 512, kPositions = kFirstContext + kRows - 1;
+  const std::vector<float> cache(static_cast<std::size_t>(kPositions) * kStride, 0.25f);  // (kPositions, kStride)
+  const void* blocks[] = {cache.data()};
+  const std::vector<float> q(static_cast<std::size_t>(kRows) * kStride, 0.5f);  // (kRows, kStride)
+  std::vector<float> out(q.size());
+  const std::size_t scratch_stride = static_cast<std::size_t>(kHeads) * kPositions;
+  std::vector<float> scratch(kRows * scratch_stride);  // (kRows, kHeads, up to kPositions)
+  const int at_once = cpu::attention_rows_at_once();
+  const double best = best_of_s(10, [&] {
+    for (int r = 0; r < kRows; r += at_once) {
+      cpu::attention_rows_paged(out.data() + r * kStride, kStride, q.data() + r * kStride, kStride, blocks, blocks,
+                                cpu::KvDtype::kF32, kPositions, scratch.data(), scratch_stride, kFirstContext + r,
+                                std::min(at_once, kRows - r), kHeads, kHeads, kHeadSize, kStride, cpu::Team{});
+    }
+  });
+  const double elements = (kRows * (kFirstContext + (kRows - 1) / 2.0)) * kStride;
+  return 4.0 * elements / best;
+}
+
 // Last-level cache size from sysfs (index3 = L3 on x86), 0 when unknown.
 double llc_bytes() {
   for (int index = 3; index >= 2; --index) {
@@ -319,6 +343,8 @@ partition::ClusterSpec probe_this_machine(const MachineProbeOptions& options) {
   c.domain.cache_bytes = cache.bytes;
   c.domain.set_rates(partition::WeightFormat::kF32, fp32);
   c.domain.attention_head_s = attention_head_s();
+  c.domain.attention_rows = cpu::attention_rows_at_once();
+  c.domain.attention_flops = attention_flops();
   for (const cpu::WeightDtype dtype : {cpu::WeightDtype::kBf16, cpu::WeightDtype::kInt8}) {
     const partition::WeightFormat format = weight_format_of(dtype);
     if (std::find(options.formats.begin(), options.formats.end(), format) != options.formats.end()) {

@@ -316,6 +316,8 @@ TEST_F(PlanCli, ProbeUnderMpirunWritesAProfileThatPlanReads) {
   EXPECT_GE(j["domain"]["step_overhead_s"].get<double>(), 0);
   EXPECT_GT(j["domain"]["row_element_s"].get<double>(), 0);
   EXPECT_GT(j["domain"]["attention_head_s"].get<double>(), 0);
+  EXPECT_GE(j["domain"]["attention_rows"].get<int>(), 1);
+  EXPECT_GT(j["domain"]["attention_flops"].get<double>(), 1e8);
   EXPECT_GT(j["domain"]["small_batch_flops"].get<double>(), 1e8);
   EXPECT_GE(j["domain"]["overlap_loss"].get<double>(), 0);
   EXPECT_LE(j["domain"]["overlap_loss"].get<double>(), 1);

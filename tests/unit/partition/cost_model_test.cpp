@@ -358,6 +358,8 @@ TEST(Cluster, WeightFormatsHaveTheirOwnRatesOrFp32s) {
   c.domain.step_overhead_s = 0.3e-6;
   c.domain.row_element_s = 0.5e-9;
   c.domain.attention_head_s = 0.2e-6;
+  c.domain.attention_rows = 16;
+  c.domain.attention_flops = 30e9;
   const FormatRates int8 = c.domain.rates(WeightFormat::kInt8);
   EXPECT_DOUBLE_EQ(int8.core_flops, 800e9);
   EXPECT_DOUBLE_EQ(int8.core_bandwidth_bytes_per_s, 10e9);
@@ -372,6 +374,8 @@ TEST(Cluster, WeightFormatsHaveTheirOwnRatesOrFp32s) {
   EXPECT_DOUBLE_EQ(back.domain.step_overhead_s, 0.3e-6);
   EXPECT_DOUBLE_EQ(back.domain.row_element_s, 0.5e-9);
   EXPECT_DOUBLE_EQ(back.domain.attention_head_s, 0.2e-6);
+  EXPECT_EQ(back.domain.attention_rows, 16);
+  EXPECT_DOUBLE_EQ(back.domain.attention_flops, 30e9);
   c.domain.overlap_loss = 0.6;
   c.domain.small_batch_flops = 20e9;
   EXPECT_DOUBLE_EQ(cluster_from_json(cluster_to_json(c)).domain.overlap_loss, 0.6);
@@ -381,8 +385,12 @@ TEST(Cluster, WeightFormatsHaveTheirOwnRatesOrFp32s) {
   j["domain"].erase("formats");
   j["domain"].erase("row_element_s");
   j["domain"].erase("attention_head_s");
+  j["domain"].erase("attention_rows");
+  j["domain"].erase("attention_flops");
   const ClusterSpec plain = cluster_from_json(j);
   EXPECT_LT(plain.domain.step_overhead_s, 0);
+  EXPECT_EQ(plain.domain.attention_rows, 1);  // every row reads the cache, at fp32's GEMM rate
+  EXPECT_DOUBLE_EQ(plain.domain.attention_flops, 0);
   EXPECT_DOUBLE_EQ(plain.domain.rates(WeightFormat::kInt8).core_flops, 50e9);
   // Errors name the field.
   j = cluster_to_json(c);
@@ -391,6 +399,38 @@ TEST(Cluster, WeightFormatsHaveTheirOwnRatesOrFp32s) {
   j = cluster_to_json(c);
   j["domain"]["formats"]["int8"]["core_flops"] = -1;
   EXPECT_NE(message_of(j).find("domain.formats.int8.core_flops"), std::string::npos) << message_of(j);
+  j = cluster_to_json(c);
+  j["domain"]["attention_rows"] = 0.5;
+  EXPECT_NE(message_of(j).find("domain.attention_rows must be a whole number"), std::string::npos) << message_of(j);
+}
+
+TEST(CostModel, APromptsRowsShareTheirReadsOfTheCacheUpToAttentionRows) {
+  // A 1000-token 110M prompt in chunks of 64 on two cores: each thread's 32 rows of a chunk read the cache
+  // once per attention_rows of them (the CPU's prefill kernel), so the TTFT falls as attention_rows grows
+  // to 16 and not past 32 (a thread has no more rows of the chunk); one row a chunk shares nothing; decode's
+  // rows are different sequences' and keep their own reads. Attention's FLOPs priced at a fast rate, so that
+  // its bytes bound it.
+  ClusterSpec c = uniform_cluster(1, 1, 10e-6, 100);
+  c.domain.cores = 2;
+  c.domain.attention_flops = 1e14;
+  auto w = workload("110m", Objective::kLatency, 1, 1024);
+  w.prompt_tokens = 1000;
+  auto plan = [&](int attention_rows, int chunk) {
+    c.domain.attention_rows = attention_rows;
+    Layout layout;
+    layout.chunk_tokens = chunk;
+    return estimate_plan(c, w, layout);
+  };
+  const auto each = plan(1, 64), four = plan(4, 64), sixteen = plan(16, 64);
+  EXPECT_LT(four.ttft_s, each.ttft_s);
+  EXPECT_LT(sixteen.ttft_s, four.ttft_s);
+  EXPECT_DOUBLE_EQ(plan(64, 64).ttft_s, plan(32, 64).ttft_s);
+  EXPECT_LT(plan(32, 64).ttft_s, sixteen.ttft_s);
+  EXPECT_DOUBLE_EQ(sixteen.token_latency_s, each.token_latency_s);
+  EXPECT_DOUBLE_EQ(plan(16, 1).ttft_s, plan(1, 1).ttft_s);
+  // attention_flops is attention's rate: a slow one makes the prompt compute-bound in its attention.
+  c.domain.attention_flops = 1e9;
+  EXPECT_GT(plan(16, 64).ttft_s, sixteen.ttft_s);
 }
 
 TEST(CostModel, Int8WeightsMultiplyAtTheirOwnRate) {
