@@ -46,8 +46,9 @@ int probe_command(const std::vector<std::string>& args, const MpiSession& mpi) {
       "Usage: mpirun -np N [--hostfile H] shardline probe [--out FILE]\n\n"
       "Measures point-to-point latency and bandwidth between ranks on one host and across hosts, the\n"
       "all-reduce over all ranks, and this host: weight-streaming bandwidth and GEMM rate for fp32, bf16 and\n"
-      "int8 weights, the cache they get, and fixed costs (kernel call, barrier, row work, attention head);\n"
-      "writes a cluster profile for `shardline plan --probe-file`. Without mpirun only the host is measured.";
+      "int8 weights, the cache they get, fixed costs (kernel call, barrier, row work, attention head) and\n"
+      "attention's rate over a prompt; writes a cluster profile for `shardline plan --probe-file`. Without\n"
+      "mpirun only the host is measured.";
   // Start-up checks run on every rank; the ranks agree on the outcome and one of them says why (each rank
   // printed its own copy of a bad flag, and mpirun its abort banner).
   bool help = false;
