@@ -716,7 +716,9 @@ void attention_rows_by_8_positions(const AttentionHeads* rows, int n, int h0, in
   for (int r = 0; r < n; ++r) {
     for (int h = h0; h < h1; ++h) softmax_row(rows[r].scratch + static_cast<std::size_t>(h) * rows[r].n_ctx, rows[r].n_ctx);
   }
-  if (n == 1) {  // one row (decode): its heads of a kv head 4, 2 or 1 a walk, straight over its context
+  // One row (decode): its heads of a kv head 4, 2 or 1 a walk, straight over its context. Through the list
+  // of sums and the tiles below, a 32-position attention took 3.34 us instead of 3.23 (session 35).
+  if (n == 1) {
     for (int h = h0; h < h1;) {
       const int group_end = (h / a.group + 1) * a.group;  // `left` of h's kv head's heads are in [h, h1)
       const int left = (group_end < h1 ? group_end : h1) - h;
