@@ -40,7 +40,9 @@ void check_rank_count(const LaunchRequest& r, int needed) {
                                   "launch exactly {} (mpirun -np {}) or raise --tp/--pp",
                                   n, n, layout_text(r), needed, needed, needed));
   }
-  throw ConfigError(fmt::format("--np {} starts {} rank{} but {} needs {}: launch {} (mpirun -np {}) or lower --tp/--pp",
+  // Too few ranks is a missing resource (exit 4), as too few slots, tasks or Slurm tasks are; too many (above) a
+  // layout that would leave ranks idle (exit 2).
+  throw ResourceError(fmt::format("--np {} starts {} rank{} but {} needs {}: launch {} (mpirun -np {}) or lower --tp/--pp",
                                 n, n, n == 1 ? "" : "s", layout_text(r), needed, needed, needed));
 }
 

@@ -8,8 +8,10 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <thread>
 
 #include <fmt/format.h>
@@ -179,15 +181,37 @@ int MpiSession::report_failure(const Agreement& agreement, const std::string& me
   return agreement.exit_code;
 }
 
-bool MpiSession::same_as_rank0(std::uint64_t value, double timeout_s) const {
-  if (!active_ || world_size_ == 1) return true;
-  std::uint64_t rank0 = value;
+std::string MpiSession::rank0_bytes(const std::string& mine, double timeout_s) const {
+  if (!active_ || world_size_ == 1) return mine;
+  constexpr const char* kWhat = "compared their configurations";
+  std::uint64_t size = mine.size();
   MPI_Request request = MPI_REQUEST_NULL;
-  if (MPI_Ibcast(&rank0, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD, &request) != MPI_SUCCESS) {
-    throw CommError("MPI_Ibcast failed while the ranks compared their configurations");
+  if (MPI_Ibcast(&size, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD, &request) != MPI_SUCCESS) {
+    throw CommError(fmt::format("MPI_Ibcast failed while the ranks {}", kWhat));
+  }
+  wait_bounded(request, timeout_s, kWhat, static_cast<int>(ExitCode::kComm));
+  if (size > static_cast<std::uint64_t>(std::numeric_limits<int>::max())) {
+    throw CommError(fmt::format("rank 0's configuration of {} bytes is more than one broadcast carries", size));
+  }
+  std::string bytes = world_rank_ == 0 ? mine : std::string(size, '\0');
+  if (size == 0) return bytes;
+  if (MPI_Ibcast(bytes.data(), static_cast<int>(size), MPI_CHAR, 0, MPI_COMM_WORLD, &request) != MPI_SUCCESS) {
+    throw CommError(fmt::format("MPI_Ibcast failed while the ranks {}", kWhat));
+  }
+  wait_bounded(request, timeout_s, kWhat, static_cast<int>(ExitCode::kComm));
+  return bytes;
+}
+
+int MpiSession::ranks_where(bool yes, double timeout_s) const {
+  int count = yes ? 1 : 0;
+  if (!active_ || world_size_ == 1) return count;
+  int total = 0;
+  MPI_Request request = MPI_REQUEST_NULL;
+  if (MPI_Iallreduce(&count, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD, &request) != MPI_SUCCESS) {
+    throw CommError("MPI_Iallreduce failed while the ranks compared their configurations");
   }
   wait_bounded(request, timeout_s, "compared their configurations", static_cast<int>(ExitCode::kComm));
-  return rank0 == value;
+  return total;
 }
 
 void MpiSession::abort_job(int exit_code) const {

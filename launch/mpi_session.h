@@ -56,9 +56,11 @@ class MpiSession {
   // mpirun ends the job when a rank exits non-zero and kills the others, and a printing rank killed before
   // its line was out (a loaded machine, a slow rank) took the reason with it.
   int report_failure(const Agreement& agreement, const std::string& message, double timeout_s) const;
-  // Collective: whether this rank's value equals rank 0's (true alone or without MPI). For fingerprints of
-  // what every rank must share (the model, the requests, the layout flags).
-  bool same_as_rank0(std::uint64_t value, double timeout_s) const;
+  // Collective: rank 0's bytes on every rank (`mine` where there are no others). For what every rank must
+  // share (launch/agreed_fields.h).
+  std::string rank0_bytes(const std::string& mine, double timeout_s) const;
+  // Collective: on how many ranks `yes` holds (yes ? 1 : 0 alone or without MPI).
+  int ranks_where(bool yes, double timeout_s) const;
 
   // Ends the whole job with this exit code (MPI_Abort when active), so no peer waits forever.
   [[noreturn]] void abort_job(int exit_code) const;

@@ -157,15 +157,15 @@ int plan_command(const std::vector<std::string>& args) {
       ("probe-file", po::value(&probe_file), "cluster profile written by `shardline probe`")
       ("objective", po::value(&objective)->default_value("latency"), "latency (one request) | throughput (batch B)")
       ("batch", po::value(&batch)->default_value(1), "sequences decoded together")
-      ("context", po::value(&context)->default_value(0, "min(seq_len, 2048)"), "positions per sequence (prompt + generated)")
-      ("prompt-tokens", po::value(&prompt_tokens)->default_value(0, "context/2"), "prompt length, for TTFT and the chunk size")
+      ("context", po::value(&context)->default_value(0, "min(seq_len, 2048)"), "positions per sequence (prompt + generated); 0 means the default")
+      ("prompt-tokens", po::value(&prompt_tokens)->default_value(0, "context/2"), "prompt length, for TTFT and the chunk size; 0 means the default")
       ("dtype,weights-dtype", po::value(&dtype)->default_value("fp32"), "weight dtype: fp32 | bf16 | int8 (also --weights-dtype, run's name for it)")
       ("kv-dtype", po::value(&kv_dtype)->default_value("auto"), kKvDtypeFlagHelp)
       ("temperature", po::value(&temperature)->default_value(0.0f, "0"),
        "the run's sampling temperature: 0 (greedy) exchanges each TP rank's best token, > 0 gathers the logits")
       ("np", po::value(&ranks)->default_value(0, "any"), "plan for exactly this many ranks (0: any)")
       ("ranks-per-domain", po::value(&ranks_per_domain)->default_value(0, "from the cluster"),
-       "rank slots per domain (e.g. to plan an oversubscribed run)")
+       "rank slots per domain (e.g. to plan an oversubscribed run); 0 means the default")
       ("tp", po::value(&tp_list), "only these tp values, e.g. 2 or 1,2,4")
       ("pp", po::value(&pp_list), "only these pp values")
       ("micro-batches", po::value(&m_list), "only these micro-batch counts")

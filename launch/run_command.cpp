@@ -25,11 +25,13 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "common/file_digest.h"
 #include "common/input_file.h"
 #include "common/log.h"
 #include "common/output_file.h"
 #include "common/units.h"
 #include "kernels/cpu/isa.h"
+#include "launch/agreed_fields.h"
 #include "launch/cli_options.h"
 #include "launch/launch_env.h"
 #include "launch/placement_setup.h"
@@ -361,20 +363,55 @@ std::string quantised_file_note(const RunConfig& c, bool on_gpu) {
 // What every rank must agree on, hashed: the model's shape and file size (not its path: hosts may keep
 // copies in different places), the requests, and the flags that shape the layout or the arithmetic.
 // Threads, binding and page tiers may differ per rank.
-std::uint64_t configuration_fingerprint(const RunConfig& c, const partition::ModelShape& shape) {
-  std::string text = fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", shape.describe(),
-                                 std::filesystem::file_size(c.engine.model_path), c.tp, c.pp, c.plan,
-                                 fmt::join(c.engine.layers_per_stage, ","), c.engine.micro_batches,
-                                 c.engine.chunk_tokens, c.engine.kv_block_tokens, c.engine.kv_blocks,
-                                 kernels::cpu::weight_dtype_name(c.engine.weights_dtype),
-                                 c.engine.kv_dtype ? kernels::cpu::kv_dtype_name(*c.engine.kv_dtype) : "auto",
-                                 c.dump_logits.empty());
-  for (const auto& r : c.requests) {
-    text += fmt::format("|{}:{}:{}:{}:{}:{}", r.prompt.size(), r.prompt, r.steps, r.sampler.temperature,
-                        r.sampler.top_p, r.sampler.seed);
+// What every rank of a run must share, in the order a differing rank is told of it (launch/agreed_fields.h).
+// --help first: a rank given it has parsed nothing else. Flags that end a rank early (--help,
+// --print-config) count, since the others would wait for it in their first collective.
+AgreedFields run_fields(const RunConfig* c, const partition::ModelShape* shape) {
+  const auto given = [](bool yes) { return std::string(yes ? "given" : "not given"); };
+  AgreedFields fields{{"--help", given(c == nullptr)}};
+  if (c == nullptr) return fields;
+  const auto add = [&](std::string name, std::string value) { fields.push_back({std::move(name), std::move(value)}); };
+  const auto flag_value = [](int value) { return value == 0 ? std::string("not given") : std::to_string(value); };
+  add("model shape", shape->describe());
+  add("model file size", fmt::format("{} bytes", std::filesystem::file_size(c->engine.model_path)));
+  // Last of the model's: a copy of the same shape and size at the same path on another host, with other weights.
+  add("model file contents (a digest of 512 KiB sampled across it)", sampled_file_digest(c->engine.model_path));
+  add("--tp", flag_value(c->tp));
+  add("--pp", flag_value(c->pp));
+  add("--plan", c->plan);
+  add("--layers-per-stage", c->engine.layers_per_stage.empty() ? "not given" : fmt::format("{}", fmt::join(c->engine.layers_per_stage, ",")));
+  add("--micro-batches", flag_value(c->engine.micro_batches));
+  add("--chunk-tokens", flag_value(c->engine.chunk_tokens));
+  add("--kv-block-tokens", std::to_string(c->engine.kv_block_tokens));
+  add("--kv-blocks", std::to_string(c->engine.kv_blocks));
+  add("--weights-dtype", kernels::cpu::weight_dtype_name(c->engine.weights_dtype));
+  add("--kv-dtype", c->engine.kv_dtype ? kernels::cpu::kv_dtype_name(*c->engine.kv_dtype) : "auto");
+  add("--dump-logits", given(!c->dump_logits.empty()));
+  add("--print-config", given(c->print_config));
+  add("number of sequences (--prompt, --prompts-file, --batch)", std::to_string(c->requests.size()));
+  // Each sequence's own fields up to a point; past it, one digest of them all keeps rank 0's bytes small.
+  constexpr std::size_t kSequencesByName = 64;
+  if (c->requests.size() <= kSequencesByName) {
+    for (std::size_t i = 0; i < c->requests.size(); ++i) {
+      const runtime::GenerationRequest& r = c->requests[i];
+      const std::string of = c->requests.size() == 1 ? "" : fmt::format(" of sequence {}", i + 1);
+      add("prompt" + of, comparable_value(r.prompt));
+      add("--steps" + of, std::to_string(r.steps));
+      add("--temperature" + of, fmt::format("{}", r.sampler.temperature));
+      add("--top-p" + of, fmt::format("{}", r.sampler.top_p));
+      add("--seed" + of, fmt::format("{}", r.sampler.seed));
+    }
+  } else {
+    std::string all;
+    for (const auto& r : c->requests) {
+      all += fmt::format("{}:{}|{}|{}|{}|{}\n", r.prompt.size(), r.prompt, r.steps, r.sampler.temperature,
+                         r.sampler.top_p, r.sampler.seed);
+    }
+    add("prompts, --steps and sampling of the sequences (a digest)", fmt::format("{:016x}", std::hash<std::string>{}(all)));
   }
-  text += fmt::format("|ids {}|print-config {}", c.prompt_ids_hash, c.print_config);  // another tokenizer, an early exit
-  return std::hash<std::string>{}(text);
+  // Another tokenizer (or vocabulary) encodes the same prompts differently.
+  add("prompts' token ids (the tokenizer's; a digest)", fmt::format("{:016x}", c->prompt_ids_hash));
+  return fields;
 }
 
 // tp x pp from the flags and the world size; without flags: all ranks in TP if the model allows, else PP.
@@ -591,22 +628,32 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
   if (code != 0) return code;
   // Every rank must run the same model, requests and layout flags: an MPMD launch that gave ranks different
   // ones would otherwise wait in its first collective until --comm-timeout (--help and --print-config, which
-  // end a rank early, count). Every rank reaches the broadcast, whatever computing its own value did.
-  code = agreed_phase(mpi, timeout_s, [&] {
-    std::uint64_t fingerprint = 0;
+  // end a rank early, count). Every rank reaches the broadcast, whatever computing its own value did. A rank
+  // that differs names the field and both values (launch/agreed_fields.h). Alone, a rank has nobody to
+  // differ from (and reads no samples of its model for the digest).
+  if (mpi.world_size() > 1) code = agreed_phase(mpi, timeout_s, [&] {
+    AgreedFields mine;
     std::exception_ptr failure;
     try {
-      fingerprint = help ? std::hash<std::string>{}("--help") : configuration_fingerprint(*config, *shape);
+      mine = run_fields(help ? nullptr : &*config, help ? nullptr : &*shape);
     } catch (...) {
       failure = std::current_exception();
     }
-    const bool same = mpi.same_as_rank0(fingerprint, timeout_s);
+    const std::string rank0 = mpi.rank0_bytes(encode_fields(mine), timeout_s);
+    std::optional<FieldDifference> difference;
+    if (!failure) {
+      try {
+        difference = first_difference(mine, decode_fields(rank0));
+      } catch (...) {
+        failure = std::current_exception();
+      }
+    }
+    // Where every other rank of three or more differs from rank 0, rank 0 is the one to fix.
+    const int differing = mpi.ranks_where(difference.has_value(), timeout_s);
     if (failure) std::rethrow_exception(failure);
-    if (!same) {
-      throw ConfigError(help ? std::string("this rank was given --help and rank 0 was not; give every rank the same flags")
-                             : fmt::format("this rank's model or flags differ from rank 0's (this rank: {}, {} "
-                                           "sequence(s)); give every rank the same model, prompts and layout flags",
-                                           shape->describe(), config->requests.size()));
+    if (difference) {
+      const bool rank0_alone = mpi.world_size() >= 3 && differing == mpi.world_size() - 1;
+      throw ConfigError(describe_difference(*difference, mpi.world_rank(), rank0_alone));
     }
   });
   if (code != 0 || help) return code;

@@ -1206,24 +1206,44 @@ TEST_F(Cli, BadInputUnderMpirunEndsTheJobWithTheMessage) {
 }
 
 TEST_F(Cli, RanksGivenDifferentModelsOrRequestsStopAtStartUp) {
-  // An MPMD launch whose ranks disagree must not wait for --comm-timeout in its first collective.
+  // An MPMD launch whose ranks disagree must not wait for --comm-timeout in its first collective, and the
+  // error names what differs, with both values.
   SHARDLINE_REQUIRE_MODEL_FILE(model_file("mini-gqa.bin"));
-  const std::string common = " --tokenizer " + model_file("tokenizer.bin") + " --tp 2 --comm-timeout 60 --steps 5";
-  for (const auto& [first, second] : std::vector<std::pair<std::string, std::string>>{
-           {"--model " + model_file("tiny-32k.bin"), "--model " + model_file("mini-gqa.bin")},
-           {"--model " + model_file("tiny-32k.bin"), "--model " + model_file("tiny-32k.bin") + " --prompt other"},
-           {"--model " + model_file("tiny-32k.bin"), "--model " + model_file("tiny-32k.bin") + " --weights-dtype bf16"},
+  // Two files of one shape and size with other weights: a stale copy at the same path on another host.
+  const std::string gen = shardline() + " gen-model --dim 64 --hidden 160 --layers 2 --heads 4 --kv-heads 2 --vocab 400 "
+                                        "--seq 64 --out ";
+  ASSERT_EQ(run_process(gen + path("same.bin") + " --seed 1").exit_code, 0);
+  ASSERT_EQ(run_process(gen + path("other.bin") + " --seed 2").exit_code, 0);
+  const std::string tiny = "--model " + model_file("tiny-32k.bin") + " --tokenizer " + model_file("tokenizer.bin");
+  const std::string common = " --tp 2 --comm-timeout 60 --steps 5";
+  for (const auto& [first, second, error] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {tiny, "--model " + model_file("mini-gqa.bin") + " --tokenizer " + model_file("tokenizer.bin"),
+            "[r1] error: this rank's model shape differs from rank 0's ('dim "},
+           {"--model " + path("same.bin"), "--model " + path("other.bin") + " --tokenizer " + path("same.tokenizer.bin"),
+            "[r1] error: this rank's model file contents (a digest of 512 KiB sampled across it) differs from rank 0's"},
+           {tiny, tiny + " --prompt other",
+            "[r1] error: this rank's prompt differs from rank 0's ('other' here, 'Once upon a time' on rank 0); give "
+            "every rank the same model file, prompts and layout flags"},
+           {tiny, tiny + " --weights-dtype bf16",
+            "[r1] error: this rank's --weights-dtype differs from rank 0's ('bf16' here, 'fp32' on rank 0)"},
            // Flags that end one rank early would leave the others waiting too.
-           {"--model " + model_file("tiny-32k.bin"), "--model " + model_file("tiny-32k.bin") + " --print-config"},
-           {"--model " + model_file("tiny-32k.bin"), "--model " + model_file("tiny-32k.bin") + " --help"}}) {
+           {tiny, tiny + " --print-config",
+            "[r1] error: this rank's --print-config differs from rank 0's ('given' here, 'not given' on rank 0)"},
+           {tiny, tiny + " --help", "[r1] error: this rank's --help differs from rank 0's ('given' here, 'not given' on rank 0)"}}) {
     const ProcessResult r = run_process(kMpirun + "1 " + shardline() + " run " + first + common + " : -np 1 " +
                                         shardline() + " run " + second + common, 50);
     EXPECT_EQ(r.exit_code, 2) << second << "\n" << r.err;
-    EXPECT_NE(r.err.find(second.ends_with("--help") ? "[r1] error: this rank was given --help and rank 0 was not"
-                                                    : "[r1] error: this rank's model or flags differ from rank 0's"),
-              std::string::npos)
-        << r.err;
+    EXPECT_EQ(count_of(r.err, error), 1u) << r.err;
   }
+  // Rank 0 alone differs from the other two: the line says rank 0 is the one to fix, not rank 1.
+  const std::string three = " --tp 1 --pp 3 --comm-timeout 60 --steps 5 ";
+  const ProcessResult r = run_process(kMpirun + "1 " + shardline() + " run " + tiny + three + "--kv-dtype fp16 : -np 2 " +
+                                      shardline() + " run " + tiny + three, 50);
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_EQ(count_of(r.err, "[r1] error: rank 0's --kv-dtype differs from every other rank's ('fp16' on rank 0, 'auto' "
+                            "on rank 1 and the rest)"),
+            1u)
+      << r.err;
 }
 
 TEST_F(Cli, ARankStuckAtStartUpFailsTheJobAfterTheCommTimeout) {

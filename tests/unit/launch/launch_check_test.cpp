@@ -55,7 +55,7 @@ TEST(LaunchCheck, RankCountMustEqualTheLayout) {
   EXPECT_EQ(error_of<ConfigError>(r), "--np 4 starts 4 ranks but tp=2 x pp=1 uses 2: the extra ranks would hold no "
                                       "shard; launch exactly 2 (mpirun -np 2) or raise --tp/--pp");
   r.n_ranks = 1;
-  EXPECT_NE(error_of<ConfigError>(r).find("--np 1 starts 1 rank but tp=2 x pp=1 needs 2"), std::string::npos);
+  EXPECT_NE(error_of<ResourceError>(r).find("--np 1 starts 1 rank but tp=2 x pp=1 needs 2"), std::string::npos);
   EXPECT_NE(error_of<ConfigError>(layout(0, 1)).find("--tp and --pp must be >= 1"), std::string::npos);
   // A product past an int once wrapped: 65536 x 65536 read as 0 ranks and passed.
   EXPECT_EQ(error_of<ConfigError>(layout(65536, 65536)), "tp=65536 x pp=65536 is more ranks than a job can hold");
