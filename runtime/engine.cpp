@@ -14,6 +14,7 @@
 #include "runtime/checkpoint.h"
 #include "runtime/cuda_stage.h"
 #include "runtime/progress_report.h"
+#include "runtime/text_stream.h"
 
 namespace shardline::runtime {
 
@@ -212,10 +213,11 @@ std::vector<GenerationResult> Engine::generate(const std::vector<GenerationReque
   const bool output = is_output_rank();
   const bool stream = output && on_piece && n == 1;
   std::vector<int> prev(n);
+  std::vector<TextStream> texts(n, TextStream(tokenizer_));  // byte tokens joined into UTF-8 characters
   auto emit = [&](int i, int token, bool generated) {
-    std::string_view piece = tokenizer_.decode(prev[i], token);
+    const std::string_view piece = texts[i].add(tokenizer_.decode(prev[i], token));
     prev[i] = token;
-    if (!tokenizer_.prints(piece)) return;
+    if (piece.empty()) return;
     results[i].text += piece;
     if (generated) results[i].generated_text += piece;
     if (stream) on_piece(piece);

@@ -70,6 +70,8 @@ class Tokenizer {
   // Whether `piece` (a decode() result) is written out: is_printable_piece for llama2.c's vocabulary; every
   // byte-level piece (a token may end inside a UTF-8 character that the next one completes).
   bool prints(std::string_view piece) const;
+  // Whether this is a byte-level vocabulary (Llama 3's), whose pieces may end inside a UTF-8 character.
+  bool is_byte_level() const { return byte_level_ != nullptr; }
 
   // run.c encode(): [BOS] + dummy prefix " " (if text is non-empty) + one token per UTF-8 codepoint (its
   // bytes as byte-fallback tokens when the codepoint is not a piece), then repeatedly merge the adjacent pair

@@ -79,6 +79,13 @@ void packed_matmul_args(benchmark::internal::Benchmark* b) {
       }
     }
   }
+  // The 15M shape's matrices (q/k/v as one, wo, w1 and w3 as one 1536-row matrix, w2, the classifier), fp32
+  // at batch 1 and 16 on two threads: what its batch-16 step spends in the matmuls alone (BENCHMARKS.md,
+  // session 36).
+  const int small_shapes[][2] = {{288, 864}, {288, 288}, {288, 1536}, {768, 288}, {288, 32000}};
+  for (int n : {1, 16}) {
+    for (const auto& s : small_shapes) b->Args({0, n, s[0], s[1], 2});
+  }
 }
 BENCHMARK(BM_PackedMatmul)->Apply(packed_matmul_args)->Unit(benchmark::kMicrosecond)->UseRealTime();
 

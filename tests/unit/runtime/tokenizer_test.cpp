@@ -1,5 +1,6 @@
 #include "runtime/tokenizer.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -18,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "runtime/text_stream.h"
 
 namespace shardline::runtime {
 namespace {
@@ -169,6 +171,49 @@ TEST_F(LlamaTokenizerTest, BosEosAndEmptyText) {
   EXPECT_EQ(tok().encode("", false, false), std::vector<int>{});
   EXPECT_EQ(tok().encode("", true, true), (std::vector<int>{kBosId, kEosId}));
   EXPECT_EQ(tok().encode("Once upon a time", false, true), (std::vector<int>{9038, 2501, 263, 931, kEosId}));
+}
+
+// What a sequence's text shows (runtime/text_stream.h): byte tokens that spell a UTF-8 character are written
+// as it, once complete; run.c printed none of them.
+std::string text_of(const Tokenizer& tok, const std::vector<int>& ids) {
+  TextStream text(tok);
+  std::string out;
+  for (std::size_t i = 1; i < ids.size(); ++i) out += text.add(tok.decode(ids[i - 1], ids[i]));  // BOS: no text
+  return out;
+}
+
+TEST_F(LlamaTokenizerTest, TextJoinsByteTokensIntoTheCharactersTheySpell) {
+  for (const std::string text : {"café 🦙 中文 ok", "a\u2029b", "🦙🦙"}) {
+    const std::vector<int> ids = tok().encode(text, true, false);
+    ASSERT_EQ(ids[0], kBosId);
+    EXPECT_GT(std::count_if(ids.begin(), ids.end(), [](int id) { return id >= 3 + 0x80 && id <= 258; }), 0)
+        << text << ": no byte tokens to join";
+    EXPECT_EQ(text_of(tok(), ids), text);
+  }
+  EXPECT_EQ(text_of(tok(), tok().encode("Ünïcödé", true, false)), "Ünïcödé");  // whole pieces, as run.c
+}
+
+TEST_F(LlamaTokenizerTest, TextDropsBytesThatSpellNoCharacterOrAControl) {
+  const auto bytes = [](std::initializer_list<int> values) {
+    std::vector<int> ids = {kBosId};
+    for (int b : values) ids.push_back(3 + b);
+    return ids;
+  };
+  const int a = tok().lookup("A");
+  ASSERT_GT(a, 258);
+  std::vector<int> cut = bytes({0xE4});  // a character cut short by a piece
+  cut.push_back(a);
+  EXPECT_EQ(text_of(tok(), cut), "A");
+  EXPECT_EQ(text_of(tok(), bytes({0xB8})), "");                          // a stray continuation byte
+  EXPECT_EQ(text_of(tok(), bytes({0xE4, 0xB8, 0xE4, 0xB8, 0xAD})), "中");  // cut short by the next lead byte
+  EXPECT_EQ(text_of(tok(), bytes({0xE4, 0xB8})), "");                    // never completed
+  EXPECT_EQ(text_of(tok(), bytes({0xE0, 0x80, 0x80})), "");              // overlong
+  EXPECT_EQ(text_of(tok(), bytes({0xED, 0xA0, 0x80})), "");              // a surrogate
+  EXPECT_EQ(text_of(tok(), bytes({0xC0, 0x80, 0xF5, 0x80})), "");        // never lead bytes
+  EXPECT_EQ(text_of(tok(), bytes({0xC2, 0x85})), "");                    // C1 control (NEL)
+  EXPECT_EQ(text_of(tok(), bytes({0xE2, 0x80, 0xAE})), "");              // bidi override
+  EXPECT_EQ(text_of(tok(), bytes({0x41, 0x07, 0x0A})), "A\n");           // ASCII byte tokens as run.c prints them
+  EXPECT_EQ(text_of(tok(), bytes({0xF0, 0x9F, 0xA6, 0x99, 0x41})), "🦙A");
 }
 
 TEST_F(LlamaTokenizerTest, EmojiFallsBackToBytes) {
