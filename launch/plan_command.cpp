@@ -185,8 +185,9 @@ int plan_command(const std::vector<std::string>& args) {
   if (!emit.empty() && json) throw ConfigError("shardline plan: --emit prints a script, --json the plans: give one");
   if (!vm["time"].defaulted() && emit.empty()) throw ConfigError("shardline plan: --time is the script's: give --emit sbatch");
   // It lands on an #SBATCH line: one of Slurm's forms only (minutes, M:S, H:M:S, D-H, D-H:M, D-H:M:S, or no
-  // limit), so no other text can reach the script.
-  static const std::regex kSlurmTime(R"((\d{1,8}-)?\d{1,8}(:\d{1,2}){0,2}|UNLIMITED|INFINITE)");
+  // limit: -1, INFINITE or UNLIMITED in any case, as Slurm's time_str2secs reads them), so no other text can
+  // reach the script.
+  static const std::regex kSlurmTime(R"((\d{1,8}-)?\d{1,8}(:\d{1,2}){0,2}|-1|unlimited|infinite)", std::regex::icase);
   if (!std::regex_match(time_limit, kSlurmTime)) {
     throw ConfigError(fmt::format("shardline plan: --time '{}' is not a Slurm time limit (minutes, H:MM:SS, D-HH:MM, ...)",
                                   printable(time_limit)));
@@ -208,7 +209,9 @@ int plan_command(const std::vector<std::string>& args) {
   } else {
     throw ConfigError(fmt::format("shardline plan: --objective '{}' is not latency or throughput", objective));
   }
-  if (!(temperature >= 0.0f)) throw ConfigError("shardline plan: --temperature must be >= 0");
+  if (!std::isfinite(temperature) || temperature < 0.0f) {  // as run refuses it
+    throw ConfigError(fmt::format("shardline plan: --temperature must be a finite number >= 0 (0 = greedy); got {}", temperature));
+  }
   w.greedy = temperature == 0.0f;
   if (batch < 1) throw ConfigError("shardline plan: --batch must be >= 1");
   if (top < 1) throw ConfigError("shardline plan: --top must be >= 1");
@@ -228,16 +231,17 @@ int plan_command(const std::vector<std::string>& args) {
   partition::PlanSearch search;  // the flags' filters, checked before this machine is measured
   search.world = ranks;
   search.top = top;
-  if (!tp_list.empty()) search.tp_only = parse_int_list("--tp", tp_list);
-  if (!pp_list.empty()) search.pp_only = parse_int_list("--pp", pp_list);
+  // Given, even empty ("--tp ''", a shell variable left unset), a list is parsed: an empty one is refused.
+  if (vm.count("tp")) search.tp_only = parse_int_list("--tp", tp_list);
+  if (vm.count("pp")) search.pp_only = parse_int_list("--pp", pp_list);
   for (int tp : search.tp_only) check_rank_flag("--tp", tp);
   for (int pp : search.pp_only) check_rank_flag("--pp", pp);
-  if (!m_list.empty()) {
+  if (vm.count("micro-batches")) {
     // Counts past the batch are priced and shown as the batch (Workload::micro_batches_for), once.
     for (int m : parse_int_list("--micro-batches", m_list)) {
       if (m < 1) throw ConfigError(fmt::format("shardline plan: --micro-batches {} is not a count >= 1", m));
       const int kept = w.micro_batches_for(m);
-      if (kept < m) log::info("--micro-batches {} is more than --batch {}: planned as {}", m, w.batch, kept);
+      if (kept < m) log::warn("--micro-batches {} is more than --batch {}: planned as {}", m, w.batch, kept);
       if (std::find(search.micro_batches_only.begin(), search.micro_batches_only.end(), kept) ==
           search.micro_batches_only.end()) {
         search.micro_batches_only.push_back(kept);

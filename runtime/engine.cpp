@@ -180,9 +180,10 @@ void Engine::check_kv_fits(const std::vector<SequenceSpec>& specs) const {
       const std::string which = specs.size() == 1
                                     ? fmt::format("a {}-position sequence", spec.positions())
                                     : fmt::format("sequence {} of {} ({} positions)", i + 1, specs.size(), spec.positions());
-      throw ResourceError(fmt::format("the KV cache pool has {} free blocks of {} tokens but {} needs {}; pass "
+      throw ResourceError(fmt::format("the KV cache pool has {} free block{} of {} tokens but {} needs {}; pass "
                                       "--kv-blocks {} or more, or run shorter sequences",
-                                      free_blocks, options_.kv_block_tokens, which, needed, needed));
+                                      free_blocks, free_blocks == 1 ? "" : "s", options_.kv_block_tokens, which, needed,
+                                      needed));
     }
   }
 }

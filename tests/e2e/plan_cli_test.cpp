@@ -92,9 +92,11 @@ TEST_F(PlanCli, TemperatureSaysWhetherTheLastStageGathersTheLogits) {
   EXPECT_FALSE(sampled["workload"]["greedy"].get<bool>());
   EXPECT_LT(greedy["plans"][0]["fractions"]["comm"].get<double>(), sampled["plans"][0]["fractions"]["comm"].get<double>());
   EXPECT_GT(greedy["plans"][0]["throughput_tok_s"].get<double>(), sampled["plans"][0]["throughput_tok_s"].get<double>());
-  const ProcessResult bad = run_process(shardline_binary() + " plan --preset 110m --temperature -0.5");
-  EXPECT_EQ(bad.exit_code, 2) << bad.err;
-  EXPECT_NE(bad.err.find("--temperature must be >= 0"), std::string::npos) << bad.err;
+  for (const char* value : {"-0.5", "inf", "nan"}) {  // as run refuses them
+    const ProcessResult bad = run_process(shardline_binary() + " plan --preset 110m --temperature " + value);
+    EXPECT_EQ(bad.exit_code, 2) << value << ": " << bad.err;
+    EXPECT_NE(bad.err.find("--temperature must be a finite number >= 0"), std::string::npos) << bad.err;
+  }
 }
 
 TEST_F(PlanCli, TableIsReadable) {
@@ -184,7 +186,8 @@ TEST_F(PlanCli, BadInputsAreClearErrors) {
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_NE(r.err.find("no layout with --tp 2 uses exactly 3 ranks: tp x pp must equal the rank count"), std::string::npos)
       << r.err;
-  for (const char* flag : {"--np -1", "--top 0", "--context -5", "--context 1", "--prompt-tokens -1", "--ranks-per-domain -2"}) {
+  for (const char* flag : {"--np -1", "--top 0", "--context -5", "--context 1", "--prompt-tokens -1", "--ranks-per-domain -2",
+                           "--tp ''", "--pp ''", "--micro-batches ''"}) {  // an empty list is no filter to drop
     r = run_process(shardline_binary() + " plan --preset 110m " + flag + " --cluster " + cluster_file("cluster-this-vm.json"));
     EXPECT_EQ(r.exit_code, 2) << flag << ": " << r.err;
     EXPECT_NE(r.err.find(std::string(flag).substr(0, std::string(flag).find(' '))), std::string::npos) << r.err;
@@ -250,7 +253,7 @@ TEST_F(PlanCli, EmittedSbatchHoldsTheGeometryAndNoInjectedLines) {
   const ProcessResult short_job = run_process(plain + " --emit sbatch --time 00:05:00");
   ASSERT_EQ(short_job.exit_code, 0) << short_job.err;
   EXPECT_NE(short_job.out.find("#SBATCH --time=00:05:00 "), std::string::npos) << short_job.out;
-  for (const char* ok : {"30", "1-12:30", "UNLIMITED"}) {
+  for (const char* ok : {"30", "1-12:30", "UNLIMITED", "unlimited", "Infinite", "-1"}) {  // Slurm's time_str2secs
     EXPECT_EQ(run_process(plain + " --emit sbatch --time " + ok).exit_code, 0) << ok;
   }
   for (const char* bad : {" --emit sbatch --time '5;rm -rf x'", " --emit sbatch --time ''", " --emit sbatch --time :::",
