@@ -29,14 +29,16 @@ inline constexpr std::size_t kDigestSampleBytes = 4096;
 
 // 16 hex digits; ResourceError naming the path where it cannot be read.
 inline std::string sampled_file_digest(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  struct Fd {  // closed on every way out, an allocation that throws included
+    int fd;
+    ~Fd() {
+      if (fd >= 0) ::close(fd);
+    }
+  } const file{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
+  const int fd = file.fd;
   if (fd < 0) throw ResourceError(fmt::format("cannot open '{}': {}", path, std::strerror(errno)));
   struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    const int error = errno;
-    ::close(fd);
-    throw ResourceError(fmt::format("cannot read '{}': {}", path, std::strerror(error)));
-  }
+  if (::fstat(fd, &st) != 0) throw ResourceError(fmt::format("cannot read '{}': {}", path, std::strerror(errno)));
   const auto size = static_cast<std::uint64_t>(st.st_size);
   const std::uint64_t sample = std::min<std::uint64_t>(kDigestSampleBytes, size);
   std::string bytes = fmt::format("{}|", size);
@@ -48,15 +50,13 @@ inline std::string sampled_file_digest(const std::string& path) {
       const ssize_t n = ::pread(fd, block.data() + got, sample - got, static_cast<off_t>(offset + got));
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0) {
-        const int error = n < 0 ? errno : EIO;
-        ::close(fd);
-        throw ResourceError(fmt::format("cannot read '{}' at byte {}: {}", path, offset + got, std::strerror(error)));
+        throw ResourceError(fmt::format("cannot read '{}' at byte {}: {}", path, offset + got,
+                                        std::strerror(n < 0 ? errno : EIO)));
       }
       got += static_cast<std::size_t>(n);
     }
     bytes += block;
   }
-  ::close(fd);
   return fmt::format("{:016x}", std::hash<std::string_view>{}(bytes));
 }
 

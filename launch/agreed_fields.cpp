@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "common/error.h"
+#include "common/printable.h"
 
 namespace shardline::launch {
 
@@ -28,21 +29,25 @@ std::string_view take_text(std::string_view& bytes) {
     digits = bytes[i] >= '0' && bytes[i] <= '9';
     length = length * 10 + static_cast<std::size_t>(bytes[i] - '0');
   }
-  if (!digits || bytes.size() - colon - 1 < length) {
-    throw CommError("rank 0's start-up fields arrived malformed (is every host running the same shardline?)");
+  if (!digits || bytes.size() - colon - 1 < length) {  // another build's bytes: a difference like any other
+    throw ConfigError("rank 0's start-up fields arrived malformed; is every host running the same shardline build?");
   }
   const std::string_view text = bytes.substr(colon + 1, length);
   bytes.remove_prefix(colon + 1 + length);
   return text;
 }
 
-std::string shown(const std::string& value) { return fmt::format("'{}'", value); }
+// A value in the error line: control characters and bytes that are not UTF-8 escaped, so a prompt cannot
+// break the line or act on a terminal.
+std::string shown(const std::string& value) { return fmt::format("'{}'", printable(value, 200)); }
 
 }  // namespace
 
 std::string comparable_value(std::string_view text) {
   if (text.size() <= kShownChars) return std::string(text);
-  return fmt::format("{}... ({} bytes, digest {:016x})", text.substr(0, kShownChars), text.size(),
+  std::size_t cut = kShownChars;  // not inside a UTF-8 character
+  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
+  return fmt::format("{}... ({} bytes, digest {:016x})", text.substr(0, cut), text.size(),
                      std::hash<std::string_view>{}(text));
 }
 
@@ -67,6 +72,7 @@ AgreedFields decode_fields(std::string_view bytes) {
 }
 
 std::optional<FieldDifference> first_difference(const AgreedFields& mine, const AgreedFields& rank0) {
+  if (rank0.empty()) return std::nullopt;  // rank 0 failed to list its own: its error is the one to report
   const std::size_t n = std::max(mine.size(), rank0.size());
   for (std::size_t i = 0; i < n; ++i) {
     const AgreedField* a = i < mine.size() ? &mine[i] : nullptr;

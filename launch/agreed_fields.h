@@ -20,8 +20,8 @@ using AgreedFields = std::vector<AgreedField>;
 // whole, so that what rank 0 sends every rank stays small and a message can still show it.
 std::string comparable_value(std::string_view text);
 
-// Fields as bytes (lengths before contents: values may hold any byte) and back; decode throws CommError on
-// bytes no encode_fields wrote.
+// Fields as bytes (lengths before contents: values may hold any byte) and back; decode throws ConfigError on
+// bytes no encode_fields wrote (another build's).
 std::string encode_fields(const AgreedFields& fields);
 AgreedFields decode_fields(std::string_view bytes);
 
@@ -30,7 +30,8 @@ struct FieldDifference {
   std::string mine;   // "(none)" where this rank has fewer fields
   std::string rank0;  // "(none)" where rank 0 has fewer
 };
-// The first field, in order, whose name or value differs from rank 0's; nullopt when all agree.
+// The first field, in order, whose name or value differs from rank 0's; nullopt when all agree, and when
+// rank 0 has none (it failed to list them: every list starts with --help).
 std::optional<FieldDifference> first_difference(const AgreedFields& mine, const AgreedFields& rank0);
 
 // The error line for a rank that differs. rank0_alone: every other rank of a job of three or more differs

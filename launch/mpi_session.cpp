@@ -202,16 +202,23 @@ std::string MpiSession::rank0_bytes(const std::string& mine, double timeout_s) c
   return bytes;
 }
 
-int MpiSession::ranks_where(bool yes, double timeout_s) const {
-  int count = yes ? 1 : 0;
-  if (!active_ || world_size_ == 1) return count;
-  int total = 0;
-  MPI_Request request = MPI_REQUEST_NULL;
-  if (MPI_Iallreduce(&count, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD, &request) != MPI_SUCCESS) {
-    throw CommError("MPI_Iallreduce failed while the ranks compared their configurations");
+MpiSession::Spread MpiSession::spread(std::optional<std::uint64_t> value, double timeout_s) const {
+  if (!active_ || world_size_ == 1) return value ? Spread{1, *value, *value} : Spread{};
+  // One minimum over {1 - given, value, ~value}: the count from how many gave none, the highest as the
+  // complement of the lowest complement. Ranks without a value send the identity of each.
+  constexpr std::uint64_t kNone = std::numeric_limits<std::uint64_t>::max();
+  std::uint64_t mine[2] = {value ? *value : kNone, value ? ~*value : kNone};
+  std::uint64_t least[2] = {0, 0};
+  int given = value ? 1 : 0, count = 0;
+  constexpr const char* kWhat = "compared their configurations";
+  MPI_Request requests[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+  if (MPI_Iallreduce(mine, least, 2, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD, &requests[0]) != MPI_SUCCESS ||
+      MPI_Iallreduce(&given, &count, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD, &requests[1]) != MPI_SUCCESS) {
+    throw CommError(fmt::format("MPI_Iallreduce failed while the ranks {}", kWhat));
   }
-  wait_bounded(request, timeout_s, "compared their configurations", static_cast<int>(ExitCode::kComm));
-  return total;
+  wait_bounded(requests[0], timeout_s, kWhat, static_cast<int>(ExitCode::kComm));
+  wait_bounded(requests[1], timeout_s, kWhat, static_cast<int>(ExitCode::kComm));
+  return {count, least[0], ~least[1]};
 }
 
 void MpiSession::abort_job(int exit_code) const {

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <exception>
+#include <optional>
 #include <string>
 
 #include "common/error.h"
@@ -59,8 +60,14 @@ class MpiSession {
   // Collective: rank 0's bytes on every rank (`mine` where there are no others). For what every rank must
   // share (launch/agreed_fields.h).
   std::string rank0_bytes(const std::string& mine, double timeout_s) const;
-  // Collective: on how many ranks `yes` holds (yes ? 1 : 0 alone or without MPI).
-  int ranks_where(bool yes, double timeout_s) const;
+  // Collective: on how many ranks `value` is given, and the lowest and highest of the values given (alone or
+  // without MPI: this rank's). E.g. whether every rank that found a difference found the same one.
+  struct Spread {
+    int count = 0;
+    std::uint64_t lowest = 0;
+    std::uint64_t highest = 0;
+  };
+  Spread spread(std::optional<std::uint64_t> value, double timeout_s) const;
 
   // Ends the whole job with this exit code (MPI_Abort when active), so no peer waits forever.
   [[noreturn]] void abort_job(int exit_code) const;

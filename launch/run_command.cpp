@@ -373,7 +373,10 @@ AgreedFields run_fields(const RunConfig* c, const partition::ModelShape* shape) 
   const auto add = [&](std::string name, std::string value) { fields.push_back({std::move(name), std::move(value)}); };
   const auto flag_value = [](int value) { return value == 0 ? std::string("not given") : std::to_string(value); };
   add("model shape", shape->describe());
-  add("model file size", fmt::format("{} bytes", std::filesystem::file_size(c->engine.model_path)));
+  std::error_code size_error;
+  const std::uintmax_t size = std::filesystem::file_size(c->engine.model_path, size_error);
+  if (size_error) throw ResourceError(fmt::format("cannot read '{}': {}", c->engine.model_path, size_error.message()));
+  add("model file size", fmt::format("{} bytes", size));
   // Last of the model's: a copy of the same shape and size at the same path on another host, with other weights.
   add("model file contents (a digest of 512 KiB sampled across it)", sampled_file_digest(c->engine.model_path));
   add("--tp", flag_value(c->tp));
@@ -648,11 +651,15 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
         failure = std::current_exception();
       }
     }
-    // Where every other rank of three or more differs from rank 0, rank 0 is the one to fix.
-    const int differing = mpi.ranks_where(difference.has_value(), timeout_s);
+    // Where every other rank of three or more differs from rank 0 in the same field with the same value, rank
+    // 0 is the one to fix.
+    std::optional<std::uint64_t> what_differs;
+    if (difference) what_differs = std::hash<std::string>{}(difference->name + '\0' + difference->mine);
+    const MpiSession::Spread differing = mpi.spread(what_differs, timeout_s);
     if (failure) std::rethrow_exception(failure);
     if (difference) {
-      const bool rank0_alone = mpi.world_size() >= 3 && differing == mpi.world_size() - 1;
+      const bool rank0_alone = mpi.world_size() >= 3 && differing.count == mpi.world_size() - 1 &&
+                               differing.lowest == differing.highest;
       throw ConfigError(describe_difference(*difference, mpi.world_rank(), rank0_alone));
     }
   });

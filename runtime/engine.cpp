@@ -229,6 +229,7 @@ std::vector<GenerationResult> Engine::generate(const std::vector<GenerationReque
       const bool starts_with_bos = ids[0] == tokenizer_.bos_id();  // not text; it sets prev for the first piece
       prev[i] = starts_with_bos ? ids[0] : -1;
       for (std::size_t t = starts_with_bos ? 1 : 0; t < ids.size(); ++t) emit(i, ids[t], false);
+      texts[i].end_prompt();
     }
   }
   std::vector<int> steps_done(n, 0);

@@ -26,7 +26,7 @@ std::string_view TextStream::add(std::string_view piece) {
   }
   const auto b = static_cast<unsigned char>(piece[0]);
   if (is_continuation(b) && !pending_.empty()) {
-    pending_ += piece;
+    pending_.push_back(piece[0]);
     if (pending_.size() < lead_length(static_cast<unsigned char>(pending_[0]))) return {};
     completed_.swap(pending_);
     pending_.clear();
@@ -35,7 +35,7 @@ std::string_view TextStream::add(std::string_view piece) {
     return completed_;
   }
   pending_.clear();  // a stray continuation byte, or a new lead byte cutting the last character short
-  if (lead_length(b) != 0) pending_ = piece;
+  if (lead_length(b) != 0) pending_.assign(1, piece[0]);
   return {};
 }
 

@@ -2,8 +2,9 @@
 // `run` streams. A llama2.c or SentencePiece vocabulary spells a character it has no piece for in byte
 // tokens (U+1F999 is <0xF0><0x9F><0xA6><0x99>): their bytes are held until they complete a UTF-8
 // character, which is then written whole. Bytes that cannot complete one (a stray continuation byte, a
-// character cut short by another token) are dropped, as are C1 controls and bidi overrides, which a
-// terminal would act on. llama2.c's run.c (safe_printf) drops every byte token above 0x7F, so it prints no
+// character cut short by another token) are dropped, as are C1 controls and bidi overrides spelled in
+// bytes, which a terminal would act on (a vocabulary's own multi-byte pieces are written as they are, as
+// run.c writes them). llama2.c's run.c (safe_printf) drops every byte token above 0x7F, so it prints no
 // such character at all; text made of whole pieces is written as run.c writes it. A byte-level vocabulary
 // (Llama 3) writes every piece as it is (Tokenizer::prints).
 #pragma once
@@ -22,6 +23,9 @@ class TextStream {
   // What `piece` (a Tokenizer::decode() result) adds to the text: "" while a character's bytes are still
   // incomplete, and for pieces that are not written. Valid until the next call.
   std::string_view add(std::string_view piece);
+  // The prompt's text ends here: bytes it left incomplete are dropped, so the generated text holds only what
+  // the model generated.
+  void end_prompt() { pending_.clear(); }
 
  private:
   const Tokenizer* tokenizer_;

@@ -1244,6 +1244,14 @@ TEST_F(Cli, RanksGivenDifferentModelsOrRequestsStopAtStartUp) {
                             "on rank 1 and the rest)"),
             1u)
       << r.err;
+  // Ranks 1 and 2 differ from rank 0 in different fields: rank 1 says its own, not that rank 0 is alone.
+  const ProcessResult split = run_process(kMpirun + "1 " + shardline() + " run " + tiny + three + ": -np 1 " + shardline() +
+                                          " run " + tiny + three + "--kv-dtype fp16 : -np 1 " + shardline() + " run " +
+                                          tiny + three + "--prompt other", 50);
+  EXPECT_EQ(split.exit_code, 2) << split.err;
+  EXPECT_EQ(count_of(split.err, "[r1] error: this rank's --kv-dtype differs from rank 0's ('fp16' here, 'auto' on rank 0)"),
+            1u)
+      << split.err;
 }
 
 TEST_F(Cli, ARankStuckAtStartUpFailsTheJobAfterTheCommTimeout) {

@@ -35,11 +35,11 @@ TEST(AgreedFields, EncodeDecodeRoundTripsAnyBytes) {
   EXPECT_TRUE(decode_fields("").empty());
 }
 
-TEST(AgreedFields, MalformedBytesAreACommErrorNotACrash) {
+TEST(AgreedFields, MalformedBytesAreAConfigErrorNotACrash) {
   const std::string good = encode_fields(some_fields());
-  for (const std::string bad : {std::string("5:ab"), std::string("x:1"), std::string("3"), std::string(":"),
+  for (const std::string& bad : {std::string("5:ab"), std::string("x:1"), std::string("3"), std::string(":"),
                                 std::string("99999999999999:a"), good.substr(0, good.size() - 1), good + "4:name"}) {
-    EXPECT_THROW(decode_fields(bad), CommError) << bad;
+    EXPECT_THROW(decode_fields(bad), ConfigError) << bad;
   }
 }
 
@@ -60,6 +60,16 @@ TEST(AgreedFields, TheFirstDifferingFieldIsNamedWithBothValues) {
   EXPECT_EQ(describe_difference(*d, 1, true),
             "rank 0's --kv-dtype differs from every other rank's ('auto' on rank 0, 'int8' on rank 1 and the rest); "
             "give every rank the same model file, prompts and layout flags");
+}
+
+TEST(AgreedFields, ValuesInTheLineAreEscapedAndRank0WithoutFieldsIsNoDifference) {
+  const FieldDifference d{"prompt", "two\nlines \x1b[2J", "ok"};
+  const std::string line = describe_difference(d, 1, false);
+  EXPECT_EQ(line.find('\n'), std::string::npos) << line;
+  EXPECT_EQ(line.find('\x1b'), std::string::npos) << line;
+  EXPECT_NE(line.find("'two\\x0alines \\x1b[2J' here"), std::string::npos) << line;
+  // Rank 0 that failed to list its fields sends none: its own error is the one to report, not a difference.
+  EXPECT_FALSE(first_difference(some_fields(), {}));
 }
 
 TEST(AgreedFields, ARankGivenHelpOrAnotherBuildDiffersAtItsFirstField) {
@@ -92,6 +102,9 @@ TEST(AgreedFields, LongTextIsComparedWholeAndShownByItsStart) {
   EXPECT_LT(comparable_value(a).size(), 120u);
   EXPECT_EQ(comparable_value(a).substr(0, 60), a.substr(0, 60));
   EXPECT_NE(comparable_value(a).find("500 bytes"), std::string::npos) << comparable_value(a);
+  // Shown up to a character's start, never inside one.
+  const std::string wide = std::string(59, 'a') + "中" + std::string(100, 'b');
+  EXPECT_EQ(comparable_value(wide).substr(0, 62), std::string(59, 'a') + "...");
 }
 
 class FileDigest : public ::testing::Test {

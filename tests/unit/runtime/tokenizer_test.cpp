@@ -214,6 +214,20 @@ TEST_F(LlamaTokenizerTest, TextDropsBytesThatSpellNoCharacterOrAControl) {
   EXPECT_EQ(text_of(tok(), bytes({0xE2, 0x80, 0xAE})), "");              // bidi override
   EXPECT_EQ(text_of(tok(), bytes({0x41, 0x07, 0x0A})), "A\n");           // ASCII byte tokens as run.c prints them
   EXPECT_EQ(text_of(tok(), bytes({0xF0, 0x9F, 0xA6, 0x99, 0x41})), "🦙A");
+  EXPECT_EQ(text_of(tok(), bytes({0xF4, 0x90, 0x80, 0x80})), "");        // past U+10FFFF
+  EXPECT_EQ(text_of(tok(), bytes({0xF0, 0x80, 0x80, 0x80})), "");        // overlong, 4 bytes
+  EXPECT_EQ(text_of(tok(), bytes({0xE4, 0x41, 0xB8, 0xAD})), "A");       // an ASCII byte token cuts it short
+  EXPECT_EQ(text_of(tok(), bytes({0xC3, 0xA9, 0xA9})), "é");             // a continuation after a whole character
+}
+
+TEST_F(LlamaTokenizerTest, TheGeneratedTextHoldsNoByteThePromptLeftIncomplete) {
+  TextStream text(tok());
+  EXPECT_EQ(text.add(tok().decode(kBosId, 3 + 0xE4)), "");  // the prompt ends inside a character
+  text.end_prompt();
+  EXPECT_EQ(text.add(tok().decode(3 + 0xE4, 3 + 0xB8)), "");
+  EXPECT_EQ(text.add(tok().decode(3 + 0xB8, 3 + 0xAD)), "");  // not 中 from a byte the model never generated
+  EXPECT_EQ(text.add(tok().decode(3 + 0xAD, 3 + 0xC3)), "");
+  EXPECT_EQ(text.add(tok().decode(3 + 0xC3, 3 + 0xA9)), "é");
 }
 
 TEST_F(LlamaTokenizerTest, EmojiFallsBackToBytes) {
