@@ -95,7 +95,15 @@ int topo_command(const std::vector<std::string>& args) {
                                                        : memory::discover_host_topology();
   // Plan every rank before printing, so an impossible request prints one error line and nothing else.
   std::vector<memory::RankPlacement> placements;
-  for (int r = 0; r < np; ++r) placements.push_back(memory::plan_placement(host, r, np, mode));
+  try {
+    for (int r = 0; r < np; ++r) placements.push_back(memory::plan_placement(host, r, np, mode));
+  } catch (const ResourceError& e) {
+    // Nothing to place ranks on: this host lacks it (exit 4), but a description given here is what is wrong:
+    // the flag's (2) or the file's (3).
+    if (!synthetic.empty()) throw ConfigError(fmt::format("--synthetic '{}': {}", synthetic, e.what()));
+    if (!xml.empty()) throw FormatError(fmt::format("--xml '{}': {}", xml, e.what()));
+    throw;
+  }
   print_topology(host);
   std::cout << fmt::format("\nplacement of {} local rank{} (--bind {}):\n", np, np == 1 ? "" : "s", bind);
   for (const auto& p : placements) std::cout << fmt::format("  local rank {}: {}\n", p.local_rank, p.describe());

@@ -103,6 +103,8 @@ TEST_F(Placement, TopoBadInputIsOneLine) {
                         // a description of millions of threads ran until killed
                         Case{"--synthetic 'pack:1000 core:1000 pu:10'", "has more than 16384 hardware threads"},
                         Case{"--synthetic '1000 1000 10'", "has more than 16384 hardware threads"},
+                        // a description with no core to place a rank on is the flag's fault (2), not a missing resource (4)
+                        Case{"--synthetic 'pu:1'", "--synthetic 'pu:1': the topology (synthetic 'pu:1') has no NUMA node with a usable core"},
                         Case{"--xml /nonexistent/t.xml", "cannot open topology XML", 4},
                         Case{"--xml " + path("bad.xml"), "topology XML", 3},
                         Case{"--np 0", "--np 0 is not a rank count from 1 to 32768"},
