@@ -42,7 +42,8 @@ Commands:
   launch-check  before mpirun/srun: does the hostfile, rankfile or Slurm allocation fit tp x pp?
 
 Exit codes: 0 ok, 1 unexpected error, 2 bad flags or layout, 3 corrupt input file,
-            4 missing resource (file, memory, GPU), 5 communication failure (peer died, timeout).
+            4 missing resource (file, memory, GPU, room for the output), 5 communication failure
+            (peer died, timeout).
 )";
 
 // This process's launch as launch_env.h reads it; nullopt where its variables are nonsense (the commands that

@@ -868,9 +868,11 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
   const bool output = engine->is_output_rank();
   runtime::PieceCallback stream;
   if (output && !config->json) {
+    // A write that fails (a full disk) ends the run at that token, not after the whole generation.
     stream = [](std::string_view piece) {
-      std::fwrite(piece.data(), 1, piece.size(), stdout);
-      std::fflush(stdout);
+      if (std::fwrite(piece.data(), 1, piece.size(), stdout) != piece.size() || std::fflush(stdout) != 0) {
+        throw ResourceError(fmt::format("writing the output failed: {}", std::strerror(errno)));
+      }
     };
   }
   std::vector<std::vector<float>> dumped(config->requests.size());

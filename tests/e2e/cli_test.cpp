@@ -764,7 +764,13 @@ TEST_F(Cli, WritesThatFailAreFailedRuns) {
   const std::string run = shardline() + " run --model " + model_file("tiny-32k.gguf") + " --steps 4";
   ProcessResult r = run_process("bash -c " + shell_quote("exec " + run + " > /dev/full"));
   EXPECT_EQ(r.exit_code, 4) << r.err;
-  EXPECT_NE(r.err.find("writing the output failed"), std::string::npos) << r.err;
+  EXPECT_EQ(count_of(r.err, "writing the output failed"), 1u) << r.err;
+  // At the first piece that cannot be written, not after the whole generation (its statistics line).
+  const std::string long_run = shardline() + " run --model " + model_file("tiny-32k.gguf") + " --steps 100";
+  r = run_process("bash -c " + shell_quote("exec " + long_run + " > /dev/full"));
+  EXPECT_EQ(r.exit_code, 4) << r.err;
+  EXPECT_EQ(count_of(r.err, "writing the output failed: No space left on device"), 1u) << r.err;
+  EXPECT_EQ(r.err.find("decode "), std::string::npos) << r.err;
   r = run_process(run + " --dump-logits /dev/full");
   EXPECT_EQ(r.exit_code, 4) << r.err;
   EXPECT_NE(r.err.find("--dump-logits file '/dev/full' failed"), std::string::npos) << r.err;
