@@ -87,14 +87,13 @@ std::optional<FieldDifference> first_difference(const AgreedFields& mine, const 
   return std::nullopt;
 }
 
-std::string describe_difference(const FieldDifference& d, int rank, bool rank0_alone) {
-  constexpr const char* kFix = "give every rank the same model file, prompts and layout flags";
+std::string describe_difference(const FieldDifference& d, int rank, bool rank0_alone, std::string_view fix) {
   if (rank0_alone) {
     return fmt::format("rank 0's {} differs from every other rank's ({} on rank 0, {} on rank {} and the rest); {}",
-                       d.name, shown(d.rank0), shown(d.mine), rank, kFix);  // this rank: the lowest that differs
+                       d.name, shown(d.rank0), shown(d.mine), rank, fix);  // this rank: the lowest that differs
   }
   return fmt::format("this rank's {} differs from rank 0's ({} here, {} on rank 0); {}", d.name, shown(d.mine),
-                     shown(d.rank0), kFix);
+                     shown(d.rank0), fix);
 }
 
 }  // namespace shardline::launch

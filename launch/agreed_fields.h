@@ -34,8 +34,8 @@ struct FieldDifference {
 // rank 0 has none (it failed to list them: every list starts with --help).
 std::optional<FieldDifference> first_difference(const AgreedFields& mine, const AgreedFields& rank0);
 
-// The error line for a rank that differs. rank0_alone: every other rank of a job of three or more differs
-// from rank 0, so rank 0 is the one to fix, not this one.
-std::string describe_difference(const FieldDifference& difference, int rank, bool rank0_alone);
+// The error line for a rank that differs, ending in `fix` (what to give every rank). rank0_alone: every
+// other rank of a job of three or more differs from rank 0 the same way, so rank 0 is the one to fix.
+std::string describe_difference(const FieldDifference& difference, int rank, bool rank0_alone, std::string_view fix);
 
 }  // namespace shardline::launch

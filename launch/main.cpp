@@ -114,11 +114,15 @@ int dispatch(const std::string& command, const std::vector<std::string>& args,
              std::unique_ptr<shardline::launch::MpiSession>& mpi) {
   using namespace shardline::launch;
   if (left_to_another_task(command)) return 0;
-  if (command == "run") {
-    mpi = std::make_unique<MpiSession>(comm_timeout_flag(args));
+  // A job's start-up lines name their rank (until the command knows its place in the mesh).
+  const auto name_the_rank = [&] {
     if (mpi->active() && mpi->world_size() > 1) {
       shardline::log::set_place(fmt::format("[r{}]", mpi->world_rank()), mpi->world_rank() == 0);
     }
+  };
+  if (command == "run") {
+    mpi = std::make_unique<MpiSession>(comm_timeout_flag(args));
+    name_the_rank();
     return run_command(args, *mpi);
   }
   if (command == "gen-model") return gen_model_command(args);
@@ -131,6 +135,7 @@ int dispatch(const std::string& command, const std::vector<std::string>& args,
   if (command == "topo") return topo_command(args);
   if (command == "bench") {
     mpi = std::make_unique<MpiSession>();
+    name_the_rank();
     return bench_command(args, *mpi);
   }
   throw shardline::ConfigError(fmt::format("unknown command '{}' (see 'shardline --help')", command));

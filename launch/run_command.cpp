@@ -32,6 +32,7 @@
 #include "common/units.h"
 #include "kernels/cpu/isa.h"
 #include "launch/agreed_fields.h"
+#include "launch/field_agreement.h"
 #include "launch/cli_options.h"
 #include "launch/launch_env.h"
 #include "launch/placement_setup.h"
@@ -634,34 +635,9 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
   // end a rank early, count). Every rank reaches the broadcast, whatever computing its own value did. A rank
   // that differs names the field and both values (launch/agreed_fields.h). Alone, a rank has nobody to
   // differ from (and reads no samples of its model for the digest).
-  if (mpi.world_size() > 1) code = agreed_phase(mpi, timeout_s, [&] {
-    AgreedFields mine;
-    std::exception_ptr failure;
-    try {
-      mine = run_fields(help ? nullptr : &*config, help ? nullptr : &*shape);
-    } catch (...) {
-      failure = std::current_exception();
-    }
-    const std::string rank0 = mpi.rank0_bytes(encode_fields(mine), timeout_s);
-    std::optional<FieldDifference> difference;
-    if (!failure) {
-      try {
-        difference = first_difference(mine, decode_fields(rank0));
-      } catch (...) {
-        failure = std::current_exception();
-      }
-    }
-    // Where every other rank of three or more differs from rank 0 in the same field with the same value, rank
-    // 0 is the one to fix.
-    std::optional<std::uint64_t> what_differs;
-    if (difference) what_differs = std::hash<std::string>{}(difference->name + '\0' + difference->mine);
-    const MpiSession::Spread differing = mpi.spread(what_differs, timeout_s);
-    if (failure) std::rethrow_exception(failure);
-    if (difference) {
-      const bool rank0_alone = mpi.world_size() >= 3 && differing.count == mpi.world_size() - 1 &&
-                               differing.lowest == differing.highest;
-      throw ConfigError(describe_difference(*difference, mpi.world_rank(), rank0_alone));
-    }
+  code = agreed_phase(mpi, timeout_s, [&] {
+    require_same_fields(mpi, timeout_s, [&] { return run_fields(help ? nullptr : &*config, help ? nullptr : &*shape); },
+                        "give every rank the same model file, prompts and layout flags");
   });
   if (code != 0 || help) return code;
 

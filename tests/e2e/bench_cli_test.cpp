@@ -128,6 +128,22 @@ TEST_F(BenchCli, RunsUnderMpirunWithTensorParallelismAndOneRankPrints) {
   expect_complete_rows(json_lines(r.out), 2);
 }
 
+// Ranks given other measurement flags (an MPMD launch) had each measured their own batches and exchanged rows
+// of other sizes: now the job stops at start-up, and the rank that differs names the flag and both values.
+TEST_F(BenchCli, RanksGivenOtherBenchFlagsStopAtStartUpNamingTheFlag) {
+  const std::string bench = shardline_binary() + " bench --presets 15m --dtypes fp32 --steps 2 --prompt-tokens 2 "
+                            "--threads 1 --repeats 1 --tp 2 --models-dir " + (dir_ / "models").string();
+  const ProcessResult r = run_process("mpirun --oversubscribe --bind-to none -np 1 " + bench + " --batches 1 : -np 1 " +
+                                          bench + " --batches 4",
+                                      120);
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_EQ(count_of(r.err, "[r1] error: this rank's --batches differs from rank 0's ('4' here, '1' on rank 0); give "
+                            "every rank the same bench flags"),
+            1u)
+      << r.err;
+  EXPECT_TRUE(r.out.empty()) << r.out;
+}
+
 // The model is written by one rank while the others wait: a folder it cannot make is its one error line and
 // the same exit code on every rank (it had ended the job through MPI_Abort, whose banner buried the line).
 TEST_F(BenchCli, AModelFolderThatCannotBeMadeUnderMpirunIsOneLineFromOneRank) {

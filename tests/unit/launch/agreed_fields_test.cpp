@@ -17,6 +17,8 @@
 namespace shardline::launch {
 namespace {
 
+constexpr const char* kFix = "give every rank the same model file, prompts and layout flags";
+
 AgreedFields some_fields() {
   return {{"--help", "not given"}, {"model shape", "dim 64, hidden 160"}, {"--kv-dtype", "auto"},
           {"prompt", "Once upon a time"}};
@@ -54,17 +56,17 @@ TEST(AgreedFields, TheFirstDifferingFieldIsNamedWithBothValues) {
   EXPECT_EQ(d->name, "--kv-dtype");
   EXPECT_EQ(d->mine, "int8");
   EXPECT_EQ(d->rank0, "auto");
-  EXPECT_EQ(describe_difference(*d, 3, false),
+  EXPECT_EQ(describe_difference(*d, 3, false, kFix),
             "this rank's --kv-dtype differs from rank 0's ('int8' here, 'auto' on rank 0); give every rank the same "
             "model file, prompts and layout flags");
-  EXPECT_EQ(describe_difference(*d, 1, true),
+  EXPECT_EQ(describe_difference(*d, 1, true, kFix),
             "rank 0's --kv-dtype differs from every other rank's ('auto' on rank 0, 'int8' on rank 1 and the rest); "
             "give every rank the same model file, prompts and layout flags");
 }
 
 TEST(AgreedFields, ValuesInTheLineAreEscapedAndRank0WithoutFieldsIsNoDifference) {
   const FieldDifference d{"prompt", "two\nlines \x1b[2J", "ok"};
-  const std::string line = describe_difference(d, 1, false);
+  const std::string line = describe_difference(d, 1, false, kFix);
   EXPECT_EQ(line.find('\n'), std::string::npos) << line;
   EXPECT_EQ(line.find('\x1b'), std::string::npos) << line;
   EXPECT_NE(line.find("'two\\x0alines \\x1b[2J' here"), std::string::npos) << line;
