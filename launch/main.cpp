@@ -129,6 +129,7 @@ int dispatch(const std::string& command, const std::vector<std::string>& args,
   if (command == "plan") return plan_command(args);
   if (command == "probe") {
     mpi = std::make_unique<MpiSession>();
+    name_the_rank();
     return probe_command(args, *mpi);
   }
   if (command == "launch-check") return launch_check_command(args);

@@ -14,7 +14,9 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "common/output_file.h"
+#include "launch/agreed_fields.h"
 #include "launch/cli_options.h"
+#include "launch/field_agreement.h"
 #include "partition/cluster.h"
 #include "runtime/machine_probe.h"
 
@@ -58,6 +60,14 @@ int probe_command(const std::vector<std::string>& args, const MpiSession& mpi) {
     if (!help && mpi.world_rank() == 0) require_writable_output(out, "--out file");
   });
   if (code != 0) return code;
+  // Every rank measures the same way (a rank with --quick exchanged smaller messages than its peers: "message
+  // truncated"); --out is rank 0's alone.
+  const int agreed = agreed_phase(mpi, kDefaultCommTimeoutS, [&] {
+    require_same_fields(mpi, kDefaultCommTimeoutS, [&] {
+      return AgreedFields{{"--help", help ? "given" : "not given"}, {"--quick", quick ? "given" : "not given"}};
+    }, "give every rank the same probe flags");
+  });
+  if (agreed != 0) return agreed;
   if (help) return 0;
   std::unique_ptr<comm::Communicator> world =
       mpi.active() ? comm::make_mpi_world({.timeout_s = kDefaultCommTimeoutS, .host_collectives = true})  // as a run's groups

@@ -286,9 +286,15 @@ TEST_F(PlanCli, ProbeUnderMpirunSaysABadFlagOnceWithItsExitCode) {
   // Every rank printed its own "[r0] error: ... unknown flag" line and aborted the job its own way.
   for (const auto& [flags, code, expect] : std::vector<std::tuple<std::string, int, std::string>>{
            {"--quick --bogus", 2, "unknown flag '--bogus'"},
-           {"--quick --out " + (dir_ / "no-such-folder" / "p.json").string(), 4, "cannot write --out file"}}) {
+           {"--quick --out " + (dir_ / "no-such-folder" / "p.json").string(), 4, "cannot write --out file"},
+           // Ranks measuring differently exchanged messages of other sizes ("MPI_ERR_TRUNCATE", exit 5).
+           {"--quick --out " + (dir_ / "p.json").string() + " : -np 2 " + shardline_binary() + " probe --out " +
+                (dir_ / "p.json").string(),
+            2, "[r1] error: rank 0's --quick differs from every other rank's ('given' on rank 0, 'not given' on rank 1 and "
+               "the rest)"}}) {
+    const std::string np = flags.find(" : ") == std::string::npos ? "3 " : "1 ";
     const ProcessResult r =
-        run_process("mpirun --oversubscribe --bind-to none -np 3 " + shardline_binary() + " probe " + flags, 60);
+        run_process("mpirun --oversubscribe --bind-to none -np " + np + shardline_binary() + " probe " + flags, 60);
     EXPECT_EQ(r.exit_code, code) << r.err;
     std::size_t lines = 0;
     for (std::size_t at = r.err.find(expect); at != std::string::npos; at = r.err.find(expect, at + 1)) ++lines;
