@@ -43,6 +43,10 @@ std::string shown(const std::string& value) { return fmt::format("'{}'", printab
 
 }  // namespace
 
+std::string given(bool yes) { return yes ? "given" : "not given"; }
+
+std::string count_or_not_given(int count) { return count == 0 ? given(false) : std::to_string(count); }
+
 std::string comparable_value(std::string_view text) {
   if (text.size() <= kShownChars) return std::string(text);
   std::size_t cut = kShownChars;  // not inside a UTF-8 character

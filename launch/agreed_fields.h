@@ -16,6 +16,10 @@ struct AgreedField {
 };
 using AgreedFields = std::vector<AgreedField>;
 
+// A switch's value: "given" or "not given"; a count whose 0 means the flag was left out: the count or "not given".
+std::string given(bool yes);
+std::string count_or_not_given(int count);
+
 // A value as fields hold it: short text as it is; longer text (a prompt) as its start and a digest of the
 // whole, so that what rank 0 sends every rank stays small and a message can still show it.
 std::string comparable_value(std::string_view text);

@@ -246,28 +246,23 @@ nlohmann::json to_json(const std::string& preset, kernels::cpu::WeightDtype dtyp
 
 // What every rank of a bench must share, in the order a differing rank is told of it: the measurement's
 // flags (ranks measuring other batches or steps would exchange rows of other sizes). --threads, --isa and the
-// output's form may differ by rank. --help first: a rank given it has parsed nothing else.
-AgreedFields bench_fields(const BenchConfig* c) {
-  AgreedFields fields{{"--help", c == nullptr ? "given" : "not given"}};
-  if (c == nullptr) return fields;
+// output's form may differ by rank.
+AgreedFields bench_fields(const BenchConfig& c) {
   std::vector<std::string> dtypes;
-  for (const auto dtype : c->dtypes) dtypes.emplace_back(kernels::cpu::weight_dtype_name(dtype));
-  const auto given = [](int value) { return value == 0 ? std::string("not given") : std::to_string(value); };
-  const runtime::RooflineBenchOptions& b = c->bench;
-  fields.insert(fields.end(),
-                {{"--presets", fmt::format("{}", fmt::join(c->presets, ","))},
-                 {"--dtypes", fmt::format("{}", fmt::join(dtypes, ","))},
-                 {"--kv-dtype", c->kv_dtype ? kernels::cpu::kv_dtype_name(*c->kv_dtype) : "auto"},
-                 {"--batches", fmt::format("{}", fmt::join(b.batches, ","))},
-                 {"--steps", std::to_string(b.decode_steps)},
-                 {"--prompt-tokens", std::to_string(b.decode_prompt_tokens)},
-                 {"--prefill-tokens", std::to_string(b.prefill_tokens)},
-                 {"--chunk-tokens", std::to_string(c->chunk_tokens)},
-                 {"--repeats", std::to_string(b.repeats)},
-                 {"--statistic", b.statistic == runtime::RooflineBenchOptions::Statistic::kBest ? "best" : "median"},
-                 {"--tp", given(c->tp)},
-                 {"--pp", given(c->pp)}});
-  return fields;
+  for (const auto dtype : c.dtypes) dtypes.emplace_back(kernels::cpu::weight_dtype_name(dtype));
+  const runtime::RooflineBenchOptions& b = c.bench;
+  return {{"--presets", fmt::format("{}", fmt::join(c.presets, ","))},
+          {"--dtypes", fmt::format("{}", fmt::join(dtypes, ","))},
+          {"--kv-dtype", c.kv_dtype ? kernels::cpu::kv_dtype_name(*c.kv_dtype) : "auto"},
+          {"--batches", fmt::format("{}", fmt::join(b.batches, ","))},
+          {"--steps", std::to_string(b.decode_steps)},
+          {"--prompt-tokens", std::to_string(b.decode_prompt_tokens)},
+          {"--prefill-tokens", std::to_string(b.prefill_tokens)},
+          {"--chunk-tokens", std::to_string(c.chunk_tokens)},
+          {"--repeats", std::to_string(b.repeats)},
+          {"--statistic", b.statistic == runtime::RooflineBenchOptions::Statistic::kBest ? "best" : "median"},
+          {"--tp", count_or_not_given(c.tp)},
+          {"--pp", count_or_not_given(c.pp)}};
 }
 
 int bench_command(const std::vector<std::string>& args, const MpiSession& mpi) {
@@ -298,7 +293,7 @@ int bench_command(const std::vector<std::string>& args, const MpiSession& mpi) {
   });
   if (code != 0) return code;
   const int agreed = agreed_phase(mpi, timeout_s, [&] {
-    require_same_fields(mpi, timeout_s, [&] { return bench_fields(help ? nullptr : &*config); },
+    require_same_fields(mpi, timeout_s, help, [&] { return bench_fields(*config); },
                         "give every rank the same bench flags");
   });
   if (agreed != 0) return agreed;

@@ -9,13 +9,16 @@
 
 namespace shardline::launch {
 
-void require_same_fields(const MpiSession& mpi, double timeout_s, const std::function<AgreedFields()>& list_fields,
-                         std::string_view fix) {
+void require_same_fields(const MpiSession& mpi, double timeout_s, bool help,
+                         const std::function<AgreedFields()>& list_fields, std::string_view fix) {
   if (mpi.world_size() == 1) return;
-  AgreedFields mine;
+  AgreedFields mine{{"--help", given(help)}};
   std::exception_ptr failure;
   try {
-    mine = list_fields();
+    if (!help) {
+      AgreedFields listed = list_fields();
+      mine.insert(mine.end(), listed.begin(), listed.end());
+    }
   } catch (...) {
     failure = std::current_exception();
   }

@@ -63,9 +63,8 @@ int probe_command(const std::vector<std::string>& args, const MpiSession& mpi) {
   // Every rank measures the same way (a rank with --quick exchanged smaller messages than its peers: "message
   // truncated"); --out is rank 0's alone.
   const int agreed = agreed_phase(mpi, kDefaultCommTimeoutS, [&] {
-    require_same_fields(mpi, kDefaultCommTimeoutS, [&] {
-      return AgreedFields{{"--help", help ? "given" : "not given"}, {"--quick", quick ? "given" : "not given"}};
-    }, "give every rank the same probe flags");
+    require_same_fields(mpi, kDefaultCommTimeoutS, help, [&] { return AgreedFields{{"--quick", given(quick)}}; },
+                        "give every rank the same probe flags");
   });
   if (agreed != 0) return agreed;
   if (help) return 0;

@@ -364,41 +364,38 @@ std::string quantised_file_note(const RunConfig& c, bool on_gpu) {
 // What every rank must agree on, hashed: the model's shape and file size (not its path: hosts may keep
 // copies in different places), the requests, and the flags that shape the layout or the arithmetic.
 // Threads, binding and page tiers may differ per rank.
-// What every rank of a run must share, in the order a differing rank is told of it (launch/agreed_fields.h).
-// --help first: a rank given it has parsed nothing else. Flags that end a rank early (--help,
-// --print-config) count, since the others would wait for it in their first collective.
-AgreedFields run_fields(const RunConfig* c, const partition::ModelShape* shape) {
-  const auto given = [](bool yes) { return std::string(yes ? "given" : "not given"); };
-  AgreedFields fields{{"--help", given(c == nullptr)}};
-  if (c == nullptr) return fields;
+// What every rank of a run must share, in the order a differing rank is told of it (launch/agreed_fields.h;
+// --help before them, launch/field_agreement.h). Flags that end a rank early (--print-config) count, since
+// the others would wait for it in their first collective.
+AgreedFields run_fields(const RunConfig& c, const partition::ModelShape& shape) {
+  AgreedFields fields;
   const auto add = [&](std::string name, std::string value) { fields.push_back({std::move(name), std::move(value)}); };
-  const auto flag_value = [](int value) { return value == 0 ? std::string("not given") : std::to_string(value); };
-  add("model shape", shape->describe());
+  add("model shape", shape.describe());
   std::error_code size_error;
-  const std::uintmax_t size = std::filesystem::file_size(c->engine.model_path, size_error);
-  if (size_error) throw ResourceError(fmt::format("cannot read '{}': {}", c->engine.model_path, size_error.message()));
+  const std::uintmax_t size = std::filesystem::file_size(c.engine.model_path, size_error);
+  if (size_error) throw ResourceError(fmt::format("cannot read '{}': {}", c.engine.model_path, size_error.message()));
   add("model file size", fmt::format("{} bytes", size));
   // Last of the model's: a copy of the same shape and size at the same path on another host, with other weights.
-  add("model file contents (a digest of 512 KiB sampled across it)", sampled_file_digest(c->engine.model_path));
-  add("--tp", flag_value(c->tp));
-  add("--pp", flag_value(c->pp));
-  add("--plan", c->plan);
-  add("--layers-per-stage", c->engine.layers_per_stage.empty() ? "not given" : fmt::format("{}", fmt::join(c->engine.layers_per_stage, ",")));
-  add("--micro-batches", flag_value(c->engine.micro_batches));
-  add("--chunk-tokens", flag_value(c->engine.chunk_tokens));
-  add("--kv-block-tokens", std::to_string(c->engine.kv_block_tokens));
-  add("--kv-blocks", std::to_string(c->engine.kv_blocks));
-  add("--weights-dtype", kernels::cpu::weight_dtype_name(c->engine.weights_dtype));
-  add("--kv-dtype", c->engine.kv_dtype ? kernels::cpu::kv_dtype_name(*c->engine.kv_dtype) : "auto");
-  add("--dump-logits", given(!c->dump_logits.empty()));
-  add("--print-config", given(c->print_config));
-  add("number of sequences (--prompt, --prompts-file, --batch)", std::to_string(c->requests.size()));
+  add("model file contents (a digest of 512 KiB sampled across it)", sampled_file_digest(c.engine.model_path));
+  add("--tp", count_or_not_given(c.tp));
+  add("--pp", count_or_not_given(c.pp));
+  add("--plan", c.plan);
+  add("--layers-per-stage", c.engine.layers_per_stage.empty() ? given(false) : fmt::format("{}", fmt::join(c.engine.layers_per_stage, ",")));
+  add("--micro-batches", count_or_not_given(c.engine.micro_batches));
+  add("--chunk-tokens", count_or_not_given(c.engine.chunk_tokens));
+  add("--kv-block-tokens", std::to_string(c.engine.kv_block_tokens));
+  add("--kv-blocks", std::to_string(c.engine.kv_blocks));
+  add("--weights-dtype", kernels::cpu::weight_dtype_name(c.engine.weights_dtype));
+  add("--kv-dtype", c.engine.kv_dtype ? kernels::cpu::kv_dtype_name(*c.engine.kv_dtype) : "auto");
+  add("--dump-logits", given(!c.dump_logits.empty()));
+  add("--print-config", given(c.print_config));
+  add("number of sequences (--prompt, --prompts-file, --batch)", std::to_string(c.requests.size()));
   // Each sequence's own fields up to a point; past it, one digest of them all keeps rank 0's bytes small.
   constexpr std::size_t kSequencesByName = 64;
-  if (c->requests.size() <= kSequencesByName) {
-    for (std::size_t i = 0; i < c->requests.size(); ++i) {
-      const runtime::GenerationRequest& r = c->requests[i];
-      const std::string of = c->requests.size() == 1 ? "" : fmt::format(" of sequence {}", i + 1);
+  if (c.requests.size() <= kSequencesByName) {
+    for (std::size_t i = 0; i < c.requests.size(); ++i) {
+      const runtime::GenerationRequest& r = c.requests[i];
+      const std::string of = c.requests.size() == 1 ? "" : fmt::format(" of sequence {}", i + 1);
       add("prompt" + of, comparable_value(r.prompt));
       add("--steps" + of, std::to_string(r.steps));
       add("--temperature" + of, fmt::format("{}", r.sampler.temperature));
@@ -407,14 +404,14 @@ AgreedFields run_fields(const RunConfig* c, const partition::ModelShape* shape) 
     }
   } else {
     std::string all;
-    for (const auto& r : c->requests) {
+    for (const auto& r : c.requests) {
       all += fmt::format("{}:{}|{}|{}|{}|{}\n", r.prompt.size(), r.prompt, r.steps, r.sampler.temperature,
                          r.sampler.top_p, r.sampler.seed);
     }
     add("prompts, --steps and sampling of the sequences (a digest)", fmt::format("{:016x}", std::hash<std::string>{}(all)));
   }
   // Another tokenizer (or vocabulary) encodes the same prompts differently.
-  add("prompts' token ids (the tokenizer's; a digest)", fmt::format("{:016x}", c->prompt_ids_hash));
+  add("prompts' token ids (the tokenizer's; a digest)", fmt::format("{:016x}", c.prompt_ids_hash));
   return fields;
 }
 
@@ -636,7 +633,7 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
   // that differs names the field and both values (launch/agreed_fields.h). Alone, a rank has nobody to
   // differ from (and reads no samples of its model for the digest).
   code = agreed_phase(mpi, timeout_s, [&] {
-    require_same_fields(mpi, timeout_s, [&] { return run_fields(help ? nullptr : &*config, help ? nullptr : &*shape); },
+    require_same_fields(mpi, timeout_s, help, [&] { return run_fields(*config, *shape); },
                         "give every rank the same model file, prompts and layout flags");
   });
   if (code != 0 || help) return code;
