@@ -20,6 +20,10 @@ namespace shardline::runtime {
 
 namespace {
 
+// Positions the attention scratch is sized for at load: runs within it never grow it. 4096 positions of a
+// 7B shape's 32 heads take 512 KiB a row, 4 MiB a thread; the model's own seq_len may be 128K or more.
+constexpr int kInitialContext = 4096;
+
 ModelFile checked_model(const EngineOptions& options, const partition::Mesh& mesh) {
   ModelFile model = read_model_file(options.model_path);
   if (auto problem = partition::find_layout_problem(model.shape, mesh.tp_size(), mesh.pp_size())) {
@@ -53,6 +57,8 @@ Engine::Engine(const EngineOptions& options, const partition::Mesh& mesh, comm::
   // Scratch for the largest prefill chunk expected; Pipeline::run grows it when a batch needs more rows.
   stage_options.max_rows = std::min(
       options.chunk_tokens > 0 ? options.chunk_tokens : options.chunk_policy.max_chunk_tokens, model_.shape.seq_len);
+  // The attention scratch for this many positions; a longer sequence grows it (Stage::reserve_context).
+  stage_options.context = std::min(model_.shape.seq_len, kInitialContext);
   if (options.kv_block_tokens < 1) throw ConfigError("--kv-block-tokens must be >= 1");
   if (options.kv_blocks < 0) throw ConfigError("--kv-blocks must be >= 0 (0 = automatic)");
   stage_options.kv_block_tokens = options.kv_block_tokens;
@@ -89,7 +95,7 @@ Engine::Engine(const EngineOptions& options, const partition::Mesh& mesh, comm::
     // One arena for the weights' copies and the stage's scratch, sized for both up front.
     arena_options.initial_bytes = ShardWeights::arena_bytes_needed(model_.shape, shard, options.weights_dtype,
                                                                    options.weights_in_arena) +
-                                  Stage::scratch_bytes(model_.shape, shard, stage_options.max_rows);
+                                  Stage::scratch_bytes(model_.shape, shard, stage_options.max_rows, stage_options.context);
     arena_ = std::make_unique<memory::Arena>(arena_options);
     weights_ = std::make_unique<ShardWeights>(
         options.model_path, model_.shape, shard,

@@ -21,7 +21,8 @@ Stage::Stage(const ShardWeights& weights, comm::Communicator& tp_comm, const Sta
   wo_input_ = weights.wo_input();
   SL_CHECK(q_dim_ % wo_input_.segment == 0);  // whole kv heads (find_layout_problem: tp divides n_kv_heads)
   att_stride_ = wo_input_.packed_k(q_dim_);
-  attention_rows_ = attention_rows_at_once(s, shard);
+  context_ = options.context > 0 ? std::min(options.context, s.seq_len) : s.seq_len;
+  attention_rows_ = attention_rows_at_once(shard, context_);
   wo_bounds_ = wo_input_.bounds(q_dim_);
   w2_bounds_ = partition::local_hidden_bounds(s, tp_comm.size(), tp_comm.rank());
   w2_segmented_ = partition::hidden_segments_nest(s, tp_comm.size());
@@ -30,7 +31,7 @@ Stage::Stage(const ShardWeights& weights, comm::Communicator& tp_comm, const Sta
   SL_CHECK(wo_bounds_.back() == att_stride_ && w2_bounds_.back() == hidden_);
   if (!arena_) {
     own_arena_ = std::make_unique<memory::Arena>(
-        memory::ArenaOptions{.initial_bytes = scratch_bytes(s, shard, options.max_rows)});
+        memory::ArenaOptions{.initial_bytes = scratch_bytes(s, shard, options.max_rows, context_)});
     arena_ = own_arena_.get();
   }
   SL_CHECK(options.kv_block_tokens >= 1 && options.kv_blocks >= 0);
@@ -39,7 +40,7 @@ Stage::Stage(const ShardWeights& weights, comm::Communicator& tp_comm, const Sta
   kv_pool_ = std::make_unique<memory::KvBlockPool>(memory::KvBlockPoolOptions{
       KvCache::block_bytes(n_layers, kv_dim_, s.head_size(), options.kv_block_tokens, options.kv_dtype), kv_blocks, options.numa_node,
       /*transparent_huge_pages=*/true});
-  scores_ = arena_->allocate_array<float>(static_cast<std::size_t>(shard.heads.size()) * s.seq_len *
+  scores_ = arena_->allocate_array<float>(static_cast<std::size_t>(shard.heads.size()) * context_ *
                                           attention_rows_ * cpu::num_threads());
   reserve_rows(options.max_rows);
   if (shard.has_classifier) {
@@ -51,7 +52,9 @@ Stage::Stage(const ShardWeights& weights, comm::Communicator& tp_comm, const Sta
   }
 }
 
-std::size_t Stage::scratch_bytes(const partition::ModelShape& s, const partition::RankShard& shard, int max_rows) {
+std::size_t Stage::scratch_bytes(const partition::ModelShape& s, const partition::RankShard& shard, int max_rows,
+                                 int context) {
+  context = context > 0 ? std::min(context, s.seq_len) : s.seq_len;
   const std::size_t rows = static_cast<std::size_t>(max_rows);
   const std::size_t q_dim = shard.heads.size() * s.head_size(), kv_dim = shard.kv_heads.size() * s.head_size();
   // att_ as wo's k: int8's, padded where it pads, is the widest.
@@ -63,14 +66,14 @@ std::size_t Stage::scratch_bytes(const partition::ModelShape& s, const partition
   const std::size_t partial_rows = std::min<std::size_t>(rows, kPartialRows);
   const std::size_t floats = rows * (3 * s.dim + q_dim + att + 2 * kv_dim + 2 * hidden + s.head_size()) +
                              partial_rows * partials * s.dim +
-                             static_cast<std::size_t>(shard.heads.size()) * s.seq_len * attention_rows_at_once(s, shard) *
+                             static_cast<std::size_t>(shard.heads.size()) * context * attention_rows_at_once(shard, context) *
                                  kernels::cpu::num_threads() +
                              (shard.has_classifier ? shard.vocab.size() : 0);
   return floats * sizeof(float) + rows * sizeof(Row) + 18 * 64;  // + one alignment pad per buffer
 }
 
-int Stage::attention_rows_at_once(const partition::ModelShape& s, const partition::RankShard& shard) {
-  const std::size_t row_bytes = shard.heads.size() * static_cast<std::size_t>(s.seq_len) * sizeof(float);
+int Stage::attention_rows_at_once(const partition::RankShard& shard, int context) {
+  const std::size_t row_bytes = shard.heads.size() * static_cast<std::size_t>(context) * sizeof(float);
   const std::size_t fit = row_bytes > 0 ? kScoresBudgetBytes / row_bytes : 1;
   return static_cast<int>(std::clamp<std::size_t>(fit, 1, cpu::attention_rows_at_once()));
 }
@@ -143,15 +146,13 @@ void Stage::attention_block(const LayerWeights& w, float* x, const float* residu
   const int hs = s.head_size();
   const int n_local_heads = q_dim_ / hs;
   const int n_local_kv = kv_dim_ / hs;
-  // (threads, attention_rows_, n_local_heads, seq_len): the softmax weights of each thread's rows
-  const std::size_t scores_per_row = static_cast<std::size_t>(n_local_heads) * s.seq_len;
-  const std::size_t scores_per_thread = scores_per_row * attention_rows_;
-  if (scores_.size() < scores_per_thread * cpu::num_threads()) {
-    scores_ = arena_->allocate_array<float>(scores_per_thread * cpu::num_threads());  // threads grew: once
-  }
-  // Fewer rows than threads: each row's heads go to the threads instead, where its context is long enough.
   int longest = 0;
   for (int t = 0; t < n; ++t) longest = std::max(longest, rows[t].pos + 1);
+  reserve_context(longest);
+  // (threads, attention_rows_, n_local_heads, context_): the softmax weights of each thread's rows
+  const std::size_t scores_per_row = static_cast<std::size_t>(n_local_heads) * context_;
+  const std::size_t scores_per_thread = scores_per_row * attention_rows_;
+  // Fewer rows than threads: each row's heads go to the threads instead, where its context is long enough.
   const bool split_heads =
       n < cpu::num_threads() && n_local_heads > 1 && longest > cpu::kMinParallelAttentionContext;
   // q, k and v read the same normalised rows: prepared once, one pass over the three matrices.
@@ -229,6 +230,17 @@ void Stage::attention_block(const LayerWeights& w, float* x, const float* residu
     first_segment_products(w.wo, wo_bounds_, n, team);
   });
   if (tp_comm_.size() > 1) reduce_segments(w.wo, wo_bounds_, n);
+}
+
+void Stage::reserve_context(int positions) {
+  SL_CHECK(positions <= shape().seq_len);
+  if (positions > context_) {
+    context_ = std::min(shape().seq_len, std::max(positions, 2 * context_));
+    attention_rows_ = attention_rows_at_once(weights_.shard(), context_);
+  }
+  const std::size_t floats = static_cast<std::size_t>(q_dim_ / shape().head_size()) * context_ * attention_rows_ *
+                             cpu::num_threads();
+  if (scores_.size() < floats) scores_ = arena_->allocate_array<float>(floats);  // longer rows or more threads: rarely
 }
 
 void Stage::first_segment_products(const PackedMatrix& w, const std::vector<int>& bounds, int n, cpu::Team team) {

@@ -38,6 +38,10 @@ struct StageOptions {
   std::vector<float> rope_freq_divisors = {};  // ModelFile's: empty or (head_size / 2)
   int kv_block_tokens = 16;        // positions per KV cache block
   int kv_blocks = 0;               // blocks in this rank's KV pool; 0: kDefaultKvContexts full contexts
+  // Positions the attention scratch is first sized for (0: the model's seq_len); a row at a later position
+  // grows it. The scratch holds a thread's softmax weights (local heads x positions floats a row), so sized
+  // for a GGUF's context_length of 128K or 1M it took gigabytes on a many-core rank however short the run.
+  int context = 0;
   kernels::cpu::KvDtype kv_dtype = kernels::cpu::KvDtype::kF32;  // the KV cache's values (run --kv-dtype)
   int numa_node = -1;              // the KV pool's node (-1: unbound)
   memory::Arena* arena = nullptr;  // scratch comes from it (it must outlive the Stage); nullptr: a private one
@@ -56,12 +60,14 @@ class Stage : public StageBackend {
   int kv_blocks_for(int n_positions) const override { return KvCache::blocks_for(n_positions, options_.kv_block_tokens); }
   const memory::KvBlockPool& kv_pool() const override { return *kv_pool_; }
 
-  // Arena bytes the scratch buffers take for max_rows rows (for sizing an arena up front).
-  static std::size_t scratch_bytes(const partition::ModelShape& shape, const partition::RankShard& shard, int max_rows);
+  // Arena bytes the scratch buffers take for max_rows rows and contexts of `context` positions (for sizing
+  // an arena up front; 0: seq_len).
+  static std::size_t scratch_bytes(const partition::ModelShape& shape, const partition::RankShard& shard, int max_rows,
+                                   int context = 0);
   // Rows of one sequence a kernel thread attends at once (a prefill chunk's, reading the cache once for
   // them): up to kernels::cpu::attention_rows_at_once() (1 where the ISA has no kernel for several rows),
-  // as many as kScoresBudgetBytes of softmax weights (local heads x seq_len floats a row) hold, at least one.
-  static int attention_rows_at_once(const partition::ModelShape& shape, const partition::RankShard& shard);
+  // as many as kScoresBudgetBytes of softmax weights (local heads x context floats a row) hold, at least one.
+  static int attention_rows_at_once(const partition::RankShard& shard, int context);
 
   // First stage: x[t] = embedding[tokens[t]].   x: (n, dim)
   void embed(const int* tokens, int n, float* x) override;
@@ -106,6 +112,9 @@ class Stage : public StageBackend {
   // The final RMSNorm of n activation rows, prepared as the classifier's input in act_ (growing the
   // buffers of the logits calls to n rows).
   void prepare_classifier_input(const float* x, int n);
+  // Sizes scores_ for rows up to `positions` of context on every kernel thread: grows context_ (at least
+  // doubling it, at most seq_len) and attention_rows_ with it. The old scratch stays in the arena.
+  void reserve_context(int positions);
   // The final RMSNorm and this rank's classifier rows for n activation rows: into out (n, vocab) with
   // tp = 1, into local_logits_ (n, vocab slice) when out is null.
   void classify(const float* x, int n, float* out);
@@ -118,7 +127,8 @@ class Stage : public StageBackend {
   int hidden_;      // local hidden features
   WoInput wo_input_;  // how wo's packed k holds the heads' output (bf16 and int8 may pad it: shard_weights.h)
   int att_stride_;    // floats per row of att_: wo's k
-  int attention_rows_;  // rows a kernel thread attends at once (attention_rows_at_once)
+  int context_;         // positions a row of scores_ holds (StageOptions::context, grown by reserve_context)
+  int attention_rows_;  // rows a kernel thread attends at once (attention_rows_at_once for context_)
   std::vector<int> wo_bounds_;  // wo's reduction segments along att_'s k (WoInput::bounds)
   std::vector<int> w2_bounds_;  // w2's along this rank's hidden slice (partition::local_hidden_bounds)
   bool w2_segmented_;           // each rank holds whole segments of w2 (always with tp=1; else TP all-reduces them)
@@ -138,7 +148,7 @@ class Stage : public StageBackend {
   memory::ArenaArray<float> v_;      // (max_rows, kv_dim)
   memory::ArenaArray<float> att_;    // (max_rows, att_stride_): the heads' output, spread as wo reads it
   memory::ArenaArray<float> rope_;   // (max_rows, head_size): each row's rotary cos/sin, once per forward
-  memory::ArenaArray<float> scores_; // (kernel threads, attention_rows_, local heads, seq_len): softmax weights
+  memory::ArenaArray<float> scores_; // (kernel threads, attention_rows_, local heads, context_): softmax weights
   memory::ArenaArray<float> hb_;     // (max_rows, hidden)
   memory::ArenaArray<float> out_;    // (max_rows, dim)
   // TP ranks after the first: their segment products, of up to kPartialRows rows (a prefill chunk goes in

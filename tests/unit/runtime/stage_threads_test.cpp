@@ -25,11 +25,12 @@ constexpr int kSteps = 80;  // past kMinParallelAttentionContext, so the heads' 
 
 // Every step's logits of n_sequences sequences decoded side by side (one row each per forward call) from
 // different first tokens, greedy: (steps, n_sequences, vocab) flattened.
-std::vector<float> decode_logits(const ShardWeights& weights, int threads, int n_sequences) {
+// context: the positions the stage's attention scratch is first sized for (StageOptions::context; 0: seq_len).
+std::vector<float> decode_logits(const ShardWeights& weights, int threads, int n_sequences, int context = 0) {
   test::ScopedThreads scoped(threads);
   auto comm = comm::make_solo_communicator();
   const partition::ModelShape& shape = weights.shape();
-  Stage stage(weights, *comm, {.max_rows = 4, .kv_block_tokens = 16});
+  Stage stage(weights, *comm, {.max_rows = 4, .kv_block_tokens = 16, .context = context});
   std::vector<KvCache> caches;
   for (int s = 0; s < n_sequences; ++s) caches.push_back(stage.make_kv_cache(kSteps));
   std::vector<int> tokens;
@@ -73,6 +74,22 @@ TEST(StageThreads, LogitsAreTheSameBitsForEveryThreadCountBatchAndContext) {
         }
       }
     }
+  }
+}
+
+// The attention scratch sized for 5 positions grows as the rows pass it (5 -> 10 -> 20 -> 40 -> 80), on
+// one thread and on three: the logits are the bits of a scratch sized for the whole context at load.
+TEST(StageThreads, AScratchSizedForAShortContextGrowsWithTheRowsAndGivesTheSameBits) {
+  const std::string path = test::model_file("mini-gqa.bin");
+  SHARDLINE_REQUIRE_MODEL_FILE(path);
+  const partition::ModelShape shape = read_checkpoint_shape(path);
+  ASSERT_GT(shape.seq_len, kSteps);
+  const auto shard = partition::shard_for(shape, partition::Mesh::single(), partition::stage_layer_ranges(shape, 1));
+  EXPECT_LT(Stage::scratch_bytes(shape, shard, 4, 5), Stage::scratch_bytes(shape, shard, 4));
+  ShardWeights weights(path, shape, shard, {kernels::cpu::WeightDtype::kF32});
+  for (int threads : {1, 3}) {
+    EXPECT_TRUE(decode_logits(weights, threads, 2, /*context=*/5) == decode_logits(weights, threads, 2))
+        << "a scratch grown from 5 positions differs on " << threads << " threads";
   }
 }
 
