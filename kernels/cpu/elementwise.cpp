@@ -15,6 +15,18 @@ namespace {
 // order (4 cycles apiece), and a batch's rows give independent chains to overlap. Bits are unchanged.
 constexpr int kRmsnormChains = 8;
 
+// The scale of a row whose float sum of squares overflowed (finite values beyond about 1.8e19 / sqrt(dim),
+// from a damaged weight or activations that grew without bound): float's 1 / sqrt(inf) is 0, which zeroed the
+// row, every logit after it, and gave token 0 with no NaN for the pipeline's check to see. In double the
+// sum is exact enough and the row normalises as it should. Rows of ordinary size never come here, so their
+// bits stay llama2.c's. A row holding Inf or NaN keeps float's result (NaN), which the pipeline warns of.
+float overflowed_rms_scale(const float* x, int dim, float eps) {
+  double ss = 0.0;
+  for (int j = 0; j < dim; ++j) ss += static_cast<double>(x[j]) * x[j];
+  if (!std::isfinite(ss)) return 0.0f;
+  return static_cast<float>(1.0 / std::sqrt(ss / dim + eps));
+}
+
 template <int R>
 void rmsnorm_rows(float* out, const float* x, const float* weight, int dim, float eps) {
   float ss[R] = {};
@@ -29,7 +41,7 @@ void rmsnorm_rows(float* out, const float* x, const float* weight, int dim, floa
     float* outr = out + static_cast<std::size_t>(r) * dim;
     float mean = ss[r] / static_cast<float>(dim);
     mean += eps;
-    const float scale = 1.0f / std::sqrt(mean);
+    const float scale = std::isinf(ss[r]) ? overflowed_rms_scale(xr, dim, eps) : 1.0f / std::sqrt(mean);
     for (int j = 0; j < dim; ++j) outr[j] = weight[j] * (scale * xr[j]);
   }
 }

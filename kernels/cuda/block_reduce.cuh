@@ -8,27 +8,29 @@ namespace shardline::kernels::cuda {
 inline constexpr int kRowThreads = 256;  // threads of a block that owns one row
 
 struct SumOp {
-  __device__ float operator()(float a, float b) const { return a + b; }
+  template <typename T>
+  __device__ T operator()(T a, T b) const { return a + b; }
 };
 struct MaxOp {
   __device__ float operator()(float a, float b) const { return a > b ? a : b; }
 };
 
 // Reduces every thread's value; every thread gets the result. Must be called by the whole block.
-template <typename Op>
-__device__ float block_all_reduce(float value, Op op) {
-  using Reduce = cub::BlockReduce<float, kRowThreads>;
+template <typename T, typename Op>
+__device__ T block_all_reduce(T value, Op op) {
+  using Reduce = cub::BlockReduce<T, kRowThreads>;
   __shared__ typename Reduce::TempStorage storage;
-  __shared__ float result;
-  const float reduced = Reduce(storage).Reduce(value, op);
+  __shared__ T result;
+  const T reduced = Reduce(storage).Reduce(value, op);
   if (threadIdx.x == 0) result = reduced;
   __syncthreads();
-  const float out = result;
+  const T out = result;
   __syncthreads();  // storage and result may be reused by the next call
   return out;
 }
 
 __device__ inline float block_sum(float value) { return block_all_reduce(value, SumOp()); }
+__device__ inline double block_sum(double value) { return block_all_reduce(value, SumOp()); }
 __device__ inline float block_max(float value) { return block_all_reduce(value, MaxOp()); }
 
 }  // namespace shardline::kernels::cuda

@@ -21,7 +21,13 @@ __global__ void rmsnorm_kernel(float* out, const float* x, const float* weight, 
   float ss = 0.0f;
   for (int j = threadIdx.x; j < dim; j += blockDim.x) ss += x[row + j] * x[row + j];
   ss = block_sum(ss);
-  const float scale = 1.0f / sqrtf(ss / static_cast<float>(dim) + eps);
+  float scale = 1.0f / sqrtf(ss / static_cast<float>(dim) + eps);
+  if (isinf(ss)) {  // finite values whose squares overflow float: in double, as the CPU's overflowed_rms_scale
+    double ssd = 0.0;
+    for (int j = threadIdx.x; j < dim; j += blockDim.x) ssd += static_cast<double>(x[row + j]) * x[row + j];
+    ssd = block_sum(ssd);  // ss is the block's: every thread takes this branch
+    scale = isfinite(ssd) ? static_cast<float>(1.0 / sqrt(ssd / dim + eps)) : 0.0f;
+  }
   for (int j = threadIdx.x; j < dim; j += blockDim.x) out[row + j] = weight[j] * (scale * x[row + j]);
 }
 

@@ -162,6 +162,35 @@ TEST(CpuRmsnorm, EveryBatchGivesLlama2cBits) {
   }
 }
 
+// Finite values whose float squares overflow (a damaged weight of 1e30 reached the hidden state): the row
+// must still normalise (1 / sqrt(inf) = 0 zeroed it, every logit after it, and picked token 0 silently),
+// beside ordinary rows that keep their bits; a row holding Inf stays non-finite, for the pipeline's warning.
+TEST(CpuRmsnorm, RowsWhoseSquaresOverflowFloatStillNormalise) {
+  std::mt19937 rng(10);
+  const int dim = 64;
+  const float eps = 1e-5f;
+  std::vector<float> x = random_floats(rng, static_cast<std::size_t>(3) * dim, -3.0f, 3.0f);
+  const std::vector<float> ordinary(x.begin() + 2 * dim, x.end());
+  for (int j = 0; j < dim; ++j) x[j] *= 1e25f;  // row 0: squares up to 9e50
+  x[dim + 5] = std::numeric_limits<float>::infinity();  // row 1
+  const std::vector<float> weight = random_floats(rng, dim, 0.5f, 1.5f);
+  std::vector<float> want_ordinary(dim);
+  rmsnorm(want_ordinary.data(), ordinary.data(), weight.data(), 1, dim, eps);
+  for (int threads : {1, 2}) {
+    ScopedThreads scoped(threads);
+    std::vector<float> out(x.size());
+    rmsnorm(out.data(), x.data(), weight.data(), 3, dim, eps);
+    double ss = 0.0;
+    for (int j = 0; j < dim; ++j) ss += static_cast<double>(x[j]) * x[j];
+    const double scale = 1.0 / std::sqrt(ss / dim);
+    for (int j = 0; j < dim; ++j) {
+      EXPECT_NEAR(out[j], weight[j] * x[j] * scale, 1e-5 * std::fabs(weight[j] * x[j] * scale) + 1e-7) << j;
+    }
+    EXPECT_FALSE(std::isfinite(out[dim + 5]));
+    EXPECT_TRUE(std::equal(want_ordinary.begin(), want_ordinary.end(), out.begin() + 2 * dim));
+  }
+}
+
 TEST(CpuRmsnorm, OutMayAliasX) {
   std::mt19937 rng(8);
   const int n = 3, dim = 37;
