@@ -34,7 +34,8 @@ class Cursor {
   std::uint64_t pos() const { return pos_; }
   std::uint64_t remaining() const { return size_ - pos_; }
   [[noreturn]] void fail(const std::string& what) const {
-    throw FormatError(fmt::format("GGUF file '{}' is corrupt at byte {}: {}", path_, pos_, what));
+    throw FormatError(fmt::format("GGUF file '{}' is corrupt at byte {}: {} (copy or convert the file again)", path_,
+                                  pos_, what));
   }
   void need(std::uint64_t bytes, const char* what) const {
     if (bytes > size_ - pos_) fail(fmt::format("{} runs past the end of the file ({} bytes)", what, size_));
@@ -222,8 +223,10 @@ std::string gguf_type_name(std::uint32_t type) {
   static const char* const names[] = {"F32", "F16", "Q4_0", "Q4_1", "Q4_2", "Q4_3", "Q5_0", "Q5_1", "Q8_0", "Q8_1",
                                       "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K", "IQ2_XXS", "IQ2_XS", "IQ3_XXS",
                                       "IQ1_S", "IQ4_NL", "IQ3_S", "IQ2_S", "IQ4_XS", "I8", "I16", "I32", "I64", "F64",
-                                      "IQ1_M", "BF16"};
-  if (type < sizeof(names) / sizeof(names[0])) return names[type];
+                                      "IQ1_M", "BF16", "Q4_0_4_4", "Q4_0_4_8", "Q4_0_8_8", "TQ1_0", "TQ2_0",
+                                      "IQ4_NL_4_4", "IQ4_NL_4_8", "IQ4_NL_8_8", "MXFP4"};
+  static_assert(sizeof(names) / sizeof(names[0]) == kGgufTypeIds);
+  if (type < kGgufTypeIds) return names[type];
   return fmt::format("type {}", type);
 }
 
@@ -251,6 +254,7 @@ GgufFile::GgufFile(const std::string& path) : path_(path), file_(path) {
     in.fail(fmt::format("{} tensors and {} metadata keys is no model", n_tensors, n_kv));
   }
   for (std::uint64_t k = 0; k < n_kv; ++k) {
+    const std::uint64_t key_at = in.pos();
     std::string key = in.string("a metadata key");
     const auto type = in.pod<std::uint32_t>("a metadata type");
     GgufValue value;
@@ -260,7 +264,11 @@ GgufFile::GgufFile(const std::string& path) : path_(path), file_(path) {
       throw FormatError(fmt::format("{} (the value of metadata key '{}', {} of {})", e.what(), printable(key), k + 1, n_kv));
     }
     if (!metadata_.emplace(key, std::move(value)).second) {
-      throw FormatError(fmt::format("GGUF file '{}' holds the key '{}' twice", path, printable(key)));
+      // An earlier count or length that is off reads other bytes as keys: often an empty key, twice.
+      throw FormatError(fmt::format("GGUF file '{}' is corrupt at byte {}: metadata key {} of {}, '{}', is already in "
+                                    "the file (a count or length before it is probably wrong; copy or convert the "
+                                    "file again)",
+                                    path, key_at, k + 1, n_kv, printable(key)));
     }
   }
   std::vector<GgufTensor> table;

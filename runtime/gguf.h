@@ -24,7 +24,10 @@ inline constexpr char kGgufMagic[4] = {'G', 'G', 'U', 'F'};
 // Whether the file at path starts with the GGUF magic (false if it cannot be read).
 bool is_gguf_file(const std::string& path);
 
-// ggml's name of a tensor type ("F32", "Q4_K" ...; "type N" for one it does not know).
+// ggml's tensor type ids this reader names: 0 (F32) to 39 (MXFP4), a few of them retired. A larger id is
+// corrupt, or from a llama.cpp newer than this reader.
+inline constexpr std::uint32_t kGgufTypeIds = 40;
+// ggml's name of a tensor type ("F32", "Q4_K" ...; "type N" for an id of kGgufTypeIds or more).
 std::string gguf_type_name(std::uint32_t type);
 // ggml's tensor types as (elements per block, bytes per block), for the types whose layout this reader
 // knows (ggml-common.h's block structs); {0, 0} for the others, whose tensors are not bounds-checked and are

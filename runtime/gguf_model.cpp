@@ -63,6 +63,12 @@ TensorRef float_tensor(const GgufFile& file, const std::string& name, std::uint6
   const GgufTensor* t = file.tensor(name);
   if (!t) refuse(file, fmt::format("has no tensor '{}'", name));
   const std::optional<TensorElement> element = element_of(t->type);
+  if (!element && t->type >= kGgufTypeIds) {
+    refuse(file, fmt::format("tensor '{}' has element type id {}, which no llama.cpp type shardline knows has "
+                             "(the last is MXFP4, {}): the file is corrupt, or from a newer llama.cpp; copy or "
+                             "convert it again",
+                             printable(name), t->type, kGgufTypeIds - 1));
+  }
   if (!element) {
     refuse(file, fmt::format("tensor '{}' is {}; shardline reads F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, "
                              "Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS tensors (requantize the model with "

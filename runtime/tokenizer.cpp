@@ -146,8 +146,9 @@ Tokenizer::Tokenizer(const std::string& path, int vocab_size) {
     pos += static_cast<std::size_t>(len);
   }
   if (static_cast<int>(pieces_.size()) != vocab_size)
-    throw FormatError(fmt::format("{}: tokenizer has {} tokens but the model expects {}", path,
-                                  pieces_.size(), vocab_size));
+    throw FormatError(fmt::format("{}: tokenizer has {} tokens but the model expects {}; pass the tokenizer made "
+                                  "with this model (--tokenizer), or copy it again if it is damaged",
+                                  path, pieces_.size(), vocab_size));
   build_index(fmt::format("tokenizer '{}'", path));
 }
 

@@ -370,8 +370,11 @@ TEST_F(GeneratedGguf, ModelsShardlineCannotRunAreRefusedByName) {
   EXPECT_NE(error_with([](GgufWriter& w) { w.tensor("blk.0.attn_q.weight", {4}, 0, std::vector<char>(16)); })
                 .find("holds two tensors named 'blk.0.attn_q.weight'"),
             std::string::npos);
-  EXPECT_NE(error_with([](GgufWriter& w) { w.u32("llama.block_count", 3); }).find("holds the key 'llama.block_count' twice"),
-            std::string::npos);
+  const std::string twice = error_with([](GgufWriter& w) { w.u32("llama.block_count", 3); });
+  EXPECT_NE(twice.find("is corrupt at byte "), std::string::npos) << twice;
+  EXPECT_NE(twice.find(", 'llama.block_count', is already in the file (a count or length before it is probably wrong"),
+            std::string::npos)
+      << twice;
   // A tensor of a quantised type shardline does not decode is named with its type.
   GgufWriter iq2_model;
   iq2_model.string("general.architecture", "llama");
@@ -380,6 +383,7 @@ TEST_F(GeneratedGguf, ModelsShardlineCannotRunAreRefusedByName) {
            {"llama.attention.head_count", 2}, {"llama.context_length", 8}}) {
     iq2_model.u32(key, value);
   }
+  const GgufWriter no_tensors = iq2_model;
   iq2_model.tensor("token_embd.weight", {256, 300}, 16, std::vector<char>(300 * 66));  // IQ2_XXS: 256 values in 66 bytes
   iq2_model.write(path("iq2.gguf"));
   EXPECT_NE(error_of(path("iq2.gguf")).find("tensor 'token_embd.weight' is IQ2_XXS; shardline reads F32, F16, BF16, "
@@ -387,6 +391,16 @@ TEST_F(GeneratedGguf, ModelsShardlineCannotRunAreRefusedByName) {
                                             "IQ4_XS tensors (requantize"),
             std::string::npos)
       << error_of(path("iq2.gguf"));
+  // A ternary type is named; an id no llama.cpp type has is a corrupt file, not a type to requantize from.
+  for (const auto& [type, said] : std::vector<std::pair<std::uint32_t, std::string>>{
+           {34, "tensor 'token_embd.weight' is TQ1_0; shardline reads"},
+           {4000, "tensor 'token_embd.weight' has element type id 4000, which no llama.cpp type shardline knows has "
+                  "(the last is MXFP4, 39): the file is corrupt"}}) {
+    GgufWriter odd = no_tensors;
+    odd.tensor("token_embd.weight", {256, 300}, type, std::vector<char>(300 * 66));
+    odd.write(path("odd.gguf"));
+    EXPECT_NE(error_of(path("odd.gguf")).find(said), std::string::npos) << error_of(path("odd.gguf"));
+  }
   GgufWriter gpt2;
   gpt2.string("general.architecture", "gpt2");
   gpt2.write(path("gpt2.gguf"));
