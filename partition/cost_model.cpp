@@ -22,7 +22,8 @@ double ring_allgather_s(int p, double bytes, const LinkCost& link) {
   return (p - 1) * link.alpha_s + static_cast<double>(p - 1) / p * bytes * link.beta_s_per_byte;
 }
 
-double pipeline_bubble(int p, int m) { return static_cast<double>(p - 1) / (m + p - 1); }
+// In double: m + p - 1 overflowed int for a --batch of 2^31 - 1 micro-batches, and the bubble read negative.
+double pipeline_bubble(int p, int m) { return static_cast<double>(p - 1) / (static_cast<double>(m) + p - 1); }
 
 double design_split_granularity(double work_s, double alpha_s, int p) {
   if (p <= 1 || alpha_s <= 0) return std::numeric_limits<double>::infinity();

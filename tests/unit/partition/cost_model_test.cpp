@@ -53,6 +53,7 @@ TEST(Formulas, PipelineBubble) {
   EXPECT_DOUBLE_EQ(pipeline_bubble(1, 1), 0.0);
   EXPECT_DOUBLE_EQ(pipeline_bubble(4, 1), 0.75);
   EXPECT_DOUBLE_EQ(pipeline_bubble(4, 12), 3.0 / 15.0);
+  EXPECT_GT(pipeline_bubble(4, std::numeric_limits<int>::max()), 0.0);  // m + p - 1 overflowed int
   EXPECT_LT(pipeline_bubble(4, 64), pipeline_bubble(4, 8));
 }
 

@@ -114,5 +114,27 @@ TEST(Planner, AFixedSplitAndChunkAreKeptAndFixThePipelineDepth) {
             search_plans(c, throughput_of("1.1b", 4), open).front().throughput_tok_s);
 }
 
+// Why nothing fits, for rank counts far past any model's layouts and for filters that leave nothing: a
+// million ranks without --tp or --pp walked every (tp, pp) pair, 10^12 of them (`plan --np 1000000` ran for
+// minutes); this test would run past CTest's timeout if it did again.
+TEST(Planner, NoLayoutMessagesSayWhyForAnyRankCountAndFilters) {
+  const ModelShape shape = find_model_preset("15m").shape;
+  PlanSearch search;
+  search.world = 1000000;
+  EXPECT_NE(no_layout_message(shape, search, 1000000).find("no valid layout of"), std::string::npos);
+  search.tp_only = {4};
+  EXPECT_NE(no_layout_message(shape, search, 2).find("no layout with --tp 4 fits 2 ranks: the smallest it allows needs 4"),
+            std::string::npos);
+  search.tp_only = {2};
+  search.pp_only = {2};
+  EXPECT_NE(no_layout_message(shape, search, 6).find("no layout with --tp 2 and --pp 2 uses exactly 6 ranks"),
+            std::string::npos);
+  search.world = 0;  // up to 6 ranks: 2 x 2 fits, so the model's rules are the reason
+  EXPECT_NE(no_layout_message(shape, search, 6).find("tp must divide n_kv_heads=6"), std::string::npos);
+  search.pp_only = {};
+  search.world = 999983;  // a prime: only tp 1 or tp = ranks, and tp is 2
+  EXPECT_NE(no_layout_message(shape, search, 999983).find("uses exactly 999983 ranks"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace shardline::partition
