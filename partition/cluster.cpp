@@ -259,9 +259,12 @@ ClusterSpec cluster_from_json(const nlohmann::json& j) {
   read_optional(d, "attention_head_s", "domain", c.domain.attention_head_s);
   if (d.contains("attention_rows")) c.domain.attention_rows = count(d, "attention_rows", "domain");
   read_optional(d, "attention_flops", "domain", c.domain.attention_flops);
-  read_optional(d, "overlap_loss", "domain", c.domain.overlap_loss);
-  if (c.domain.overlap_loss > 1) {
-    throw ConfigError(fmt::format("cluster file: domain.overlap_loss must be from 0 to 1, got {}", c.domain.overlap_loss));
+  if (d.contains("overlap_loss")) {  // a fraction: its own range (positive()'s generic one said up to 1e+21)
+    c.domain.overlap_loss = number(d, "overlap_loss", "domain");
+    if (!(c.domain.overlap_loss >= 0 && c.domain.overlap_loss <= 1)) {
+      throw ConfigError(
+          fmt::format("cluster file: domain.overlap_loss must be from 0 to 1, got {:g}", c.domain.overlap_loss));
+    }
   }
   if (d.contains("formats")) {
     const auto& formats = d["formats"];
@@ -315,11 +318,37 @@ nlohmann::json cluster_to_json(const ClusterSpec& c) {
 
 ClusterSpec load_cluster_file(const std::string& path) {
   const std::string text = read_text_input(path, "cluster file", kPipedTextTimeoutS, kMaxTextInputBytes);
+  // nlohmann stops at a NUL byte as at the end of the input, and keeps the last of a key given twice in one
+  // object: both let a damaged or hand-merged file through silently, the second with a value nobody meant.
+  if (const std::size_t nul = text.find('\0'); nul != std::string::npos) {
+    throw FormatError(fmt::format("cluster file '{}' holds a NUL byte at offset {}: it is not a text file, or was "
+                                  "damaged; write it again (shardline probe --out, or an editor)",
+                                  path, nul));
+  }
+  std::vector<std::vector<std::string>> keys;  // each open object's keys so far
+  std::string twice;
+  const nlohmann::json::parser_callback_t note_keys = [&](int, nlohmann::json::parse_event_t event,
+                                                          nlohmann::json& parsed) {
+    using Event = nlohmann::json::parse_event_t;
+    if (event == Event::object_start) keys.emplace_back();
+    if (event == Event::object_end && !keys.empty()) keys.pop_back();
+    if (event == Event::key && !keys.empty() && twice.empty()) {
+      const std::string key = parsed.get<std::string>();
+      std::vector<std::string>& seen = keys.back();
+      if (std::find(seen.begin(), seen.end(), key) != seen.end()) twice = key;
+      seen.push_back(key);
+    }
+    return true;
+  };
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(text);
+    j = nlohmann::json::parse(text, note_keys);
   } catch (const nlohmann::json::exception& e) {  // syntax, and numbers beyond a double (1e999)
     throw FormatError(fmt::format("cluster file '{}' is not valid JSON: {}", path, json_reason(e)));
+  }
+  if (!twice.empty()) {
+    throw FormatError(fmt::format("cluster file '{}' gives the key '{}' twice in one object; keep the one you mean",
+                                  path, printable(twice)));
   }
   try {
     return cluster_from_json(j);

@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -166,6 +167,18 @@ TEST_F(PlanCli, BadInputsAreClearErrors) {
   EXPECT_EQ(r.exit_code, 3) << r.err;
   EXPECT_NE(r.err.find("bad.json' is not valid JSON: number overflow parsing '1e999'"), std::string::npos) << r.err;
   EXPECT_EQ(r.err.find("[json.exception"), std::string::npos) << "the library's tag says nothing to a user: " << r.err;
+  // What nlohmann takes silently: a key given twice (the last won) and bytes after a NUL (ignored).
+  const std::string good = cluster_file("cluster-this-vm.json");
+  std::ifstream in(good);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::ofstream(bad, std::ios::trunc) << "{\"nodes\": 0, " << text.substr(text.find('{') + 1);
+  r = run_process(shardline_binary() + " plan --preset 110m --cluster " + bad);
+  EXPECT_EQ(r.exit_code, 3) << r.err;
+  EXPECT_NE(r.err.find("gives the key 'nodes' twice in one object"), std::string::npos) << r.err;
+  std::ofstream(bad, std::ios::trunc | std::ios::binary) << text << std::string(1, '\0') << "garbage {{{";
+  r = run_process(shardline_binary() + " plan --preset 110m --cluster " + bad);
+  EXPECT_EQ(r.exit_code, 3) << r.err;
+  EXPECT_NE(r.err.find("holds a NUL byte at offset"), std::string::npos) << r.err;
   r = run_process(shardline_binary() + " plan --preset gpt-9 --cluster " + cluster_file("cluster-this-vm.json"));
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("known: 15m"), std::string::npos) << r.err;
