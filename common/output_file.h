@@ -34,6 +34,8 @@ inline void close_output_file(std::ofstream& out, const std::string& path, const
 // Whether path can be written later, without changing it: opened for appending (an existing file keeps its
 // bytes), and a file made only for the test is removed again. Throws as open_output_file does.
 inline void require_writable_output(const std::string& path, const char* what) {
+  // An empty name is a bad flag (exit 2), not a file the system could not create (ENOENT, exit 4).
+  if (path.empty()) throw ConfigError(fmt::format("the {} name is empty; give a path", what));
   std::error_code ec;  // a path that cannot even be looked at fails the open below, with its reason
   if (std::filesystem::is_fifo(std::filesystem::status(path, ec))) {
     // Opening a FIFO for writing waits for a reader (probe --out held forever); without blocking it fails

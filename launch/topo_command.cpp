@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "common/error.h"
+#include "common/printable.h"
 #include "common/units.h"
 #include "launch/cli_options.h"
 #include "memory/binding.h"
@@ -100,8 +101,8 @@ int topo_command(const std::vector<std::string>& args) {
   } catch (const ResourceError& e) {
     // Nothing to place ranks on: this host lacks it (exit 4), but a description given here is what is wrong:
     // the flag's (2) or the file's (3).
-    if (!synthetic.empty()) throw ConfigError(fmt::format("--synthetic '{}': {}", synthetic, e.what()));
-    if (!xml.empty()) throw FormatError(fmt::format("--xml '{}': {}", xml, e.what()));
+    if (!synthetic.empty()) throw ConfigError(fmt::format("--synthetic '{}': {}", printable(synthetic), e.what()));
+    if (!xml.empty()) throw FormatError(fmt::format("--xml '{}': {}", printable(xml), e.what()));
     throw;
   }
   print_topology(host);

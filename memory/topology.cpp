@@ -19,6 +19,7 @@
 
 #include "common/error.h"
 #include "common/input_file.h"
+#include "common/printable.h"
 #include "memory/hwloc_handle.h"
 
 namespace shardline::memory {
@@ -150,7 +151,7 @@ HwlocHandle::HwlocHandle(Source source, const std::string& argument, bool with_i
     if (source == Source::kSynthetic && hwloc_topology_set_synthetic(topology_, argument.c_str()) < 0) {
       const std::string reason = synthetic_rejection_reason(argument);
       throw ConfigError(fmt::format("hwloc rejects the synthetic topology '{}'{} (example: 'pack:2 numa:2 core:8 pu:2')",
-                                    argument, reason.empty() ? "" : ": " + reason));
+                                    printable(argument), reason.empty() ? "" : ": " + printable(reason, 400)));
     }
     // A missing file is a missing resource (exit 4), an unreadable one a corrupt input (exit 3).
     if (source == Source::kXml) {
@@ -368,7 +369,7 @@ HostTopology load_synthetic_topology(const std::string& description) {
   if (synthetic_threads(description) > kMaxSyntheticThreads) {
     throw ConfigError(fmt::format("the synthetic topology '{}' has more than {} hardware threads; describe a host of "
                                   "at most that many",
-                                  description, kMaxSyntheticThreads));
+                                  printable(description), kMaxSyntheticThreads));
   }
   HwlocHandle handle(HwlocHandle::Source::kSynthetic, description);
   return summarize(handle, fmt::format("synthetic '{}'", description));

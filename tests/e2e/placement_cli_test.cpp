@@ -100,6 +100,8 @@ TEST_F(Placement, TopoBadInputIsOneLine) {
                         // with hwloc's own reason, which it writes only with HWLOC_SYNTHETIC_VERBOSE set
                         Case{"--synthetic 'pack:banana'", "hwloc rejects the synthetic topology 'pack:banana': "},
                         Case{"--synthetic 'pack:2 bogus:4'", "at 'bogus:4'"},
+                        // control bytes are escaped, not written to the terminal
+                        Case{"--synthetic \"$(printf 'pack:2 \\033[31mX')\"", "topology 'pack:2 \\x1b[31mX': "},
                         // a description of millions of threads ran until killed
                         Case{"--synthetic 'pack:1000 core:1000 pu:10'", "has more than 16384 hardware threads"},
                         Case{"--synthetic '1000 1000 10'", "has more than 16384 hardware threads"},

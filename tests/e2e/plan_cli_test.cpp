@@ -205,6 +205,9 @@ TEST_F(PlanCli, BadInputsAreClearErrors) {
     EXPECT_EQ(r.exit_code, 2) << flag << ": " << r.err;
     EXPECT_NE(r.err.find(std::string(flag).substr(0, std::string(flag).find(' '))), std::string::npos) << r.err;
   }
+  r = run_process(shardline_binary() + " probe --quick --out ''");  // a bad flag (2), not a file system error (4)
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("the --out file name is empty"), std::string::npos) << r.err;
 }
 
 // --dtype plans at the weight format's own rates where the cluster file gives them: this VM's int8 kernels
