@@ -21,11 +21,21 @@ constexpr const char* kHostfileLine = "hostfile lines are 'HOST [slots=N] [max_s
 constexpr const char* kRankfileLine = "rankfile lines are 'rank N=HOST slot=SPEC', e.g. 'rank 0=node01 slot=0:0-7'";
 
 // A line without its comment, split on blanks.
+// A line's blank-separated tokens, comments cut, with "key = value", "key= value" and "key =value" joined
+// into "key=value" as Open MPI's hostfile lexer reads them ('localhost slots = 3' runs 3 ranks under mpirun).
 std::vector<std::string> tokens_of(std::string line) {
   if (const std::size_t hash = line.find('#'); hash != std::string::npos) line.erase(hash);
   std::vector<std::string> tokens;
   std::istringstream in(line);
-  for (std::string t; in >> t;) tokens.push_back(t);
+  bool joining = false;  // the last token ends in '=' and waits for its value
+  for (std::string t; in >> t;) {
+    if (tokens.size() > 1 && (joining || t.front() == '=')) {
+      tokens.back() += t;
+    } else {
+      tokens.push_back(t);
+    }
+    joining = tokens.size() > 1 && tokens.back().back() == '=';
+  }
   return tokens;
 }
 

@@ -54,6 +54,18 @@ TEST(Hostfile, SlotsCommentsAndAliases) {
   EXPECT_EQ(f.find("node09"), nullptr);
 }
 
+// Blanks around '=' are Open MPI's too: mpirun runs 3 ranks on 'localhost slots = 3' (and refuses 3 on
+// 'slots = 1'), so launch-check must read the same count rather than refuse the line.
+TEST(Hostfile, BlanksAroundTheEqualsSignAreReadAsMpirunReadsThem) {
+  const Hostfile f = parse_hostfile("a slots = 3\nb slots= 2 max_slots =4\nc slots =1\n", "h");
+  ASSERT_EQ(f.hosts.size(), 3u);
+  EXPECT_EQ(f.hosts[0].slots, 3);
+  EXPECT_EQ(f.hosts[1].slots, 2);
+  EXPECT_EQ(f.hosts[1].max_slots, 4);
+  EXPECT_EQ(f.hosts[2].slots, 1);
+  EXPECT_EQ(f.total_slots(), 6);
+}
+
 TEST(Hostfile, HostWithoutSlotsLeavesTheTotalUnknown) {
   const Hostfile f = parse_hostfile("node01 slots=2\nnode02\n", "h");
   EXPECT_FALSE(f.hosts[1].slots);
