@@ -85,15 +85,13 @@ std::string no_layout_message(const ModelShape& shape, const PlanSearch& search,
   const std::vector<int> pps = search.layers_per_stage.empty()
                                    ? search.pp_only
                                    : std::vector<int>{static_cast<int>(search.layers_per_stage.size())};
-  const bool pp_any = search.layers_per_stage.empty() && search.pp_only.empty();
-  const long long fewest = least(search.tp_only) * (pp_any ? 1LL : least(pps));  // the fewest ranks a layout needs
+  const long long fewest = least(search.tp_only) * least(pps);  // the fewest ranks a layout needs
   bool any = search.world > 0 ? false : fewest <= ranks;
   if (search.world > 0) {  // tp x pp must equal ranks: some allowed tp whose cofactor pp is allowed
-    auto pp_allowed = [&](long long pp) { return pp_any ? pp >= 1 && pp <= ranks : allows(pps, pp); };
     if (search.tp_only.empty()) {
-      for (int tp = 1; tp <= ranks && !any; ++tp) any = ranks % tp == 0 && pp_allowed(ranks / tp);
+      for (int tp = 1; tp <= ranks && !any; ++tp) any = ranks % tp == 0 && allows(pps, ranks / tp);
     } else {
-      for (int tp : search.tp_only) any = any || (tp >= 1 && ranks % tp == 0 && pp_allowed(ranks / tp));
+      for (int tp : search.tp_only) any = any || (tp >= 1 && ranks % tp == 0 && allows(pps, ranks / tp));
     }
   }
   if (!any && fewest > ranks) {

@@ -21,7 +21,7 @@ Stage::Stage(const ShardWeights& weights, comm::Communicator& tp_comm, const Sta
   wo_input_ = weights.wo_input();
   SL_CHECK(q_dim_ % wo_input_.segment == 0);  // whole kv heads (find_layout_problem: tp divides n_kv_heads)
   att_stride_ = wo_input_.packed_k(q_dim_);
-  context_ = options.context > 0 ? std::min(options.context, s.seq_len) : s.seq_len;
+  context_ = context_positions(s, options.context);
   attention_rows_ = attention_rows_at_once(shard, context_);
   wo_bounds_ = wo_input_.bounds(q_dim_);
   w2_bounds_ = partition::local_hidden_bounds(s, tp_comm.size(), tp_comm.rank());
@@ -40,8 +40,7 @@ Stage::Stage(const ShardWeights& weights, comm::Communicator& tp_comm, const Sta
   kv_pool_ = std::make_unique<memory::KvBlockPool>(memory::KvBlockPoolOptions{
       KvCache::block_bytes(n_layers, kv_dim_, s.head_size(), options.kv_block_tokens, options.kv_dtype), kv_blocks, options.numa_node,
       /*transparent_huge_pages=*/true});
-  scores_ = arena_->allocate_array<float>(static_cast<std::size_t>(shard.heads.size()) * context_ *
-                                          attention_rows_ * cpu::num_threads());
+  reserve_context(context_);  // scores_ for context_
   reserve_rows(options.max_rows);
   if (shard.has_classifier) {
     for (int t = 0; t < tp_comm.size(); ++t) {
@@ -54,7 +53,7 @@ Stage::Stage(const ShardWeights& weights, comm::Communicator& tp_comm, const Sta
 
 std::size_t Stage::scratch_bytes(const partition::ModelShape& s, const partition::RankShard& shard, int max_rows,
                                  int context) {
-  context = context > 0 ? std::min(context, s.seq_len) : s.seq_len;
+  context = context_positions(s, context);
   const std::size_t rows = static_cast<std::size_t>(max_rows);
   const std::size_t q_dim = shard.heads.size() * s.head_size(), kv_dim = shard.kv_heads.size() * s.head_size();
   // att_ as wo's k: int8's, padded where it pads, is the widest.
@@ -70,6 +69,10 @@ std::size_t Stage::scratch_bytes(const partition::ModelShape& s, const partition
                                  kernels::cpu::num_threads() +
                              (shard.has_classifier ? shard.vocab.size() : 0);
   return floats * sizeof(float) + rows * sizeof(Row) + 18 * 64;  // + one alignment pad per buffer
+}
+
+int Stage::context_positions(const partition::ModelShape& s, int context) {
+  return context > 0 ? std::min(context, s.seq_len) : s.seq_len;
 }
 
 int Stage::attention_rows_at_once(const partition::RankShard& shard, int context) {

@@ -68,6 +68,8 @@ class Stage : public StageBackend {
   // them): up to kernels::cpu::attention_rows_at_once() (1 where the ISA has no kernel for several rows),
   // as many as kScoresBudgetBytes of softmax weights (local heads x context floats a row) hold, at least one.
   static int attention_rows_at_once(const partition::RankShard& shard, int context);
+  // The positions a scratch for `context` holds: StageOptions::context's rule (0: seq_len; at most seq_len).
+  static int context_positions(const partition::ModelShape& shape, int context);
 
   // First stage: x[t] = embedding[tokens[t]].   x: (n, dim)
   void embed(const int* tokens, int n, float* x) override;
