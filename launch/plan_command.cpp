@@ -86,23 +86,48 @@ void print_table(const std::vector<PlanEstimate>& plans) {
   }
 }
 
-// An sbatch script whose geometry and run flags implement the plan (its layout, and the weight and KV dtypes
-// its memory per rank was computed for); the run flags the plan does not fix (model, prompts, steps...) are
-// the script's arguments.
+// An sbatch script whose geometry and run flags implement the plan (its layout, the weight and KV dtypes
+// its memory per rank was computed for, the device); the run flags the plan does not fix (model, prompts,
+// steps...) are the script's arguments.
 std::string sbatch_for(const PlanEstimate& p, const partition::ClusterSpec& cluster, const std::string& description,
                        const std::string& dtype, const std::string& kv_dtype, const std::string& time_limit) {
   const int ranks = p.layout.world();
   const int per_node = cluster.domains_per_node * cluster.ranks_per_domain;
   const int nodes = (ranks + per_node - 1) / per_node;
   const int cpus = std::max(1, cluster.domain.cores / cluster.ranks_per_domain);
+  const bool cuda = cluster.device == partition::Device::kCuda;
+  // More ranks than cores on a node (a plan with --ranks-per-domain past the cores): Slurm refuses
+  // --ntasks-per-node beyond the node's CPUs ("Requested node configuration is not available") unless the job
+  // overcommits, and with --overcommit it refuses --ntasks-per-node in the allocation (22.05), so srun takes it.
+  const bool overcommit = !cuda && cluster.ranks_per_domain > cluster.domain.cores;
   // Text that lands in a comment line: a newline in a cluster name or model path would start a shell line.
   std::string safe_description = description;
   for (char& c : safe_description) {
     if (static_cast<unsigned char>(c) < 0x20) c = ' ';
   }
-  const std::string flags =
-      fmt::format("--tp {} --pp {} --layers-per-stage {} --micro-batches {} --weights-dtype {} --kv-dtype {}",
-                  p.layout.tp, p.layout.pp, join(p.layout.layers_per_stage), p.layout.micro_batches, dtype, kv_dtype);
+  // --device cuda on a GPU cluster: a rank without a usable GPU then stops the job instead of running the plan
+  // on its CPU (auto's fallback) at a fraction of the predicted rate.
+  const std::string flags = fmt::format(
+      "--tp {} --pp {} --layers-per-stage {} --micro-batches {} --weights-dtype {} --kv-dtype {}{}", p.layout.tp,
+      p.layout.pp, join(p.layout.layers_per_stage), p.layout.micro_batches, dtype, kv_dtype,
+      cuda ? " --device cuda" : "");
+  std::string geometry = fmt::format("#SBATCH --nodes={}              # ranks fill nodes in order (TP groups first), "
+                                     "as the plan assumed\n#SBATCH --ntasks={}             # tp x pp ranks, one per task\n",
+                                     nodes, ranks);
+  if (overcommit) {
+    geometry += fmt::format("#SBATCH --overcommit           # {} ranks per node on {} cores, as the plan priced them\n",
+                            std::min(per_node, ranks), cluster.domains_per_node * cluster.domain.cores);
+  } else {
+    geometry += fmt::format("#SBATCH --ntasks-per-node={}    # the plan's ranks per node, so Slurm cannot split a "
+                            "node's share unevenly\n",
+                            std::min(per_node, ranks));
+  }
+  geometry += fmt::format("#SBATCH --cpus-per-task={}      # each rank's cores (its kernel threads)\n", cpus);
+  if (cuda) {
+    // The first node is the fullest (ranks fill nodes in order): its domains are the GPUs each node needs.
+    const int gpus = (std::min(per_node, ranks) + cluster.ranks_per_domain - 1) / cluster.ranks_per_domain;
+    geometry += fmt::format("#SBATCH --gres=gpu:{}           # GPUs per node: one per domain, as the plan priced\n", gpus);
+  }
   return fmt::format(R"(#!/bin/bash
 # Written by `shardline plan --emit sbatch`: {}
 # Plan: tp={} x pp={} = {} ranks, layers per stage {}, {} micro-batch(es); predicted {:.1f} tok/s,
@@ -110,11 +135,7 @@ std::string sbatch_for(const PlanEstimate& p, const partition::ClusterSpec& clus
 #   sbatch this.sbatch --model model.bin --tokenizer tokenizer.bin --prompt "Once upon a time"
 #
 #SBATCH --job-name=shardline-run
-#SBATCH --nodes={}              # ranks fill nodes in order (TP groups first), as the plan assumed
-#SBATCH --ntasks={}             # tp x pp ranks, one per task
-#SBATCH --ntasks-per-node={}    # the plan's ranks per node, so Slurm cannot split a node's share unevenly
-#SBATCH --cpus-per-task={}      # each rank's cores (its kernel threads)
-#SBATCH --mem=0                 # each node's whole memory: the plan's memory per rank assumed it
+{}#SBATCH --mem=0                 # each node's whole memory: the plan's memory per rank assumed it
 #SBATCH --time={}         # wall-clock limit (plan --time)
 #SBATCH --output=shardline-run-%j.out   # the generated text
 #SBATCH --error=shardline-run-%j.err    # statistics and messages
@@ -123,13 +144,13 @@ SHARDLINE=${{SHARDLINE:-shardline}}
 # Preflight: does the allocation hold the layout? One error line before any rank starts if not.
 "$SHARDLINE" launch-check {} "$@" >&2
 # --cpus-per-task again: since Slurm 22.05 srun does not inherit it from sbatch.
-exec srun --mpi=pmix --cpus-per-task="${{SLURM_CPUS_PER_TASK:-1}}" --distribution=block --kill-on-bad-exit=1 \
+exec srun --mpi=pmix --cpus-per-task="${{SLURM_CPUS_PER_TASK:-1}}"{} --distribution=block --kill-on-bad-exit=1 \
   "$SHARDLINE" run {} "$@"
 )",
                      safe_description, p.layout.tp, p.layout.pp, ranks, join(p.layout.layers_per_stage),
                      p.layout.micro_batches, p.throughput_tok_s, seconds(p.token_latency_s), seconds(p.ttft_s),
-                     format_bytes(p.stages.empty() ? 0 : p.stages.front().rank_memory_bytes), nodes, ranks,
-                     std::min(per_node, ranks), cpus, time_limit, flags, flags);
+                     format_bytes(p.stages.empty() ? 0 : p.stages.front().rank_memory_bytes), geometry, time_limit,
+                     flags, overcommit ? fmt::format(" --ntasks-per-node={}", std::min(per_node, ranks)) : "", flags);
 }
 
 // 15.2M, 1.10B: a parameter count at the scale it has (small models are not "0.00B").
@@ -200,8 +221,7 @@ int plan_command(const std::vector<std::string>& args) {
   if (!weight_dtype) throw ConfigError(fmt::format("shardline plan: --dtype '{}' is not fp32, bf16 or int8", dtype));
   w.weight_bytes_per_param = kernels::cpu::typical_bytes_per_weight(*weight_dtype);
   w.weight_format = runtime::weight_format_of(*weight_dtype);
-  w.kv_bytes_per_value = kernels::cpu::kv_bytes_per_value(
-      runtime::resolve_kv_dtype(parse_kv_dtype_flag(kv_dtype), *weight_dtype, false), w.shape.head_size());
+  const std::optional<kernels::cpu::KvDtype> requested_kv = parse_kv_dtype_flag(kv_dtype);
   if (objective == "latency") {
     w.objective = partition::Objective::kLatency;
   } else if (objective == "throughput") {
@@ -259,6 +279,21 @@ int plan_command(const std::vector<std::string>& args) {
     probe.only_for(w.weight_format);
     cluster = runtime::probe_this_machine(probe);
   }
+  // The cluster's device decides what its runs can hold: the CUDA stage keeps an fp32 KV cache (auto resolves
+  // to it; fp16 and int8 are run's ConfigError there) and takes no int8 weights.
+  const bool cuda = cluster.device == partition::Device::kCuda;
+  if (cuda && *weight_dtype == kernels::cpu::WeightDtype::kInt8) {
+    throw ConfigError(fmt::format("shardline plan: the cluster '{}' runs on GPUs (\"device\": \"cuda\"), whose stage "
+                                  "takes fp32 or bf16 weights; plan --dtype fp32 or bf16",
+                                  printable(cluster.name)));
+  }
+  if (cuda && requested_kv && *requested_kv != kernels::cpu::KvDtype::kF32) {
+    throw ConfigError(fmt::format("shardline plan: the cluster '{}' runs on GPUs (\"device\": \"cuda\"), whose stage "
+                                  "keeps its KV cache in fp32; plan --kv-dtype auto or fp32",
+                                  printable(cluster.name)));
+  }
+  const kernels::cpu::KvDtype resolved_kv = runtime::resolve_kv_dtype(requested_kv, *weight_dtype, cuda);
+  w.kv_bytes_per_value = kernels::cpu::kv_bytes_per_value(resolved_kv, w.shape.head_size());
   if (ranks_per_domain < 0) throw ConfigError("shardline plan: --ranks-per-domain must be >= 1 (or 0: the cluster's)");
   if (ranks_per_domain > 0) {
     if (static_cast<double>(cluster.nodes) * cluster.domains_per_node * ranks_per_domain > (1 << 20)) {
@@ -286,7 +321,7 @@ int plan_command(const std::vector<std::string>& args) {
     std::cout << sbatch_for(plans.front(), cluster,
                             fmt::format("{} on '{}', objective {}, batch {}, context {}", preset.empty() ? model : preset,
                                         cluster.name, partition::objective_name(w.objective), w.batch, w.context),
-                            dtype, kv_dtype, time_limit);
+                            dtype, kernels::cpu::kv_dtype_name(resolved_kv), time_limit);
     return 0;
   }
   if (json) {
@@ -304,11 +339,11 @@ int plan_command(const std::vector<std::string>& args) {
     for (const auto& p : plans) out["plans"].push_back(plan_to_json(p));
     std::cout << out.dump(2) << "\n";
   } else {
-    std::cout << fmt::format("{} ({} params, {} {}) on '{}': {} node(s) x {} domain(s) x {} slot(s), {} per rank "
+    std::cout << fmt::format("{} ({} params, {} {}) on '{}': {} node(s) x {} {} x {} slot(s), {} per rank "
                              "slot\nobjective {}: batch {}, context {}, prompt {} tokens, {}\n\n",
                              preset.empty() ? model : preset, format_count(static_cast<double>(w.shape.n_params())),
-                             format_bytes(weights), dtype,
-                             printable(cluster.name), cluster.nodes, cluster.domains_per_node, cluster.ranks_per_domain,
+                             format_bytes(weights), dtype, printable(cluster.name), cluster.nodes,
+                             cluster.domains_per_node, cuda ? "GPU(s)" : "domain(s)", cluster.ranks_per_domain,
                              format_bytes(cluster.domain.memory_bytes / cluster.ranks_per_domain),
                              partition::objective_name(w.objective), w.batch, w.context, w.prompt(),
                              w.greedy ? "greedy" : "sampled (the logits gathered)");

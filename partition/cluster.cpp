@@ -25,6 +25,8 @@ const char* link_class_name(LinkClass link) {
   return "?";
 }
 
+const char* device_name(Device device) { return device == Device::kCuda ? "cuda" : "cpu"; }
+
 const char* weight_format_name(WeightFormat format) {
   switch (format) {
     case WeightFormat::kF32: return "fp32";
@@ -228,10 +230,22 @@ nlohmann::json link_to_json(const LinkCost& link) {
 ClusterSpec cluster_from_json(const nlohmann::json& j) {
   if (!j.is_object()) throw ConfigError("cluster file: the top level must be a JSON object");
   // measurements: what probe measured, kept for the reader.
-  check_keys(j, "cluster", {"name", "nodes", "domains_per_node", "ranks_per_domain", "domain", "links", "measurements"});
+  check_keys(j, "cluster",
+             {"name", "device", "nodes", "domains_per_node", "ranks_per_domain", "domain", "links", "measurements"});
   ClusterSpec c;
   if (j.contains("name") && !j["name"].is_string()) throw ConfigError("cluster file: cluster.name must be a string");
   c.name = j.value("name", "cluster");
+  if (j.contains("device")) {
+    const auto& device = j["device"];
+    if (device == "cpu") {
+      c.device = Device::kCpu;
+    } else if (device == "cuda") {
+      c.device = Device::kCuda;
+    } else {
+      throw ConfigError(fmt::format("cluster file: cluster.device must be \"cpu\" or \"cuda\" (a GPU per domain), got {}",
+                                    printable(device.dump(), 64)));
+    }
+  }
   c.nodes = count(j, "nodes", "cluster");
   c.domains_per_node = count(j, "domains_per_node", "cluster");
   c.ranks_per_domain = j.contains("ranks_per_domain") ? count(j, "ranks_per_domain", "cluster") : 1;
@@ -288,6 +302,7 @@ ClusterSpec cluster_from_json(const nlohmann::json& j) {
 
 nlohmann::json cluster_to_json(const ClusterSpec& c) {
   nlohmann::json j = {{"name", c.name},
+          {"device", device_name(c.device)},
           {"nodes", c.nodes},
           {"domains_per_node", c.domains_per_node},
           {"ranks_per_domain", c.ranks_per_domain},

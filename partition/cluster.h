@@ -76,8 +76,15 @@ struct DomainSpec {
   void set_rates(WeightFormat format, const FormatRates& rates);
 };
 
+// What runs a rank's stage: a CPU domain's cores, or one GPU per domain (run --device cuda). It decides what
+// the run can be given (the CUDA stage keeps an fp32 KV cache and takes no int8 weights) and what a Slurm
+// script must ask for (the GPUs).
+enum class Device { kCpu, kCuda };
+const char* device_name(Device device);
+
 struct ClusterSpec {
   std::string name = "cluster";
+  Device device = Device::kCpu;
   int nodes = 1;
   int domains_per_node = 1;
   int ranks_per_domain = 1;  // slots the launcher fills per domain (1 = one rank per NUMA node / GPU)

@@ -280,6 +280,51 @@ TEST_F(PlanCli, EmittedSbatchHoldsTheGeometryAndNoInjectedLines) {
   }
 }
 
+TEST_F(PlanCli, AGpuClustersScriptAsksForTheGpusAndTheKvCacheThePlanPriced) {
+  // The example GPU cluster says "device": "cuda": the plan prices the CUDA stage's fp32 KV cache, and the
+  // script asks Slurm for each node's GPUs and run for --device cuda (auto would fall back to the CPU).
+  const std::string gpu = shardline_binary() + " plan --preset llama2-7b --cluster " +
+                          cluster_file("cluster-4node-8gpu-nvlink-ib.json");
+  const ProcessResult r = run_process(gpu + " --np 16 --tp 8 --pp 2 --dtype bf16 --emit sbatch");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("#SBATCH --nodes=2 "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("#SBATCH --ntasks-per-node=8 "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("#SBATCH --gres=gpu:8 "), std::string::npos) << r.out;
+  EXPECT_EQ(count_of(r.out, "--weights-dtype bf16 --kv-dtype fp32 --device cuda"), 2u) << r.out;  // check and run
+  // A job on fewer GPUs than a node has asks for the ones it uses.
+  const ProcessResult small = run_process(gpu + " --np 2 --tp 2 --pp 1 --emit sbatch");
+  ASSERT_EQ(small.exit_code, 0) << small.err;
+  EXPECT_NE(small.out.find("#SBATCH --gres=gpu:2 "), std::string::npos) << small.out;
+  // The same dtype on a CPU cluster names the one auto resolved to there (not "auto", which a node of
+  // another CPU could resolve to a larger cache than the plan priced), and asks for no GPU.
+  const ProcessResult cpu = run_process(shardline_binary() + " plan --preset 15m --np 2 --dtype bf16 --emit sbatch "
+                                        "--cluster " + cluster_file("cluster-this-vm.json"));
+  ASSERT_EQ(cpu.exit_code, 0) << cpu.err;
+  EXPECT_EQ(cpu.out.find("--kv-dtype auto"), std::string::npos) << cpu.out;
+  EXPECT_EQ(cpu.out.find("gres"), std::string::npos) << cpu.out;
+  EXPECT_EQ(cpu.out.find("--device"), std::string::npos) << cpu.out;
+  // What the CUDA stage cannot hold is refused before planning, naming the cluster's device (exit 2).
+  for (const char* bad : {" --dtype int8", " --kv-dtype fp16", " --kv-dtype int8"}) {
+    const ProcessResult refused = run_process(gpu + bad);
+    EXPECT_EQ(refused.exit_code, 2) << bad << ": " << refused.err;
+    EXPECT_NE(refused.err.find("runs on GPUs (\"device\": \"cuda\")"), std::string::npos) << refused.err;
+    EXPECT_EQ(refused.out, "") << bad;
+  }
+}
+
+TEST_F(PlanCli, AClusterDeviceOtherThanCpuOrCudaIsRefused) {
+  nlohmann::json cluster;
+  std::ifstream(cluster_file("cluster-this-vm.json")) >> cluster;
+  for (const nlohmann::json& device : {nlohmann::json("gpu"), nlohmann::json(1), nlohmann::json("CUDA")}) {
+    cluster["device"] = device;
+    const std::string path = (dir_ / "device.json").string();
+    std::ofstream(path) << cluster.dump();
+    const ProcessResult r = run_process(shardline_binary() + " plan --preset 15m --cluster " + path);
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_NE(r.err.find("cluster.device must be \"cpu\" or \"cuda\""), std::string::npos) << r.err;
+  }
+}
+
 TEST_F(PlanCli, ProbeRefusesAnUnwritableOutBeforeMeasuring) {
   // It used to measure for seconds and then say only "cannot write"; a test of the time would be a timed
   // test, so the measurement's own output (its table on stdout) is what must be absent.

@@ -151,8 +151,30 @@ TEST_F(Slurm, PlanOnlyScriptEmitsARunScriptThatReproducesTheGoldens) {
   const std::string text = read_text_file(emitted.string());
   EXPECT_NE(text.find("#SBATCH --ntasks=2"), std::string::npos) << text;
   // ... and the dtypes its memory per rank was computed for (plan's defaults here).
-  EXPECT_NE(text.find("--weights-dtype fp32 --kv-dtype auto"), std::string::npos) << text;
+  EXPECT_NE(text.find("--weights-dtype fp32 --kv-dtype fp32"), std::string::npos) << text;
   // The emitted script carries the layout; the job passes only what to generate.
+  std::string args = golden_run_args(1, 1);
+  args = args.substr(0, args.find(" --tp "));
+  const Job run = submit("--time=00:10:00", emitted.string(), args);  // this partition allows 30 min
+  expect_goldens(run);
+}
+
+TEST_F(Slurm, AnOversubscribedPlansScriptOvercommitsAndReproducesTheGoldens) {
+  SHARDLINE_REQUIRE_MODEL_FILE(model_file("tiny-32k.bin"));
+  // Four ranks planned on this 2-CPU node: Slurm refuses --ntasks-per-node=4 there ("Requested node
+  // configuration is not available"), so the script must overcommit and leave the per-node count to srun.
+  const fs::path emitted = dir_ / "oversubscribed.sbatch";
+  const ProcessResult plan = run_process(
+      shardline_binary() + " plan --model " + model_file("tiny-32k.bin") + " --cluster " + SHARDLINE_SOURCE_DIR +
+          "/hostfiles/cluster-this-vm.json --np 4 --ranks-per-domain 4 --tp 2 --pp 2 --emit sbatch",
+      60);
+  ASSERT_EQ(plan.exit_code, 0) << plan.err;
+  const std::string& text = plan.out;
+  std::ofstream(emitted) << text;
+  EXPECT_NE(text.find("#SBATCH --overcommit"), std::string::npos) << text;
+  EXPECT_EQ(text.find("#SBATCH --ntasks-per-node"), std::string::npos) << text;
+  EXPECT_NE(text.find("srun --mpi=pmix --cpus-per-task=\"${SLURM_CPUS_PER_TASK:-1}\" --ntasks-per-node=4"),
+            std::string::npos) << text;
   std::string args = golden_run_args(1, 1);
   args = args.substr(0, args.find(" --tp "));
   const Job run = submit("--time=00:10:00", emitted.string(), args);  // this partition allows 30 min

@@ -109,6 +109,10 @@ TEST(Cluster, JsonRoundTripAndFieldErrors) {
   EXPECT_EQ(back.nodes, 4);
   EXPECT_DOUBLE_EQ(back.cross_node.beta_s_per_byte, c.cross_node.beta_s_per_byte);
   EXPECT_DOUBLE_EQ(back.domain.core_flops, c.domain.core_flops);
+  EXPECT_EQ(back.device, Device::kCpu);
+  ClusterSpec gpus = c;
+  gpus.device = Device::kCuda;
+  EXPECT_EQ(cluster_from_json(cluster_to_json(gpus)).device, Device::kCuda);
   nlohmann::json j = cluster_to_json(c);
   j["links"]["cross_node"] = {{"alpha_s", 1e-5}, {"bandwidth_gbps", 100}};
   EXPECT_NEAR(cluster_from_json(j).cross_node.bandwidth_bytes_per_s(), 12.5e9, 1);
