@@ -228,14 +228,26 @@ void warn_split_tp_groups(const LaunchRequest& r, LaunchCheckReport& report) {
 std::string LaunchCheckReport::summary(int tp_size, int pp_size) const {
   std::string text = fmt::format("tp={} x pp={} = {} rank{}", tp_size, pp_size, n_ranks, n_ranks == 1 ? "" : "s");
   if (rank_hosts.empty()) return text;
-  // Consecutive ranks on one host as a range: "node01 ranks 0-1, node02 ranks 2-3".
-  text += ":";
+  // Consecutive ranks on one host as a range: "node01 ranks 0-1, node02 ranks 2-3". A job of thousands of
+  // hosts keeps the first ranges and the last (one line of 500 hosts is read by nobody).
+  constexpr std::size_t kRunsShown = 8;
+  std::vector<std::string> runs;
   for (std::size_t begin = 0; begin < rank_hosts.size();) {
     std::size_t end = begin;
     while (end + 1 < rank_hosts.size() && rank_hosts[end + 1] == rank_hosts[begin]) ++end;
-    text += fmt::format("{} {} {}", begin == 0 ? "" : ",", rank_hosts[begin],
-                        begin == end ? fmt::format("rank {}", begin) : fmt::format("ranks {}-{}", begin, end));
+    runs.push_back(fmt::format("{} {}", rank_hosts[begin],
+                               begin == end ? fmt::format("rank {}", begin) : fmt::format("ranks {}-{}", begin, end)));
     begin = end + 1;
+  }
+  if (runs.size() > kRunsShown) {
+    const std::size_t hidden = runs.size() - (kRunsShown - 1);
+    runs.erase(runs.begin() + (kRunsShown - 2), runs.end() - 1);
+    runs.insert(runs.end() - 1, fmt::format("... {} more ranges ...", hidden));
+  }
+  text += ":";
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    text += i == 0 ? " " : ", ";
+    text += runs[i];
   }
   return text;
 }

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "common/error.h"
+#include "tests/support/process.h"
 
 namespace shardline::launch {
 namespace {
@@ -88,6 +89,19 @@ TEST(LaunchCheck, SlurmBlockDistributionMapsRanksToNodes) {
   EXPECT_EQ(report.summary(2, 2), "tp=2 x pp=2 = 4 ranks: node 0 ranks 0-1, node 1 ranks 2-3");
   r.slurm = allocation(4, {1, 1, 1, 1});
   EXPECT_EQ(check_launch(r).warnings.size(), 2u);  // both TP groups span two nodes
+}
+
+TEST(LaunchCheck, TheSummaryOfAThousandHostsKeepsTheFirstRangesAndTheLast) {
+  LaunchCheckReport report;
+  for (int host = 0; host < 1000; ++host) {
+    report.rank_hosts.insert(report.rank_hosts.end(), 2, fmt::format("n{}", host));
+  }
+  report.n_ranks = 2000;
+  EXPECT_EQ(report.summary(2, 1000), "tp=2 x pp=1000 = 2000 ranks: n0 ranks 0-1, n1 ranks 2-3, n2 ranks 4-5, n3 ranks "
+                                     "6-7, n4 ranks 8-9, n5 ranks 10-11, ... 993 more ranges ..., n999 ranks 1998-1999");
+  report.rank_hosts.resize(16);  // eight ranges: all of them
+  EXPECT_EQ(test::count_of(report.summary(2, 8), " ranks "), 8u) << report.summary(2, 8);
+  EXPECT_EQ(report.summary(2, 8).find("more"), std::string::npos);
 }
 
 TEST(LaunchCheck, HostfileSlots) {
