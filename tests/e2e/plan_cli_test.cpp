@@ -205,6 +205,17 @@ TEST_F(PlanCli, BadInputsAreClearErrors) {
     EXPECT_EQ(r.exit_code, 2) << flag << ": " << r.err;
     EXPECT_NE(r.err.find(std::string(flag).substr(0, std::string(flag).find(' '))), std::string::npos) << r.err;
   }
+  // Blanks around a list's items are read past on both sides, as typed ("1, 2") or pasted ("2 "); a blank
+  // item is still no number.
+  r = run_process(shardline_binary() + " plan --preset 110m --np 2 --tp ' 2 ' --pp '1 ' --json --cluster " +
+                  cluster_file("cluster-this-vm.json"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const auto& plan : nlohmann::json::parse(r.out)["plans"]) EXPECT_EQ(plan["tp"], 2) << plan;
+  for (const char* flag : {"--tp ' '", "--tp '1, ,2'", "--tp '1 2'"}) {
+    r = run_process(shardline_binary() + " plan --preset 110m " + flag + " --cluster " + cluster_file("cluster-this-vm.json"));
+    EXPECT_EQ(r.exit_code, 2) << flag << ": " << r.err;
+    EXPECT_NE(r.err.find("--tp expects comma-separated integers"), std::string::npos) << r.err;
+  }
   r = run_process(shardline_binary() + " probe --quick --out ''");  // a bad flag (2), not a file system error (4)
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_NE(r.err.find("the --out file name is empty"), std::string::npos) << r.err;
