@@ -36,7 +36,7 @@ struct EngineOptions {
   memory::PagePolicy arena_pages = memory::PagePolicy::kAuto;
   bool weights_in_arena = false;      // copy every weight slice into the arena instead of mapping the file
   int kv_block_tokens = 16;           // positions per KV cache block
-  int kv_blocks = 0;                  // KV pool blocks per rank; 0: kDefaultKvContexts full contexts
+  int kv_blocks = 0;                  // KV pool blocks per rank; 0: default_kv_blocks (64 contexts within memory)
   kernels::cpu::WeightDtype weights_dtype = kernels::cpu::WeightDtype::kF32;  // converted to at load
   // The KV cache's values (run --kv-dtype); unset: resolve_kv_dtype's default for the weights and backend.
   std::optional<kernels::cpu::KvDtype> kv_dtype;

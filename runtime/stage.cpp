@@ -6,10 +6,17 @@
 
 #include "common/error.h"
 #include "kernels/cpu/ops.h"
+#include "memory/system_memory.h"
 
 namespace shardline::runtime {
 
 namespace cpu = kernels::cpu;
+
+int default_kv_blocks(long long blocks_per_context, std::uint64_t block_bytes, std::uint64_t memory_bytes) {
+  std::uint64_t blocks = static_cast<std::uint64_t>(kDefaultKvContexts) * static_cast<std::uint64_t>(blocks_per_context);
+  if (memory_bytes > 0 && block_bytes > 0) blocks = std::min(blocks, memory_bytes / block_bytes);
+  return static_cast<int>(std::clamp<std::uint64_t>(blocks, 1, std::numeric_limits<int>::max()));
+}
 
 Stage::Stage(const ShardWeights& weights, comm::Communicator& tp_comm, const StageOptions& options)
     : weights_(weights), tp_comm_(tp_comm), options_(options), arena_(options.arena) {
@@ -36,10 +43,14 @@ Stage::Stage(const ShardWeights& weights, comm::Communicator& tp_comm, const Sta
   }
   SL_CHECK(options.kv_block_tokens >= 1 && options.kv_blocks >= 0);
   const int n_layers = weights.n_local_layers();
-  const int kv_blocks = options.kv_blocks > 0 ? options.kv_blocks : kDefaultKvContexts * kv_blocks_for(s.seq_len);
-  kv_pool_ = std::make_unique<memory::KvBlockPool>(memory::KvBlockPoolOptions{
-      KvCache::block_bytes(n_layers, kv_dim_, s.head_size(), options.kv_block_tokens, options.kv_dtype), kv_blocks, options.numa_node,
-      /*transparent_huge_pages=*/true});
+  const std::uint64_t block_bytes =
+      KvCache::block_bytes(n_layers, kv_dim_, s.head_size(), options.kv_block_tokens, options.kv_dtype);
+  const int kv_blocks = options.kv_blocks > 0 ? options.kv_blocks
+                                              : default_kv_blocks(kv_blocks_for(s.seq_len),
+                                                                  memory::round_up(block_bytes, memory::kSmallPageBytes),
+                                                                  memory::read_meminfo().total_bytes);
+  kv_pool_ = std::make_unique<memory::KvBlockPool>(
+      memory::KvBlockPoolOptions{block_bytes, kv_blocks, options.numa_node, /*transparent_huge_pages=*/true});
   reserve_context(context_);  // scores_ for context_
   reserve_rows(options.max_rows);
   if (shard.has_classifier) {

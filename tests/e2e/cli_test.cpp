@@ -10,6 +10,8 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
+#include <regex>
 #include <thread>
 #include <vector>
 
@@ -18,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kernels/cpu/weight_format.h"
+#include "memory/system_memory.h"
 #include "runtime/checkpoint.h"
 #include "runtime/gguf.h"
 #include "runtime/model_generator.h"
@@ -289,6 +292,34 @@ TEST_F(Cli, AGgufOfAnotherShapeRunsAsItsCheckpointOnEveryLayout) {
       EXPECT_EQ(parse_single_json(gguf.out)["ids"], expected) << sampling << " " << layout;
     }
   }
+}
+
+// A GGUF's context_length sizes the automatic KV pool, which must stay within the machine's memory: 64
+// contexts of 2^24 positions are a TiB of address space here, which a `ulimit -v` or the kernel refuses (a
+// 70B shape's were 40 PiB), although the run's sequences are short.
+TEST_F(Cli, AHugeContextLengthKeepsTheKvPoolWithinMemory) {
+  const std::string model = path("long.bin");
+  ASSERT_EQ(run_process(shardline() + " gen-model --dim 120 --hidden 250 --layers 3 --heads 6 --kv-heads 2 --vocab 301 "
+                                      "--seq 48 --seed 9 --out " + model).exit_code, 0);
+  llama_gguf_from_llama2c(model, runtime::default_tokenizer_path_for(model), {.context_length = 1u << 24})
+      .write(path("long.gguf"));
+  const std::string args = " run --json --threads 1 --steps 24 --prompt 'hello there' ";
+  const ProcessResult bin = run_process(shardline() + args + " --model " + model);
+  ASSERT_EQ(bin.exit_code, 0) << bin.err;
+  const ProcessResult gguf = run_process(kMpirun + "2 " + shardline() + args + " --tp 2 --verbose --model " + path("long.gguf"));
+  ASSERT_EQ(gguf.exit_code, 0) << gguf.err;
+  EXPECT_EQ(parse_single_json(gguf.out)["ids"], parse_single_json(bin.out)["ids"]);
+  // "KV pool 16 tokens/block of fp32, 0 used, N free of N blocks (...; 2 committed = 2.0 MiB of X GiB reserved...)"
+  const std::uint64_t memory = memory::read_meminfo().total_bytes;
+  const std::regex pool(R"(of (\d+) blocks \(.* of ([0-9.]+) (KiB|MiB|GiB|TiB|PiB) reserved)");
+  int pools = 0;
+  for (auto it = std::sregex_iterator(gguf.err.begin(), gguf.err.end(), pool); it != std::sregex_iterator(); ++it) {
+    const double unit = std::map<std::string, double>{{"KiB", 0x1p10}, {"MiB", 0x1p20}, {"GiB", 0x1p30},
+                                                      {"TiB", 0x1p40}, {"PiB", 0x1p50}}.at((*it)[3]);
+    EXPECT_LE(std::stod((*it)[2]) * unit, 1.01 * static_cast<double>(memory)) << it->str();
+    ++pools;
+  }
+  EXPECT_GE(pools, 2) << gguf.err;  // a line (or two) per rank
 }
 
 // The commands that are not MPI jobs, started under mpirun anyway: plan once per launch, gen-model and topo

@@ -3,6 +3,7 @@
 // bands, or, with fewer rows than threads and a context longer than cpu::kMinParallelAttentionContext, each
 // row's heads do. Decoding a few sequences side by side past that length on 1, 2 and 3 threads must give the
 // same bits at every step, for fp32 and int8 weights (the AMX path where the CPU has it).
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -91,6 +92,19 @@ TEST(StageThreads, AScratchSizedForAShortContextGrowsWithTheRowsAndGivesTheSameB
     EXPECT_TRUE(decode_logits(weights, threads, 2, /*context=*/5) == decode_logits(weights, threads, 2))
         << "a scratch grown from 5 positions differs on " << threads << " threads";
   }
+}
+
+// The automatic KV pool: 64 contexts, bounded by the memory the blocks could be committed in, never zero,
+// and no int overflow for a context of 2^31 positions.
+TEST(StageKvPool, TheAutomaticPoolIsSixtyFourContextsBoundedByMemory) {
+  constexpr std::uint64_t kGiB = 1ull << 30;
+  EXPECT_EQ(default_kv_blocks(16, 4096, 64 * kGiB), 64 * 16);          // a short context: 64 of them
+  EXPECT_EQ(default_kv_blocks(16, 4096, 0), 64 * 16);                  // no memory figure: no bound
+  // 2^20 blocks of 128 KiB a context (a 16M-token context of an 8-layer, 2048-wide model): 64 contexts are
+  // 8 PiB; 64 GiB hold 512K blocks, half a context.
+  EXPECT_EQ(default_kv_blocks(1 << 20, 128 * 1024, 64 * kGiB), 512 * 1024);
+  EXPECT_EQ(default_kv_blocks(1, 128 * kGiB, 64 * kGiB), 1);           // a block larger than memory: still one
+  EXPECT_EQ(default_kv_blocks((1ll << 31) / 16, 4096, 0), std::numeric_limits<int>::max());  // was an int overflow
 }
 
 }  // namespace
