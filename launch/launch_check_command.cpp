@@ -10,7 +10,7 @@
 #include "launch/cli_options.h"
 #include "launch/launch_check.h"
 #include "launch/launch_env.h"
-#include "launch/run_command.h"
+#include "launch/run_config.h"
 #include "partition/shard.h"
 #include "runtime/checkpoint.h"
 #include "runtime/gguf.h"
