@@ -393,6 +393,7 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
   if (code != 0) return code;
   config->engine.cuda_device = backend.cuda ? backend.cuda_device : -1;
   config->engine.comm_timeout_s = config->comm_timeout_s;
+  config->engine.ranks_on_host = mpi.local_size();
   // Loading waits for the slowest rank without a bound (below), so each rank bounds its own: reading its
   // weights may go --comm-timeout, and at least 5 minutes, without progress (64 MiB read in, a tensor
   // converted); then it says so and leaves, and the launcher ends the job. It lives as long as the engine.

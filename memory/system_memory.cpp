@@ -1,7 +1,10 @@
 #include "memory/system_memory.h"
 
 #include <sys/prctl.h>
+#include <sys/resource.h>
 
+#include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -25,6 +28,102 @@ MemInfo read_meminfo() {
     else if (key == "HugePages_Rsvd:") info.hugepages_reserved = static_cast<long>(value);
   }
   return info;
+}
+
+namespace {
+
+// A number file of a cgroup ("max" and v1's near-2^63 "unlimited" read as nullopt).
+std::optional<std::uint64_t> read_cgroup_number(const std::filesystem::path& file) {
+  std::ifstream in(file);
+  std::string text;
+  if (!(in >> text) || text == "max") return std::nullopt;
+  try {
+    const unsigned long long value = std::stoull(text);
+    if (value >= (1ull << 62)) return std::nullopt;  // v1 writes PAGE_COUNTER_MAX pages' bytes for "no limit"
+    return value;
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+// The least (limit - usage) from dir up to root, both inclusive.
+std::optional<std::uint64_t> least_left(std::filesystem::path dir, const std::filesystem::path& root,
+                                        const char* limit_name, const char* usage_name) {
+  std::optional<std::uint64_t> left;
+  for (;;) {
+    const auto limit = read_cgroup_number(dir / limit_name);
+    if (limit) {
+      const std::uint64_t used = read_cgroup_number(dir / usage_name).value_or(0);
+      const std::uint64_t here = *limit > used ? *limit - used : 0;
+      left = left ? std::min(*left, here) : here;
+    }
+    if (dir == root || !dir.has_parent_path() || dir.parent_path() == dir) break;
+    dir = dir.parent_path();
+  }
+  return left;
+}
+
+}  // namespace
+
+std::optional<std::uint64_t> cgroup_memory_left(const std::string& proc_self_cgroup, const std::string& sysfs_root) {
+  namespace fs = std::filesystem;
+  const fs::path root(sysfs_root);
+  std::istringstream lines(proc_self_cgroup);
+  std::string line;
+  while (std::getline(lines, line)) {
+    // "hierarchy-id:controllers:path": v2 is "0::/path", v1's memory controller "4:memory:/path".
+    const auto first = line.find(':'), second = line.find(':', first + 1);
+    if (first == std::string::npos || second == std::string::npos) continue;
+    const std::string controllers = line.substr(first + 1, second - first - 1);
+    const fs::path path = fs::path(line.substr(second + 1)).relative_path();
+    const bool v2 = line.compare(0, first, "0") == 0 && controllers.empty();
+    bool memory = false;
+    for (std::size_t at = 0; at <= controllers.size();) {
+      const std::size_t comma = std::min(controllers.find(',', at), controllers.size());
+      if (controllers.compare(at, comma - at, "memory") == 0) memory = true;
+      at = comma + 1;
+    }
+    if (!v2 && !memory) continue;
+    const fs::path mount = v2 ? root : root / "memory";
+    // Inside a cgroup namespace (a container) the path is relative to the namespace's root, which is the
+    // mount's root: the full path then does not exist under the mount, and the mount's root is the cgroup.
+    std::error_code ec;
+    const fs::path dir = fs::is_directory(mount / path, ec) ? mount / path : mount;
+    const auto left = v2 ? least_left(dir, mount, "memory.max", "memory.current")
+                         : least_left(dir, mount, "memory.limit_in_bytes", "memory.usage_in_bytes");
+    if (left) return left;
+  }
+  return std::nullopt;
+}
+
+std::optional<std::uint64_t> cgroup_memory_left() {
+  std::ifstream in("/proc/self/cgroup");
+  std::stringstream text;
+  text << in.rdbuf();
+  return cgroup_memory_left(text.str());
+}
+
+std::uint64_t usable_memory_bytes() {
+  std::uint64_t usable = read_meminfo().available_bytes;
+  if (const auto left = cgroup_memory_left()) usable = std::min(usable, *left);
+  return usable;
+}
+
+std::optional<std::uint64_t> address_space_left() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_AS, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return std::nullopt;
+  std::ifstream in("/proc/self/status");
+  std::string key;
+  std::uint64_t mapped_kib = 0;
+  while (in >> key) {
+    if (key == "VmSize:") {
+      in >> mapped_kib;
+      break;
+    }
+    in.ignore(1 << 20, '\n');
+  }
+  const std::uint64_t mapped = mapped_kib * 1024;
+  return limit.rlim_cur > mapped ? limit.rlim_cur - mapped : 0;
 }
 
 long free_hugepages_on_node(int node) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace shardline::memory {
@@ -30,6 +31,20 @@ struct MemInfo {
   long hugepages_reserved = 0;        // HugePages_Rsvd: promised to mappings, not yet faulted
 };
 MemInfo read_meminfo();
+
+// What this process's memory cgroup still allows (its limit less its usage, the least over its ancestors;
+// cgroup v2's memory.max/memory.current or v1's memory.limit_in_bytes/usage_in_bytes), or nullopt when no
+// ancestor is limited. A Slurm job with ConstrainRAMSpace runs in such a cgroup: MemAvailable then counts
+// the whole host, and a job that trusted it was killed by the kernel rather than told. proc_self_cgroup is
+// /proc/self/cgroup's text, sysfs_root the cgroup mount's root (parameters for the tests).
+std::optional<std::uint64_t> cgroup_memory_left(const std::string& proc_self_cgroup,
+                                                const std::string& sysfs_root = "/sys/fs/cgroup");
+std::optional<std::uint64_t> cgroup_memory_left();
+// Memory a new allocation may take without swapping or the cgroup's OOM killer: MemAvailable, at most what
+// the cgroup still allows.
+std::uint64_t usable_memory_bytes();
+// Address space this process may still map under RLIMIT_AS (ulimit -v), or nullopt when unlimited.
+std::optional<std::uint64_t> address_space_left();
 
 // Free 2 MiB hugetlb pages on one node (sysfs), or -1 when the node has no such pool.
 long free_hugepages_on_node(int node);

@@ -63,6 +63,7 @@ Engine::Engine(const EngineOptions& options, const partition::Mesh& mesh, comm::
   if (options.kv_blocks < 0) throw ConfigError("--kv-blocks must be >= 0 (0 = automatic)");
   stage_options.kv_block_tokens = options.kv_block_tokens;
   stage_options.kv_blocks = options.kv_blocks;
+  stage_options.ranks_on_host = options.ranks_on_host;
   stage_options.numa_node = options.numa_node;
   kv_dtype_ = resolve_kv_dtype(options.kv_dtype, options.weights_dtype, options.cuda_device >= 0);
   stage_options.kv_dtype = kv_dtype_;
@@ -186,10 +187,18 @@ void Engine::check_kv_fits(const std::vector<SequenceSpec>& specs) const {
       const std::string which = specs.size() == 1
                                     ? fmt::format("a {}-position sequence", spec.positions())
                                     : fmt::format("sequence {} of {} ({} positions)", i + 1, specs.size(), spec.positions());
-      throw ResourceError(fmt::format("the KV cache pool has {} free block{} of {} tokens but {} needs {}; pass "
-                                      "--kv-blocks {} or more, or run shorter sequences",
+      // The automatic pool is what this host's memory holds for its ranks: more blocks would be reserved, but
+      // the kernel would kill the rank once the sequence filled them.
+      const std::string remedy =
+          options_.kv_blocks == 0
+              ? fmt::format("the automatic pool is what this host's usable memory holds for its {} rank{}: run "
+                            "shorter sequences, fewer ranks per host or more stages (--pp), or give the job more memory "
+                            "(--kv-blocks {} reserves them anyway)",
+                            options_.ranks_on_host, options_.ranks_on_host == 1 ? "" : "s", needed)
+              : fmt::format("pass --kv-blocks {} or more, or run shorter sequences", needed);
+      throw ResourceError(fmt::format("the KV cache pool has {} free block{} of {} tokens but {} needs {}; {}",
                                       free_blocks, free_blocks == 1 ? "" : "s", options_.kv_block_tokens, which, needed,
-                                      needed));
+                                      remedy));
     }
   }
 }

@@ -37,6 +37,7 @@ struct EngineOptions {
   bool weights_in_arena = false;      // copy every weight slice into the arena instead of mapping the file
   int kv_block_tokens = 16;           // positions per KV cache block
   int kv_blocks = 0;                  // KV pool blocks per rank; 0: default_kv_blocks (64 contexts within memory)
+  int ranks_on_host = 1;              // ranks sharing this host's memory (the automatic KV pool's share of it)
   kernels::cpu::WeightDtype weights_dtype = kernels::cpu::WeightDtype::kF32;  // converted to at load
   // The KV cache's values (run --kv-dtype); unset: resolve_kv_dtype's default for the weights and backend.
   std::optional<kernels::cpu::KvDtype> kv_dtype;

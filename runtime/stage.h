@@ -27,8 +27,13 @@ inline constexpr int kDefaultKvContexts = 64;
 // The automatic pool's blocks: kDefaultKvContexts contexts of blocks_per_context, but no more than
 // memory_bytes hold (memory the blocks could ever be committed in; 0: no such bound) and at least one.
 // Why the bound: a GGUF with a 16M-token context made 64 contexts 128 TiB of address space, which no process
-// may map, and its run was refused at start-up although its sequences were short.
+// may map, and its run was refused at start-up although its sequences were short; and a pool larger than
+// the memory admits sequences the kernel then kills the rank for, where a bounded one queues them.
 int default_kv_blocks(long long blocks_per_context, std::uint64_t block_bytes, std::uint64_t memory_bytes);
+// The memory bound the Stage gives default_kv_blocks: three quarters of this host's usable memory
+// (MemAvailable within the cgroup's limit) shared by its ranks_on_host ranks, and half the address space
+// RLIMIT_AS leaves.
+std::uint64_t kv_pool_memory_bound(int ranks_on_host);
 // Rows of segment products a TP rank sums at once (Stage::reduce_segments; partition/shard.h).
 inline constexpr int kPartialRows = partition::kSegmentSumRows;
 // A kernel thread's softmax weights for the rows it attends at once: 16 rows of a 110M shape's 12 heads at
@@ -43,6 +48,7 @@ struct StageOptions {
   std::vector<float> rope_freq_divisors = {};  // ModelFile's: empty or (head_size / 2)
   int kv_block_tokens = 16;        // positions per KV cache block
   int kv_blocks = 0;               // blocks in this rank's KV pool; 0: default_kv_blocks
+  int ranks_on_host = 1;           // ranks sharing this host's memory, for the automatic pool's bound
   // Positions the attention scratch is first sized for (0: the model's seq_len); a row at a later position
   // grows it. The scratch holds a thread's softmax weights (local heads x positions floats a row), so sized
   // for a GGUF's context_length of 128K or 1M it took gigabytes on a many-core rank however short the run.
