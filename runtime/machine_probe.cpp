@@ -27,7 +27,7 @@ int usable_cores() {
   return std::max(1, CPU_COUNT(&set));
 }
 
-double available_memory_bytes() { return static_cast<double>(memory::read_meminfo().available_bytes); }
+double available_memory_bytes() { return static_cast<double>(memory::usable_memory_bytes()); }
 
 partition::WeightFormat weight_format_of(cpu::WeightDtype dtype) {
   switch (dtype) {

@@ -32,7 +32,7 @@ struct MachineProbeOptions {
 // A one-node, one-domain ClusterSpec describing this machine as measured now.
 partition::ClusterSpec probe_this_machine(const MachineProbeOptions& options = {});
 
-// Cores this process may run on, and usable memory (MemAvailable from /proc/meminfo).
+// Cores this process may run on, and usable memory (MemAvailable, within the memory cgroup's limit).
 int usable_cores();
 double available_memory_bytes();
 
