@@ -154,11 +154,12 @@ std::vector<int> parse_int_list(const std::string& flag, const std::string& text
   std::size_t at = 0;
   while (at <= text.size()) {
     const std::size_t comma = std::min(text.find(',', at), text.size());
-    // Blanks around an item are read past on both sides ("2, 4" as typed, "2,4 " as a script pasted it);
-    // stoi alone skipped only the leading ones, so " 2" passed where "2 " was refused.
+    // White space around an item is read past on both sides ("2, 4" as typed, "2,4\r" from a CRLF file);
+    // stoi alone skipped only the leading, so " 2" passed where "2 " was refused.
+    constexpr const char* kSpace = " \t\r\n\v\f";
     std::string item = text.substr(at, comma - at);
-    item.erase(0, item.find_first_not_of(" \t"));
-    item.erase(item.find_last_not_of(" \t") + 1);
+    item.erase(0, item.find_first_not_of(kSpace));
+    item.erase(item.find_last_not_of(kSpace) + 1);
     try {
       std::size_t used = 0;
       values.push_back(std::stoi(item, &used));

@@ -217,7 +217,7 @@ void warn_split_tp_groups(const LaunchRequest& r, LaunchCheckReport& report) {
     if (hosts.size() == 1) continue;
     std::string names;
     for (const auto& h : hosts) names += (names.empty() ? "" : ", ") + h;
-    report.warnings.push_back(fmt::format("the TP group of stage {} (ranks {}-{}) spans {}: its two all-reduces per "
+    report.warnings.push_back(fmt::format("the TP group of stage {} (ranks {}-{}) spans {}: its two reductions per "
                                           "layer cross the network; give each host a multiple of tp={} ranks",
                                           stage, first, last, names, r.tp_size));
   }

@@ -106,7 +106,9 @@ int launch_check_command(const std::vector<std::string>& args) {
     }
     request.n_ranks = env.task_count();
   }
-  const std::vector<int> split = layer_split.empty() ? std::vector<int>{} : parse_int_list("--layers-per-stage", layer_split);
+  // Given, even empty (an unset shell variable), it is parsed: an empty list is refused, as run refuses it.
+  const std::vector<int> split =
+      vm.count("layers-per-stage") ? parse_int_list("--layers-per-stage", layer_split) : std::vector<int>{};
   // The split's own problems need no model (its sum is checked against one below, with --model).
   if (auto problem = split.empty() ? std::nullopt : partition::layer_split_problem(split, request.pp_size)) {
     throw ConfigError(fmt::format("--layers-per-stage {} {}", printable(layer_split), *problem));

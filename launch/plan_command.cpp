@@ -94,12 +94,17 @@ std::string sbatch_for(const PlanEstimate& p, const partition::ClusterSpec& clus
   const int ranks = p.layout.world();
   const int per_node = cluster.domains_per_node * cluster.ranks_per_domain;
   const int nodes = (ranks + per_node - 1) / per_node;
-  const int cpus = std::max(1, cluster.domain.cores / cluster.ranks_per_domain);
+  // Ranks fill slots in order, so the first domain and node are the fullest: the plan priced each rank with
+  // its domain's cores shared by the ranks it put there (partition/cost_model.cpp), not by the slots.
+  const int on_domain = std::min(cluster.ranks_per_domain, ranks), on_node = std::min(per_node, ranks);
+  const int cpus = std::max(1, cluster.domain.cores / on_domain);
   const bool cuda = cluster.device == partition::Device::kCuda;
-  // More ranks than cores on a node (a plan with --ranks-per-domain past the cores): Slurm refuses
+  // More ranks than cores on a domain (a plan with --ranks-per-domain past the cores): Slurm refuses
   // --ntasks-per-node beyond the node's CPUs ("Requested node configuration is not available") unless the job
-  // overcommits, and with --overcommit it refuses --ntasks-per-node in the allocation (22.05), so srun takes it.
-  const bool overcommit = !cuda && cluster.ranks_per_domain > cluster.domain.cores;
+  // overcommits; with --overcommit it refuses --ntasks-per-node in the allocation (22.05), so srun takes it,
+  // and allocates one CPU a task per node, so --exclusive takes the node's cores for its ranks to share. Each
+  // rank then runs the host's cores shared by its ranks, as the plan priced (RankBinding::default_threads).
+  const bool overcommit = !cuda && on_domain > cluster.domain.cores;
   // Text that lands in a comment line: a newline in a cluster name or model path would start a shell line.
   std::string safe_description = description;
   for (char& c : safe_description) {
@@ -115,17 +120,18 @@ std::string sbatch_for(const PlanEstimate& p, const partition::ClusterSpec& clus
                                      "as the plan assumed\n#SBATCH --ntasks={}             # tp x pp ranks, one per task\n",
                                      nodes, ranks);
   if (overcommit) {
-    geometry += fmt::format("#SBATCH --overcommit           # {} ranks per node on {} cores, as the plan priced them\n",
-                            std::min(per_node, ranks), cluster.domains_per_node * cluster.domain.cores);
+    geometry += fmt::format("#SBATCH --overcommit           # {} ranks per node on {} cores, as the plan priced them\n"
+                            "#SBATCH --exclusive            # the nodes' cores, which their ranks share\n",
+                            on_node, cluster.domains_per_node * cluster.domain.cores);
   } else {
     geometry += fmt::format("#SBATCH --ntasks-per-node={}    # the plan's ranks per node, so Slurm cannot split a "
                             "node's share unevenly\n",
-                            std::min(per_node, ranks));
+                            on_node);
   }
   geometry += fmt::format("#SBATCH --cpus-per-task={}      # each rank's cores (its kernel threads)\n", cpus);
   if (cuda) {
     // The first node is the fullest (ranks fill nodes in order): its domains are the GPUs each node needs.
-    const int gpus = (std::min(per_node, ranks) + cluster.ranks_per_domain - 1) / cluster.ranks_per_domain;
+    const int gpus = (on_node + cluster.ranks_per_domain - 1) / cluster.ranks_per_domain;
     geometry += fmt::format("#SBATCH --gres=gpu:{}           # GPUs per node: one per domain, as the plan priced\n", gpus);
   }
   return fmt::format(R"(#!/bin/bash
@@ -150,7 +156,7 @@ exec srun --mpi=pmix --cpus-per-task="${{SLURM_CPUS_PER_TASK:-1}}"{} --distribut
                      safe_description, p.layout.tp, p.layout.pp, ranks, join(p.layout.layers_per_stage),
                      p.layout.micro_batches, p.throughput_tok_s, seconds(p.token_latency_s), seconds(p.ttft_s),
                      format_bytes(p.stages.empty() ? 0 : p.stages.front().rank_memory_bytes), geometry, time_limit,
-                     flags, overcommit ? fmt::format(" --ntasks-per-node={}", std::min(per_node, ranks)) : "", flags);
+                     flags, overcommit ? fmt::format(" --ntasks-per-node={}", on_node) : "", flags);
 }
 
 // 15.2M, 1.10B: a parameter count at the scale it has (small models are not "0.00B").
@@ -314,6 +320,13 @@ int plan_command(const std::vector<std::string>& args) {
   const double weights = static_cast<double>(w.shape.n_params()) * w.weight_bytes_per_param;
   if (!emit.empty()) {
     if (emit != "sbatch") throw ConfigError(fmt::format("shardline plan: --emit '{}' is not sbatch", emit));
+    // run gives each rank the GPU of its local rank (kernels::cuda::device_for_local_rank), not the
+    // plan's consecutive ranks per GPU: a script could not run what the plan priced.
+    if (cuda && cluster.ranks_per_domain > 1) {
+      throw ConfigError(fmt::format("shardline plan: --emit sbatch on GPUs needs one rank per GPU, and the plan has "
+                                    "{} ranks per domain; plan with --ranks-per-domain 1",
+                                    cluster.ranks_per_domain));
+    }
     if (!plans.front().feasible) {
       throw ResourceError(fmt::format("no layout fits, so no script: the closest, tp={} pp={}, {}",
                                       plans.front().layout.tp, plans.front().layout.pp, plans.front().infeasible_reason));

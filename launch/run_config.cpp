@@ -93,7 +93,7 @@ po::options_description run_options(RunFlags& f) {
        "sequences are spread over this many micro-batches in flight (0: planned)")
       ("chunk-tokens", po::value(&c.engine.chunk_tokens)->default_value(0, "planned per prompt"),
        "prefill chunk size in tokens (split granularity; 0: planned per prompt)")
-      ("threads", po::value<int>(), "kernel threads of this rank, 1 to 1024 (default: one per core of its placement)")
+      ("threads", po::value<int>(), "kernel threads of this rank, 1 to 1024 (default: one per core of its placement; the host's cores over its ranks where a launcher's CPU sets overlap)")
       ("device", po::value(&f.device)->default_value("auto"),
        "cpu|cuda|auto: where each rank's stage runs (auto: its GPU when it has one and the CUDA stage can take the "
        "run, else the CPU, saying why)")
@@ -223,7 +223,8 @@ std::optional<RunConfig> parse_run_config(const std::vector<std::string>& args, 
     runtime::resolve_kv_dtype(c.engine.kv_dtype, c.engine.weights_dtype, /*cuda=*/true);
   }
   apply_isa_flag(f.isa);
-  if (!f.layer_split.empty()) c.engine.layers_per_stage = parse_int_list("--layers-per-stage", f.layer_split);
+  // Given, even empty (an unset shell variable), it is parsed: an empty list is refused, as plan's lists are.
+  if (vm.count("layers-per-stage")) c.engine.layers_per_stage = parse_int_list("--layers-per-stage", f.layer_split);
   if (f.batch < 1) throw ConfigError("--batch must be >= 1");
   // Checked again per request against the model's context; here so that nothing (writing the built-in
   // model, say) happens before a value no model could take is refused.

@@ -13,7 +13,17 @@
 namespace shardline::runtime {
 
 int RankBinding::default_threads(const memory::HostTopology& host) const {
-  if (!placement.cores.empty() && (placement.applied == memory::BindMode::kCore || placement.launcher_bound)) {
+  if (!placement.cores.empty() && placement.launcher_bound) {
+    // A launcher that gave the host's ranks more cores than it has gave them overlapping sets (srun
+    // --overcommit with --exclusive: every rank the whole node; mpirun --bind-to socket): a thread per core
+    // of each set would run ranks x cores threads on them. The host's cores shared by its ranks instead.
+    const int cores = static_cast<int>(placement.cores.size());
+    if (static_cast<long long>(cores) * placement.local_size > host.n_cores) {
+      return std::clamp(host.n_cores / std::max(1, placement.local_size), 1, cores);
+    }
+    return cores;
+  }
+  if (!placement.cores.empty() && placement.applied == memory::BindMode::kCore) {
     return static_cast<int>(placement.cores.size());
   }
   if (placement.applied == memory::BindMode::kNuma) {

@@ -23,7 +23,8 @@ struct RankBinding {
   int pinned_threads = 0;        // kernel threads pinned to a core each (0: none pinned)
 
   // Kernel threads to use when --threads is not given: one per core of the placement, or the host's cores
-  // shared by its ranks when unbound.
+  // shared by its ranks when unbound or when the launcher's sets overlap (more cores over the ranks than the
+  // host has).
   int default_threads(const memory::HostTopology& host) const;
   // "local rank 1 of 2: NUMA node 0, cores 1 (PUs 1), bind core, 1 thread pinned".
   std::string describe() const;

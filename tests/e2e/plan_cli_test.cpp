@@ -270,6 +270,15 @@ TEST_F(PlanCli, EmittedSbatchHoldsTheGeometryAndNoInjectedLines) {
   const ProcessResult too_many = run_process(shardline_binary() + " plan --preset 15m --np 99999 --cluster " + path);
   EXPECT_EQ(too_many.exit_code, 2) << too_many.err;
   EXPECT_EQ(too_many.err.find('\x1b'), std::string::npos) << too_many.err;
+  // A plan of fewer ranks than a domain's slots gives each its share of the cores the plan priced (the
+  // cluster's 2 slots on 2 cores: one rank gets both), and overcommits only when its ranks outnumber them.
+  const std::string vm = shardline_binary() + " plan --preset 15m --emit sbatch --cluster " + cluster_file("cluster-this-vm.json");
+  for (const char* alone : {" --np 1", " --np 1 --ranks-per-domain 3"}) {
+    const ProcessResult one = run_process(vm + alone);
+    ASSERT_EQ(one.exit_code, 0) << one.err;
+    EXPECT_NE(one.out.find("#SBATCH --cpus-per-task=2 "), std::string::npos) << alone << "\n" << one.out;
+    EXPECT_EQ(one.out.find("overcommit"), std::string::npos) << alone << "\n" << one.out;
+  }
   // The plan's ranks per node, and srun told the cores per task (Slurm 22.05's srun does not inherit them).
   EXPECT_NE(r.out.find("#SBATCH --ntasks-per-node=2"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("srun --mpi=pmix --cpus-per-task=\"${SLURM_CPUS_PER_TASK:-1}\""), std::string::npos) << r.out;
@@ -314,6 +323,10 @@ TEST_F(PlanCli, AGpuClustersScriptAsksForTheGpusAndTheKvCacheThePlanPriced) {
   EXPECT_EQ(cpu.out.find("--kv-dtype auto"), std::string::npos) << cpu.out;
   EXPECT_EQ(cpu.out.find("gres"), std::string::npos) << cpu.out;
   EXPECT_EQ(cpu.out.find("--device"), std::string::npos) << cpu.out;
+  // run gives each rank the GPU of its local rank: a plan of several ranks per GPU has no script.
+  const ProcessResult shared = run_process(gpu + " --ranks-per-domain 4 --np 16 --tp 8 --pp 2 --emit sbatch");
+  EXPECT_EQ(shared.exit_code, 2) << shared.err;
+  EXPECT_NE(shared.err.find("needs one rank per GPU"), std::string::npos) << shared.err;
   // What the CUDA stage cannot hold is refused before planning, naming the cluster's device (exit 2).
   for (const char* bad : {" --dtype int8", " --kv-dtype fp16", " --kv-dtype int8"}) {
     const ProcessResult refused = run_process(gpu + bad);

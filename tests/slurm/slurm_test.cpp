@@ -172,13 +172,22 @@ TEST_F(Slurm, AnOversubscribedPlansScriptOvercommitsAndReproducesTheGoldens) {
   const std::string& text = plan.out;
   std::ofstream(emitted) << text;
   EXPECT_NE(text.find("#SBATCH --overcommit"), std::string::npos) << text;
+  // With --overcommit Slurm allocates one CPU a task per node: --exclusive takes the node's cores, which each
+  // rank shares with the others (one thread each, as the plan priced: checked below).
+  EXPECT_NE(text.find("#SBATCH --exclusive"), std::string::npos) << text;
   EXPECT_EQ(text.find("#SBATCH --ntasks-per-node"), std::string::npos) << text;
   EXPECT_NE(text.find("srun --mpi=pmix --cpus-per-task=\"${SLURM_CPUS_PER_TASK:-1}\" --ntasks-per-node=4"),
             std::string::npos) << text;
   std::string args = golden_run_args(1, 1);
   args = args.substr(0, args.find(" --tp "));
-  const Job run = submit("--time=00:10:00", emitted.string(), args);  // this partition allows 30 min
+  const std::string threads = " --threads 1";  // the threads are the launch's to decide here
+  ASSERT_NE(args.find(threads), std::string::npos) << args;
+  args.erase(args.find(threads), threads.size());
+  const Job run = submit("--time=00:10:00", emitted.string(), args + " --verbose");  // the partition allows 30 min
   expect_goldens(run);
+  EXPECT_EQ(count_of(run.err, "1 thread/rank"), 1u) << run.err;  // the statistics line, from the output rank
+  const ProcessResult shown = run_process("scontrol -o show job " + run.id, 30);
+  EXPECT_NE(shown.out.find("NumCPUs=2"), std::string::npos) << shown.out;  // both of the node's CPUs
 }
 
 TEST_F(Slurm, AllocationTooSmallForTheLayoutFailsBeforeAnyRankStarts) {

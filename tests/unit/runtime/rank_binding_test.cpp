@@ -76,5 +76,24 @@ TEST_F(KernelThreads, MoreThreadsThanCoresAreLeftAloneUnlessBoundToCores) {
   EXPECT_EQ(cpu_of_each_thread(), std::vector<int>(2, cpus_[0]));
 }
 
+TEST(DefaultThreads, OverlappingLauncherSetsShareTheHostsCores) {
+  memory::HostTopology host;
+  host.n_cores = 8;
+  RankBinding binding;
+  binding.placement.launcher_bound = true;
+  binding.placement.local_size = 2;
+  binding.placement.cores.resize(4);  // disjoint halves of the host: a thread per core of its own
+  EXPECT_EQ(binding.default_threads(host), 4);
+  binding.placement.local_size = 4;  // four ranks each given four of the eight cores: they overlap
+  EXPECT_EQ(binding.default_threads(host), 2);
+  binding.placement.cores.resize(8);  // srun --overcommit --exclusive: every rank the whole node
+  binding.placement.local_size = 16;
+  EXPECT_EQ(binding.default_threads(host), 1);
+  binding.placement.launcher_bound = false;  // our own --bind core keeps a thread per core of its placement
+  binding.placement.applied = memory::BindMode::kCore;
+  binding.placement.cores.resize(1);
+  EXPECT_EQ(binding.default_threads(host), 1);
+}
+
 }  // namespace
 }  // namespace shardline::runtime
