@@ -15,6 +15,9 @@ inline constexpr std::uint64_t kGiB = 1024 * kMiB;
 
 // "1.5 GiB", "438.0 MiB", "512 B": for logs and tables.
 inline std::string format_bytes(double bytes) {
+  constexpr double kTiB = 1024.0 * kGiB;
+  if (bytes >= 1024.0 * kTiB) return fmt::format("{:.2f} PiB", bytes / (1024.0 * kTiB));
+  if (bytes >= kTiB) return fmt::format("{:.2f} TiB", bytes / kTiB);
   if (bytes >= kGiB) return fmt::format("{:.2f} GiB", bytes / kGiB);
   if (bytes >= kMiB) return fmt::format("{:.1f} MiB", bytes / kMiB);
   if (bytes >= kKiB) return fmt::format("{:.1f} KiB", bytes / kKiB);

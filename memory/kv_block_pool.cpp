@@ -125,7 +125,9 @@ void KvBlockPool::release(int block) {
 std::string KvBlockPool::describe() const {
   return fmt::format("{} used, {} free of {} blocks (peak {} used; {} committed = {} of {} reserved{}{})", used_,
                      free_blocks(), n_blocks_, peak_used_, committed_, format_bytes(static_cast<double>(committed_bytes())),
-                     format_bytes(static_cast<double>(reserved_bytes())), huge_page_steps() ? " in THP steps" : "",
+                     // A pool smaller than one commit step is committed whole: its reservation is the step.
+                     format_bytes(static_cast<double>(std::max(reserved_bytes(), committed_bytes()))),
+                     huge_page_steps() ? " in THP steps" : "",
                      numa_node_ < 0 ? "" : node_bound_ ? fmt::format(", node {}", numa_node_) : ", node binding unsupported");
 }
 

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "common/error.h"
+#include "common/units.h"
 #include "memory/binding.h"
 #include "memory/kv_block_pool.h"
 #include "memory/system_memory.h"
@@ -128,6 +129,13 @@ TEST(KvBlockPool, TransparentHugePagesCommitWholeAlignedSteps) {
   EXPECT_EQ(range_policy(past_last_block).mode, MPOL_BIND);
   EXPECT_EQ(node_of_page(past_last_block), node);
   EXPECT_NE(pool.describe().find("THP"), std::string::npos) << pool.describe();
+  EXPECT_NE(pool.describe().find("6 committed = 10.0 MiB of 10.0 MiB reserved"), std::string::npos) << pool.describe();
+  // A pool smaller than one step is committed whole: it never reads "2.0 MiB of 12.0 KiB reserved".
+  KvBlockPool tiny({.block_bytes = 4096, .n_blocks = 3, .numa_node = node, .transparent_huge_pages = true});
+  tiny.allocate();
+  EXPECT_NE(tiny.describe().find("= 2.0 MiB of 2.0 MiB reserved"), std::string::npos) << tiny.describe();
+  EXPECT_EQ(format_bytes(3.0 * (1ull << 40)), "3.00 TiB");  // not "3072.00 GiB"
+  EXPECT_EQ(format_bytes(2.0 * (1ull << 50)), "2.00 PiB");
 }
 
 TEST(KvBlockPool, SmallPageStepsWithoutThp) {
