@@ -24,20 +24,28 @@ namespace shardline::launch {
 
 namespace {
 
+bool is_number_flag(const po::option_description& flag) {
+  const auto* semantic = flag.semantic().get();
+  return dynamic_cast<const po::typed_value<int>*>(semantic) != nullptr ||
+         dynamic_cast<const po::typed_value<float>*>(semantic) != nullptr ||
+         dynamic_cast<const po::typed_value<double>*>(semantic) != nullptr;
+}
+
+}  // namespace
+
 // What the options library, which calls every value it cannot take only "invalid", leaves unsaid: for a
 // number flag, "; it does not fit ..." when the number is too large for it, else what kind of number it
 // takes ("--steps 2.5", "--temperature abc"); "" for other flags.
 std::string number_value_hint(const po::options_description& options, const po::invalid_option_value& e) {
   const po::option_description* flag = options.find_nothrow(flag_name(e.get_option_name()), /*approx=*/false);
-  if (flag == nullptr) return {};
+  if (flag == nullptr || !is_number_flag(*flag)) return {};
   const bool is_int = dynamic_cast<const po::typed_value<int>*>(flag->semantic().get()) != nullptr;
   const bool is_float = dynamic_cast<const po::typed_value<float>*>(flag->semantic().get()) != nullptr;
-  const bool is_double = dynamic_cast<const po::typed_value<double>*>(flag->semantic().get()) != nullptr;
-  if (!is_int && !is_float && !is_double) return {};
   const std::string what = e.what();  // "the argument ('VALUE') for option '--flag' is invalid"
+  // (An empty value, one of white space read past, is "the argument for option '--flag' is invalid".)
   const std::size_t open = what.find("('"), close = what.find("')");
-  if (open == std::string::npos || close < open) return {};
-  const std::string value = what.substr(open + 2, close - open - 2);
+  const std::string value = open == std::string::npos || close < open ? std::string()
+                                                                      : what.substr(open + 2, close - open - 2);
   if (is_int) {
     const std::size_t digits = value.rfind('-', 0) == 0 ? 1 : 0;
     if (value.size() > digits && value.find_first_not_of("0123456789", digits) == std::string::npos) {
@@ -54,7 +62,23 @@ std::string number_value_hint(const po::options_description& options, const po::
   return "; it takes a number";
 }
 
-}  // namespace
+po::parsed_options parse_flags(const std::vector<std::string>& args, const po::options_description& options) {
+  po::parsed_options parsed = po::command_line_parser(args).options(options).style(kFlagStyle).run();
+  // White space around a number is read past, as around the items of a list (parse_int_list): "--tp ' 2'"
+  // was refused where "--tp ' 2, 4'" was not.
+  for (po::option& option : parsed.options) {
+    if (option.string_key.empty()) continue;  // a positional word (refused by the caller); "" matches every flag
+    const po::option_description* flag = options.find_nothrow(option.string_key, /*approx=*/false);
+    if (flag == nullptr || !is_number_flag(*flag)) continue;
+    for (std::string& value : option.value) {
+      constexpr const char* kSpace = " \t\r\n\v\f";
+      const std::size_t first = value.find_first_not_of(kSpace);
+      value = first == std::string::npos ? std::string()
+                                         : value.substr(first, value.find_last_not_of(kSpace) - first + 1);
+    }
+  }
+  return parsed;
+}
 
 std::string flag_name(const std::string& word) {
   const std::size_t start = std::min(word.find_first_not_of('-'), word.size());
@@ -67,7 +91,7 @@ bool parse_command_line(const std::string& command, const std::string& usage, co
   po::options_description all(options);
   all.add_options()("help,h", "show this help and exit");
   try {
-    const po::parsed_options parsed = po::command_line_parser(args).options(all).style(kFlagStyle).run();
+    const po::parsed_options parsed = parse_flags(args, all);
     // A word without a flag would otherwise be dropped: `shardline run model.bin` ran the built-in model.
     for (const po::option& option : parsed.options) {
       if (option.string_key.empty() && !option.original_tokens.empty()) {

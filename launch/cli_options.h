@@ -25,6 +25,12 @@ inline constexpr int kFlagStyle = po::command_line_style::default_style & ~po::c
 bool parse_command_line(const std::string& command, const std::string& usage, const po::options_description& options,
                         const std::vector<std::string>& args, po::variables_map& vm, bool print_help = true);
 
+// args parsed against options in kFlagStyle, with white space around every number flag's value read past
+// (as parse_int_list reads past it around a list's items). Throws the options library's errors.
+po::parsed_options parse_flags(const std::vector<std::string>& args, const po::options_description& options);
+// "; it takes a whole number" (or a number, or the range it missed) for a number flag's bad value, else "".
+std::string number_value_hint(const po::options_description& options, const po::invalid_option_value& e);
+
 // A flag's name as typed, without its dashes and any "=value": "--steps=3" -> "steps", "-n" -> "n".
 std::string flag_name(const std::string& word);
 

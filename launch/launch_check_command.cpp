@@ -62,7 +62,7 @@ int launch_check_command(const std::vector<std::string>& args) {
   }
   po::variables_map vm;
   try {
-    po::store(po::command_line_parser(args).options(accepted).style(kFlagStyle).run(), vm);
+    po::store(parse_flags(args, accepted), vm);
     if (vm.count("help")) {
       std::cout << kUsage << "\n\n" << all << "\n";
       return 0;
@@ -73,6 +73,9 @@ int launch_check_command(const std::vector<std::string>& args) {
                                   "(see 'shardline launch-check --help')",
                                   e.get_option_name().substr(0, e.get_option_name().find('=')),
                                   did_you_mean(accepted, e.get_option_name())));
+  } catch (const po::invalid_option_value& e) {
+    throw ConfigError(fmt::format("shardline launch-check: {}{} (see 'shardline launch-check --help')", e.what(),
+                                  number_value_hint(accepted, e)));
   } catch (const po::error& e) {
     throw ConfigError(fmt::format("shardline launch-check: {} (see 'shardline launch-check --help')", e.what()));
   }

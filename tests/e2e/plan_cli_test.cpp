@@ -216,6 +216,18 @@ TEST_F(PlanCli, BadInputsAreClearErrors) {
     EXPECT_EQ(r.exit_code, 2) << flag << ": " << r.err;
     EXPECT_NE(r.err.find("--tp expects comma-separated integers"), std::string::npos) << r.err;
   }
+  // So is white space around a number flag's value, in every command ("--np ' 2'" and "--tp ' 2'" were
+  // refused where "--tp ' 2, 4'" was not); a blank value is still no number, and says what it takes.
+  r = run_process(shardline_binary() + " plan --preset 110m --np ' 2' --tp '2\t' --top '1 ' --cluster " +
+                  cluster_file("cluster-this-vm.json"));
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  r = run_process(shardline_binary() + " launch-check --tp ' 2' --pp '1 ' --np 2");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  for (const std::string command : {"plan --preset 110m --top ' '", "launch-check --tp 2.5 --pp 1"}) {
+    r = run_process(shardline_binary() + " " + command);
+    EXPECT_EQ(r.exit_code, 2) << command << ": " << r.err;
+    EXPECT_NE(r.err.find("it takes a whole number"), std::string::npos) << command << ": " << r.err;
+  }
   r = run_process(shardline_binary() + " probe --quick --out ''");  // a bad flag (2), not a file system error (4)
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_NE(r.err.find("the --out file name is empty"), std::string::npos) << r.err;
