@@ -163,8 +163,12 @@ std::string rank_count_mismatch(int tp_flag, int pp_flag, int world) {
 }
 
 std::uint64_t parse_seed_flag(const std::string& text) {
-  // A leading '+' as the int flags take it (--dim +5 was 5 while --seed +5 was refused).
-  const std::string digits = text.starts_with('+') ? text.substr(1) : text;
+  // White space around it and a leading '+' as the number flags take them (--dim +5 was 5 while --seed +5
+  // was refused).
+  constexpr const char* kSpace = " \t\r\n\v\f";
+  const std::size_t first = text.find_first_not_of(kSpace);
+  std::string digits = first == std::string::npos ? std::string() : text.substr(first, text.find_last_not_of(kSpace) - first + 1);
+  if (digits.starts_with('+')) digits.erase(0, 1);
   errno = 0;  // digits only, so strtoull reads them all; ERANGE says they are past 2^64 - 1
   const unsigned long long value = std::strtoull(digits.c_str(), nullptr, 10);
   if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos || errno == ERANGE) {

@@ -141,7 +141,7 @@ double sequence_host_bytes(double prompt_bytes, int steps) { return 1024.0 + 4.0
 // ResourceError when `sequences` sequences needing `bytes` of host memory for their prompts, ids and text
 // cannot fit in this host's available memory; `what` names them.
 void check_sequences_fit_in_memory(double sequences, double bytes, const std::string& what) {
-  const double available = static_cast<double>(memory::usable_memory_bytes());  // within a cgroup's limit
+  const double available = static_cast<double>(memory::usable_memory_bytes().value_or(0));  // 0: unknown
   if (available > 0 && bytes > available) {
     throw ResourceError(fmt::format("{} need about {} of host memory for their prompts, ids and text ({} each), and "
                                     "this host has {} available: run fewer sequences per job",

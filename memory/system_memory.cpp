@@ -46,14 +46,29 @@ std::optional<std::uint64_t> read_cgroup_number(const std::filesystem::path& fil
   }
 }
 
-// The least (limit - usage) from dir up to root, both inclusive.
+// One "key value" line of a cgroup's memory.stat, or 0.
+std::uint64_t read_stat_value(const std::filesystem::path& file, const std::string& wanted) {
+  std::ifstream in(file);
+  std::string key;
+  std::uint64_t value = 0;
+  while (in >> key >> value) {
+    if (key == wanted) return value;
+  }
+  return 0;
+}
+
+// The least (limit - usage) from dir up to root, both inclusive. Usage counts the page cache, which the
+// kernel keeps until the limit and then reclaims: its inactive file pages are taken as free, as
+// MemAvailable counts reclaimable cache (a job that had read its model file looked out of memory).
 std::optional<std::uint64_t> least_left(std::filesystem::path dir, const std::filesystem::path& root,
-                                        const char* limit_name, const char* usage_name) {
+                                        const char* limit_name, const char* usage_name, const char* inactive_key) {
   std::optional<std::uint64_t> left;
   for (;;) {
     const auto limit = read_cgroup_number(dir / limit_name);
     if (limit) {
-      const std::uint64_t used = read_cgroup_number(dir / usage_name).value_or(0);
+      const std::uint64_t usage = read_cgroup_number(dir / usage_name).value_or(0);
+      const std::uint64_t inactive = read_stat_value(dir / "memory.stat", inactive_key);
+      const std::uint64_t used = usage > inactive ? usage - inactive : 0;
       const std::uint64_t here = *limit > used ? *limit - used : 0;
       left = left ? std::min(*left, here) : here;
     }
@@ -67,7 +82,9 @@ std::optional<std::uint64_t> least_left(std::filesystem::path dir, const std::fi
 
 std::optional<std::uint64_t> cgroup_memory_left(const std::string& proc_self_cgroup, const std::string& sysfs_root) {
   namespace fs = std::filesystem;
-  const fs::path root(sysfs_root);
+  // Normalised, without a trailing separator: the walk up stops where it equals the mount.
+  fs::path root = fs::path(sysfs_root).lexically_normal();
+  if (!root.has_filename() && root.has_parent_path() && root != root.root_path()) root = root.parent_path();
   std::istringstream lines(proc_self_cgroup);
   std::string line;
   while (std::getline(lines, line)) {
@@ -89,8 +106,8 @@ std::optional<std::uint64_t> cgroup_memory_left(const std::string& proc_self_cgr
     // mount's root: the full path then does not exist under the mount, and the mount's root is the cgroup.
     std::error_code ec;
     const fs::path dir = fs::is_directory(mount / path, ec) ? mount / path : mount;
-    const auto left = v2 ? least_left(dir, mount, "memory.max", "memory.current")
-                         : least_left(dir, mount, "memory.limit_in_bytes", "memory.usage_in_bytes");
+    const auto left = v2 ? least_left(dir, mount, "memory.max", "memory.current", "inactive_file")
+                         : least_left(dir, mount, "memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file");
     if (left) return left;
   }
   return std::nullopt;
@@ -103,10 +120,11 @@ std::optional<std::uint64_t> cgroup_memory_left() {
   return cgroup_memory_left(text.str());
 }
 
-std::uint64_t usable_memory_bytes() {
-  std::uint64_t usable = read_meminfo().available_bytes;
-  if (const auto left = cgroup_memory_left()) usable = std::min(usable, *left);
-  return usable;
+std::optional<std::uint64_t> usable_memory_bytes() {
+  const std::uint64_t available = read_meminfo().available_bytes;  // 0: no MemAvailable (kernels before 3.14)
+  const auto left = cgroup_memory_left();
+  if (available == 0) return left;
+  return left ? std::min(available, *left) : available;
 }
 
 std::optional<std::uint64_t> address_space_left() {

@@ -41,8 +41,8 @@ std::optional<std::uint64_t> cgroup_memory_left(const std::string& proc_self_cgr
                                                 const std::string& sysfs_root = "/sys/fs/cgroup");
 std::optional<std::uint64_t> cgroup_memory_left();
 // Memory a new allocation may take without swapping or the cgroup's OOM killer: MemAvailable, at most what
-// the cgroup still allows.
-std::uint64_t usable_memory_bytes();
+// the cgroup still allows; nullopt when neither is known (a kernel without MemAvailable, no cgroup limit).
+std::optional<std::uint64_t> usable_memory_bytes();
 // Address space this process may still map under RLIMIT_AS (ulimit -v), or nullopt when unlimited.
 std::optional<std::uint64_t> address_space_left();
 

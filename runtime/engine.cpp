@@ -187,14 +187,15 @@ void Engine::check_kv_fits(const std::vector<SequenceSpec>& specs) const {
       const std::string which = specs.size() == 1
                                     ? fmt::format("a {}-position sequence", spec.positions())
                                     : fmt::format("sequence {} of {} ({} positions)", i + 1, specs.size(), spec.positions());
-      // The automatic pool is what this host's memory holds for its ranks: more blocks would be reserved, but
-      // the kernel would kill the rank once the sequence filled them.
+      // The automatic pool is what this rank's share of the host's memory (and the address space ulimit -v
+      // leaves) holds: more blocks would be reserved, but the kernel would kill the rank once they filled.
       const std::string remedy =
           options_.kv_blocks == 0
-              ? fmt::format("the automatic pool is what this host's usable memory holds for its {} rank{}: run "
-                            "shorter sequences, fewer ranks per host or more stages (--pp), or give the job more memory "
-                            "(--kv-blocks {} reserves them anyway)",
-                            options_.ranks_on_host, options_.ranks_on_host == 1 ? "" : "s", needed)
+              ? fmt::format("the automatic pool is what this rank's share of the host's usable memory{} (and of the "
+                            "address space `ulimit -v` leaves) holds: run shorter sequences, more stages (--pp), or "
+                            "give the job more memory (--kv-blocks {} reserves them anyway)",
+                            options_.ranks_on_host > 1 ? fmt::format(", shared by {} ranks,", options_.ranks_on_host) : "",
+                            needed)
               : fmt::format("pass --kv-blocks {} or more, or run shorter sequences", needed);
       throw ResourceError(fmt::format("the KV cache pool has {} free block{} of {} tokens but {} needs {}; {}",
                                       free_blocks, free_blocks == 1 ? "" : "s", options_.kv_block_tokens, which, needed,

@@ -27,7 +27,9 @@ int usable_cores() {
   return std::max(1, CPU_COUNT(&set));
 }
 
-double available_memory_bytes() { return static_cast<double>(memory::usable_memory_bytes()); }
+double available_memory_bytes() {
+  return static_cast<double>(memory::usable_memory_bytes().value_or(memory::read_meminfo().total_bytes));
+}
 
 partition::WeightFormat weight_format_of(cpu::WeightDtype dtype) {
   switch (dtype) {

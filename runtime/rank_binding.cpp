@@ -14,9 +14,10 @@ namespace shardline::runtime {
 
 int RankBinding::default_threads(const memory::HostTopology& host) const {
   if (!placement.cores.empty() && placement.launcher_bound) {
-    // A launcher that gave the host's ranks more cores than it has gave them overlapping sets (srun
-    // --overcommit with --exclusive: every rank the whole node; mpirun --bind-to socket): a thread per core
-    // of each set would run ranks x cores threads on them. The host's cores shared by its ranks instead.
+    // A launcher that gave the host's ranks more cores than it has gave them overlapping sets (mpirun
+    // --bind-to socket with more ranks on a socket than its cores): a thread per core of each set would run
+    // ranks x cores threads on them. The host's cores shared by its ranks instead. (A set that is the whole
+    // host, as srun --overcommit --exclusive gives, is no launcher binding: plan_placement's rules apply.)
     const int cores = static_cast<int>(placement.cores.size());
     if (static_cast<long long>(cores) * placement.local_size > host.n_cores) {
       return std::clamp(host.n_cores / std::max(1, placement.local_size), 1, cores);

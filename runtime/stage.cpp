@@ -12,18 +12,26 @@ namespace shardline::runtime {
 
 namespace cpu = kernels::cpu;
 
-int default_kv_blocks(long long blocks_per_context, std::uint64_t block_bytes, std::uint64_t memory_bytes) {
+int default_kv_blocks(long long blocks_per_context, std::uint64_t block_bytes, std::uint64_t memory_bytes,
+                      long long floor_blocks) {
   std::uint64_t blocks = static_cast<std::uint64_t>(kDefaultKvContexts) * static_cast<std::uint64_t>(blocks_per_context);
-  if (memory_bytes > 0 && block_bytes > 0) blocks = std::min(blocks, memory_bytes / block_bytes);
+  if (memory_bytes > 0 && block_bytes > 0) {
+    blocks = std::min(blocks, std::max(memory_bytes / block_bytes, static_cast<std::uint64_t>(std::max(1ll, floor_blocks))));
+  }
   return static_cast<int>(std::clamp<std::uint64_t>(blocks, 1, std::numeric_limits<int>::max()));
 }
 
 std::uint64_t kv_pool_memory_bound(int ranks_on_host) {
-  // Three quarters: the rest is the run's other memory, which grows with the sequences too (200 sequences of
-  // a 52 MB model at 854 MiB of cache peaked at 1.09 GiB resident), and a cgroup kills at its limit.
-  std::uint64_t bound = memory::usable_memory_bytes() / 4 * 3 / static_cast<std::uint64_t>(std::max(1, ranks_on_host));
-  if (const auto address_space = memory::address_space_left()) bound = std::min(bound, *address_space / 2);
-  return std::max<std::uint64_t>(bound, 1);
+  std::uint64_t bound = 0;  // none known
+  if (const auto usable = memory::usable_memory_bytes(); usable && *usable > 0) {
+    // Three quarters: the rest is the run's other memory, which grows with the sequences too (200 sequences
+    // of a 52 MB model at 854 MiB of cache peaked at 1.09 GiB resident), and a cgroup kills at its limit.
+    bound = *usable / 4 * 3 / static_cast<std::uint64_t>(std::max(1, ranks_on_host));
+  }
+  if (const auto address_space = memory::address_space_left()) {
+    bound = bound > 0 ? std::min(bound, *address_space / 2) : *address_space / 2;
+  }
+  return bound;
 }
 
 Stage::Stage(const ShardWeights& weights, comm::Communicator& tp_comm, const StageOptions& options)
@@ -56,7 +64,8 @@ Stage::Stage(const ShardWeights& weights, comm::Communicator& tp_comm, const Sta
   const int kv_blocks = options.kv_blocks > 0 ? options.kv_blocks
                                               : default_kv_blocks(kv_blocks_for(s.seq_len),
                                                                   memory::round_up(block_bytes, memory::kSmallPageBytes),
-                                                                  kv_pool_memory_bound(options.ranks_on_host));
+                                                                  kv_pool_memory_bound(options.ranks_on_host),
+                                                                  kv_blocks_for(context_));
   kv_pool_ = std::make_unique<memory::KvBlockPool>(
       memory::KvBlockPoolOptions{block_bytes, kv_blocks, options.numa_node, /*transparent_huge_pages=*/true});
   reserve_context(context_);  // scores_ for context_

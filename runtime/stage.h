@@ -25,14 +25,17 @@ namespace shardline::runtime {
 // reserved up front; blocks are committed as sequences reach them.
 inline constexpr int kDefaultKvContexts = 64;
 // The automatic pool's blocks: kDefaultKvContexts contexts of blocks_per_context, but no more than
-// memory_bytes hold (memory the blocks could ever be committed in; 0: no such bound) and at least one.
+// memory_bytes hold (memory the blocks could ever be committed in; 0: no such bound), and never fewer than
+// floor_blocks (the Stage's: one context of its initial scratch, min(seq_len, 4096) positions, so that a
+// misread memory figure cannot leave a pool no ordinary sequence fits in) or one.
 // Why the bound: a GGUF with a 16M-token context made 64 contexts 128 TiB of address space, which no process
 // may map, and its run was refused at start-up although its sequences were short; and a pool larger than
 // the memory admits sequences the kernel then kills the rank for, where a bounded one queues them.
-int default_kv_blocks(long long blocks_per_context, std::uint64_t block_bytes, std::uint64_t memory_bytes);
+int default_kv_blocks(long long blocks_per_context, std::uint64_t block_bytes, std::uint64_t memory_bytes,
+                      long long floor_blocks = 1);
 // The memory bound the Stage gives default_kv_blocks: three quarters of this host's usable memory
 // (MemAvailable within the cgroup's limit) shared by its ranks_on_host ranks, and half the address space
-// RLIMIT_AS leaves.
+// RLIMIT_AS leaves; 0 when neither is known.
 std::uint64_t kv_pool_memory_bound(int ranks_on_host);
 // Rows of segment products a TP rank sums at once (Stage::reduce_segments; partition/shard.h).
 inline constexpr int kPartialRows = partition::kSegmentSumRows;

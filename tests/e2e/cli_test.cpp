@@ -316,7 +316,8 @@ TEST_F(Cli, AHugeContextLengthKeepsTheKvPoolWithinMemory) {
   for (auto it = std::sregex_iterator(gguf.err.begin(), gguf.err.end(), pool); it != std::sregex_iterator(); ++it) {
     const double unit = std::map<std::string, double>{{"KiB", 0x1p10}, {"MiB", 0x1p20}, {"GiB", 0x1p30},
                                                       {"TiB", 0x1p40}, {"PiB", 0x1p50}}.at((*it)[3]);
-    EXPECT_LE(std::stod((*it)[2]) * unit, 1.01 * static_cast<double>(memory)) << it->str();
+    // Three quarters of at most the host's memory, shared by the two ranks on this host.
+    EXPECT_LE(std::stod((*it)[2]) * unit, 1.01 * 0.75 * static_cast<double>(memory) / 2) << it->str();
     ++pools;
   }
   EXPECT_GE(pools, 2) << gguf.err;  // a line (or two) per rank

@@ -68,10 +68,31 @@ TEST_F(CgroupTree, InsideANamespaceTheMountsRootIsTheCgroup) {
   EXPECT_EQ(cgroup_memory_left("0::/kubepods/pod1/abc\n", root_.string()), 2000u);
 }
 
-TEST(SystemMemory, UsableMemoryIsAtMostWhatTheKernelCallsAvailable) {
-  const std::uint64_t usable = usable_memory_bytes();
-  EXPECT_GT(usable, 0u);
-  EXPECT_LE(usable, read_meminfo().available_bytes);
+TEST_F(CgroupTree, InactiveFilePagesAreFreeAsMemAvailableCountsThem) {
+  // A job that read its model file: its cache fills the cgroup up to the limit, and the kernel reclaims it.
+  write("job/memory.max", "16000");
+  write("job/memory.current", "15900");
+  std::ofstream(root_ / "job/memory.stat") << "anon 4000\nfile 11900\ninactive_file 10000\nactive_file 1900\n";
+  EXPECT_EQ(cgroup_memory_left("0::/job\n", root_.string()), 10100u);
+  write("memory/j/memory.limit_in_bytes", "16000");
+  write("memory/j/memory.usage_in_bytes", "15900");
+  std::ofstream(root_ / "memory/j/memory.stat") << "cache 11900\ninactive_file 3\ntotal_inactive_file 10000\n";
+  EXPECT_EQ(cgroup_memory_left("4:memory:/j\n", root_.string()), 10100u);  // v1: the hierarchy's total
+}
+
+TEST_F(CgroupTree, TheWalkUpStopsAtTheMountWhateverItsSpelling) {
+  write("memory.max", "1000");  // above the mount the tests give: never read
+  write("mnt/job/memory.max", "max");
+  for (const std::string mount : {"mnt", "mnt/", "mnt//", "./mnt/."}) {
+    EXPECT_FALSE(cgroup_memory_left("0::/job\n", (root_ / mount).string())) << mount;
+  }
+}
+
+TEST(SystemMemory, UsableMemoryIsAtMostTheHostsMemory) {
+  const auto usable = usable_memory_bytes();
+  ASSERT_TRUE(usable);  // Linux since 3.14 says MemAvailable
+  EXPECT_GT(*usable, 0u);
+  EXPECT_LE(*usable, read_meminfo().total_bytes);
 }
 
 }  // namespace

@@ -86,8 +86,9 @@ TEST(DefaultThreads, OverlappingLauncherSetsShareTheHostsCores) {
   EXPECT_EQ(binding.default_threads(host), 4);
   binding.placement.local_size = 4;  // four ranks each given four of the eight cores: they overlap
   EXPECT_EQ(binding.default_threads(host), 2);
-  binding.placement.cores.resize(8);  // srun --overcommit --exclusive: every rank the whole node
-  binding.placement.local_size = 16;
+  host.n_cores = 16;  // mpirun --bind-to socket, two sockets of 8 cores, 20 ranks: 10 on each socket's 8
+  binding.placement.cores.resize(8);
+  binding.placement.local_size = 20;
   EXPECT_EQ(binding.default_threads(host), 1);
   binding.placement.launcher_bound = false;  // our own --bind core keeps a thread per core of its placement
   binding.placement.applied = memory::BindMode::kCore;

@@ -105,6 +105,9 @@ TEST(StageKvPool, TheAutomaticPoolIsSixtyFourContextsBoundedByMemory) {
   EXPECT_EQ(default_kv_blocks(1 << 20, 128 * 1024, 64 * kGiB), 512 * 1024);
   EXPECT_EQ(default_kv_blocks(1, 128 * kGiB, 64 * kGiB), 1);           // a block larger than memory: still one
   EXPECT_EQ(default_kv_blocks((1ll << 31) / 16, 4096, 0), std::numeric_limits<int>::max());  // was an int overflow
+  // A memory figure misread as (nearly) nothing still leaves the floor: one context of the initial scratch.
+  EXPECT_EQ(default_kv_blocks(1 << 20, 128 * 1024, 4096, 256), 256);
+  EXPECT_EQ(default_kv_blocks(16, 4096, 4096, 5000), 64 * 16);  // never more than 64 contexts
 }
 
 }  // namespace
