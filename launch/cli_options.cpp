@@ -24,6 +24,13 @@ namespace shardline::launch {
 
 namespace {
 
+// text without the white space around it: values are read past it as the shell or a CRLF file left it.
+std::string trimmed(const std::string& text) {
+  constexpr const char* kSpace = " \t\r\n\v\f";
+  const std::size_t first = text.find_first_not_of(kSpace);
+  return first == std::string::npos ? std::string() : text.substr(first, text.find_last_not_of(kSpace) - first + 1);
+}
+
 bool is_number_flag(const po::option_description& flag) {
   const auto* semantic = flag.semantic().get();
   return dynamic_cast<const po::typed_value<int>*>(semantic) != nullptr ||
@@ -70,12 +77,7 @@ po::parsed_options parse_flags(const std::vector<std::string>& args, const po::o
     if (option.string_key.empty()) continue;  // a positional word (refused by the caller); "" matches every flag
     const po::option_description* flag = options.find_nothrow(option.string_key, /*approx=*/false);
     if (flag == nullptr || !is_number_flag(*flag)) continue;
-    for (std::string& value : option.value) {
-      constexpr const char* kSpace = " \t\r\n\v\f";
-      const std::size_t first = value.find_first_not_of(kSpace);
-      value = first == std::string::npos ? std::string()
-                                         : value.substr(first, value.find_last_not_of(kSpace) - first + 1);
-    }
+    for (std::string& value : option.value) value = trimmed(value);
   }
   return parsed;
 }
@@ -165,9 +167,7 @@ std::string rank_count_mismatch(int tp_flag, int pp_flag, int world) {
 std::uint64_t parse_seed_flag(const std::string& text) {
   // White space around it and a leading '+' as the number flags take them (--dim +5 was 5 while --seed +5
   // was refused).
-  constexpr const char* kSpace = " \t\r\n\v\f";
-  const std::size_t first = text.find_first_not_of(kSpace);
-  std::string digits = first == std::string::npos ? std::string() : text.substr(first, text.find_last_not_of(kSpace) - first + 1);
+  std::string digits = trimmed(text);
   if (digits.starts_with('+')) digits.erase(0, 1);
   errno = 0;  // digits only, so strtoull reads them all; ERANGE says they are past 2^64 - 1
   const unsigned long long value = std::strtoull(digits.c_str(), nullptr, 10);
@@ -184,10 +184,7 @@ std::vector<int> parse_int_list(const std::string& flag, const std::string& text
     const std::size_t comma = std::min(text.find(',', at), text.size());
     // White space around an item is read past on both sides ("2, 4" as typed, "2,4\r" from a CRLF file);
     // stoi alone skipped only the leading, so " 2" passed where "2 " was refused.
-    constexpr const char* kSpace = " \t\r\n\v\f";
-    std::string item = text.substr(at, comma - at);
-    item.erase(0, item.find_first_not_of(kSpace));
-    item.erase(item.find_last_not_of(kSpace) + 1);
+    const std::string item = trimmed(text.substr(at, comma - at));
     try {
       std::size_t used = 0;
       values.push_back(std::stoi(item, &used));
