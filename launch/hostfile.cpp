@@ -20,7 +20,6 @@ namespace {
 constexpr const char* kHostfileLine = "hostfile lines are 'HOST [slots=N] [max_slots=N]'";
 constexpr const char* kRankfileLine = "rankfile lines are 'rank N=HOST slot=SPEC', e.g. 'rank 0=node01 slot=0:0-7'";
 
-// A line without its comment, split on blanks.
 // A line's blank-separated tokens, comments cut, with "key = value", "key= value" and "key =value" joined
 // into "key=value" as Open MPI's hostfile lexer reads them ('localhost slots = 3' runs 3 ranks under mpirun).
 std::vector<std::string> tokens_of(std::string line) {

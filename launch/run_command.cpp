@@ -39,6 +39,7 @@
 #include "memory/arena.h"
 #include "memory/bus_error_report.h"
 #include "memory/placement.h"
+#include "memory/system_memory.h"
 #include "partition/mesh.h"
 #include "partition/shard.h"
 #include "comm/mpi_communicator.h"
@@ -488,7 +489,7 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
               "{} items, {} rows, busy {:.3f} of {:.3f} s ({:.0f}%)",
               host, shard.layers.begin, shard.layers.end, shard.heads.begin, shard.heads.end, shard.hidden.begin,
               shard.hidden.end, format_bytes(engine->has_host_weights() ? engine->weights().mapped_bytes() : 0),
-              format_bytes(engine->has_host_weights() ? engine->weights().repacked_bytes() : 0), format_bytes(peak_rss_bytes()), st.items, st.rows,
+              format_bytes(engine->has_host_weights() ? engine->weights().repacked_bytes() : 0), format_bytes(static_cast<double>(memory::process_status_bytes("VmHWM"))), st.items, st.rows,
               st.busy_s, st.total_s, st.total_s > 0 ? 100.0 * st.busy_s / st.total_s : 0.0);
     log::note("memory: arena {} | KV pool {}", engine->arena().describe(), engine->kv_pool().describe());
   }

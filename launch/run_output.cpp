@@ -105,20 +105,6 @@ void print_stats(const runtime::Engine& engine, const std::vector<runtime::Gener
             mesh.tp_size(), mesh.pp_size(), threads, threads == 1 ? "" : "s");
 }
 
-long peak_rss_bytes() {
-  std::ifstream status("/proc/self/status");
-  std::string key;
-  while (status >> key) {
-    if (key == "VmHWM:") {
-      long kib = 0;
-      status >> kib;
-      return kib * 1024;
-    }
-    status.ignore(1 << 20, '\n');
-  }
-  return 0;
-}
-
 void write_logits(const std::string& path, const std::vector<std::vector<float>>& per_sequence) {
   std::ofstream out = open_output_file(path, std::ios::binary, "--dump-logits file");
   for (const auto& logits : per_sequence) {

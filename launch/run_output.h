@@ -17,8 +17,6 @@ void report_early_ends(const runtime::Tokenizer& tokenizer, const std::vector<ru
                        const std::vector<runtime::GenerationResult>& results);
 // The run's statistics line: load, prefill, TTFT, decode rates, layout, threads.
 void print_stats(const runtime::Engine& engine, const std::vector<runtime::GenerationResult>& results, int threads);
-// This process's peak resident memory (VmHWM), 0 when unknown.
-long peak_rss_bytes();
 // Every step's float32 logits, the sequences in order.
 void write_logits(const std::string& path, const std::vector<std::vector<float>>& per_sequence);
 

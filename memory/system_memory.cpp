@@ -127,20 +127,24 @@ std::optional<std::uint64_t> usable_memory_bytes() {
   return left ? std::min(available, *left) : available;
 }
 
-std::optional<std::uint64_t> address_space_left() {
-  rlimit limit{};
-  if (getrlimit(RLIMIT_AS, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return std::nullopt;
+std::uint64_t process_status_bytes(const std::string& field) {
   std::ifstream in("/proc/self/status");
-  std::string key;
-  std::uint64_t mapped_kib = 0;
-  while (in >> key) {
-    if (key == "VmSize:") {
-      in >> mapped_kib;
-      break;
+  const std::string key = field + ":";
+  for (std::string word; in >> word;) {
+    if (word == key) {
+      std::uint64_t kib = 0;
+      in >> kib;
+      return kib * 1024;
     }
     in.ignore(1 << 20, '\n');
   }
-  const std::uint64_t mapped = mapped_kib * 1024;
+  return 0;
+}
+
+std::optional<std::uint64_t> address_space_left() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_AS, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return std::nullopt;
+  const std::uint64_t mapped = process_status_bytes("VmSize");
   return limit.rlim_cur > mapped ? limit.rlim_cur - mapped : 0;
 }
 

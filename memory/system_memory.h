@@ -43,6 +43,8 @@ std::optional<std::uint64_t> cgroup_memory_left();
 // Memory a new allocation may take without swapping or the cgroup's OOM killer: MemAvailable, at most what
 // the cgroup still allows; nullopt when neither is known (a kernel without MemAvailable, no cgroup limit).
 std::optional<std::uint64_t> usable_memory_bytes();
+// A size field of /proc/self/status ("VmHWM", "VmSize": kB there) in bytes, 0 when absent.
+std::uint64_t process_status_bytes(const std::string& field);
 // Address space this process may still map under RLIMIT_AS (ulimit -v), or nullopt when unlimited.
 std::optional<std::uint64_t> address_space_left();
 

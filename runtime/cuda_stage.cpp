@@ -260,9 +260,9 @@ void CudaStage::make_kv_pool() {
   int n_blocks = options_.stage.kv_blocks;
   if (n_blocks == 0) {
     const double budget = kKvDeviceShare * static_cast<double>(cuda::device_properties(options_.device).memory_bytes);
-    // (in 64 bits: 64 contexts of a 2^31-token context overflowed an int)
-    n_blocks = std::max(max_blocks_, default_kv_blocks(max_blocks_, block_floats_ * sizeof(float),
-                                                       static_cast<std::uint64_t>(budget)));
+    // At least one full context, as before (in 64 bits: 64 contexts of a 2^31-token context overflowed an int).
+    n_blocks = default_kv_blocks(max_blocks_, block_floats_ * sizeof(float), static_cast<std::uint64_t>(budget),
+                                 /*floor_blocks=*/max_blocks_);
   }
   id_pool_ = std::make_unique<memory::KvBlockPool>(
       memory::KvBlockPoolOptions{KvCache::block_bytes(1, 1, 1, bt), n_blocks, options_.stage.numa_node});
