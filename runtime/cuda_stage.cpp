@@ -85,6 +85,9 @@ class CudaStage final : public StageBackend {
     kv_dim_ = shard.kv_heads.size() * hs;
     hidden_ = shard.hidden.size();
     upload_weights();
+    // The scores scratch holds StageOptions::context positions (the engine's initial context, not seq_len: a
+    // GGUF's 128K context_length made it gigabytes for a prefill chunk); a longer row grows it (reserve_context).
+    ctx_capacity_ = Stage::context_positions(shape, options.stage.context);
     make_kv_pool();
     reserve_rows(options.stage.max_rows);
   }
@@ -128,6 +131,9 @@ class CudaStage final : public StageBackend {
   }
   void upload_weights();
   void make_kv_pool();
+  // Sizes scores_ for rows of up to `positions` of context: grows ctx_capacity_ (at least doubling, at most
+  // seq_len) and drops the captured graphs, which hold the old buffer and its stride.
+  void reserve_context(int positions);
   // Uploads positions, query tables, context lengths and block tables of one call.
   void upload_rows(const Row* rows, int n);
   // Queues every layer for rows [0, n) on the compute stream: device data only, so it can be captured.
@@ -176,7 +182,8 @@ class CudaStage final : public StageBackend {
   int scratch_rows_ = 0;
   std::unique_ptr<cuda::Blas> blas_;
   cuda::DeviceBuffer x_, xb_, q_, k_, v_, att_, hb_, hb2_, out_;  // (rows, dim | q_dim | kv_dim | hidden)
-  cuda::DeviceBuffer scores_;        // (rows, local heads, seq_len)
+  cuda::DeviceBuffer scores_;        // (rows, local heads, ctx_capacity_)
+  int ctx_capacity_ = 0;             // positions a (row, head) of scores_ holds
   cuda::DeviceBuffer row_ints_;      // positions (rows) | query table (rows) | n_ctx (rows) | tables (rows, max_blocks)
   std::vector<int> host_ints_;       // the same, staged on the host
   cuda::DeviceBuffer local_logits_;  // (rows, vocab slice)
@@ -260,9 +267,10 @@ void CudaStage::make_kv_pool() {
   int n_blocks = options_.stage.kv_blocks;
   if (n_blocks == 0) {
     const double budget = kKvDeviceShare * static_cast<double>(cuda::device_properties(options_.device).memory_bytes);
-    // At least one full context, as before (in 64 bits: 64 contexts of a 2^31-token context overflowed an int).
+    // At least one context of the initial scratch, as the CPU stage (in 64 bits: 64 contexts of a 2^31-token
+    // context overflowed an int).
     n_blocks = default_kv_blocks(max_blocks_, block_floats_ * sizeof(float), static_cast<std::uint64_t>(budget),
-                                 /*floor_blocks=*/max_blocks_);
+                                 /*floor_blocks=*/kv_blocks_for(ctx_capacity_));
   }
   id_pool_ = std::make_unique<memory::KvBlockPool>(
       memory::KvBlockPoolOptions{KvCache::block_bytes(1, 1, 1, bt), n_blocks, options_.stage.numa_node});
@@ -286,7 +294,7 @@ void CudaStage::reserve_rows(int rows) {
   v_ = cuda::DeviceBuffer(r * kv_dim_ * f);
   hb_ = cuda::DeviceBuffer(r * std::max(hidden_, 1) * f);
   hb2_ = cuda::DeviceBuffer(r * std::max(hidden_, 1) * f);
-  scores_ = cuda::DeviceBuffer(r * shard_.heads.size() * shape_.seq_len * f);
+  scores_ = cuda::DeviceBuffer(r * shard_.heads.size() * ctx_capacity_ * f);
   host_ints_.assign(r * (3 + max_blocks_), 0);
   row_ints_ = cuda::DeviceBuffer(host_ints_.size() * sizeof(int));
   if (shard_.has_classifier) {
@@ -296,7 +304,19 @@ void CudaStage::reserve_rows(int rows) {
   scratch_rows_ = rows;
 }
 
+void CudaStage::reserve_context(int positions) {
+  if (positions <= ctx_capacity_) return;
+  ctx_capacity_ = std::min(shape_.seq_len, std::max(positions, 2 * ctx_capacity_));
+  graphs_.clear();
+  eager_calls_.clear();
+  scores_ = cuda::DeviceBuffer(static_cast<std::size_t>(scratch_rows_) * shard_.heads.size() * ctx_capacity_ *
+                               sizeof(float));
+}
+
 void CudaStage::upload_rows(const Row* rows, int n) {
+  int longest = 0;
+  for (int r = 0; r < n; ++r) longest = std::max(longest, rows[r].pos + 1);
+  reserve_context(longest);  // before anything is queued: a grown scratch drops the captured graphs
   const int stride = scratch_rows_;
   int* positions = host_ints_.data();
   int* query_table = positions + stride;
@@ -375,7 +395,7 @@ void CudaStage::queue_attention(int l, int r0, int r1) {
   a.n_kv_heads = n_kv_heads;
   a.head_size = hs;
   a.kv_stride = kv_dim_;
-  a.max_ctx = shape_.seq_len;  // the scratch stride: a constant, so a captured step fits every context
+  a.max_ctx = ctx_capacity_;  // the scratch stride: constant between growths, so a captured step fits every context
   a.scratch = scores_.as<float>();
   cuda::attention_paged(a, s);
   blas_->matmul(out_.as<float>() + x0, att, w.wo.view(), n, s);  // TP: partial sums over heads

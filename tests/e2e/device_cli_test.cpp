@@ -145,6 +145,37 @@ TEST_F(DeviceGpu, CudaAppliesAGgufFilesRopeFrequencyFactorsAsTheCpuDoes) {
   EXPECT_NE(ids_of(path("plain.gguf"), "cuda"), cpu);
 }
 
+TEST_F(DeviceGpu, ARowPastTheInitialScoresScratchGrowsItAndKeepsTheCpusTokens) {
+  // The attention scores' scratch starts at 4096 positions (not seq_len: a 128K context_length made it
+  // gigabytes). A 3990-token prompt then 300 decode steps cross position 4096 after the decode step's CUDA
+  // graph was captured: the grown scratch must drop that graph, whose stride is the old one. Same kernels
+  // with and without graphs give the same bits; the CPU's tokens as in the tests above.
+  const auto devices = kernels::cuda::device_count();
+  if (devices.count == 0) GTEST_SKIP() << "no usable GPU: " << devices.reason;
+  const std::string model = path("m.bin");
+  ASSERT_EQ(run_process(shardline_binary() + " gen-model --dim 64 --hidden 160 --layers 2 --heads 4 --kv-heads 2 "
+                        "--vocab 300 --seq 4608 --seed 9 --out " + model).exit_code, 0);
+  std::string prompt;  // one token a character with this tokenizer: 3989 and the BOS
+  for (int i = 0; i < 1330; ++i) prompt += std::string(i > 0 ? " " : "") + char('a' + i % 7) + char('b' + i % 5);
+  {
+    std::ofstream out(path("prompt.txt"));
+    out << prompt << "\n";
+  }
+  auto run_ids = [&](const std::string& device_flags) {
+    const ProcessResult r = run_process(shardline_binary() + " run --json --steps 300 --model " + model +
+                                        " --prompts-file " + path("prompt.txt") + " " + device_flags);
+    EXPECT_EQ(r.exit_code, 0) << device_flags << ": " << r.err;
+    if (r.exit_code != 0) return nlohmann::json();
+    const nlohmann::json j = nlohmann::json::parse(r.out);
+    EXPECT_LT(j["prompt_ids"].size(), 4096u);
+    EXPECT_GT(j["prompt_ids"].size() + j["ids"].size(), 4096u + 100u);
+    return j["ids"];
+  };
+  const nlohmann::json graphs = run_ids("--device cuda --cuda-graphs on");
+  EXPECT_EQ(run_ids("--device cuda --cuda-graphs off"), graphs);
+  EXPECT_EQ(run_ids("--device cpu"), graphs);
+}
+
 // GPU only (label cuda): the issue #8 features through the real binary. Each skips with the reason where the
 // machine lacks what it needs (a GPU; two for the NCCL layouts, as NCCL refuses two ranks on one GPU).
 class DeviceGpuRuns : public Device {
