@@ -366,6 +366,12 @@ int run_command(const std::vector<std::string>& args, const MpiSession& mpi) {
       }
       require_writable_output(config->dump_logits, "--dump-logits file");
     }
+    // The CUDA stage all-reduces w2's partial sums and needs hidden features on every TP rank; a toy width
+    // of fewer blocks of 32 than ranks leaves some none (partition::split_hidden), which only the CPU takes.
+    if (config->cpu_only_reason.empty() && partition::split_hidden(*shape, mesh->tp_size(), 0).empty()) {
+      config->cpu_only_reason = fmt::format("hidden_dim {} leaves some of tp={} ranks no hidden features, which only "
+                                            "the CPU stage takes", shape->hidden_dim, mesh->tp_size());
+    }
     // --device cuda for a run the CUDA stage cannot take is a bad flag, said before any rank builds NCCL groups.
     if (config->device == runtime::DeviceRequest::kCuda && !config->cpu_only_reason.empty()) {
       throw ConfigError(fmt::format("--device cuda: {}; run with --device cpu or auto", config->cpu_only_reason));

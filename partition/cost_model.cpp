@@ -211,16 +211,15 @@ TimeBreakdown stage_pass(const LayoutGeometry& g, int s, double rows, double log
   layer.compute_s += rows * per_row_s / rates.row_threads;
   // TP: the sum of wo's and of w2's segment products passed from rank to rank in segment order and then
   // broadcast from the last (runtime/stage.h), in blocks of kSegmentSumRows rows; each rank adds its own
-  // products (S / tp of rows x dim) onto it. w2's is an all-reduce where hidden has fewer blocks of 32 than ranks.
+  // products (S / tp of rows x dim) onto it.
   if (g.layout.tp > 1) {
     const int p = g.layout.tp;
     const double bytes = rows * d * kFloat;
     const double hops = (p - 1) + std::ceil(std::log2(static_cast<double>(p)));  // the chain, then a binomial broadcast
     const double chain_s = std::ceil(rows / kSegmentSumRows) * hops * tp_link.alpha_s + hops * bytes * tp_link.beta_s_per_byte;
-    const bool w2_segmented = hidden_segments_nest(w.shape, p);
-    layer.comm_s += chain_s + (w2_segmented ? chain_s : ring_allreduce_s(p, bytes, tp_link));
+    layer.comm_s += 2 * chain_s;
     const double local_segments = static_cast<double>(n_reduction_segments(w.shape)) / p;
-    layer.compute_s += (w2_segmented ? 2 : 1) * rows * local_segments * d * rates.row_element_s / rates.row_threads;
+    layer.compute_s += 2 * rows * local_segments * d * rates.row_element_s / rates.row_threads;
   }
   TimeBreakdown total;
   for (int l = 0; l < g.stage_layers[s].size(); ++l) total += layer;

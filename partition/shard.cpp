@@ -45,25 +45,18 @@ Range floor_blocks(int hidden, int unit, int parts, int index) {
 
 }  // namespace
 
-bool hidden_segments_nest(const ModelShape& shape, int tp_size) {
-  const int unit = hidden_block(shape);
-  return (shape.hidden_dim + unit - 1) / unit >= tp_size && n_reduction_segments(shape) % tp_size == 0;
-}
-
 Range hidden_segment(const ModelShape& shape, int index) {
   SL_CHECK(index >= 0 && index < n_reduction_segments(shape));
   return floor_blocks(shape.hidden_dim, hidden_block(shape), n_reduction_segments(shape), index);
 }
 
 Range split_hidden(const ModelShape& shape, int tp_size, int tp_rank) {
-  SL_CHECK(tp_size >= 1 && tp_rank >= 0 && tp_rank < tp_size);
-  if (!hidden_segments_nest(shape, tp_size)) return split_evenly(shape.hidden_dim, tp_size, tp_rank);
+  SL_CHECK(tp_size >= 1 && tp_rank >= 0 && tp_rank < tp_size && n_reduction_segments(shape) % tp_size == 0);
   return floor_blocks(shape.hidden_dim, hidden_block(shape), tp_size, tp_rank);
 }
 
 std::vector<int> local_hidden_bounds(const ModelShape& shape, int tp_size, int tp_rank) {
   const Range slice = split_hidden(shape, tp_size, tp_rank);
-  if (!hidden_segments_nest(shape, tp_size)) return {0, slice.size()};
   std::vector<int> bounds;
   const int per_rank = n_reduction_segments(shape) / tp_size;
   for (int s = tp_rank * per_rank; s < (tp_rank + 1) * per_rank; ++s) {
@@ -84,9 +77,6 @@ std::optional<std::string> find_layout_problem(const ModelShape& shape, int tp_s
   }
   if (shape.n_heads % tp_size != 0) {
     return fmt::format("tp={} does not divide n_heads={}", tp_size, shape.n_heads);
-  }
-  if (tp_size > shape.hidden_dim) {
-    return fmt::format("tp={} exceeds the MLP width hidden_dim={}", tp_size, shape.hidden_dim);
   }
   if (pp_size > shape.n_layers) {
     return fmt::format("pp={} exceeds n_layers={} (every stage needs at least one layer)", pp_size,

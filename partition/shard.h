@@ -58,15 +58,13 @@ int hidden_block(const ModelShape& shape);
 // Segment `index` of hidden: blocks floor(index * B / S) to floor((index + 1) * B / S) of the B blocks,
 // S = n_reduction_segments(), the last one ending at hidden_dim; empty where B < S (a toy width).
 Range hidden_segment(const ModelShape& shape, int index);
-// Whether tp ranks can each hold whole segments: tp divides n_kv_heads and hidden has a block for each rank.
-// Only a hidden dim under 32 x (tp - 1) + 1 features has not; its TP layouts all-reduce w2's sums (in
-// another order than one rank: the last bits differ, and int8 groups straddle ranks; the run warns).
-bool hidden_segments_nest(const ModelShape& shape, int tp_size);
-// The hidden dim's TP split: tp_rank's n_kv_heads / tp consecutive segments (blocks floor(r B / tp) to
-// floor((r + 1) B / tp): ranks differ by one block at most); evenly where the segments do not nest.
+// The hidden dim's TP split (tp divides n_kv_heads): tp_rank's n_kv_heads / tp consecutive segments, blocks
+// floor(r B / tp) to floor((r + 1) B / tp), so ranks differ by one block at most. A toy width of fewer
+// blocks than ranks (hidden under 32 x (tp - 1) + 1) leaves some ranks none: their w2 adds nothing to the
+// ordered sum, and every layout still gives one rank's bits (an all-reduce over even slices did not).
 Range split_hidden(const ModelShape& shape, int tp_size, int tp_rank);
-// The borders of w2's (non-empty) segments within tp_rank's hidden slice, from 0 to its size; {0, size}
-// where the segments do not nest.
+// The borders of w2's (non-empty) segments within tp_rank's hidden slice, from 0 to its size: {0} for an
+// empty slice.
 std::vector<int> local_hidden_bounds(const ModelShape& shape, int tp_size, int tp_rank);
 
 // One rank's share of the model.

@@ -84,15 +84,6 @@ Engine::Engine(const EngineOptions& options, const partition::Mesh& mesh, comm::
     loading_.release();
     stage_ = make_cuda_stage(options.model_path, model_.shape, shard, mesh, cuda_options);
   } else {
-    if (mesh.tp_size() > 1 && mesh.tp_rank() == 0 && mesh.pp_rank() == 0 &&
-        !partition::hidden_segments_nest(model_.shape, mesh.tp_size())) {
-      const bool int8 = options.weights_dtype == WeightDtype::kInt8;
-      log::warn("hidden_dim {} has fewer than tp={} blocks of 32 features, so this layout adds w2's partial sums in "
-                "another order than one rank{}: its logits may differ from one rank's by {}, and a token where its "
-                "margin is that small (partition/shard.h)",
-                model_.shape.hidden_dim, mesh.tp_size(), int8 ? " and its int8 slices split one rank's scale groups" : "",
-                int8 ? "int8 quantisation noise" : "float rounding");
-    }
     // One arena for the weights' copies and the stage's scratch, sized for both up front.
     arena_options.initial_bytes = ShardWeights::arena_bytes_needed(model_.shape, shard, options.weights_dtype,
                                                                    options.weights_in_arena) +

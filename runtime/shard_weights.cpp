@@ -109,9 +109,11 @@ ShardWeights::ShardWeights(const std::string& path, const partition::ModelShape&
     w.wk = convert(t.wk.at(kv_begin * d), kv_rows, shape.dim, all_dim, 0, qkv + q_bytes);
     w.wv = convert(t.wv.at(kv_begin * d), kv_rows, shape.dim, all_dim, 0, qkv + q_bytes + kv_bytes);
     w.wo = convert_wo(t.wo, q_columns, runtime::wo_input(shape, options_.dtype));
-    w.w1 = convert(t.w1.at(h_begin * d), h_rows, shape.dim, all_dim);
-    w.w2 = convert(t.w2, shape.dim, shape.hidden_dim, shard.hidden, w2_int8_group(shape));
-    w.w3 = convert(t.w3.at(h_begin * d), h_rows, shape.dim, all_dim);
+    if (h_rows > 0) {  // a toy width can leave a TP rank no hidden features (partition::split_hidden)
+      w.w1 = convert(t.w1.at(h_begin * d), h_rows, shape.dim, all_dim);
+      w.w2 = convert(t.w2, shape.dim, shape.hidden_dim, shard.hidden, w2_int8_group(shape));
+      w.w3 = convert(t.w3.at(h_begin * d), h_rows, shape.dim, all_dim);
+    }
     layers_.push_back(w);
   }
   if (shard.has_classifier) {
@@ -132,9 +134,9 @@ std::uint64_t ShardWeights::arena_bytes_needed(const partition::ModelShape& shap
   };
   // (q, k and v share one allocation, so their three alignment pads overestimate it by two.)
   const WoInput wo = runtime::wo_input(shape, dtype);
+  const std::uint64_t mlp = h_rows > 0 ? 2 * packed(h_rows, d) + packed(d, h_rows, w2_int8_group(shape)) : 0;
   std::uint64_t bytes = n_layers * (packed(q_rows, d) + 2 * packed(kv_rows, d) +
-                                    packed(d, wo.packed_k(q_rows), wo.int8_group) + 2 * packed(h_rows, d) +
-                                    packed(d, h_rows, w2_int8_group(shape)));
+                                    packed(d, wo.packed_k(q_rows), wo.int8_group) + mlp);
   if (shard.has_classifier) bytes += packed(shard.vocab.size(), d);
   if (copy_to_arena) {
     std::uint64_t floats = n_layers * 2 * static_cast<std::uint64_t>(d);
@@ -232,7 +234,9 @@ PackedMatrix ShardWeights::convert_wo(TensorRef matrix, partition::Range columns
 
 std::vector<kernels::cpu::ReadRegion> ShardWeights::streamed_regions() const {
   std::vector<kernels::cpu::ReadRegion> regions;
-  auto add = [&](const PackedMatrix& m) { regions.push_back({m.data, m.size_bytes()}); };
+  auto add = [&](const PackedMatrix& m) {
+    if (m.data != nullptr) regions.push_back({m.data, m.size_bytes()});
+  };
   for (const LayerWeights& w : layers_) {
     for (const PackedMatrix* m : {&w.wq, &w.wk, &w.wv, &w.wo, &w.w1, &w.w3, &w.w2}) add(*m);
   }

@@ -48,7 +48,6 @@ Stage::Stage(const ShardWeights& weights, comm::Communicator& tp_comm, const Sta
   attention_rows_ = attention_rows_at_once(shard, context_);
   wo_bounds_ = wo_input_.bounds(q_dim_);
   w2_bounds_ = partition::local_hidden_bounds(s, tp_comm.size(), tp_comm.rank());
-  w2_segmented_ = partition::hidden_segments_nest(s, tp_comm.size());
   SL_CHECK(s.n_kv_heads % tp_comm.size() == 0);  // every rank holds as many whole segments
   // The segments cover this rank's slices (the shard was cut for this TP group).
   SL_CHECK(wo_bounds_.back() == att_stride_ && w2_bounds_.back() == hidden_);
@@ -290,7 +289,7 @@ void Stage::reduce_segments(const PackedMatrix& w, const std::vector<int>& bound
   for (int r0 = 0; r0 < n; r0 += kPartialRows) {
     const int rows = std::min(kPartialRows, n - r0);
     const std::size_t count = static_cast<std::size_t>(rows) * dim;
-    if (r0 > 0 && tp_comm_.rank() > 0) {  // the first block's products came with the half layer's pass
+    if (r0 > 0 && tp_comm_.rank() > 0 && local_segments > 0) {  // the first block's came with the layer's pass
       cpu::run_team([&](cpu::Team team) {
         cpu::matmul_segments(partials_.data(), act_inner_, w, bounds, /*fold=*/false, r0, rows, team);
       });
@@ -307,30 +306,32 @@ void Stage::reduce_segments(const PackedMatrix& w, const std::vector<int>& bound
 }
 
 void Stage::mlp_block(const LayerWeights& w, float* x, int n) {
-  const auto& s = shape();
-  act_.prepare_shape(xb_.data(), n, w.w1);
-  act_inner_.prepare_shape(hb_.data(), n, w.w2);
+  const int dim = shape().dim;
+  if (hidden_ > 0) {
+    act_.prepare_shape(xb_.data(), n, w.w1);
+    act_inner_.prepare_shape(hb_.data(), n, w.w2);
+  }
   cpu::run_team([&](cpu::Team team) {
     const cpu::Band mine = team.share(n);
     act_.normalise_rows(xb_.data(), x, out_.data(), w.rms_ffn, options_.rms_eps, mine.begin, mine.end);  // x += attention
+    if (hidden_ == 0) {
+      // A toy width left this TP rank no hidden features (partition::split_hidden). TP rank 0 starts the ordered
+      // sum with -0.0, which adds to every float exactly (0.0 would turn a sum of -0.0 into +0.0).
+      if (tp_comm_.rank() == 0) {
+        std::fill(out_.data() + static_cast<std::size_t>(mine.begin) * dim,
+                  out_.data() + static_cast<std::size_t>(mine.end) * dim, -0.0f);
+      }
+      return;
+    }
     cpu::team_barrier();
     cpu::matmul_swiglu(hb_.data(), act_, w.w1, w.w3, team);  // silu(x W1ᵀ) * (x W3ᵀ), gate fused into the matmuls
     cpu::team_barrier();
     act_inner_.prepare_rows(hb_.data(), mine.begin, mine.end);
     cpu::team_barrier();
     // The hidden segments' products added in order, as wo's (always on one rank).
-    if (w2_segmented_) {
-      first_segment_products(w.w2, w2_bounds_, n, team);
-    } else {
-      cpu::matmul(out_.data(), act_inner_, w.w2, team);
-    }
+    first_segment_products(w.w2, w2_bounds_, n, team);
   });
-  if (tp_comm_.size() == 1) return;
-  if (w2_segmented_) {
-    reduce_segments(w.w2, w2_bounds_, n);
-  } else {
-    tp_comm_.all_reduce_sum(out_.data(), static_cast<std::size_t>(n) * s.dim);  // sum over hidden slices
-  }
+  if (tp_comm_.size() > 1) reduce_segments(w.w2, w2_bounds_, n);
 }
 
 void Stage::prepare_classifier_input(const float* x, int n) {

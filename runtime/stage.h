@@ -147,7 +147,6 @@ class Stage : public StageBackend {
   int attention_rows_;  // rows a kernel thread attends at once (attention_rows_at_once for context_)
   std::vector<int> wo_bounds_;  // wo's reduction segments along att_'s k (WoInput::bounds)
   std::vector<int> w2_bounds_;  // w2's along this rank's hidden slice (partition::local_hidden_bounds)
-  bool w2_segmented_;           // each rank holds whole segments of w2 (always with tp=1; else TP all-reduces them)
   std::vector<int> vocab_counts_;  // classifier rows per TP rank, for the logits gather
   std::vector<int> gather_counts_; // vocab_counts_ * rows of the current logits call
 

@@ -52,6 +52,21 @@ TEST_F(Device, AutoKeepsTheCpuForWhatTheCudaStageCannotRun) {
                         "--device cuda: --weights-dtype int8 runs on the CPU only");
 }
 
+TEST_F(Device, AutoKeepsTheCpuForATpRankWithoutHiddenFeatures) {
+  // Hidden 32 is one block for two TP ranks: rank 0 holds none, which the CPU stage takes (its ordered sum
+  // passes on) and the CUDA stage's all-reduce does not. auto stays on the CPU and says why; cuda is refused.
+  const std::string model = path("narrow.bin");
+  ASSERT_EQ(run_process(shardline_binary() + " gen-model --dim 64 --hidden 32 --layers 2 --heads 4 --vocab 300 "
+                        "--seq 64 --out " + model).exit_code, 0);
+  const std::string args = " run --steps 8 --prompt hi --tp 2 --pp 1 --plan none --model " + model;
+  const ProcessResult r = run_process(mpirun(2) + shardline_binary() + args + " --device auto");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string reason = "hidden_dim 32 leaves some of tp=2 ranks no hidden features, which only the CPU stage takes";
+  EXPECT_EQ(count_of(r.err, "--device auto: running on the CPU: " + reason), 1u) << r.err;
+  expect_one_error_line(run_process(mpirun(2) + shardline_binary() + args + " --device cuda"), 2,
+                        "--device cuda: " + reason);
+}
+
 TEST_F(Device, CpuIsTheCpuWithoutANotice) {
   const ProcessResult r = run_process(golden_run(kModel, "--device cpu"));
   expect_goldens(r, golden_.goldens, "--device cpu");

@@ -72,35 +72,41 @@ TEST(SplitHidden, RanksTakeWholeSegmentsOfBlocksOf128ThenOf32) {
   EXPECT_EQ(local_hidden_bounds(tiny, 1, 0), (std::vector<int>{0, 32, 96, 128, 172}));
   EXPECT_EQ(local_hidden_bounds(tiny, 2, 1), (std::vector<int>{0, 32, 76}));
   // Every layout's slices are unions of the same segments, which is what makes the sums agree: each rank's
-  // borders are one rank's. A toy width (two blocks for eight segments) nests for tp 1 and 2, not 4 and 8.
+  // borders are one rank's. A toy width (two blocks for eight segments) leaves ranks of tp 4 and 8 empty.
   const auto toy = shape(48, 40, 2, 8, 8, 300);
   for (const auto& s : {m110, narrow128, tiny, shape(96, 260, 2, 6, 3, 300), shape(64, 2080, 2, 8, 8, 300), toy}) {
     const std::vector<int> whole = local_hidden_bounds(s, 1, 0);  // one rank's segments' borders
     for (int tp = 1; tp <= s.n_kv_heads; ++tp) {
       if (s.n_kv_heads % tp != 0) continue;
-      const bool nest = hidden_segments_nest(s, tp);
-      EXPECT_EQ(nest, (s.hidden_dim + 31) / 32 >= tp) << s.hidden_dim << " tp=" << tp;
+      int covered = 0;  // the slices, in rank order, tile hidden
       for (int r = 0; r < tp; ++r) {
         const Range slice = split_hidden(s, tp, r);
+        EXPECT_EQ(slice.begin, covered) << s.hidden_dim << " tp=" << tp << " rank " << r;
+        covered = slice.end;
+        const int blocks = (s.hidden_dim + hidden_block(s) - 1) / hidden_block(s);
+        EXPECT_EQ(slice.empty(), r * blocks / tp == (r + 1) * blocks / tp) << s.hidden_dim << " tp=" << tp;
         const std::vector<int> bounds = local_hidden_bounds(s, tp, r);
-        if (!nest) {
-          EXPECT_EQ(bounds, (std::vector<int>{0, slice.size()}));
-          continue;
-        }
+        EXPECT_EQ(bounds.back(), slice.size());
         for (const int b : bounds) {
           EXPECT_NE(std::find(whole.begin(), whole.end(), slice.begin + b), whole.end())
               << s.hidden_dim << " tp=" << tp << " rank " << r << " border " << b;
           EXPECT_TRUE((slice.begin + b) % 32 == 0 || slice.begin + b == s.hidden_dim);
         }
       }
+      EXPECT_EQ(covered, s.hidden_dim) << s.hidden_dim << " tp=" << tp;
     }
   }
   EXPECT_EQ(hidden_block(toy), 32);
   EXPECT_EQ(local_hidden_bounds(toy, 1, 0), (std::vector<int>{0, 32, 40}));  // six empty segments left out
   EXPECT_EQ(split_hidden(toy, 2, 1), (Range{32, 40}));
   EXPECT_EQ(local_hidden_bounds(toy, 2, 1), (std::vector<int>{0, 8}));
-  EXPECT_EQ(split_hidden(toy, 4, 1), split_evenly(40, 4, 1));  // two blocks for four ranks: evenly, no segments
-  EXPECT_EQ(local_hidden_bounds(toy, 4, 1), (std::vector<int>{0, 10}));
+  // Two blocks for four ranks: blocks floor(r 2 / 4) to floor((r + 1) 2 / 4), ranks 0 and 2 hold none.
+  EXPECT_TRUE(split_hidden(toy, 4, 0).empty());
+  EXPECT_EQ(split_hidden(toy, 4, 1), (Range{0, 32}));
+  EXPECT_TRUE(split_hidden(toy, 4, 2).empty());
+  EXPECT_EQ(split_hidden(toy, 4, 3), (Range{32, 40}));
+  EXPECT_EQ(local_hidden_bounds(toy, 4, 0), (std::vector<int>{0}));
+  EXPECT_EQ(local_hidden_bounds(toy, 4, 3), (std::vector<int>{0, 8}));
   const auto s = shape(64, 2048, 2, 6, 3, 300);
   EXPECT_EQ(shard_for(s, Mesh(3, 2, 3, 1), stage_layer_ranges(s, 1)).hidden, (Range{1280, 2048}));
 }
