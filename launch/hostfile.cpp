@@ -47,7 +47,13 @@ std::vector<std::string> lines_of(const std::string& text, const std::string& pa
   std::vector<std::string> lines;
   std::istringstream in(text);
   for (std::string line; std::getline(in, line);) {
-    if (!line.empty() && line.back() == '\r') line.pop_back();
+    // Open MPI 4.1's parsers refuse a carriage return ("parse error ... on token 1"): a file saved with
+    // Windows line endings fails at mpirun, so it fails here, with the way out.
+    if (line.find('\r') != std::string::npos) {
+      throw ConfigError(fmt::format("{}:{}: the line holds a carriage return (Windows line endings), which mpirun "
+                                    "refuses; convert the file: sed -i 's/\\r$//' {}",
+                                    path, lines.size() + 1, path));
+    }
     if (line.size() > kMaxLineBytes) {
       throw ConfigError(fmt::format("{}:{}: a line of {} bytes; lines are at most {}", path, lines.size() + 1,
                                     line.size(), kMaxLineBytes));
@@ -57,13 +63,13 @@ std::vector<std::string> lines_of(const std::string& text, const std::string& pa
   return lines;
 }
 
-// Names and addresses Open MPI can route to: letters, digits, '.', '-', '_', and ':' for IPv6; at most 253
-// bytes, as DNS names are.
+// Names and addresses Open MPI 4.1's node-name parser takes: letters, digits, '.' and '-' (it refuses '_',
+// and ':', so IPv6 addresses, with "illegal character in the following node name"); at most 253 bytes, as
+// DNS names are.
 bool valid_host(const std::string& host) {
   if (host.empty() || host.size() > 253) return false;
-  return std::all_of(host.begin(), host.end(), [](char c) {
-    return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_' || c == ':';
-  });
+  return std::all_of(host.begin(), host.end(),
+                     [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-'; });
 }
 
 std::string where(const std::string& path, int line) { return fmt::format("{}:{}", path, line); }
@@ -129,7 +135,8 @@ Hostfile parse_hostfile(const std::string& text, const std::string& path) {
                                     where(path, number), printable(tokens[0]), printable(name), plain ? count : "N"));
     }
     if (host.find('=') != std::string::npos || !valid_host(host)) {
-      throw ConfigError(fmt::format("{}: '{}' is not a host name or address; {}", where(path, number), printable(tokens[0]),
+      throw ConfigError(fmt::format("{}: '{}' is not a host name or IPv4 address mpirun takes (letters, digits, '.' "
+                                    "and '-'); {}", where(path, number), printable(tokens[0]),
                                     kHostfileLine));
     }
     HostEntry entry{host, std::nullopt, std::nullopt, number};
@@ -147,6 +154,11 @@ Hostfile parse_hostfile(const std::string& text, const std::string& path) {
         entry.slots = positive_count(path, number, key, value);
       } else if (key == "max_slots" || key == "max-slots" || key == "slots_max" || key == "slots-max") {
         entry.max_slots = positive_count(path, number, key, value);
+      } else if (key == "username" || key == "user_name" || key == "user-name" || key == "port") {
+        // How mpirun reaches the host (ssh's user and port): nothing a layout depends on, and mpirun takes them.
+        if (value.empty()) {
+          throw ConfigError(fmt::format("{}: {}= needs a value; {}", where(path, number), printable(key), kHostfileLine));
+        }
       } else {
         throw ConfigError(fmt::format("{}: unknown keyword '{}'; {}", where(path, number), printable(key), kHostfileLine));
       }
@@ -233,7 +245,8 @@ std::vector<RankfileEntry> parse_rankfile(const std::string& text, const std::st
     }
     const bool relative = host.rfind("+n", 0) == 0 && short_number(host.substr(2));
     if (!relative && !valid_host(host)) {
-      throw ConfigError(fmt::format("{}: '{}' is not a host name, address or +nI; {}", where(path, number), printable(host),
+      throw ConfigError(fmt::format("{}: '{}' is not a host name, IPv4 address or +nI mpirun takes (names of letters, "
+                                    "digits, '.' and '-'); {}", where(path, number), printable(host),
                                     kRankfileLine));
     }
     if (const auto problem = slot_problem(spec)) {

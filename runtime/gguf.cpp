@@ -286,7 +286,7 @@ GgufFile::GgufFile(const std::string& path) : path_(path), file_(path) {
   std::uint64_t alignment = 32;
   if (auto a = get_count("general.alignment")) alignment = *a;
   if (alignment < 8 || (alignment & (alignment - 1)) != 0 || alignment > 1 << 20) {
-    throw FormatError(fmt::format("GGUF file '{}': general.alignment {} is not a power of two of at least 8", path,
+    throw FormatError(fmt::format("GGUF file '{}': general.alignment {} is not a power of two from 8 to 1 MiB", path,
                                   alignment));
   }
   const std::uint64_t data_start = (in.pos() + alignment - 1) / alignment * alignment;

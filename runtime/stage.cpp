@@ -4,7 +4,10 @@
 #include <limits>
 #include <cstring>
 
+#include <fmt/format.h>
+
 #include "common/error.h"
+#include "common/units.h"
 #include "kernels/cpu/ops.h"
 #include "memory/system_memory.h"
 
@@ -34,6 +37,22 @@ std::uint64_t kv_pool_memory_bound(int ranks_on_host) {
   return bound;
 }
 
+void check_explicit_kv_blocks(long long kv_blocks, std::uint64_t block_bytes, int block_tokens, int ranks_on_host) {
+  const auto usable = memory::usable_memory_bytes();
+  if (!usable || *usable == 0) return;  // nothing known to compare with: the reservation itself may fail (exit 4)
+  const int ranks = std::max(1, ranks_on_host);
+  const std::uint64_t share = *usable / static_cast<std::uint64_t>(ranks);
+  // The pool reserves address space and commits blocks as sequences fill them, so a pool past the rank's
+  // share of memory only fails later, when the kernel kills the rank (and its free list alone takes a byte
+  // a block: 2 GB for 2^31 blocks). Refused at start-up instead.
+  if (static_cast<double>(kv_blocks) * static_cast<double>(block_bytes) <= static_cast<double>(share)) return;
+  throw ResourceError(fmt::format(
+      "--kv-blocks {} asks for {} of KV cache on this rank ({} a block of {} tokens), more than its share of this "
+      "host's usable memory ({} for {} rank{}): pass at most {}, or 0 for the automatic size",
+      kv_blocks, format_bytes(static_cast<double>(kv_blocks) * static_cast<double>(block_bytes)), format_bytes(block_bytes),
+      block_tokens, format_bytes(static_cast<double>(share)), ranks, ranks == 1 ? "" : "s", share / std::max<std::uint64_t>(1, block_bytes)));
+}
+
 Stage::Stage(const ShardWeights& weights, comm::Communicator& tp_comm, const StageOptions& options)
     : weights_(weights), tp_comm_(tp_comm), options_(options), arena_(options.arena) {
   const auto& s = weights.shape();
@@ -60,6 +79,10 @@ Stage::Stage(const ShardWeights& weights, comm::Communicator& tp_comm, const Sta
   const int n_layers = weights.n_local_layers();
   const std::uint64_t block_bytes =
       KvCache::block_bytes(n_layers, kv_dim_, s.head_size(), options.kv_block_tokens, options.kv_dtype);
+  if (options.kv_blocks > 0) {
+    check_explicit_kv_blocks(options.kv_blocks, memory::round_up(block_bytes, memory::kSmallPageBytes),
+                             options.kv_block_tokens, options.ranks_on_host);
+  }
   const int kv_blocks = options.kv_blocks > 0 ? options.kv_blocks
                                               : default_kv_blocks(kv_blocks_for(s.seq_len),
                                                                   memory::round_up(block_bytes, memory::kSmallPageBytes),

@@ -37,6 +37,10 @@ int default_kv_blocks(long long blocks_per_context, std::uint64_t block_bytes, s
 // (MemAvailable within the cgroup's limit) shared by its ranks_on_host ranks, and half the address space
 // RLIMIT_AS leaves; 0 when neither is known.
 std::uint64_t kv_pool_memory_bound(int ranks_on_host);
+// An explicit --kv-blocks: ResourceError (exit 4) naming the largest that fits when kv_blocks blocks of
+// block_bytes are more than this rank's share (ranks_on_host) of the host's usable memory; nothing when
+// that memory is unknown.
+void check_explicit_kv_blocks(long long kv_blocks, std::uint64_t block_bytes, int block_tokens, int ranks_on_host);
 // Rows of segment products a TP rank sums at once (Stage::reduce_segments; partition/shard.h).
 inline constexpr int kPartialRows = partition::kSegmentSumRows;
 // A kernel thread's softmax weights for the rows it attends at once: 16 rows of a 110M shape's 12 heads at

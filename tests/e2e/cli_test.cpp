@@ -323,6 +323,24 @@ TEST_F(Cli, AHugeContextLengthKeepsTheKvPoolWithinMemory) {
   EXPECT_GE(pools, 2) << gguf.err;  // a line (or two) per rank
 }
 
+// An explicit --kv-blocks past the rank's share of memory: refused at start-up with the largest that fits
+// (it was taken as given: 2^31 - 1 blocks reserved 26 TiB of address space and a 2 GB free list, and a pool
+// past memory only failed when the kernel killed the rank). One that fits runs as before.
+TEST_F(Cli, AnExplicitKvPoolPastMemoryIsRefusedWithTheLargestThatFits) {
+  const std::string model = path("m.bin");
+  ASSERT_EQ(run_process(shardline() + " gen-model --dim 64 --hidden 160 --layers 2 --heads 4 --vocab 300 --seq 64 "
+                                      "--out " + model).exit_code, 0);
+  const std::string args = " run --steps 4 --prompt hi --model " + model + " --kv-blocks ";
+  const ProcessResult huge = run_process(shardline() + args + "2147483647");
+  EXPECT_EQ(huge.exit_code, 4) << huge.err;
+  EXPECT_NE(huge.err.find("--kv-blocks 2147483647 asks for"), std::string::npos) << huge.err;
+  std::smatch most;
+  ASSERT_TRUE(std::regex_search(huge.err, most, std::regex(R"(pass at most (\d+), or 0 for the automatic size)")))
+      << huge.err;
+  EXPECT_GT(std::stoll(most[1]), 1000) << "a 2-layer model's blocks are small";
+  EXPECT_EQ(run_process(shardline() + args + "64").exit_code, 0);
+}
+
 // The commands that are not MPI jobs, started under mpirun anyway: plan once per launch, gen-model and topo
 // once per host (here one host), the other ranks ending at once. Each rank used to print its own copy, and
 // gen-model's ranks raced to write the same file.

@@ -39,7 +39,7 @@ std::string rankfile_error_of(const std::string& text) {
 
 TEST(Hostfile, SlotsCommentsAndAliases) {
   const Hostfile f = parse_hostfile(
-      "# cluster\n\nnode01 slots=2\nnode02 slots=4 max_slots=8   # comment\r\nuser@node03 count=1\n10.0.0.4 cpu=2 max-slots=2\n",
+      "# cluster\n\nnode01 slots=2\nnode02 slots=4 max_slots=8   # comment\nuser@node03 count=1\n10.0.0.4 cpu=2 max-slots=2 port=22 username=me\n",
       "h");
   ASSERT_EQ(f.hosts.size(), 4u);
   EXPECT_EQ(f.hosts[0].host, "node01");
@@ -101,7 +101,13 @@ TEST(Hostfile, MistakesNameFileLineAndTheFix) {
   EXPECT_EQ(error_of("node1:4\n"), "h:1: 'node1:4' is mpirun's --host form; a hostfile line says 'node1 slots=4'");
   EXPECT_EQ(error_of("node1:4 slots=2\n"), "h:1: 'node1:4' is mpirun's --host form; a hostfile line says 'node1 slots=N'");
   EXPECT_EQ(error_of("node1:0\n"), "h:1: 'node1:0' is mpirun's --host form; a hostfile line says 'node1 slots=N'");
-  EXPECT_EQ(parse_hostfile("fe80::1 slots=2\n", "h").hosts.at(0).host, "fe80::1");
+  // What Open MPI 4.1's mpirun refuses: '_' and ':' in node names (so IPv6 addresses), carriage returns.
+  EXPECT_NE(error_of("fe80::1 slots=2\n").find("h:1: 'fe80::1' is not a host name or IPv4 address mpirun takes"), std::string::npos);
+  EXPECT_NE(error_of("node_a slots=2\n").find("h:1: 'node_a' is not a host name"), std::string::npos);
+  EXPECT_EQ(error_of("a slots=2\nb slots=2\r\n"),
+            "h:2: the line holds a carriage return (Windows line endings), which mpirun refuses; convert the file: "
+            "sed -i 's/\\r$//' h");
+  EXPECT_NE(error_of("a slots=2 port=\n").find("h:1: port= needs a value"), std::string::npos);
   EXPECT_NE(error_of("a slots=1 slots=2\n").find("h:1: slots given twice"), std::string::npos);
   EXPECT_NE(error_of("a slots=1\nb\na slots=1\n").find("h:3: 'a' is already listed on line 1"), std::string::npos);
   EXPECT_NE(error_of("a\na slots=2\n").find("h:2: 'a' is already listed on line 1"), std::string::npos);
@@ -160,8 +166,10 @@ TEST(Rankfile, MistakesNameFileAndLine) {
   EXPECT_NE(rankfile_error_of("rank 0=a/b slot=1\n").find("r:1: 'a/b' is not a host"), std::string::npos);
   // A +nI index too long to be one (std::stoul threw out of range: "unexpected: stoul", exit 1).
   EXPECT_NE(rankfile_error_of("rank 0=+n12345678901234567890123 slot=1\n").find("r:1: '+n12345678901234567890123' is "
-                                                                               "not a host name, address or +nI"),
+                                                                               "not a host name, IPv4 address or +nI"),
             std::string::npos);
+  EXPECT_NE(rankfile_error_of("rank 0=node_a slot=1\n").find("r:1: 'node_a' is not a host name"), std::string::npos);
+  EXPECT_NE(rankfile_error_of("rank 0=a slot=0\r\n").find("r:1: the line holds a carriage return"), std::string::npos);
   EXPECT_NE(rankfile_error_of("\n").find("places no rank"), std::string::npos);
 }
 
