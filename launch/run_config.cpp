@@ -108,7 +108,7 @@ po::options_description run_options(RunFlags& f) {
        "matrices always go to the arena")
       ("kv-block-tokens", po::value(&c.engine.kv_block_tokens)->default_value(16), "positions per KV cache block")
       ("kv-blocks", po::value(&c.engine.kv_blocks)->default_value(0),
-       "KV cache blocks per rank (0: 64 full contexts, at most 3/4 of the host's usable memory shared by its ranks, as address space committed as used); sequences beyond it wait and start as others finish")
+       "KV cache blocks per rank (0: 64 full contexts, at most 3/4 of the host's usable memory shared by its ranks, as address space committed as used; a value past the rank's share of usable memory is refused, exit 4); sequences beyond it wait and start as others finish")
       ("weights-dtype", po::value(&f.weights_dtype)->default_value("fp32"),
        "convert the weight matrices at load to fp32|bf16|int8 (int8: a fp16 scale per 128 weights; per 96, 64 or 32 where k or a TP slice needs it)")
       ("kv-dtype", po::value(&f.kv_dtype)->default_value("auto"), kKvDtypeFlagHelp)
