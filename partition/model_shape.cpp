@@ -36,8 +36,8 @@ std::uint64_t ModelShape::n_params() const {
 }
 
 std::string ModelShape::describe() const {
-  return fmt::format("dim {}, hidden {}, {} layers, {} heads / {} kv, vocab {}, seq {}{}", dim, hidden_dim,
-                     n_layers, n_heads, n_kv_heads, vocab_size, seq_len,
+  return fmt::format("dim {}, hidden {}, {} layer{}, {} heads / {} kv, vocab {}, seq {}{}", dim, hidden_dim,
+                     n_layers, n_layers == 1 ? "" : "s", n_heads, n_kv_heads, vocab_size, seq_len,
                      shared_classifier ? "" : ", unshared classifier");
 }
 

@@ -96,7 +96,9 @@ std::optional<std::string> layer_split_problem(const std::vector<int>& layers_pe
     }
   }
   const long total = std::accumulate(layers_per_stage.begin(), layers_per_stage.end(), 0L);
-  if (n_layers >= 0 && total != n_layers) return fmt::format("sums to {} but the model has {} layers", total, n_layers);
+  if (n_layers >= 0 && total != n_layers) {
+    return fmt::format("sums to {} but the model has {} layer{}", total, n_layers, n_layers == 1 ? "" : "s");
+  }
   return std::nullopt;
 }
 

@@ -80,7 +80,9 @@ ModelFile read_llama2c_file(const std::string& path) {
   memory::MappedFile file(path);
   if (is_llama2c_export(file)) return read_llama2c_export(path, file);
   if (file.size_bytes() < kCheckpointHeaderBytes) {
-    throw FormatError(fmt::format("'{}' is not a llama2.c checkpoint: {} bytes, shorter than the 28-byte header",
+    // Too short for GGUF's magic too (read_model_file checks it first), so neither format.
+    throw FormatError(fmt::format("'{}' is neither a GGUF file nor a llama2.c checkpoint: {} bytes, shorter than the "
+                                  "28-byte header (a file cut short by a copy or download?)",
                                   path, file.size_bytes()));
   }
   std::int32_t header[7];

@@ -285,6 +285,12 @@ ModelFile read_gguf_model(const std::string& path) {
   for (const auto& [name, tensor] : file.tensors()) {
     const bool known = name == "token_embd.weight" || name == "output_norm.weight" || name == "rope_freqs.weight" ||
                        (name == "output.weight" && !s.shared_classifier) || is_layer_tensor(name, s.n_layers);
+    if (!known && is_layer_tensor(name, std::numeric_limits<int>::max())) {
+      // A layer's tensor past the metadata's layer count: the two disagree (a corrupt or hand-edited file).
+      refuse(file, fmt::format("holds the tensor '{}' but {}block_count is {}: the metadata and the tensors "
+                               "disagree on the number of layers",
+                               printable(name), p, s.n_layers));
+    }
     if (!known) {
       refuse(file, fmt::format("holds the tensor '{}', which shardline's llama model does not use (biases and other "
                                "extras are not supported)",

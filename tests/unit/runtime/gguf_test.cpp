@@ -443,6 +443,11 @@ TEST_F(GeneratedGguf, MissingOrMisshapenTensorsAndPartialRopeAreRefused) {
   EXPECT_NE(error_with([](GgufWriter& w) { w.tensor("blk.1.attn_q.bias", {120}, 0, std::vector<char>(480)); })
                 .find("holds the tensor 'blk.1.attn_q.bias', which shardline's llama model does not use"),
             std::string::npos);
+  // A layer past llama.block_count (3) names the disagreement, not biases.
+  EXPECT_NE(error_with([](GgufWriter& w) { w.tensor("blk.3.attn_norm.weight", {120}, 0, std::vector<char>(480)); })
+                .find("holds the tensor 'blk.3.attn_norm.weight' but llama.block_count is 3: the metadata and the "
+                      "tensors disagree on the number of layers"),
+            std::string::npos);
   // RoPE divisors (Llama 3.1) are read; zeros, or a tensor of the wrong length or type, are not.
   EXPECT_NE(error_with([](GgufWriter& w) { w.tensor("rope_freqs.weight", {10}, 0, std::vector<char>(40)); })
                 .find("rope_freqs.weight[0] is 0; RoPE frequency factors must be numbers from 0.001 to 1e9"),
