@@ -122,6 +122,13 @@ void check_fits(const std::vector<int>& ids, int seq_len, const GenerationReques
   }
 }
 
+// A request's own problem, named by its place among many ("sequence 2 of 5 (prompt ...)"); as is for one.
+ConfigError for_sequence(std::size_t i, const std::vector<GenerationRequest>& requests, const ConfigError& e) {
+  if (requests.size() == 1) return e;
+  return ConfigError(fmt::format("sequence {} of {} (prompt \"{}\"): {}", i + 1, requests.size(),
+                                 printable(requests[i].prompt, 40), e.what()));
+}
+
 }  // namespace
 
 std::vector<int> encode_checked(const Tokenizer& tokenizer, int seq_len, const GenerationRequest& request) {
@@ -135,7 +142,11 @@ std::vector<std::vector<int>> encode_prompts(const Tokenizer& tokenizer, const s
   std::unordered_map<std::string_view, std::size_t> encoded;  // a prompt -> the first request that has it
   for (std::size_t i = 0; i < requests.size(); ++i) {
     const auto [first, fresh] = encoded.emplace(requests[i].prompt, i);
-    ids[i] = fresh ? tokenizer.encode(requests[i].prompt, /*bos=*/true, /*eos=*/false) : ids[first->second];
+    try {
+      ids[i] = fresh ? tokenizer.encode(requests[i].prompt, /*bos=*/true, /*eos=*/false) : ids[first->second];
+    } catch (const ConfigError& e) {  // a byte-level vocabulary's "not UTF-8", say: which of many prompts
+      throw for_sequence(i, requests, e);
+    }
   }
   return ids;
 }
@@ -147,9 +158,7 @@ std::vector<std::vector<int>> encode_requests(const Tokenizer& tokenizer, int se
     try {
       check_fits(ids[i], seq_len, requests[i]);
     } catch (const ConfigError& e) {
-      if (requests.size() == 1) throw;
-      throw ConfigError(fmt::format("sequence {} of {} (prompt \"{}\"): {}", i + 1, requests.size(),
-                                    printable(requests[i].prompt, 40), e.what()));
+      throw for_sequence(i, requests, e);
     }
   }
   return ids;

@@ -634,6 +634,13 @@ TEST_F(Cli, ALlama3StyleGgufRunsWithItsByteLevelVocabulary) {
                                          vocabulary.tokens[ids[3]], first.size())),
             std::string::npos)
       << stopped.err;
+  // A prompt that is not UTF-8 among several is named by its place, as a prompt too long for the context is.
+  {
+    std::ofstream prompts(path("mixed.txt"), std::ios::binary);
+    prompts << "Once upon\n" << "caf\xe9 in Latin-1\n";
+  }
+  expect_clean_failure("run --model " + path("l3.gguf") + " --prompts-file " + path("mixed.txt"), 2,
+                       "sequence 2 of 2 (prompt \"caf\\xe9 in Latin-1\"): the prompt is not UTF-8 text (byte 3 is 0xE9)");
 }
 
 TEST_F(Cli, ASentencePieceGgufParsesSpecialTokensInThePromptAndEndsAtItsEos) {
