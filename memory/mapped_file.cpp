@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "common/error.h"
+#include "common/units.h"
 #include "memory/binding.h"
 
 namespace shardline::memory {
@@ -102,7 +103,13 @@ MappedRegion MappedFile::map(std::uint64_t offset, std::uint64_t bytes, const Ma
   const int flags = MAP_PRIVATE | (options.populate ? MAP_POPULATE : 0);
   void* base = mmap(nullptr, map_bytes, PROT_READ, flags, fd_, static_cast<off_t>(aligned));
   if (base == MAP_FAILED) {
-    throw ResourceError(fmt::format("mmap of {} bytes of '{}' failed: {}", map_bytes, path_, std::strerror(errno)));
+    const int error = errno;
+    // ENOMEM here is address space (ulimit -v) or the map count, not the file: say which limit to look at.
+    throw ResourceError(fmt::format("mmap of {} of '{}' failed: {}{}", format_bytes(static_cast<double>(map_bytes)),
+                                    path_, std::strerror(error),
+                                    error == ENOMEM ? " (the process's address space is exhausted: raise or lift "
+                                                      "'ulimit -v', or run fewer ranks on this host)"
+                                                    : ""));
   }
   if (options.numa_node >= 0) {
     try {
