@@ -47,9 +47,9 @@ std::vector<std::string> lines_of(const std::string& text, const std::string& pa
   std::vector<std::string> lines;
   std::istringstream in(text);
   for (std::string line; std::getline(in, line);) {
-    // Open MPI 4.1's parsers refuse a carriage return ("parse error ... on token 1"): a file saved with
-    // Windows line endings fails at mpirun, so it fails here, with the way out.
-    if (line.find('\r') != std::string::npos) {
+    // Open MPI 4.1's parsers refuse a carriage return ("parse error ... on token 1") but in a comment: a file
+    // saved with Windows line endings fails at mpirun, so it fails here, with the way out.
+    if (line.substr(0, line.find('#')).find('\r') != std::string::npos) {
       throw ConfigError(fmt::format("{}:{}: the line holds a carriage return (Windows line endings), which mpirun "
                                     "refuses; convert the file: sed -i 's/\\r$//' {}",
                                     path, lines.size() + 1, path));
@@ -156,8 +156,9 @@ Hostfile parse_hostfile(const std::string& text, const std::string& path) {
         entry.max_slots = positive_count(path, number, key, value);
       } else if (key == "username" || key == "user_name" || key == "user-name" || key == "port") {
         // How mpirun reaches the host (ssh's user and port): nothing a layout depends on, and mpirun takes them.
-        if (value.empty()) {
-          throw ConfigError(fmt::format("{}: {}= needs a value; {}", where(path, number), printable(key), kHostfileLine));
+        if (value.empty() || (key == "port" && !short_number(value))) {
+          throw ConfigError(fmt::format("{}: {}='{}' needs {}; {}", where(path, number), printable(key), printable(value),
+                                        key == "port" ? "a port number" : "a user name", kHostfileLine));
         }
       } else {
         throw ConfigError(fmt::format("{}: unknown keyword '{}'; {}", where(path, number), printable(key), kHostfileLine));

@@ -10,6 +10,7 @@
 #include "comm/nccl_communicator.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "common/units.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/graph.h"
 #include "kernels/cuda/ops.h"
@@ -265,12 +266,20 @@ void CudaStage::make_kv_pool() {
   block_floats_ = static_cast<std::size_t>(n_layers) * 2 * bt * kv_dim_;
   max_blocks_ = kv_blocks_for(shape_.seq_len);
   int n_blocks = options_.stage.kv_blocks;
+  const std::uint64_t device_bytes = cuda::device_properties(options_.device).memory_bytes;
+  const std::uint64_t block_bytes = block_floats_ * sizeof(float);
   if (n_blocks == 0) {
-    const double budget = kKvDeviceShare * static_cast<double>(cuda::device_properties(options_.device).memory_bytes);
-    // At least one context of the initial scratch, as the CPU stage (in 64 bits: 64 contexts of a 2^31-token
-    // context overflowed an int).
-    n_blocks = default_kv_blocks(max_blocks_, block_floats_ * sizeof(float), static_cast<std::uint64_t>(budget),
-                                 /*floor_blocks=*/kv_blocks_for(ctx_capacity_));
+    const double budget = kKvDeviceShare * static_cast<double>(device_bytes);
+    // At least one full context (in 64 bits: 64 contexts of a 2^31-token context overflowed an int): a single
+    // long sequence the device can hold is never refused for the 40% share.
+    n_blocks = default_kv_blocks(max_blocks_, block_bytes, static_cast<std::uint64_t>(budget), /*floor_blocks=*/max_blocks_);
+  } else if (static_cast<double>(n_blocks) * static_cast<double>(block_bytes) > static_cast<double>(device_bytes)) {
+    // Before the host id pool, whose free list alone takes a byte a block.
+    throw ResourceError(fmt::format("--kv-blocks {} asks for {} of KV cache on the GPU ({} a block), more than its {}: "
+                                    "pass at most {}, or 0 for the automatic size",
+                                    n_blocks, format_bytes(static_cast<double>(n_blocks) * static_cast<double>(block_bytes)),
+                                    format_bytes(static_cast<double>(block_bytes)),
+                                    format_bytes(static_cast<double>(device_bytes)), device_bytes / block_bytes));
   }
   id_pool_ = std::make_unique<memory::KvBlockPool>(
       memory::KvBlockPoolOptions{KvCache::block_bytes(1, 1, 1, bt), n_blocks, options_.stage.numa_node});
@@ -306,11 +315,12 @@ void CudaStage::reserve_rows(int rows) {
 
 void CudaStage::reserve_context(int positions) {
   if (positions <= ctx_capacity_) return;
-  ctx_capacity_ = std::min(shape_.seq_len, std::max(positions, 2 * ctx_capacity_));
+  const int grown = std::min(shape_.seq_len, std::max(positions, 2 * ctx_capacity_));
   graphs_.clear();
   eager_calls_.clear();
-  scores_ = cuda::DeviceBuffer(static_cast<std::size_t>(scratch_rows_) * shard_.heads.size() * ctx_capacity_ *
-                               sizeof(float));
+  scores_ = cuda::DeviceBuffer();  // freed first: the old and the new scratch need not fit together
+  scores_ = cuda::DeviceBuffer(static_cast<std::size_t>(scratch_rows_) * shard_.heads.size() * grown * sizeof(float));
+  ctx_capacity_ = grown;  // once the scratch holds it
 }
 
 void CudaStage::upload_rows(const Row* rows, int n) {

@@ -46,11 +46,14 @@ void check_explicit_kv_blocks(long long kv_blocks, std::uint64_t block_bytes, in
   // share of memory only fails later, when the kernel kills the rank (and its free list alone takes a byte
   // a block: 2 GB for 2^31 blocks). Refused at start-up instead.
   if (static_cast<double>(kv_blocks) * static_cast<double>(block_bytes) <= static_cast<double>(share)) return;
+  const std::uint64_t most = share / std::max<std::uint64_t>(1, block_bytes);
   throw ResourceError(fmt::format(
       "--kv-blocks {} asks for {} of KV cache on this rank ({} a block of {} tokens), more than its share of this "
-      "host's usable memory ({} for {} rank{}): pass at most {}, or 0 for the automatic size",
+      "host's usable memory ({} for {} rank{}): {}",
       kv_blocks, format_bytes(static_cast<double>(kv_blocks) * static_cast<double>(block_bytes)), format_bytes(block_bytes),
-      block_tokens, format_bytes(static_cast<double>(share)), ranks, ranks == 1 ? "" : "s", share / std::max<std::uint64_t>(1, block_bytes)));
+      block_tokens, format_bytes(static_cast<double>(share)), ranks, ranks == 1 ? "" : "s",
+      most > 0 ? fmt::format("pass at most {}, or 0 for the automatic size", most)
+               : std::string("not one block fits; lower --kv-block-tokens or run fewer ranks on this host")));
 }
 
 Stage::Stage(const ShardWeights& weights, comm::Communicator& tp_comm, const StageOptions& options)

@@ -107,7 +107,9 @@ TEST(Hostfile, MistakesNameFileLineAndTheFix) {
   EXPECT_EQ(error_of("a slots=2\nb slots=2\r\n"),
             "h:2: the line holds a carriage return (Windows line endings), which mpirun refuses; convert the file: "
             "sed -i 's/\\r$//' h");
-  EXPECT_NE(error_of("a slots=2 port=\n").find("h:1: port= needs a value"), std::string::npos);
+  EXPECT_NE(error_of("a slots=2 port=\n").find("h:1: port='' needs a port number"), std::string::npos);
+  EXPECT_NE(error_of("a slots=2 port=ssh\n").find("h:1: port='ssh' needs a port number"), std::string::npos);
+  EXPECT_EQ(parse_hostfile("# made on Windows\r\na slots=2 # comment\r\n", "h").hosts.at(0).slots, 2);  // as mpirun
   EXPECT_NE(error_of("a slots=1 slots=2\n").find("h:1: slots given twice"), std::string::npos);
   EXPECT_NE(error_of("a slots=1\nb\na slots=1\n").find("h:3: 'a' is already listed on line 1"), std::string::npos);
   EXPECT_NE(error_of("a\na slots=2\n").find("h:2: 'a' is already listed on line 1"), std::string::npos);
