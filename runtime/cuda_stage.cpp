@@ -10,7 +10,6 @@
 #include "comm/nccl_communicator.h"
 #include "common/error.h"
 #include "common/log.h"
-#include "common/units.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/graph.h"
 #include "kernels/cuda/ops.h"
@@ -273,13 +272,9 @@ void CudaStage::make_kv_pool() {
     // At least one full context (in 64 bits: 64 contexts of a 2^31-token context overflowed an int): a single
     // long sequence the device can hold is never refused for the 40% share.
     n_blocks = default_kv_blocks(max_blocks_, block_bytes, static_cast<std::uint64_t>(budget), /*floor_blocks=*/max_blocks_);
-  } else if (static_cast<double>(n_blocks) * static_cast<double>(block_bytes) > static_cast<double>(device_bytes)) {
+  } else {
     // Before the host id pool, whose free list alone takes a byte a block.
-    throw ResourceError(fmt::format("--kv-blocks {} asks for {} of KV cache on the GPU ({} a block), more than its {}: "
-                                    "pass at most {}, or 0 for the automatic size",
-                                    n_blocks, format_bytes(static_cast<double>(n_blocks) * static_cast<double>(block_bytes)),
-                                    format_bytes(static_cast<double>(block_bytes)),
-                                    format_bytes(static_cast<double>(device_bytes)), device_bytes / block_bytes));
+    check_kv_blocks_fit(n_blocks, block_bytes, bt, device_bytes, "the GPU's memory");
   }
   id_pool_ = std::make_unique<memory::KvBlockPool>(
       memory::KvBlockPoolOptions{KvCache::block_bytes(1, 1, 1, bt), n_blocks, options_.stage.numa_node});

@@ -37,23 +37,28 @@ std::uint64_t kv_pool_memory_bound(int ranks_on_host) {
   return bound;
 }
 
+void check_kv_blocks_fit(long long kv_blocks, std::uint64_t block_bytes, int block_tokens, std::uint64_t memory_bytes,
+                        const std::string& memory_what) {
+  // The pool reserves address space and commits blocks as sequences fill them, so a pool past the memory
+  // only fails later, when the kernel kills the rank (and its free list alone takes a byte a block: 2 GB for
+  // 2^31 blocks). Refused at start-up instead.
+  const double asked = static_cast<double>(kv_blocks) * static_cast<double>(block_bytes);
+  if (asked <= static_cast<double>(memory_bytes)) return;
+  const std::uint64_t most = memory_bytes / std::max<std::uint64_t>(1, block_bytes);
+  throw ResourceError(fmt::format(
+      "--kv-blocks {} asks for {} of KV cache on this rank ({} a block of {} tokens), more than {} ({}): {}", kv_blocks,
+      format_bytes(asked), format_bytes(static_cast<double>(block_bytes)), block_tokens, memory_what,
+      format_bytes(static_cast<double>(memory_bytes)),
+      most > 0 ? fmt::format("pass at most {}, or 0 for the automatic size", most)
+               : std::string("not one block fits; lower --kv-block-tokens or run fewer ranks on this host")));
+}
+
 void check_explicit_kv_blocks(long long kv_blocks, std::uint64_t block_bytes, int block_tokens, int ranks_on_host) {
   const auto usable = memory::usable_memory_bytes();
   if (!usable || *usable == 0) return;  // nothing known to compare with: the reservation itself may fail (exit 4)
   const int ranks = std::max(1, ranks_on_host);
-  const std::uint64_t share = *usable / static_cast<std::uint64_t>(ranks);
-  // The pool reserves address space and commits blocks as sequences fill them, so a pool past the rank's
-  // share of memory only fails later, when the kernel kills the rank (and its free list alone takes a byte
-  // a block: 2 GB for 2^31 blocks). Refused at start-up instead.
-  if (static_cast<double>(kv_blocks) * static_cast<double>(block_bytes) <= static_cast<double>(share)) return;
-  const std::uint64_t most = share / std::max<std::uint64_t>(1, block_bytes);
-  throw ResourceError(fmt::format(
-      "--kv-blocks {} asks for {} of KV cache on this rank ({} a block of {} tokens), more than its share of this "
-      "host's usable memory ({} for {} rank{}): {}",
-      kv_blocks, format_bytes(static_cast<double>(kv_blocks) * static_cast<double>(block_bytes)), format_bytes(block_bytes),
-      block_tokens, format_bytes(static_cast<double>(share)), ranks, ranks == 1 ? "" : "s",
-      most > 0 ? fmt::format("pass at most {}, or 0 for the automatic size", most)
-               : std::string("not one block fits; lower --kv-block-tokens or run fewer ranks on this host")));
+  check_kv_blocks_fit(kv_blocks, block_bytes, block_tokens, *usable / static_cast<std::uint64_t>(ranks),
+                      fmt::format("its share of this host's usable memory for {} rank{}", ranks, ranks == 1 ? "" : "s"));
 }
 
 Stage::Stage(const ShardWeights& weights, comm::Communicator& tp_comm, const StageOptions& options)
@@ -82,13 +87,12 @@ Stage::Stage(const ShardWeights& weights, comm::Communicator& tp_comm, const Sta
   const int n_layers = weights.n_local_layers();
   const std::uint64_t block_bytes =
       KvCache::block_bytes(n_layers, kv_dim_, s.head_size(), options.kv_block_tokens, options.kv_dtype);
+  const std::uint64_t paged_block_bytes = memory::round_up(block_bytes, memory::kSmallPageBytes);  // as the pool commits
   if (options.kv_blocks > 0) {
-    check_explicit_kv_blocks(options.kv_blocks, memory::round_up(block_bytes, memory::kSmallPageBytes),
-                             options.kv_block_tokens, options.ranks_on_host);
+    check_explicit_kv_blocks(options.kv_blocks, paged_block_bytes, options.kv_block_tokens, options.ranks_on_host);
   }
   const int kv_blocks = options.kv_blocks > 0 ? options.kv_blocks
-                                              : default_kv_blocks(kv_blocks_for(s.seq_len),
-                                                                  memory::round_up(block_bytes, memory::kSmallPageBytes),
+                                              : default_kv_blocks(kv_blocks_for(s.seq_len), paged_block_bytes,
                                                                   kv_pool_memory_bound(options.ranks_on_host),
                                                                   kv_blocks_for(context_));
   kv_pool_ = std::make_unique<memory::KvBlockPool>(

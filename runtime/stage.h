@@ -9,6 +9,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -38,7 +39,10 @@ int default_kv_blocks(long long blocks_per_context, std::uint64_t block_bytes, s
 // RLIMIT_AS leaves; 0 when neither is known.
 std::uint64_t kv_pool_memory_bound(int ranks_on_host);
 // An explicit --kv-blocks: ResourceError (exit 4) naming the largest that fits when kv_blocks blocks of
-// block_bytes are more than this rank's share (ranks_on_host) of the host's usable memory; nothing when
+// block_bytes are more than memory_bytes, which memory_what names ("the GPU's memory").
+void check_kv_blocks_fit(long long kv_blocks, std::uint64_t block_bytes, int block_tokens, std::uint64_t memory_bytes,
+                         const std::string& memory_what);
+// check_kv_blocks_fit against this rank's share (ranks_on_host) of the host's usable memory; nothing when
 // that memory is unknown.
 void check_explicit_kv_blocks(long long kv_blocks, std::uint64_t block_bytes, int block_tokens, int ranks_on_host);
 // Rows of segment products a TP rank sums at once (Stage::reduce_segments; partition/shard.h).
